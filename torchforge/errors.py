@@ -1,0 +1,77 @@
+"""One small error hierarchy. Library code raises; only the CLI catches and maps to exit codes."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    USAGE = 2
+    DATA = 3
+    REFUSED = 4
+    TOOL_MISSING = 5
+    BUILD_FAILED = 6
+    UPLOAD_FAILED = 7
+    AUDIT_FAILED = 8
+    PREFLIGHT_FAILED = 9
+
+
+class ForgeError(Exception):
+    """An error the user can act on: `message` says what is wrong, `hint` what would work."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(ForgeError):
+    exit_code = ExitCode.USAGE
+
+
+class DataError(ForgeError):
+    """A data file is malformed or inconsistent (a bug in torchforge's tables, not in the request)."""
+
+    exit_code = ExitCode.DATA
+
+
+class RefusedError(ForgeError):
+    """The requested variant cannot be built; the message lists each reason and what would work."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class ToolMissingError(ForgeError):
+    exit_code = ExitCode.TOOL_MISSING
+
+
+class ToolFailedError(ForgeError):
+    """A subprocess exited non-zero; `tail` holds the last lines of its output."""
+
+    exit_code = ExitCode.BUILD_FAILED
+
+    def __init__(self, message: str, hint: str | None = None, tail: str = "") -> None:
+        super().__init__(message, hint)
+        self.tail = tail
+
+
+class BuildFailedError(ForgeError):
+    exit_code = ExitCode.BUILD_FAILED
+
+
+class UploadFailedError(ForgeError):
+    exit_code = ExitCode.UPLOAD_FAILED
+
+
+class AuditFailedError(ForgeError):
+    exit_code = ExitCode.AUDIT_FAILED
+
+
+class PreflightError(ForgeError):
+    exit_code = ExitCode.PREFLIGHT_FAILED
