@@ -1,0 +1,78 @@
+"""A conda channel on the local file system: atomic publication of archives and a locked, atomic re-index.
+
+Shared by `build` (its output folder is a channel), `repack` and `upload --to file://`. Indexing uses
+py-rattler's `index_fs`, so the result is readable by conda, mamba, pixi and py-rattler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock
+
+LOCK_NAME = ".torchforge.lock"
+ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
+
+
+def archive_stem(filename: str) -> str:
+    for suffix in ARCHIVE_SUFFIXES:
+        if filename.endswith(suffix):
+            return filename[: -len(suffix)]
+    return filename
+
+
+@contextmanager
+def locked(channel: Path, timeout: float = 600) -> Iterator[None]:
+    """Hold the channel's lock: one writer (copy + index) at a time, across processes."""
+    channel.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(channel / LOCK_NAME), timeout=timeout):
+        yield
+
+
+def index(channel: Path) -> None:
+    """Write repodata.json for every subdir. Caller should hold `locked(channel)`."""
+    from rattler import index as rattler_index
+
+    (channel / "noarch").mkdir(parents=True, exist_ok=True)
+    asyncio.run(rattler_index.index_fs(channel, write_zst=False, write_shards=False, force=True))
+    # index_fs leaves a scratch folder behind; it is not part of the channel.
+    shutil.rmtree(channel / ".tmp", ignore_errors=True)
+
+
+def find(channel: Path, subdir: str, stem: str) -> Path | None:
+    """The archive `<stem>.conda` or `<stem>.tar.bz2` in `channel/subdir`, if present."""
+    for suffix in ARCHIVE_SUFFIXES:
+        candidate = channel / subdir / f"{stem}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def publish(archive: Path, channel: Path, subdir: str, *, replace: bool = False) -> Path:
+    """Copy `archive` into `channel/subdir` atomically and re-index, under the channel lock.
+
+    The copy is written to a temporary name in the same folder and renamed, so readers never see a
+    partial archive, and repodata is rewritten only after the archive is complete.
+    """
+    with locked(channel):
+        target_dir = channel / subdir
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / archive.name
+        if target.exists() and not replace:
+            raise FileExistsError(target)
+        fd, tmp_name = tempfile.mkstemp(prefix=".partial-", dir=target_dir)
+        os.close(fd)
+        try:
+            shutil.copyfile(archive, tmp_name)
+            os.replace(tmp_name, target)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
+        index(channel)
+        return target
