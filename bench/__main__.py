@@ -5,30 +5,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-
-@dataclass(frozen=True)
-class Row:
-    benchmark: str
-    measure: str
-    value: str
-    note: str = ""
-
-
-def timed(fn, repeat: int = 1) -> float:
-    """Best wall time of `repeat` calls, in seconds."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+from bench import Row, timed  # noqa: F401  (re-exported for bench modules)
 
 
 def main(names: list[str]) -> int:
