@@ -1,0 +1,343 @@
+"""Loads the versioned data files in torchforge/data/ into frozen models, once, and checks them.
+
+The tables are facts copied from ../shared/reference with their sources (each file's [meta] source). Code
+never holds a version number; everything version-dependent is looked up here. Cross-table invariants are
+checked at load, so a typo in a table fails loudly with the file and key instead of rendering a wrong recipe.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from torchforge import versions
+from torchforge.errors import DataError
+
+PLATFORMS = ("linux-64", "linux-aarch64", "win-64")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Meta(_Frozen):
+    source: str
+
+
+# ---- cuda.toml -------------------------------------------------------------------------------------------
+
+
+class Toolkit(_Frozen):
+    full_version: str
+    arch_set: str | None = None
+    max_gcc: int | None = None
+    max_clang: int | None = None
+    msvc: tuple[int, int] | None = None
+    driver_linux: str | None = None
+    compat_floor_linux: str | None = None
+    runtime_upper: str
+
+
+class CudaTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    arch_sets: dict[str, tuple[str, ...]]
+    toolkits: dict[str, Toolkit]
+
+
+# ---- pytorch.toml ----------------------------------------------------------------------------------------
+
+
+class CudaBuild(_Frozen):
+    conda: bool = False
+    wheel: bool = False
+    cudnn: str | None = None
+    nccl: str | None = None
+    magma: str | None = None
+    conda_arch: str | None = None
+    conda_arch_win: str | None = None
+    wheel_arch: str | None = None
+
+
+class Release(_Frozen):
+    python: tuple[str, str]
+    python_experimental: tuple[str, ...] = ()
+    cxx_standard: int
+    min_gcc: str | None = None
+    era: str
+    selector: Literal["features", "mutex"]
+    cuda_runtime: Literal["cudatoolkit", "pytorch-cuda"]
+    static_cudnn: bool
+    cusparselt: bool = False
+    conda_official: bool
+    max_arch: str | None = None
+    magma: str | None = None
+    triton: str | None = None
+    cuda: dict[str, CudaBuild] = {}
+
+
+class Defaults(_Frozen):
+    pytorch: str
+    cuda: tuple[str, ...]
+    python: tuple[str, ...]
+    platform: str
+    source_url: str
+
+
+class PytorchTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    defaults: Defaults
+    releases: dict[str, Release]
+
+
+# ---- eras.toml -------------------------------------------------------------------------------------------
+
+
+class Requirement(_Frozen):
+    spec: str
+    python: str | None = None
+    platforms: tuple[str, ...] | None = None
+    accel: Literal["cuda", "cpu"] | None = None
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_specifier(cls, value: str | None) -> str | None:
+        if value is not None and not versions.is_valid_specifier(value):
+            raise ValueError(f"not a PEP 440 specifier: {value!r}")
+        return value
+
+
+class Era(_Frozen):
+    build: tuple[Requirement, ...]
+    host: tuple[Requirement, ...]
+    run: tuple[Requirement, ...]
+
+
+class Runtime(_Frozen):
+    pytorch_cuda_versions: tuple[str, ...]
+    split_packages: tuple[str, ...]
+    mutex_version: str
+    cpuonly_version: str
+
+
+class ScriptEnv(_Frozen):
+    names: tuple[str, ...]
+
+
+class ErasTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    runtime: Runtime
+    script_env: ScriptEnv
+    eras: dict[str, Era]
+
+
+# ---- magma.toml ------------------------------------------------------------------------------------------
+
+
+class MagmaPackage(_Frozen):
+    name_prefix: str
+    url: str
+    cmake_options: tuple[str, ...]
+    nvcc_flags: str
+
+
+class MagmaVersion(_Frozen):
+    sha256: str
+    build_number: int
+
+    @field_validator("sha256")
+    @classmethod
+    def _is_sha256(cls, value: str) -> str:
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError("sha256 must be 64 lowercase hex digits")
+        return value
+
+
+class MagmaTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    package: MagmaPackage
+    versions: dict[str, MagmaVersion]
+    gencode: dict[str, tuple[str, ...]]
+
+
+# ---- fixes.toml ------------------------------------------------------------------------------------------
+
+
+class SourceEdit(_Frozen):
+    kind: Literal["replace", "insert_after", "comment_lines"]
+    file: str
+    find: str
+    replace: str | None = None
+    text: str | None = None
+    prefix: str | None = None
+    required: bool = True
+
+
+class Fix(_Frozen):
+    package: Literal["pytorch", "magma"]
+    pytorch: str | None = None
+    cuda: str | None = None
+    magma: str | None = None
+    jetson_devices: tuple[str, ...] | None = None
+    reason: str
+    source: str
+    env: dict[str, str] = {}
+    edits: tuple[SourceEdit, ...] = ()
+    cmake_options: tuple[str, ...] = ()
+    manual_patch: tuple[str, ...] = ()
+
+
+class FixesTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    fixes: dict[str, Fix]
+
+
+# ---- jetson.toml -----------------------------------------------------------------------------------------
+
+
+class JetPack(_Frozen):
+    cuda: tuple[str, ...]
+    python: tuple[str, ...]
+    python_strict: bool
+    max_pytorch: str | None = None
+    nccl: bool
+
+
+class JetsonDevice(_Frozen):
+    name: str
+    arch: str
+    jetpack: str
+
+
+class JetsonTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    jetpacks: dict[str, JetPack]
+    devices: dict[str, JetsonDevice]
+    tegra_arch: dict[str, str]
+    build_env: dict[str, str]
+
+
+class Data(_Frozen):
+    cuda: CudaTable
+    pytorch: PytorchTable
+    eras: ErasTable
+    magma: MagmaTable
+    fixes: FixesTable
+    jetson: JetsonTable
+
+    def arch_set(self, cuda: str) -> tuple[str, ...] | None:
+        key = self.cuda.toolkits[cuda].arch_set
+        return None if key is None else self.cuda.arch_sets[key]
+
+
+_FILES: dict[str, type[BaseModel]] = {
+    "cuda": CudaTable,
+    "pytorch": PytorchTable,
+    "eras": ErasTable,
+    "magma": MagmaTable,
+    "fixes": FixesTable,
+    "jetson": JetsonTable,
+}
+
+
+def _read(name: str) -> dict[str, object]:
+    text = resources.files("torchforge").joinpath("data", f"{name}.toml").read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DataError(f"torchforge/data/{name}.toml is not valid TOML: {exc}") from exc
+    raw["schema_"] = raw.pop("schema", 1)
+    return raw
+
+
+@cache
+def load() -> Data:
+    """All tables, validated and cross-checked. Cached: the files are read once per process."""
+    tables: dict[str, BaseModel] = {}
+    for name, model in _FILES.items():
+        try:
+            tables[name] = model.model_validate(_read(name))
+        except ValidationError as exc:
+            raise DataError(f"torchforge/data/{name}.toml does not match its schema:\n{exc}") from exc
+    data = Data.model_validate(tables)
+    problems = check_invariants(data)
+    if problems:
+        raise DataError("torchforge's data tables are inconsistent:\n  - " + "\n  - ".join(problems))
+    return data
+
+
+def check_invariants(data: Data) -> list[str]:
+    """Cross-table checks; each problem names the file and key."""
+    problems: list[str] = []
+    toolkits = data.cuda.toolkits
+    for key, toolkit in toolkits.items():
+        if toolkit.arch_set is not None and toolkit.arch_set not in data.cuda.arch_sets:
+            problems.append(f"cuda.toml toolkits.{key}.arch_set names unknown set {toolkit.arch_set!r}")
+        if not toolkit.full_version.startswith(key + "."):
+            problems.append(f"cuda.toml toolkits.{key}.full_version {toolkit.full_version!r} is not a {key}.x release")
+    for rel_key, release in data.pytorch.releases.items():
+        where = f"pytorch.toml releases.{rel_key}"
+        if release.era not in data.eras.eras:
+            problems.append(f"{where}.era names unknown era {release.era!r}")
+        if versions.parse(release.python[0]) > versions.parse(release.python[1]):
+            problems.append(f"{where}.python range is reversed")
+        for magma in filter(None, [release.magma, *(b.magma for b in release.cuda.values())]):
+            if magma not in data.magma.versions:
+                problems.append(f"{where} links MAGMA {magma}, which magma.toml has no checksum for")
+        for cuda_key, build in release.cuda.items():
+            if cuda_key not in toolkits:
+                problems.append(f"{where}.cuda.{cuda_key}: CUDA {cuda_key} missing from cuda.toml")
+                continue
+            if build.conda and not release.conda_official:
+                problems.append(f"{where}.cuda.{cuda_key} is conda but the release has no official conda packages")
+            if build.conda and (build.conda_arch is None or build.cudnn is None):
+                problems.append(f"{where}.cuda.{cuda_key}: an official conda build needs conda_arch and cudnn")
+            accepted = data.arch_set(cuda_key)
+            for field in ("conda_arch", "conda_arch_win", "wheel_arch"):
+                value = getattr(build, field)
+                if value is None or accepted is None:
+                    continue
+                for arch in value.split(";"):
+                    if arch.split("+")[0] not in accepted:
+                        problems.append(f"{where}.cuda.{cuda_key}.{field}: {arch} is outside what nvcc {cuda_key} accepts")
+    for cuda_key in data.magma.gencode:
+        if cuda_key not in toolkits:
+            problems.append(f"magma.toml gencode.{cuda_key}: CUDA {cuda_key} missing from cuda.toml")
+    for device_key, device in data.jetson.devices.items():
+        if device.jetpack not in data.jetson.jetpacks:
+            problems.append(f"jetson.toml devices.{device_key}.jetpack names unknown JetPack {device.jetpack}")
+    for arch, device_key in data.jetson.tegra_arch.items():
+        if device_key not in data.jetson.devices or data.jetson.devices[device_key].arch != arch:
+            problems.append(f"jetson.toml tegra_arch.{arch} does not name a device with that arch")
+    for jp_key, jetpack in data.jetson.jetpacks.items():
+        for cuda_key in jetpack.cuda:
+            if cuda_key not in toolkits:
+                problems.append(f"jetson.toml jetpacks.{jp_key}: CUDA {cuda_key} missing from cuda.toml")
+    for fix_key, fix in data.fixes.fixes.items():
+        for field in ("pytorch", "cuda", "magma"):
+            spec = getattr(fix, field)
+            if spec is not None and not versions.is_valid_specifier(spec):
+                problems.append(f"fixes.toml fixes.{fix_key}.{field} is not a PEP 440 specifier")
+        for device in fix.jetson_devices or ():
+            if device not in data.jetson.devices:
+                problems.append(f"fixes.toml fixes.{fix_key} names unknown Jetson device {device!r}")
+        for edit in fix.edits:
+            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix}[edit.kind]
+            if needs is None:
+                problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
+    defaults = data.pytorch.defaults
+    if versions.minor(defaults.pytorch) not in data.pytorch.releases:
+        problems.append(f"pytorch.toml defaults.pytorch {defaults.pytorch} is not a known release")
+    for cuda_key in defaults.cuda:
+        if cuda_key != "cpu" and cuda_key not in toolkits:
+            problems.append(f"pytorch.toml defaults.cuda names unknown CUDA {cuda_key}")
+    return problems
