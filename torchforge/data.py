@@ -68,6 +68,7 @@ class Release(_Frozen):
     python_experimental: tuple[str, ...] = ()
     cxx_standard: int
     min_gcc: str | None = None
+    min_cuda: str | None = None
     era: str
     selector: Literal["features", "mutex"]
     cuda_runtime: Literal["cudatoolkit", "pytorch-cuda"]
@@ -77,6 +78,7 @@ class Release(_Frozen):
     max_arch: str | None = None
     magma: str | None = None
     triton: str | None = None
+    cxx11_abi: bool = False
     cuda: dict[str, CudaBuild] = {}
 
 
@@ -129,12 +131,20 @@ class ScriptEnv(_Frozen):
     names: tuple[str, ...]
 
 
+class BuildEnvEntry(_Frozen):
+    name: str
+    value: str
+    win: str | None = None
+    when: Literal["cuda", "cpu", "linux"] | None = None
+
+
 class ErasTable(_Frozen):
     schema_: int = 1
     meta: Meta
     runtime: Runtime
     script_env: ScriptEnv
     eras: dict[str, Era]
+    build_env: tuple[BuildEnvEntry, ...]
 
 
 # ---- magma.toml ------------------------------------------------------------------------------------------
@@ -204,6 +214,7 @@ class FixesTable(_Frozen):
 
 
 class JetPack(_Frozen):
+    cudnn: str | None = None
     cuda: tuple[str, ...]
     python: tuple[str, ...]
     python_strict: bool

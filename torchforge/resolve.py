@@ -1,0 +1,463 @@
+"""Classify each requested variant (official / buildable / refused) and resolve everything a recipe needs.
+
+Every rule reads the data tables; each refusal says what is wrong and what would work, each warning says
+why a buildable variant is not an official one. Nothing here writes files or runs commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from torchforge import data as tables
+from torchforge import versions
+from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
+from torchforge.variant import CPU, Request, magma_id
+from torchforge.versions import arch_key, minor, nodot
+
+
+class Status(str, Enum):
+    OFFICIAL = "official"
+    BUILDABLE = "buildable"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class AppliedFix:
+    key: str
+    fix: Fix
+
+
+@dataclass(frozen=True)
+class MagmaPlan:
+    """One magma-cudaXYZ package: once per CUDA version, shared by every Python."""
+
+    id: str
+    name: str
+    version: str
+    build_number: int
+    cuda: str
+    cuda_full: str
+    url: str
+    sha256: str
+    gencode: tuple[str, ...]
+    cmake_options: tuple[str, ...]
+    nvcc_flags: str
+    fixes: tuple[AppliedFix, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def build_string(self) -> str:
+        # No requirements, so conda-build's default build string is the build number (official-builds §2.1).
+        return str(self.build_number)
+
+    @property
+    def filename_stem(self) -> str:
+        return f"{self.name}-{self.version}-{self.build_string}"
+
+
+@dataclass(frozen=True)
+class Variant:
+    request: Request
+    status: Status
+    refusals: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    release_key: str | None = None
+    cuda_full: str | None = None
+    cudnn: str | None = None
+    nccl: str | None = None
+    arch_list: str | None = None
+    build_string: str | None = None
+    magma: MagmaPlan | None = None
+    jetson: str | None = None
+    fixes: tuple[AppliedFix, ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def filename_stem(self) -> str:
+        return f"pytorch-{self.request.pytorch}-{self.build_string}"
+
+
+def build_string(python: str, cuda: str | None, cudnn: str | None, number: int, platform: str,
+                 *, debug: bool = False) -> str:
+    """The official build string (official-builds §1.3).
+
+    CUDA: py3.8_cuda11.1_cudnn8.0.5_0 (cuDNN from the library file name: three parts on Linux, the DLL
+    major on Windows). CPU: py3.11_cpu_0. For PyTorch <= 1.7 pass the three-part CUDA version
+    (py3.8_cuda11.0.221_cudnn8.0.5_0); torchforge's data starts at 1.8. Debug builds are torchforge's own
+    and carry `_debug` so they never collide with a release build.
+    """
+    debug_part = "_debug" if debug else ""
+    if cuda is None:
+        return f"py{python}_cpu{debug_part}_{number}"
+    assert cudnn is not None
+    cudnn_part = cudnn.split(".")[0] if platform == "win-64" else ".".join(cudnn.split(".")[:3])
+    return f"py{python}_cuda{cuda}_cudnn{cudnn_part}{debug_part}_{number}"
+
+
+def _nearest_release_value(data: Data, release_key: str, cuda: str, attr: str) -> tuple[str, str] | None:
+    """The value of `attr` for `cuda` from the release closest to `release_key` that has one."""
+    target = versions.parse(release_key)
+    candidates = []
+    for key, release in data.pytorch.releases.items():
+        build = release.cuda.get(cuda)
+        value = getattr(build, attr) if build else None
+        if value:
+            distance = abs((versions.parse(key).major - target.major) * 100 + versions.parse(key).minor - target.minor)
+            candidates.append((distance, -versions.parse(key).minor, key, value))
+    if not candidates:
+        return None
+    _, _, key, value = min(candidates)
+    return key, value
+
+
+def _fix_applies(fix: Fix, package: str, *, pytorch: str | None, cuda: str | None, magma: str | None,
+                 jetson: str | None) -> bool:
+    if fix.package != package:
+        return False
+    if fix.pytorch and (pytorch is None or not versions.matches(pytorch, fix.pytorch)):
+        return False
+    if fix.cuda and (cuda is None or not versions.matches(cuda, fix.cuda)):
+        return False
+    if fix.magma and (magma is None or not versions.matches(magma, fix.magma)):
+        return False
+    if fix.jetson_devices is not None and jetson not in fix.jetson_devices:
+        return False
+    return True
+
+
+def _applicable_fixes(data: Data, package: str, **conditions: str | None) -> tuple[AppliedFix, ...]:
+    return tuple(
+        AppliedFix(key, fix) for key, fix in data.fixes.fixes.items()
+        if _fix_applies(fix, package, **conditions)  # type: ignore[arg-type]
+    )
+
+
+def plan_magma(data: Data, cuda: str, version: str, platform: str) -> MagmaPlan:
+    warnings: list[str] = []
+    magma_version = data.magma.versions[version]
+    gencode = data.magma.gencode.get(cuda)
+    if gencode is None:
+        lower = [c for c in data.magma.gencode if versions.parse(c) < versions.parse(cuda)]
+        source_cuda = max(lower, key=versions.parse) if lower else min(data.magma.gencode, key=versions.parse)
+        accepted = data.arch_set(cuda)
+        gencode = tuple(
+            g for g in data.magma.gencode[source_cuda]
+            if accepted is None or f"{g[:-1]}.{g[-1]}" in accepted
+        )
+        warnings.append(
+            f"no official magma gencode list for CUDA {cuda}: using CUDA {source_cuda}'s, limited to what nvcc {cuda} accepts"
+        )
+    fixes = _applicable_fixes(data, "magma", pytorch=None, cuda=cuda, magma=version, jetson=None)
+    for applied in fixes:
+        if applied.fix.manual_patch:
+            warnings.append(
+                f"{applied.key}: {applied.fix.reason}; add {', '.join(applied.fix.manual_patch)} with --patch"
+            )
+    cmake = tuple(data.magma.package.cmake_options) + tuple(o for a in fixes for o in a.fix.cmake_options)
+    return MagmaPlan(
+        id=magma_id(cuda, version, platform),
+        name=f"{data.magma.package.name_prefix}{nodot(cuda)}",
+        version=version,
+        build_number=magma_version.build_number,
+        cuda=cuda,
+        cuda_full=data.cuda.toolkits[cuda].full_version,
+        url=data.magma.package.url.format(version=version),
+        sha256=magma_version.sha256,
+        gencode=gencode,
+        cmake_options=cmake,
+        nvcc_flags=data.magma.package.nvcc_flags,
+        fixes=fixes,
+        warnings=tuple(warnings),
+    )
+
+
+def _python_hint(data: Data, python: str) -> str:
+    supporting = [
+        k for k, r in data.pytorch.releases.items()
+        if versions.parse(r.python[0]) <= versions.parse(python) <= versions.parse(r.python[1])
+    ]
+    if not supporting:
+        return "no PyTorch release in torchforge's data supports that Python"
+    return f"PyTorch {supporting[0]} to {supporting[-1]} support Python {python}"
+
+
+class _Checker:
+    """Collects refusals and warnings for one request while resolving it."""
+
+    def __init__(self, data: Data, request: Request) -> None:
+        self.data = data
+        self.request = request
+        self.refusals: list[str] = []
+        self.warnings: list[str] = []
+        self.not_official: list[str] = []
+
+    def refuse(self, message: str) -> None:
+        self.refusals.append(message)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def _jetson_device(data: Data, request: Request, check: _Checker) -> tuple[str, JetsonDevice, JetPack] | None:
+    key = request.options.jetson
+    if key is None and request.platform == "linux-aarch64" and request.options.arch_list:
+        tegra = {a: d for a, d in data.jetson.tegra_arch.items()
+                 if a in [x.split("+")[0] for x in request.options.arch_list.split(";")]}
+        if tegra:
+            key = next(iter(tegra.values()))
+            check.warn(f"arch {next(iter(tegra))} is Tegra-only: using the Jetson profile '{key}'")
+    if key is None:
+        return None
+    if key not in data.jetson.devices:
+        check.refuse(f"unknown Jetson profile {key!r}; known: {', '.join(data.jetson.devices)}")
+        return None
+    if request.platform != "linux-aarch64":
+        check.refuse(f"the Jetson profile {key!r} targets linux-aarch64, not {request.platform}; add --platform linux-aarch64")
+        return None
+    device = data.jetson.devices[key]
+    return key, device, data.jetson.jetpacks[device.jetpack]
+
+
+def classify(request: Request, data: Data | None = None) -> Variant:
+    data = data or tables.load()
+    check = _Checker(data, request)
+    release_key = minor(request.pytorch)
+    release: Release | None = data.pytorch.releases.get(release_key)
+    if release is None:
+        known = ", ".join(data.pytorch.releases)
+        check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
+    cuda = request.accel if request.is_cuda else None
+    toolkit = data.cuda.toolkits.get(cuda) if cuda else None
+    if cuda and toolkit is None:
+        check.refuse(f"CUDA {cuda} is not a known toolkit; known: {', '.join(data.cuda.toolkits)}, or cpu")
+    if release is None or (cuda and toolkit is None):
+        return Variant(request, Status.REFUSED, tuple(check.refusals), release_key=release_key)
+
+    # Python range of the release.
+    py = versions.parse(request.python)
+    low, high = (versions.parse(v) for v in release.python)
+    if request.python in release.python_experimental:
+        check.not_official.append(f"Python {request.python} was experimental for PyTorch {release_key}")
+    elif not low <= py <= high:
+        check.refuse(
+            f"PyTorch {release_key} supports Python {release.python[0]} to {release.python[1]}, not {request.python}; "
+            f"{_python_hint(data, request.python)}"
+        )
+
+    # CUDA floor of the release.
+    if cuda and release.min_cuda and versions.parse(cuda) < versions.parse(release.min_cuda):
+        check.refuse(f"PyTorch {release_key} requires CUDA {release.min_cuda} or newer (its CMake refuses CUDA {cuda})")
+
+    jetson = _jetson_device(data, request, check)
+    jetson_key = jetson[0] if jetson else None
+    if jetson:
+        key, device, jetpack = jetson
+        if cuda is None:
+            check.refuse(f"{device.name} profiles build CUDA; pass --cuda {jetpack.cuda[0]}")
+        elif cuda not in jetpack.cuda:
+            check.refuse(f"{device.name} (JetPack {device.jetpack}) runs CUDA {', '.join(jetpack.cuda)}, not {cuda}")
+        if request.python not in jetpack.python:
+            message = f"{device.name} (JetPack {device.jetpack}) ships Python {', '.join(jetpack.python)}"
+            if jetpack.python_strict:
+                check.refuse(f"{message}; no other CPython exists there, so --py {jetpack.python[0]} is required")
+            else:
+                check.warn(f"{message}; Python {request.python} must be installed separately")
+        if jetpack.max_pytorch and versions.parse(release_key) > versions.parse(jetpack.max_pytorch):
+            check.refuse(
+                f"{device.name} (JetPack {device.jetpack}) can run PyTorch {jetpack.max_pytorch} at most "
+                f"(newer releases need a newer Python or CUDA than JetPack {device.jetpack} has); use --pytorch {jetpack.max_pytorch}.x"
+            )
+        check.not_official.append(f"{device.name} builds are not published as conda packages")
+
+    build = release.cuda.get(cuda) if cuda else None
+
+    # Arch list.
+    arch_list = _resolve_arch_list(data, request, release_key, release, cuda, jetson, check)
+
+    # cuDNN and NCCL.
+    cudnn = nccl = None
+    if cuda:
+        if jetson:
+            cudnn = jetson[2].cudnn
+        elif build and build.cudnn:
+            cudnn, nccl = build.cudnn, build.nccl
+        else:
+            nearest = _nearest_release_value(data, release_key, cuda, "cudnn")
+            if nearest:
+                cudnn = nearest[1]
+                check.warn(f"no official PyTorch {release_key} build for CUDA {cuda}: using cuDNN {cudnn} as PyTorch {nearest[0]} did")
+        if cudnn is None:
+            check.refuse(f"no cuDNN version is known for CUDA {cuda}; choose a CUDA listed for PyTorch {release_key}: "
+                         f"{', '.join(release.cuda) or 'cpu only'}")
+
+    # Host compiler.
+    gcc = request.options.gcc
+    if gcc:
+        if toolkit and toolkit.max_gcc is not None and versions.parse(gcc).major > toolkit.max_gcc:
+            check.refuse(
+                f"nvcc {cuda} accepts GCC {toolkit.max_gcc} at most, not {gcc} (crt/host_config.h); install gcc-{toolkit.max_gcc} "
+                f"and point CC/CXX at it, or choose a newer CUDA (-allow-unsupported-compiler exists but is unsupported)"
+            )
+        if release.min_gcc and versions.parse(gcc) < versions.parse(release.min_gcc):
+            check.refuse(f"PyTorch {release_key} is C++{release.cxx_standard} and needs GCC {release.min_gcc} or newer, not {gcc}")
+
+    # Official or not.
+    platform = request.platform
+    if not release.conda_official:
+        check.not_official.append(f"PyTorch {release_key} was never published as a conda package (2.5 was the last)")
+    if cuda and not (build and build.conda):
+        check.not_official.append(f"PyTorch {release_key} had no official conda build for CUDA {cuda}")
+    if platform not in ("linux-64", "win-64"):
+        check.not_official.append(f"official conda packages exist for linux-64 and win-64 only, not {platform}")
+    if request.options.arch_list:
+        check.not_official.append("custom arch list")
+    if request.options.debug:
+        check.not_official.append("debug build")
+    if request.options.extra_env:
+        check.not_official.append("extra build environment")
+    if toolkit and toolkit.arch_set is None:
+        check.warn(f"the nvcc arch window of CUDA {cuda} is not in torchforge's data: arch values are not checked")
+
+    # Fixes torchforge applies.
+    fixes = _applicable_fixes(data, "pytorch", pytorch=request.pytorch, cuda=cuda, magma=None, jetson=jetson_key)
+    for applied in fixes:
+        check.warn(f"applying fix {applied.key}: {applied.fix.reason}")
+
+    # MAGMA, once per CUDA version, Linux x86_64 only.
+    magma = None
+    if cuda and platform == "linux-64" and not jetson:
+        magma_version = (build.magma if build else None) or release.magma
+        if magma_version is None:
+            magma_version = max(
+                {r.magma for r in data.pytorch.releases.values() if r.magma}, key=versions.parse
+            )
+            check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {magma_version}, the newest official one")
+        magma = plan_magma(data, cuda, magma_version, platform)
+    elif cuda and platform == "linux-aarch64" and not jetson:
+        check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
+
+    status = Status.REFUSED if check.refusals else (Status.BUILDABLE if check.not_official else Status.OFFICIAL)
+    warnings = [*(f"not official: {reason}" for reason in check.not_official), *check.warnings]
+    if status is Status.REFUSED:
+        return Variant(request, status, tuple(check.refusals), tuple(warnings), release_key=release_key)
+    return Variant(
+        request=request,
+        status=status,
+        warnings=tuple(warnings),
+        release_key=release_key,
+        cuda_full=toolkit.full_version if toolkit else None,
+        cudnn=cudnn,
+        nccl=nccl,
+        arch_list=arch_list,
+        build_string=build_string(request.python, cuda, cudnn, request.options.build_number, platform,
+                                  debug=request.options.debug),
+        magma=magma,
+        jetson=jetson_key,
+        fixes=fixes,
+        env=_build_env(data, request, release, cuda, arch_list, jetson, fixes),
+    )
+
+
+def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Release, check: _Checker) -> None:
+    accepted = data.arch_set(cuda)
+    base = arch.split("+")[0]
+    if accepted is not None and base not in accepted:
+        numeric = sorted((a for a in accepted if not a[-1].isalpha()), key=arch_key)
+        check.refuse(
+            f"GPU arch {base} is outside what nvcc {cuda} accepts ({numeric[0]} to {numeric[-1]}); "
+            f"drop it from --arch-list or choose a CUDA whose nvcc supports it"
+        )
+    if release.max_arch and arch_key(base) > arch_key(release.max_arch):
+        check.warn(f"PyTorch {release_key}'s arch parser stops at {release.max_arch}; {base} may be rejected at configure time")
+
+
+def _resolve_arch_list(data: Data, request: Request, release_key: str, release: Release, cuda: str | None,
+                       jetson: tuple[str, JetsonDevice, JetPack] | None, check: _Checker) -> str | None:
+    if cuda is None:
+        if request.options.arch_list:
+            check.warn("--arch-list has no effect on a cpu build")
+        return None
+    if request.options.arch_list:
+        arch_list = request.options.arch_list
+    elif jetson:
+        arch_list = jetson[1].arch
+    else:
+        build = release.cuda.get(cuda)
+        arch_list = None
+        if build:
+            if request.platform == "win-64":
+                arch_list = build.conda_arch_win or build.conda_arch
+            else:
+                arch_list = build.conda_arch
+            arch_list = arch_list or build.wheel_arch
+        if arch_list is None:
+            nearest = (_nearest_release_value(data, release_key, cuda, "conda_arch")
+                       or _nearest_release_value(data, release_key, cuda, "wheel_arch"))
+            if nearest is None:
+                check.refuse(f"no arch list is known for CUDA {cuda}; pass one with --arch-list, e.g. '8.0;9.0'")
+                return None
+            parts = nearest[1].split(";")
+            if release.max_arch:
+                parts = [p for p in parts if arch_key(p) <= arch_key(release.max_arch)]
+            arch_list = ";".join(parts)
+            check.warn(f"no official arch list for PyTorch {release_key} with CUDA {cuda}: using PyTorch {nearest[0]}'s ({arch_list})")
+    for arch in arch_list.split(";"):
+        if not arch:
+            continue
+        if not versions.is_valid_version(arch.split("+")[0].rstrip("af")):
+            check.refuse(f"{arch!r} is not an arch value; write them like '8.0;8.6;9.0+PTX'")
+            continue
+        _check_arch(data, cuda, arch, release_key, release, check)
+    return arch_list
+
+
+def _build_env(data: Data, request: Request, release: Release, cuda: str | None, arch_list: str | None,
+               jetson: tuple[str, JetsonDevice, JetPack] | None,
+               fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
+    """The exports of build.sh, in order; later entries override earlier ones with the same name."""
+    is_linux = request.platform.startswith("linux")
+    env: dict[str, str] = {}
+    for entry in data.eras.build_env:
+        if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
+            continue
+        if entry.when == "linux" and not is_linux:
+            continue
+        value = entry.value if is_linux else entry.win
+        if value is not None:
+            env[entry.name] = value
+    if is_linux:
+        env["_GLIBCXX_USE_CXX11_ABI"] = "1" if release.cxx11_abi else "0"
+    if cuda:
+        assert arch_list is not None
+        env["TORCH_CUDA_ARCH_LIST"] = arch_list
+        env["USE_STATIC_CUDNN"] = "1" if release.static_cudnn and not _cudnn_is_dynamic_only(request, release, cuda) else "0"
+        if release.cusparselt:
+            env["USE_CUSPARSELT"] = "1"
+        if request.platform != "linux-64" or jetson:
+            env["USE_MAGMA"] = "0"
+    if jetson:
+        _, _, jetpack = jetson
+        if not jetpack.nccl:
+            env.update({"USE_NCCL": "0", "USE_SYSTEM_NCCL": "0", "USE_DISTRIBUTED": "0"})
+            env.pop("USE_STATIC_NCCL", None)
+            env.pop("NCCL_ROOT_DIR", None)
+        for name, value in data.jetson.build_env.items():
+            env[name] = f"${{{name}:-{value}}}"
+    if request.options.debug:
+        env["DEBUG"] = "1"
+    for applied in fixes:
+        env.update(applied.fix.env)
+    env.update(dict(request.options.extra_env))
+    return tuple(env.items())
+
+
+def _cudnn_is_dynamic_only(request: Request, release: Release, cuda: str) -> bool:
+    """cuDNN >= 8.3 ships no single static archive (official-builds §1.7), so USE_STATIC_CUDNN must be 0."""
+    build = release.cuda.get(cuda)
+    cudnn = build.cudnn if build else None
+    return cudnn is None or versions.parse(cudnn) >= versions.parse("8.3")

@@ -1,0 +1,127 @@
+"""What the user asks for: a selection of variants, expanded into one `Request` per package to build.
+
+A variant is PyTorch version x accelerator (cpu or CUDA X.Y) x Python X.Y x platform x options. The string
+forms (`pytorch-2.5.1-cu124-py312-linux_64`, `magma-cuda124-2.6.1-linux_64`) are made here and only here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from torchforge import data as tables
+from torchforge.errors import UsageError
+from torchforge.versions import nodot
+
+CPU = "cpu"
+_VERSION_XY = re.compile(r"^\d+\.\d+$")
+_VERSION_XYZ = re.compile(r"^\d+\.\d+\.\d+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-variant options that do not multiply the matrix."""
+
+    arch_list: str | None = None
+    build_number: int = 0
+    debug: bool = False
+    jetson: str | None = None
+    extra_env: tuple[tuple[str, str], ...] = ()
+    gcc: str | None = None
+    source: str | None = None
+    patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One pytorch package to build, as asked (not yet checked against the data)."""
+
+    pytorch: str
+    accel: str  # "cpu" or a CUDA "X.Y"
+    python: str
+    platform: str
+    options: Options = field(default_factory=Options)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.accel != CPU
+
+    @property
+    def accel_tag(self) -> str:
+        return CPU if not self.is_cuda else f"cu{nodot(self.accel)}"
+
+    @property
+    def id(self) -> str:
+        suffix = "-debug" if self.options.debug else ""
+        jetson = f"-{self.options.jetson}" if self.options.jetson else ""
+        return (
+            f"pytorch-{self.pytorch}-{self.accel_tag}-py{nodot(self.python)}-"
+            f"{self.platform.replace('-', '_')}{jetson}{suffix}"
+        )
+
+
+def magma_id(cuda: str, version: str, platform: str) -> str:
+    return f"magma-cuda{nodot(cuda)}-{version}-{platform.replace('-', '_')}"
+
+
+def split_list(value: str | None) -> list[str]:
+    """'11.8, 12.4,cpu' -> ['11.8', '12.4', 'cpu'] (empty entries dropped, order kept, duplicates removed)."""
+    if not value:
+        return []
+    seen: dict[str, None] = {}
+    for item in value.split(","):
+        item = item.strip()
+        if item:
+            seen[item] = None
+    return list(seen)
+
+
+def parse_env(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    result = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise UsageError(f"--env expects NAME=VALUE, got {pair!r}", "for example --env USE_NCCL=0")
+        result.append((name, value))
+    return tuple(result)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The matrix a command works on: every combination of the listed CUDA and Python versions."""
+
+    pytorch: str
+    accels: tuple[str, ...]
+    pythons: tuple[str, ...]
+    platform: str
+    options: Options = field(default_factory=Options)
+
+    @classmethod
+    def from_flags(
+        cls,
+        pytorch: str | None,
+        cuda: str | None,
+        python: str | None,
+        platform: str | None,
+        options: Options,
+    ) -> Selection:
+        defaults = tables.load().pytorch.defaults
+        pytorch = pytorch or defaults.pytorch
+        accels = tuple(split_list(cuda)) or defaults.cuda
+        pythons = tuple(split_list(python)) or defaults.python
+        platform = platform or defaults.platform
+        if not _VERSION_XYZ.match(pytorch):
+            raise UsageError(f"--pytorch expects a release version X.Y.Z, got {pytorch!r}", "for example --pytorch 2.5.1")
+        for accel in accels:
+            if accel != CPU and not _VERSION_XY.match(accel):
+                raise UsageError(f"--cuda expects X.Y or cpu, got {accel!r}", "for example --cuda 11.8,12.4,cpu")
+        for py in pythons:
+            if not _VERSION_XY.match(py):
+                raise UsageError(f"--py expects X.Y, got {py!r}", "for example --py 3.10,3.12")
+        if platform not in tables.PLATFORMS:
+            raise UsageError(f"unknown platform {platform!r}", f"use one of {', '.join(tables.PLATFORMS)}")
+        return cls(pytorch, accels, pythons, platform, options)
+
+    def requests(self) -> list[Request]:
+        return [Request(self.pytorch, a, p, self.platform, self.options) for a in self.accels for p in self.pythons]
