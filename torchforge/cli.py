@@ -14,6 +14,7 @@ from torchforge.errors import ExitCode, ForgeError
 # Each module in torchforge.commands registers its own sub-commands.
 COMMAND_MODULES: tuple[str, ...] = (
     "selection",
+    "upload",
 )
 
 app = typer.Typer(

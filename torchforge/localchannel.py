@@ -10,7 +10,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from filelock import FileLock
 
 LOCK_NAME = ".torchforge.lock"
 ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
+COPY_CHUNK = 8 << 20
 
 
 def archive_stem(filename: str) -> str:
@@ -54,11 +55,19 @@ def find(channel: Path, subdir: str, stem: str) -> Path | None:
     return None
 
 
-def publish(archive: Path, channel: Path, subdir: str, *, replace: bool = False) -> Path:
+def publish(
+    archive: Path,
+    channel: Path,
+    subdir: str,
+    *,
+    replace: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> Path:
     """Copy `archive` into `channel/subdir` atomically and re-index, under the channel lock.
 
     The copy is written to a temporary name in the same folder and renamed, so readers never see a
-    partial archive, and repodata is rewritten only after the archive is complete.
+    partial archive, and repodata is rewritten only after the archive is complete. `progress`, if given,
+    is called with the number of bytes copied after each chunk (uploads of large packages show it).
     """
     with locked(channel):
         target_dir = channel / subdir
@@ -69,10 +78,33 @@ def publish(archive: Path, channel: Path, subdir: str, *, replace: bool = False)
         fd, tmp_name = tempfile.mkstemp(prefix=".partial-", dir=target_dir)
         os.close(fd)
         try:
-            shutil.copyfile(archive, tmp_name)
+            if progress is None:
+                shutil.copyfile(archive, tmp_name)
+            else:
+                _copy_with_progress(archive, Path(tmp_name), progress)
+            # mkstemp creates the file 0600; a channel is read by other users and by web servers.
+            os.chmod(tmp_name, 0o644)
             os.replace(tmp_name, target)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise
         index(channel)
         return target
+
+
+def _copy_with_progress(source: Path, dest: Path, progress: Callable[[int], None]) -> None:
+    with source.open("rb") as src, dest.open("wb") as dst:
+        while chunk := src.read(COPY_CHUNK):
+            dst.write(chunk)
+            progress(len(chunk))
+
+
+def unpublish(channel: Path, subdir: str, filename: str) -> bool:
+    """Remove `channel/subdir/filename` and re-index, under the channel lock. False if it was not there."""
+    with locked(channel):
+        target = channel / subdir / filename
+        if not target.is_file():
+            return False
+        target.unlink()
+        index(channel)
+        return True

@@ -1,0 +1,92 @@
+"""Tiny but real conda packages for tests, written with conda-package-handling (tooling.md §2).
+
+Each package has info/index.json, info/paths.json, info/files and one payload file, so py-rattler can
+index, solve and install it. Compression level 1 keeps creation in the milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from conda_package_handling import api
+
+
+def make_package(
+    out_dir: Path,
+    name: str = "hello",
+    version: str = "1.0",
+    build: str = "h0_0",
+    subdir: str = "linux-64",
+    depends: Sequence[str] = (),
+    fmt: str = ".conda",
+    payload_bytes: int = 0,
+) -> Path:
+    """Build `<name>-<version>-<build><fmt>` in `out_dir` and return its path.
+
+    `payload_bytes` adds an incompressible-ish blob, for tests that need a file of some size.
+    """
+    out_dir = out_dir.resolve()  # .tar.bz2 creation chdirs into the stage: the output must be absolute
+    with tempfile.TemporaryDirectory(prefix="pkgfactory-") as tmp:
+        return _make(Path(tmp), out_dir, name, version, build, subdir, depends, fmt, payload_bytes)
+
+
+def _make(
+    stage: Path,
+    out_dir: Path,
+    name: str,
+    version: str,
+    build: str,
+    subdir: str,
+    depends: Sequence[str],
+    fmt: str,
+    payload_bytes: int,
+) -> Path:
+    (stage / "info").mkdir(parents=True, exist_ok=True)
+    (stage / "share" / name).mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+    paths: list[dict[str, object]] = []
+
+    def add(rel: str, data: bytes) -> None:
+        (stage / rel).write_bytes(data)
+        files.append(rel)
+        paths.append(
+            {"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(), "size_in_bytes": len(data)}
+        )
+
+    add(f"share/{name}/hello.txt", f"hello from {name} {version}\n".encode())
+    if payload_bytes:
+        # A hash chain: deterministic and not compressible, so the archive really is about this big.
+        blob = bytearray()
+        seed = hashlib.sha256(f"{name}{version}".encode()).digest()
+        while len(blob) < payload_bytes:
+            seed = hashlib.sha256(seed).digest()
+            blob += seed
+        add(f"share/{name}/blob.bin", bytes(blob[:payload_bytes]))
+    index: dict[str, object] = {
+        "name": name,
+        "version": version,
+        "build": build,
+        "build_number": 0,
+        "depends": list(depends),
+        "license": "BSD-3-Clause",
+        "subdir": subdir,
+        "timestamp": int(time.time() * 1000),
+    }
+    if subdir != "noarch":
+        os_name, _, arch = subdir.partition("-")
+        index.update(platform=os_name, arch={"64": "x86_64", "aarch64": "aarch64", "arm64": "arm64"}.get(arch, arch))
+    (stage / "info" / "index.json").write_text(json.dumps(index))
+    (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
+    (stage / "info" / "files").write_text("\n".join(files) + "\n")
+    members = [*files, "info/index.json", "info/paths.json", "info/files"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    filename = f"{name}-{version}-{build}{fmt}"
+    (out_dir / filename).unlink(missing_ok=True)
+    kwargs: dict[str, object] = {"compression_level": 1} if fmt == ".conda" else {}
+    created = api.create(str(stage), members, filename, out_folder=str(out_dir), **kwargs)
+    return Path(created)

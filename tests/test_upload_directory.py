@@ -1,0 +1,191 @@
+"""`torchforge upload --to file://...`: real archives, real py-rattler index, solve and install."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.pkgfactory import make_package
+from tests.test_upload_helpers import cli, cli_env
+from torchforge.upload import ArchiveError, inspect_archive
+
+pytestmark = pytest.mark.slow
+
+
+def _out(tmp: Path) -> Path:
+    """A build output folder: hello (linux-64, depends on world) and world (noarch, .tar.bz2)."""
+    out = tmp / "out"
+    make_package(out / "linux-64", name="hello", depends=["world"])
+    make_package(out / "noarch", name="world", subdir="noarch", fmt=".tar.bz2")
+    return out
+
+
+def _repodata_files(channel: Path, subdir: str) -> dict[str, dict[str, object]]:
+    data = json.loads((channel / subdir / "repodata.json").read_text())
+    return {**data.get("packages", {}), **data.get("packages.conda", {})}
+
+
+def _solve_install(channel_url: str, spec: str, tmp: Path) -> Path:
+    """An independent solve + install with py-rattler, as a user's client would do it."""
+    from rattler import Gateway, install, solve
+
+    records = asyncio.run(solve([channel_url], [spec], gateway=Gateway(cache_dir=tmp / "gw"),
+                                platforms=["linux-64", "noarch"]))
+    prefix = tmp / "prefix"
+    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp / "pkgs", show_progress=False))
+    return prefix
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="installs linux-64 test packages")
+def test_upload_from_output_then_solve_and_install(tmp_path: Path) -> None:
+    out = _out(tmp_path)
+    chan = tmp_path / "chan"
+    result = cli("upload", "--from", str(out), "--to", chan.as_uri())
+    assert result.returncode == 0, result.stderr
+    assert "hello-1.0-h0_0.conda" in result.stdout and "uploaded" in result.stdout
+    assert "(solved with dependencies from the channel)" in result.stdout
+    listed = _repodata_files(chan, "linux-64")["hello-1.0-h0_0.conda"]
+    local = inspect_archive(out / "linux-64" / "hello-1.0-h0_0.conda")
+    assert (listed["sha256"], listed["size"]) == (local.sha256, local.size)
+    assert "world-1.0-h0_0.tar.bz2" in _repodata_files(chan, "noarch")
+    prefix = _solve_install(chan.as_uri(), "hello", tmp_path)
+    assert (prefix / "share" / "hello" / "hello.txt").read_text() == "hello from hello 1.0\n"
+    assert (prefix / "share" / "world" / "hello.txt").is_file()
+    # Published files are readable by others (a web server serving the channel).
+    assert (chan / "linux-64" / "hello-1.0-h0_0.conda").stat().st_mode & 0o044 == 0o044
+
+
+def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
+    out = _out(tmp_path)
+    chan = tmp_path / "chan"
+    assert cli("upload", "--from", str(out), "--to", chan.as_uri(), "--no-verify").returncode == 0
+
+    again = cli("upload", "--from", str(out), "--to", chan.as_uri())
+    assert again.returncode == 7
+    assert "hello-1.0-h0_0.conda already exists" in again.stderr
+    assert "--skip-existing" in again.stderr and "--force" in again.stderr
+
+    skipped = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--skip-existing")
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.count("skipped") == 2
+
+    # A rebuilt package with the same name but other content: --force must replace it.
+    rebuilt = tmp_path / "rebuilt"
+    new = make_package(rebuilt / "linux-64", name="hello", depends=["world"], payload_bytes=5000)
+    forced = cli("upload", str(new), "--to", chan.as_uri(), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "replaced" in forced.stdout
+    listed = _repodata_files(chan, "linux-64")["hello-1.0-h0_0.conda"]
+    assert listed["sha256"] == inspect_archive(new).sha256
+
+    both = cli("upload", str(new), "--to", chan.as_uri(), "--force", "--skip-existing")
+    assert both.returncode == 2 and "contradict" in both.stderr
+
+
+def test_corrupt_and_misplaced_archives_are_refused(tmp_path: Path) -> None:
+    good = make_package(tmp_path / "linux-64", name="good")
+    truncated = tmp_path / "linux-64" / "trunc-1.0-h0_0.conda"
+    data = make_package(tmp_path / "src" / "linux-64", name="trunc").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    misplaced = make_package(tmp_path / "osx-arm64", name="mis")  # built for linux-64
+    renamed = tmp_path / "linux-64" / "other-1.0-h0_0.tar.bz2"
+    renamed.write_bytes(make_package(tmp_path / "src2" / "linux-64", name="orig", fmt=".tar.bz2").read_bytes())
+    chan = tmp_path / "chan"
+
+    for bad, words in [
+        (truncated, "is not a readable conda archive"),
+        (misplaced, "is built for linux-64 but sits in osx-arm64/"),
+        (renamed, "file name does not match its metadata"),
+        (tmp_path / "missing-1.0-0.conda", "does not exist"),
+    ]:
+        with pytest.raises(ArchiveError, match=words):
+            inspect_archive(bad)
+        # Together with a good file: the bad one stops the whole run before anything is sent.
+        result = cli("upload", str(good), str(bad), "--to", chan.as_uri())
+        assert result.returncode == 2, (bad, result.stderr)
+        assert words in result.stderr.replace("\n", " ") or words in result.stderr
+        assert not (chan / "linux-64" / "good-1.0-h0_0.conda").exists()
+
+
+def test_dry_run_writes_nothing(tmp_path: Path) -> None:
+    out = _out(tmp_path)
+    chan = tmp_path / "chan"
+    result = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"[dry-run] copy {out / 'linux-64' / 'hello-1.0-h0_0.conda'} -> {chan / 'linux-64'}" in result.stderr
+    assert not chan.exists()
+
+
+CONCURRENT = """
+import sys
+from pathlib import Path
+from torchforge.localchannel import publish
+from torchforge.upload import inspect_archive
+# Started together by the test; each publishes its packages one by one into the same channel.
+chan, files = Path(sys.argv[1]), sys.argv[2:]
+for f in files:
+    a = inspect_archive(Path(f))
+    publish(a.path, chan, a.subdir)
+"""
+
+
+@pytest.mark.parametrize("via_cli", [True, False], ids=["cli", "library"])
+def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -> None:
+    chan = tmp_path / "chan"
+    groups: list[list[Path]] = [[], []]
+    for i in range(6):
+        groups[i % 2].append(make_package(tmp_path / f"pk{i % 2}" / "linux-64", name=f"pkg{i}"))
+    env = cli_env()
+    if via_cli:
+        argvs = [[sys.executable, "-m", "torchforge.cli", "upload", *map(str, g), "--to", chan.as_uri(),
+                  "--no-verify"] for g in groups]
+    else:
+        argvs = [[sys.executable, "-c", CONCURRENT, str(chan), *map(str, g)] for g in groups]
+    procs = [subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    listed = _repodata_files(chan, "linux-64")
+    assert sorted(listed) == sorted(f"pkg{i}-1.0-h0_0.conda" for i in range(6))
+    assert not list((chan / "linux-64").glob(".partial-*"))
+    from rattler import Gateway, solve
+
+    records = asyncio.run(solve([chan.as_uri()], [f"pkg{i}" for i in range(6)],
+                                gateway=Gateway(cache_dir=tmp_path / "gw"), platforms=["linux-64", "noarch"]))
+    assert sorted(r.name.normalized for r in records) == sorted(f"pkg{i}" for i in range(6))
+
+
+def test_labels_and_promote(tmp_path: Path) -> None:
+    out = _out(tmp_path)
+    chan = tmp_path / "chan"
+    up = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--label", "rc")
+    assert up.returncode == 0, up.stderr
+    assert "install from " + (chan / "label" / "rc").as_uri() in up.stdout
+    assert "hello-1.0-h0_0.conda" in _repodata_files(chan / "label" / "rc", "linux-64")
+    assert not (chan / "linux-64").exists()
+
+    dry = cli("promote", "--to", chan.as_uri(), "--from-label", "rc", "--label", "main", "hello", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would be copied: linux-64/hello-1.0-h0_0.conda rc -> main" in dry.stdout
+    assert not (chan / "linux-64").exists()
+
+    copied = cli("promote", "--to", chan.as_uri(), "--from-label", "rc", "--label", "main", "hello/1.0")
+    assert copied.returncode == 0, copied.stderr
+    assert "copied: linux-64/hello-1.0-h0_0.conda rc -> main" in copied.stdout
+    assert "hello-1.0-h0_0.conda" in _repodata_files(chan, "linux-64")
+    assert "hello-1.0-h0_0.conda" in _repodata_files(chan / "label" / "rc", "linux-64")
+
+    moved = cli("promote", "--to", chan.as_uri(), "--from-label", "rc", "--move")
+    assert moved.returncode == 0, moved.stderr
+    assert "world-1.0-h0_0.tar.bz2" in _repodata_files(chan, "noarch")
+    assert _repodata_files(chan / "label" / "rc", "linux-64") == {}
+    assert _repodata_files(chan / "label" / "rc", "noarch") == {}
+
+    missing = cli("promote", "--to", chan.as_uri(), "--from-label", "beta")
+    assert missing.returncode == 2 and "label 'beta' does not exist" in missing.stderr
+    assert "main, rc" in missing.stderr

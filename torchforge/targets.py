@@ -1,0 +1,267 @@
+"""Upload targets: where packages go, from a URL on the command line or a named file in `channels/`.
+
+Three kinds:
+
+* `file:///abs/path`                       a directory channel on this machine (or a shared mount)
+* `anaconda://OWNER`                       anaconda.org (or a compatible server given by `api_url`)
+* `quetz+http(s)://HOST[:PORT]/CHANNEL`    a quetz server
+
+A named target is `channels/<name>.toml`. Files hold the *name* of the environment variable with the
+token (`token_env`), never the token itself: a file gets committed, copied and shared.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from torchforge.errors import UsageError
+
+
+class TargetKind(str, Enum):
+    DIRECTORY = "directory"
+    ANACONDA = "anaconda"
+    QUETZ = "quetz"
+
+
+# The variables each kind reads when the target names none (anaconda-client's own, quetz's usual name).
+DEFAULT_TOKEN_ENV: Mapping[TargetKind, str] = {
+    TargetKind.ANACONDA: "ANACONDA_API_TOKEN",
+    TargetKind.QUETZ: "QUETZ_API_KEY",
+}
+
+# anaconda.org owners and quetz channels: letters, digits, '-', '_', '.' (no path separators or spaces).
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed upload target. Exactly the fields of its kind are set."""
+
+    name: str  # what the user typed: a URL or the name of a channels/*.toml file
+    kind: TargetKind
+    labels: tuple[str, ...] = ("main",)
+    token_env: str | None = None
+    description: str = ""
+    path: Path | None = None  # directory
+    owner: str | None = None  # anaconda
+    api_url: str | None = None  # anaconda; None means the client's own default (anaconda.org)
+    base_url: str | None = None  # quetz: http(s)://host:port
+    channel: str | None = None  # quetz
+
+    @property
+    def url(self) -> str:
+        if self.kind is TargetKind.DIRECTORY:
+            assert self.path is not None
+            return self.path.as_uri()
+        if self.kind is TargetKind.ANACONDA:
+            return f"anaconda://{self.owner}"
+        return f"quetz+{self.base_url}/{self.channel}"
+
+    @property
+    def token_vars(self) -> tuple[str, ...]:
+        """Environment variables that may hold the token, in the order they are read."""
+        names: list[str] = []
+        if self.token_env:
+            names.append(self.token_env)
+        default = DEFAULT_TOKEN_ENV.get(self.kind)
+        if default and default not in names:
+            names.append(default)
+        return tuple(names)
+
+
+def _check_labels(labels: tuple[str, ...], where: str) -> tuple[str, ...]:
+    for label in labels:
+        if not _LABEL.match(label):
+            raise UsageError(f"label {label!r} in {where} is not a valid label", "use letters, digits, '.', '_' or '-'")
+    return labels
+
+
+def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | None = None) -> Target:
+    """A target from its URL form. Raises UsageError with the accepted forms when `text` is none of them."""
+    forms = "file:///abs/path, anaconda://OWNER or quetz+http(s)://HOST[:PORT]/CHANNEL"
+    labels = _check_labels(labels, text)
+    if text.startswith("file://"):
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise UsageError(f"{text!r} is not an absolute file URL", "write file:///absolute/path/to/channel")
+        path = Path(parts.path)
+        return Target(name=text, kind=TargetKind.DIRECTORY, labels=labels, path=path)
+    if text.startswith("anaconda://"):
+        owner = text[len("anaconda://") :].strip("/")
+        if not _NAME.match(owner):
+            raise UsageError(f"{text!r} does not name an anaconda.org owner", "write anaconda://OWNER, e.g. anaconda://my-org")
+        return Target(name=text, kind=TargetKind.ANACONDA, labels=labels, owner=owner, token_env=token_env)
+    if text.startswith(("quetz+http://", "quetz+https://")):
+        parts = urlsplit(text[len("quetz+") :])
+        channel = parts.path.strip("/")
+        if not parts.hostname or not _NAME.match(channel):
+            raise UsageError(f"{text!r} does not name a quetz channel", "write quetz+http://HOST:PORT/CHANNEL")
+        base = f"{parts.scheme}://{parts.netloc}"
+        return Target(name=text, kind=TargetKind.QUETZ, labels=labels, base_url=base, channel=channel, token_env=token_env)
+    if text.startswith("/") or text.startswith("."):
+        raise UsageError(f"{text!r} is a path, not a target URL", f"write it as file://{Path(text).resolve()}")
+    raise UsageError(f"{text!r} is not a target URL or a named target", f"use {forms}, or a name from `torchforge channels`")
+
+
+class _ChannelFile(BaseModel):
+    """The schema of channels/<name>.toml. Unknown keys are errors, so a typo cannot silently drop a setting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["directory", "anaconda", "quetz"]
+    url: str | None = None  # directory: file:///...; quetz: http(s)://host:port/channel
+    owner: str | None = None  # anaconda
+    api_url: str | None = None  # anaconda-compatible server
+    labels: tuple[str, ...] = ("main",)
+    token_env: str | None = None
+    description: str = ""
+
+
+_FIELDS = tuple(_ChannelFile.model_fields)
+
+
+def load_file(path: Path) -> Target:
+    """Parse one channels/*.toml file into a Target named after the file."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read target file {path}: {exc}") from exc
+    for secret_key in ("token", "api_key", "password", "api_token"):
+        if secret_key in raw:
+            raise UsageError(
+                f"{path} stores a secret under {secret_key!r}",
+                "remove it and set token_env = \"NAME_OF_ENV_VAR\"; the token itself belongs in that variable",
+            )
+    try:
+        spec = _ChannelFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: "
+            + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
+        raise UsageError(f"{path} is not a valid target: {problems}", f"allowed keys: {', '.join(_FIELDS)}") from exc
+    name = path.stem
+    where = str(path)
+    labels = _check_labels(spec.labels, where)
+    if spec.token_env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", spec.token_env):
+        raise UsageError(f"{where}: token_env {spec.token_env!r} is not an environment variable name",
+                         "token_env holds the variable's name, e.g. \"MY_ANACONDA_TOKEN\", never the token")
+    if spec.kind == "directory":
+        if not spec.url or spec.owner or spec.api_url:
+            raise UsageError(f"{where}: a directory target needs url = \"file:///...\" and no owner/api_url")
+        parsed = parse_url(spec.url, labels)
+        if parsed.kind is not TargetKind.DIRECTORY:
+            raise UsageError(f"{where}: kind is directory but url is {spec.url!r}", "write url = \"file:///abs/path\"")
+        return Target(name=name, kind=parsed.kind, labels=labels, path=parsed.path, description=spec.description)
+    if spec.kind == "anaconda":
+        if not spec.owner or spec.url:
+            raise UsageError(f"{where}: an anaconda target needs owner = \"...\" (and optionally api_url), not url")
+        parsed = parse_url(f"anaconda://{spec.owner}", labels)
+        if spec.api_url is not None and not spec.api_url.startswith(("http://", "https://")):
+            raise UsageError(f"{where}: api_url {spec.api_url!r} is not an http(s) URL")
+        return Target(name=name, kind=parsed.kind, labels=labels, owner=parsed.owner, api_url=spec.api_url,
+                      token_env=spec.token_env, description=spec.description)
+    if not spec.url or spec.owner or spec.api_url:
+        raise UsageError(f"{where}: a quetz target needs url = \"http(s)://HOST[:PORT]/CHANNEL\" and no owner/api_url")
+    url = spec.url if spec.url.startswith("quetz+") else f"quetz+{spec.url}"
+    parsed = parse_url(url, labels)
+    return Target(name=name, kind=parsed.kind, labels=labels, base_url=parsed.base_url, channel=parsed.channel,
+                  token_env=spec.token_env, description=spec.description)
+
+
+def default_channels_dir() -> Path:
+    """`$TORCHFORGE_CHANNELS_DIR`, else ./channels, else the channels/ folder of a source checkout."""
+    env = os.environ.get("TORCHFORGE_CHANNELS_DIR")
+    if env:
+        return Path(env)
+    cwd = Path.cwd() / "channels"
+    if cwd.is_dir():
+        return cwd
+    return Path(__file__).resolve().parents[1] / "channels"
+
+
+def load_all(channels_dir: Path) -> dict[str, Target]:
+    """Every named target in `channels_dir`, by name. A missing folder means no named targets."""
+    if not channels_dir.is_dir():
+        return {}
+    return {path.stem: load_file(path) for path in sorted(channels_dir.glob("*.toml"))}
+
+
+def resolve(
+    text: str,
+    channels_dir: Path | None = None,
+    labels: tuple[str, ...] = (),
+    api_url: str | None = None,
+) -> Target:
+    """The target a `--to` value means: a URL, or the name of a channels/*.toml file.
+
+    `labels` and `api_url` from the command line override the file's.
+    """
+    if "://" in text or "/" in text:  # a URL, or a path that parse_url turns into a file:// hint
+        target = parse_url(text, labels or ("main",))
+    else:
+        folder = channels_dir or default_channels_dir()
+        known = load_all(folder)
+        if text not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise UsageError(
+                f"no target named {text!r} in {folder}",
+                f"named targets: {names}; or give a URL (file:///..., anaconda://OWNER, quetz+http://HOST/CHANNEL)",
+            )
+        target = known[text]
+        if labels:
+            target = replace(target, labels=_check_labels(labels, "--label"))
+    if api_url is not None:
+        if target.kind is not TargetKind.ANACONDA:
+            raise UsageError("--api-url applies to anaconda:// targets only")
+        if not api_url.startswith(("http://", "https://")):
+            raise UsageError(f"--api-url {api_url!r} is not an http(s) URL")
+        target = replace(target, api_url=api_url.rstrip("/"))
+    return target
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A token and where it came from. `repr` never shows the value, so a stray log line cannot leak it."""
+
+    value: str
+    source: str  # e.g. "$ANACONDA_API_TOKEN" or "keyring torchforge/team"
+
+    def __repr__(self) -> str:
+        return f"Credential(source={self.source!r})"
+
+    __str__ = __repr__
+
+
+KEYRING_SERVICE = "torchforge"
+
+
+def find_token(target: Target, env: Mapping[str, str] | None = None) -> Credential | None:
+    """The token for `target`: its env variables in order, then the system keyring (service "torchforge",
+    user = target name), if the `keyring` package is installed. None when nothing holds one."""
+    env = os.environ if env is None else env
+    for var in target.token_vars:
+        value = env.get(var, "").strip()
+        if value:
+            return Credential(value, f"${var}")
+    try:
+        import keyring  # optional: present where the user installed it for their desktop keyring
+    except ImportError:
+        return None
+    try:
+        value = keyring.get_password(KEYRING_SERVICE, target.name)
+    except Exception:  # no backend, locked keyring: treat as "not stored there"
+        return None
+    return Credential(value, f"keyring {KEYRING_SERVICE}/{target.name}") if value else None
