@@ -138,6 +138,18 @@ class BuildEnvEntry(_Frozen):
     when: Literal["cuda", "cpu", "linux"] | None = None
 
 
+class InstallCommands(_Frozen):
+    setup_py: str
+    pip: str
+    setup_py_win: str
+    pip_win: str
+
+
+class RpathRule(_Frozen):
+    dir: str
+    rpath: str
+
+
 class ErasTable(_Frozen):
     schema_: int = 1
     meta: Meta
@@ -145,6 +157,8 @@ class ErasTable(_Frozen):
     script_env: ScriptEnv
     eras: dict[str, Era]
     build_env: tuple[BuildEnvEntry, ...]
+    install: InstallCommands
+    rpath: tuple[RpathRule, ...]
 
 
 # ---- magma.toml ------------------------------------------------------------------------------------------

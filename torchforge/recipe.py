@@ -1,0 +1,235 @@
+"""Turn a resolved variant into the typed context the templates lay out. Pure: no files, no commands.
+
+conda-build (meta.yaml) and rattler-build (recipe.yaml) share this context: every value is resolved for
+exactly one variant, so the two formats differ only in syntax and neither needs selectors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchforge import __version__
+from torchforge import data as tables
+from torchforge import versions
+from torchforge.data import Data, Requirement, SourceEdit
+from torchforge.resolve import AppliedFix, MagmaPlan, Status, Variant
+
+# conda-build and rattler-build set these for every build script; they are not read from the outside.
+BUILD_TOOL_VARIABLES = frozenset(
+    {"PREFIX", "SP_DIR", "PYTHON", "PKG_VERSION", "PKG_BUILDNUM", "PKG_NAME", "RECIPE_DIR", "SRC_DIR",
+     "CPU_COUNT", "LIBRARY_PREFIX", "BUILD_PREFIX"}
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "git", "path" or "url"
+    location: str
+    rev: str | None = None
+    sha256: str | None = None
+    patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecipeContext:
+    kind: str  # "pytorch" or "magma"
+    variant_id: str
+    status: str
+    header: str
+    name: str
+    version: str
+    build_number: int
+    build_string: str
+    platform: str
+    python: str | None
+    source: Source
+    script_env: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    build_requirements: tuple[str, ...] = ()
+    host_requirements: tuple[str, ...] = ()
+    run_requirements: tuple[str, ...] = ()
+    run_constrained: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    test_imports: tuple[str, ...] = ()
+    install_command: str = ""
+    rpath_rules: tuple[tuple[str, str], ...] = ()
+    source_edits: tuple[SourceEdit, ...] = ()
+    cmake_options: tuple[str, ...] = ()
+    gencode: tuple[str, ...] = ()
+    gpu_target: str = ""
+    nvcc_flags: str = ""
+    cuda: str | None = None
+    summary: str = ""
+    license: str = "BSD-3-Clause"
+    home: str = ""
+    warnings: tuple[str, ...] = ()
+    fixes: tuple[tuple[str, str], ...] = ()
+    manual_patches: tuple[str, ...] = ()
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def is_windows(self) -> bool:
+        return self.platform == "win-64"
+
+    @property
+    def has_source_edits(self) -> bool:
+        return bool(self.source_edits)
+
+
+def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool) -> bool:
+    if requirement.python and not versions.matches(python, requirement.python):
+        return False
+    if requirement.platforms is not None and platform not in requirement.platforms:
+        return False
+    if requirement.accel is not None and (requirement.accel == "cuda") != is_cuda:
+        return False
+    return True
+
+
+def _select(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool) -> list[str]:
+    return [r.spec for r in requirements if _applies(r, python, platform, is_cuda)]
+
+
+def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
+    """--source: a local checkout (path), a tarball (url) or a git mirror; default: upstream git at the tag."""
+    if location is None:
+        return Source("git", default_url, tag)
+    if os.path.isdir(location):
+        return Source("path", str(Path(location).resolve()))
+    if location.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")):
+        return Source("url", location)
+    return Source("git", location, tag)
+
+
+
+
+def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeContext:
+    data: Data = tables.load()
+    request = variant.request
+    assert variant.release_key is not None and variant.build_string is not None
+    release = data.pytorch.releases[variant.release_key]
+    era = data.eras.eras[release.era]
+    runtime = data.eras.runtime
+    platform, python, cuda = request.platform, request.python, (request.accel if request.is_cuda else None)
+    is_cuda = cuda is not None
+    build = _select(era.build, python, platform, is_cuda)
+    host = _select(era.host, python, platform, is_cuda)
+    run = _select(era.run, python, platform, is_cuda)
+    warnings = list(variant.warnings)
+    if not any(spec.split()[0] == "numpy" for spec in host):
+        host.insert(1, "numpy")
+        warnings.append(f"the official recipes give no numpy pin for Python {python}: numpy is left unpinned")
+    host[0] = f"python {python}.*"
+    run[0] = f"python {python}.*"
+    if variant.magma is not None:
+        host.append(f"{variant.magma.name} =={variant.magma.version}")
+    run_constrained: list[str] = []
+    features: list[str] = []
+    if is_cuda:
+        assert cuda is not None
+        toolkit = data.cuda.toolkits[cuda]
+        if release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
+            run.append(f"pytorch-cuda >={cuda},<{toolkit.runtime_upper}")
+        elif release.cuda_runtime == "cudatoolkit":
+            run.append(f"cudatoolkit >={cuda},<{toolkit.runtime_upper}")
+        else:
+            run.append(f"cuda-version >={cuda},<{toolkit.runtime_upper}")
+            run.extend(runtime.split_packages)
+        if release.triton and platform != "win-64":
+            run.append(f"torchtriton =={release.triton}")
+    if release.selector == "mutex":
+        run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
+        run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
+    elif not is_cuda:
+        features.append("cpuonly")
+    env_names = {name for name, _ in variant.env}
+    edits = tuple(edit for applied in variant.fixes for edit in applied.fix.edits)
+    install = data.eras.install
+    if platform == "win-64":
+        install_command = install.setup_py_win if release.conda_official else install.pip_win
+    else:
+        install_command = install.setup_py if release.conda_official else install.pip
+    tag = f"v{request.pytorch}"
+    source = resolve_source(request.options.source, data.pytorch.defaults.source_url, tag)
+    return RecipeContext(
+        kind="pytorch",
+        variant_id=variant.id,
+        status=variant.status.value,
+        header=f"Rendered by torchforge {__version__} for {variant.id} ({variant.status.value}). Re-render instead of editing.",
+        name="pytorch",
+        version=request.pytorch,
+        build_number=request.options.build_number,
+        build_string=variant.build_string,
+        platform=platform,
+        python=python,
+        source=Source(source.kind, source.location, source.rev, patches=patches),
+        script_env=tuple(n for n in data.eras.script_env.names if n not in env_names or _reads_itself(variant, n)),
+        env=variant.env,
+        build_requirements=tuple(build),
+        host_requirements=tuple(host),
+        run_requirements=tuple(run),
+        run_constrained=tuple(run_constrained),
+        features=tuple(features),
+        test_imports=("torch",),
+        install_command=install_command,
+        rpath_rules=tuple((rule.dir, rule.rpath) for rule in data.eras.rpath) if platform != "win-64" else (),
+        source_edits=edits,
+        cuda=cuda,
+        summary="PyTorch: tensors and dynamic neural networks in Python with strong GPU acceleration",
+        home="https://pytorch.org/",
+        warnings=tuple(warnings),
+        fixes=_fix_notes(variant.fixes),
+        extra={
+            "torchforge_variant": variant.id,
+            "torchforge_status": variant.status.value,
+            **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
+        },
+    )
+
+
+def _reads_itself(variant: Variant, name: str) -> bool:
+    """An exported value like ${MAX_JOBS:-$CPU_COUNT} still reads the outside variable."""
+    return any(n == name and f"${{{name}:-" in value for n, value in variant.env)
+
+
+def _fix_notes(fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((applied.key, applied.fix.reason) for applied in fixes)
+
+
+def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeContext:
+    edits = tuple(edit for applied in plan.fixes for edit in applied.fix.edits)
+    gencode_flags = " ".join(f"-gencode arch=compute_{g},code=sm_{g}" for g in plan.gencode)
+    return RecipeContext(
+        kind="magma",
+        variant_id=plan.id,
+        status=Status.OFFICIAL.value,
+        header=f"Rendered by torchforge {__version__} for {plan.id}. Re-render instead of editing.",
+        name=plan.name,
+        version=plan.version,
+        build_number=plan.build_number,
+        build_string=plan.build_string,
+        platform="linux-64",
+        python=None,
+        source=Source("url", plan.url, sha256=plan.sha256, patches=patches),
+        script_env=("CUDA_HOME", "MAX_JOBS"),
+        env=(
+            ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),
+            ("MAX_JOBS", "${MAX_JOBS:-$CPU_COUNT}"),
+            ("DESIRED_CUDA", plan.cuda),
+            ("CUDA_ARCH_LIST", gencode_flags),
+        ),
+        source_edits=edits,
+        cmake_options=plan.cmake_options,
+        gencode=plan.gencode,
+        gpu_target=" ".join(f"sm_{g}" for g in plan.gencode),
+        nvcc_flags=plan.nvcc_flags,
+        cuda=plan.cuda,
+        summary="Matrix Algebra on GPU and Multicore Architectures, static library for PyTorch builds",
+        home="https://icl.utk.edu/magma/",
+        warnings=plan.warnings,
+        fixes=_fix_notes(plan.fixes),
+        manual_patches=tuple(p for applied in plan.fixes for p in applied.fix.manual_patch),
+        extra={"torchforge_variant": plan.id, "sha256": plan.sha256},
+    )

@@ -1,0 +1,195 @@
+"""Render resolved variants into recipe folders: pure rendering to {filename: content}, then an atomic write.
+
+Templates live in recipe_templates/ (a checkout) or torchforge/_templates (an installed wheel); one resolver
+finds either, so an installed torchforge renders exactly what a checkout renders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from torchforge.errors import RefusedError, UsageError
+from torchforge.recipe import RecipeContext, magma_context, pytorch_context
+from torchforge.resolve import MagmaPlan, Status, Variant, classify
+from torchforge.variant import Selection
+
+
+class RecipeFormat(str, Enum):
+    CONDA_BUILD = "conda-build"
+    RATTLER_BUILD = "rattler-build"
+
+
+def templates_dir() -> Path:
+    installed = resources.files("torchforge").joinpath("_templates")
+    if installed.is_dir():
+        return Path(str(installed))
+    checkout = Path(__file__).resolve().parent.parent / "recipe_templates"
+    if checkout.is_dir():
+        return checkout
+    raise UsageError("torchforge's recipe templates are missing", "reinstall torchforge (pip install torchforge)")
+
+
+_PLAIN_SCALAR = re.compile(r"^[A-Za-z_/][A-Za-z0-9_ .*<>=!,|+/:-]*$")
+_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "~"}
+
+
+def yaml_scalar(value: object) -> str:
+    """A YAML scalar for `value`: plain when unambiguous, otherwise double-quoted (JSON is valid YAML)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if _PLAIN_SCALAR.match(text) and ": " not in text and " #" not in text and text.lower() not in _YAML_WORDS \
+            and not text.endswith(":"):
+        return text
+    return json.dumps(text)
+
+
+def shell_word(value: str) -> str:
+    """Quote for POSIX sh while keeping $VAR and ${VAR:-x} expansions live (double quotes when needed)."""
+    if "$" in value and "'" not in value and "$ORIGIN" not in value:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+    return shlex.quote(value)
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["yaml"] = yaml_scalar
+    env.filters["shell"] = shell_word
+    return env
+
+
+def _render(template: str, context: RecipeContext, **extra: object) -> str:
+    fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
+    fields.update(is_windows=context.is_windows, has_source_edits=context.has_source_edits, **extra)
+    return _environment().get_template(template).render(**fields)
+
+
+def render_files(context: RecipeContext, fmt: RecipeFormat) -> dict[str, str]:
+    """The files of one recipe folder (text), for one format."""
+    script = "bld.bat" if context.is_windows else "build.sh"
+    files: dict[str, str] = {script: _render(f"{context.kind}/{script}.j2", context)}
+    if fmt is RecipeFormat.CONDA_BUILD:
+        files["meta.yaml"] = _render(f"{context.kind}/meta.yaml.j2", context)
+        files["conda_build_config.yaml"] = _render("common/conda_build_config.yaml.j2", context)
+    else:
+        files["recipe.yaml"] = _render(f"{context.kind}/recipe.yaml.j2", context, script_file=script)
+    if context.source_edits:
+        files["source_edits.json"] = json.dumps(
+            [dataclasses.asdict(edit) if dataclasses.is_dataclass(edit) else edit.model_dump() for edit in context.source_edits],
+            indent=2,
+        ) + "\n"
+        files["source_edits.py"] = (templates_dir() / "common" / "source_edits.py").read_text(encoding="utf-8")
+    return files
+
+
+@dataclass(frozen=True)
+class RenderPlan:
+    """Every variant of a selection, classified, with the MAGMA packages they need (once per CUDA)."""
+
+    variants: tuple[Variant, ...]
+    magma: tuple[MagmaPlan, ...]
+
+    @property
+    def refused(self) -> tuple[Variant, ...]:
+        return tuple(v for v in self.variants if v.status is Status.REFUSED)
+
+    def require_buildable(self) -> None:
+        if self.refused:
+            lines = [f"{v.id}: {reason}" for v in self.refused for reason in v.refusals]
+            raise RefusedError(
+                f"{len(self.refused)} of {len(self.variants)} variant(s) cannot be built, nothing was written:\n  - "
+                + "\n  - ".join(lines),
+                "change the selection as each reason says; `torchforge matrix` shows the status of every variant",
+            )
+
+
+def plan(selection: Selection) -> RenderPlan:
+    variants = tuple(classify(request) for request in selection.requests())
+    magma: dict[str, MagmaPlan] = {}
+    for variant in variants:
+        if variant.magma is not None:
+            magma.setdefault(variant.magma.id, variant.magma)
+    return RenderPlan(variants, tuple(magma.values()))
+
+
+def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat,
+                   patches: Sequence[Path] = ()) -> dict[str, dict[str, str | bytes]]:
+    """{folder name: {file name: content}} for every buildable variant and MAGMA package, MAGMA first."""
+    render_plan.require_buildable()
+    patch_names = tuple(p.name for p in patches)
+    patch_files: dict[str, str | bytes] = {p.name: p.read_bytes() for p in patches}
+    folders: dict[str, dict[str, str | bytes]] = {}
+    for magma in render_plan.magma:
+        folders[magma.id] = {**render_files(magma_context(magma, patch_names), fmt), **patch_files}
+    for variant in render_plan.variants:
+        folders[variant.id] = {**render_files(pytorch_context(variant, patch_names), fmt), **patch_files}
+    return folders
+
+
+def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, force: bool = False) -> list[Path]:
+    """Write every folder under `out`, all or nothing: render into a temporary folder, then move into place."""
+    out = out.resolve()
+    existing = [name for name in folders if (out / name).exists()]
+    if existing and not force:
+        raise UsageError(
+            f"{len(existing)} recipe folder(s) already exist in {out}: {', '.join(existing[:3])}"
+            + (" ..." if len(existing) > 3 else ""),
+            "pass --force to replace them, or choose another --out",
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".torchforge-render-", dir=out.parent))
+    try:
+        for name, files in folders.items():
+            folder = staging / name
+            folder.mkdir()
+            for filename, content in files.items():
+                target = folder / filename
+                if isinstance(content, bytes):
+                    target.write_bytes(content)
+                else:
+                    target.write_text(content, encoding="utf-8")
+                if filename.endswith((".sh", ".py")):
+                    target.chmod(0o755)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name in folders:
+            final = out / name
+            if final.exists():
+                trash = staging / f".old-{name}"
+                os.replace(final, trash)
+            os.replace(staging / name, final)
+            written.append(final)
+        return written
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def render_selection(selection: Selection, out: Path, fmt: RecipeFormat, *, force: bool = False,
+                     patches: Iterable[Path] = ()) -> tuple[RenderPlan, list[Path]]:
+    render_plan = plan(selection)
+    folders = recipe_folders(render_plan, fmt, tuple(patches))
+    return render_plan, write_folders(folders, out, force=force)
