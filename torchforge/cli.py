@@ -15,6 +15,7 @@ from torchforge.errors import ExitCode, ForgeError
 COMMAND_MODULES: tuple[str, ...] = (
     "selection",
     "upload",
+    "rpath",
 )
 
 app = typer.Typer(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 
 # Results (tables, JSON, paths) go to stdout; progress, warnings and errors go to stderr,
 # so `torchforge matrix --json | jq` stays clean.
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Wide when not a terminal (pipes, CI logs): tables of long variant ids stay one row per variant.
+_WIDTH = None if sys.stdout.isatty() else 220
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 220)
 
 
 def warn(message: str) -> None:

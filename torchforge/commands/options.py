@@ -1,0 +1,48 @@
+"""Selection flags shared by matrix, render, build, doctor and ci, and the Selection they describe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from torchforge.variant import Options, Selection, parse_env
+
+PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the data's default, 2.5.1).")]
+CudaOpt = Annotated[str | None, typer.Option("--cuda", help="Comma list of CUDA X.Y and/or cpu, e.g. 11.8,12.4,cpu.")]
+PythonOpt = Annotated[str | None, typer.Option("--py", "--python", help="Comma list of Python X.Y, e.g. 3.10,3.12.")]
+PlatformOpt = Annotated[str | None, typer.Option("--platform", help="linux-64 (default), linux-aarch64 or win-64.")]
+ArchListOpt = Annotated[str | None, typer.Option("--arch-list", help="Override TORCH_CUDA_ARCH_LIST, e.g. '8.0;9.0'.")]
+BuildNumberOpt = Annotated[int, typer.Option("--build-number", min=0, help="Build number (official packages used 0).")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Debug build (DEBUG=1; build string gets _debug).")]
+JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile: nano, tx1, tx2, xavier, orin, thor.")]
+EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build variable NAME=VALUE (repeatable), e.g. USE_NCCL=0.")]
+GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
+SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
+PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
+
+
+def selection_from_flags(
+    pytorch: str | None,
+    cuda: str | None,
+    python: str | None,
+    platform: str | None,
+    arch_list: str | None = None,
+    build_number: int = 0,
+    debug: bool = False,
+    jetson: str | None = None,
+    env: list[str] | None = None,
+    gcc: str | None = None,
+    source: str | None = None,
+) -> Selection:
+    options = Options(
+        arch_list=arch_list,
+        build_number=build_number,
+        debug=debug,
+        jetson=jetson,
+        extra_env=parse_env(env or []),
+        gcc=gcc,
+        source=source,
+    )
+    return Selection.from_flags(pytorch, cuda, python, platform, options)

@@ -1,0 +1,98 @@
+"""`torchforge matrix` and `torchforge render`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from torchforge.commands.options import (
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PatchOpt, PlatformOpt,
+    PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
+)
+from torchforge.console import err, out, warn
+from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
+from torchforge.resolve import Status
+
+STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
+
+
+def plan_as_json(render_plan: RenderPlan) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for magma in render_plan.magma:
+        rows.append({
+            "id": magma.id, "package": magma.name, "status": Status.OFFICIAL.value, "version": magma.version,
+            "build_string": magma.build_string, "cuda": magma.cuda, "gencode": list(magma.gencode),
+            "warnings": list(magma.warnings),
+        })
+    for variant in render_plan.variants:
+        request = variant.request
+        rows.append({
+            "id": variant.id, "package": "pytorch", "status": variant.status.value, "version": request.pytorch,
+            "build_string": variant.build_string, "cuda": request.accel, "python": request.python,
+            "platform": request.platform, "arch_list": variant.arch_list, "cudnn": variant.cudnn,
+            "magma": variant.magma.name if variant.magma else None, "jetson": variant.jetson,
+            "refusals": list(variant.refusals), "warnings": list(variant.warnings),
+        })
+    return rows
+
+
+def print_table(render_plan: RenderPlan) -> None:
+    table = Table(title="torchforge variants")
+    for column in ("variant", "status", "build string", "magma package", "notes"):
+        table.add_column(column, overflow="fold")
+    for variant in render_plan.variants:
+        notes = "; ".join(variant.refusals) if variant.refusals else f"{len(variant.warnings)} warning(s)" if variant.warnings else ""
+        table.add_row(
+            variant.id,
+            f"[{STATUS_STYLE[variant.status]}]{variant.status.value}[/]",
+            variant.build_string or "-",
+            f"{variant.magma.name}-{variant.magma.version}-{variant.magma.build_string}" if variant.magma else "-",
+            notes,
+        )
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("matrix")
+    def matrix(
+        pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
+        arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
+        jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
+    ) -> None:
+        """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
+        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
+        render_plan = plan(selection)
+        if as_json:
+            out.print_json(json.dumps(plan_as_json(render_plan)))
+        else:
+            print_table(render_plan)
+        if render_plan.refused:
+            raise typer.Exit(code=4)
+
+    @app.command("render")
+    def render(
+        out_dir: Annotated[Path, typer.Option("--out", help="Folder that receives one recipe folder per package.")] = Path("recipes"),
+        fmt: Annotated[RecipeFormat, typer.Option("--format", help="Recipe format.")] = RecipeFormat.CONDA_BUILD,
+        force: Annotated[bool, typer.Option("--force", help="Replace recipe folders that already exist.")] = False,
+        pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
+        arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
+        jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
+        patch: PatchOpt = None,
+    ) -> None:
+        """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
+        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
+        render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [])
+        for variant in render_plan.variants:
+            for message in variant.warnings:
+                warn(f"{variant.id}: {message}")
+        for magma in render_plan.magma:
+            for message in magma.warnings:
+                warn(f"{magma.id}: {message}")
+        for path in written:
+            out.print(str(path))
+        err.print(f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
