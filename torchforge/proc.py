@@ -115,6 +115,7 @@ class Runner:
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             returncode = proc.wait(timeout=timeout)
+            proc.stdout.close()  # else a ResourceWarning (an error under pytest's filterwarnings=error)
         finally:
             if log is not None:
                 log.close()
