@@ -130,7 +130,9 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     if is_cuda:
         assert cuda is not None
         toolkit = data.cuda.toolkits[cuda]
-        if release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
+        if variant.jetson is not None:
+            warnings.append("the CUDA runtime comes from JetPack on the device: no conda CUDA runtime dependency")
+        elif release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
             run.append(f"pytorch-cuda >={cuda},<{toolkit.runtime_upper}")
         elif release.cuda_runtime == "cudatoolkit":
             run.append(f"cudatoolkit >={cuda},<{toolkit.runtime_upper}")

@@ -67,6 +67,11 @@ def shell_word(value: str) -> str:
     return shlex.quote(value)
 
 
+def rattler_env(name: str) -> str:
+    """rattler-build passes no outside variable to the script unless the recipe forwards it like this."""
+    return '${{ env.get("' + name + '", default="") }}'
+
+
 @cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -79,6 +84,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["yaml"] = yaml_scalar
     env.filters["shell"] = shell_word
+    env.filters["rattler_env"] = rattler_env
     return env
 
 

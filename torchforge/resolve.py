@@ -359,7 +359,7 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         magma=magma,
         jetson=jetson_key,
         fixes=fixes,
-        env=_build_env(data, request, release, cuda, arch_list, jetson, fixes),
+        env=_build_env(data, request, release, cuda, cudnn, arch_list, jetson, fixes),
     )
 
 
@@ -416,7 +416,8 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
     return arch_list
 
 
-def _build_env(data: Data, request: Request, release: Release, cuda: str | None, arch_list: str | None,
+def _build_env(data: Data, request: Request, release: Release, cuda: str | None, cudnn: str | None,
+               arch_list: str | None,
                jetson: tuple[str, JetsonDevice, JetPack] | None,
                fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
     """The exports of build.sh, in order; later entries override earlier ones with the same name."""
@@ -435,7 +436,9 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     if cuda:
         assert arch_list is not None
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
-        env["USE_STATIC_CUDNN"] = "1" if release.static_cudnn and not _cudnn_is_dynamic_only(request, release, cuda) else "0"
+        # cuDNN >= 8.3 ships no single static archive (official-builds §1.7), so USE_STATIC_CUDNN must be 0.
+        static = release.static_cudnn and cudnn is not None and versions.parse(cudnn) < versions.parse("8.3")
+        env["USE_STATIC_CUDNN"] = "1" if static else "0"
         if release.cusparselt:
             env["USE_CUSPARSELT"] = "1"
         if request.platform != "linux-64" or jetson:
@@ -455,9 +458,3 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     env.update(dict(request.options.extra_env))
     return tuple(env.items())
 
-
-def _cudnn_is_dynamic_only(request: Request, release: Release, cuda: str) -> bool:
-    """cuDNN >= 8.3 ships no single static archive (official-builds §1.7), so USE_STATIC_CUDNN must be 0."""
-    build = release.cuda.get(cuda)
-    cudnn = build.cudnn if build else None
-    return cudnn is None or versions.parse(cudnn) >= versions.parse("8.3")

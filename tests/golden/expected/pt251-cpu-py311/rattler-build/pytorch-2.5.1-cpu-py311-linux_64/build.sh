@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Rendered by torchforge 0.1.0 for pytorch-2.5.1-cpu-py311-linux_64 (official). Re-render instead of editing.
+# Shared by meta.yaml (conda-build) and recipe.yaml (rattler-build); both set PREFIX, SP_DIR, PYTHON,
+# PKG_VERSION, PKG_BUILDNUM, RECIPE_DIR, SRC_DIR and CPU_COUNT.
+set -euxo pipefail
+
+export CMAKE_PREFIX_PATH="$PREFIX"
+export CMAKE_LIBRARY_PATH="$PREFIX/lib:$PREFIX/include:${CMAKE_LIBRARY_PATH:-}"
+export PYTORCH_BUILD_VERSION="$PKG_VERSION"
+export PYTORCH_BUILD_NUMBER="$PKG_BUILDNUM"
+export TH_BINARY_BUILD=1
+export USE_NINJA=OFF
+export INSTALL_TEST=0
+export PACKAGE_TYPE=conda
+export MAX_JOBS="${MAX_JOBS:-$CPU_COUNT}"
+export USE_GLOO_WITH_OPENSSL=1
+export USE_CUDA=0
+export _GLIBCXX_USE_CXX11_ABI=0
+
+"$PYTHON" setup.py install
+
+# RPATH, official rules (pytorch/builder conda build.sh): DT_RPATH (--force-rpath) so the environment's
+# lib/ is found before LD_LIBRARY_PATH; torchforge audits the result after the build.
+find "$SP_DIR/torch" -maxdepth 1 -name '*.so*' -type f -print0 | while IFS= read -r -d '' so; do
+  patchelf --set-rpath '$ORIGIN:$ORIGIN/lib:$ORIGIN/../../..' --force-rpath "$so"
+done
+find "$SP_DIR/torch/lib" -maxdepth 1 -name '*.so*' -type f -print0 | while IFS= read -r -d '' so; do
+  patchelf --set-rpath '$ORIGIN:$ORIGIN/../../../..' --force-rpath "$so"
+done

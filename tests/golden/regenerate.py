@@ -1,0 +1,41 @@
+"""Render every golden case into tests/golden/expected/ (`make goldens`). Review the diff before committing."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+from torchforge.render import RecipeFormat, plan, recipe_folders
+from torchforge.variant import Options, Selection
+
+HERE = Path(__file__).parent
+EXPECTED = HERE / "expected"
+
+
+def cases() -> dict[str, dict[str, str]]:
+    return tomllib.loads((HERE / "cases.toml").read_text())["cases"]
+
+
+def render_case(case: dict[str, str], fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+    options = Options(jetson=case.get("jetson"), arch_list=case.get("arch_list"))
+    selection = Selection.from_flags(case["pytorch"], case["cuda"], case["python"], case.get("platform"), options)
+    return recipe_folders(plan(selection), fmt)
+
+
+def main() -> int:
+    shutil.rmtree(EXPECTED, ignore_errors=True)
+    for name, case in cases().items():
+        for fmt in RecipeFormat:
+            for folder, files in render_case(case, fmt).items():
+                target = EXPECTED / name / fmt.value / folder
+                target.mkdir(parents=True, exist_ok=True)
+                for filename, content in files.items():
+                    (target / filename).write_text(content if isinstance(content, str) else content.decode())
+    print(f"wrote {EXPECTED}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
