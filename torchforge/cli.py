@@ -46,7 +46,8 @@ for _name in COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        app(args=argv, standalone_mode=False)
+        # With standalone_mode=False click returns a typer.Exit's code instead of raising it.
+        result = app(args=argv, standalone_mode=False)
     except ForgeError as exc:
         err.print(f"[red]error:[/red] {exc.message}", markup=True)
         if exc.hint:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.show(file=sys.stderr)
             return int(ExitCode.USAGE)
         raise
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

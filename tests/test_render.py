@@ -1,0 +1,223 @@
+"""Rendered recipes: golden files, parsed by the real rattler-build and by ruamel, complete script_env,
+all-or-nothing writes, and the same output from an installed wheel as from a checkout."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from rattler_build import Stage0Recipe
+from ruamel.yaml import YAML
+
+from tests.golden.regenerate import EXPECTED, cases, render_case
+from torchforge import data as tables
+from torchforge.errors import RefusedError, UsageError
+from torchforge.recipe import BUILD_TOOL_VARIABLES
+from torchforge.render import RecipeFormat, plan, recipe_folders, render_selection, write_folders
+from torchforge.resolve import Status
+from torchforge.variant import Options, Request, Selection
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = cases()
+
+
+@pytest.mark.parametrize("fmt", list(RecipeFormat), ids=lambda f: f.value)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case: str, fmt: RecipeFormat) -> None:
+    rendered = render_case(CASES[case], fmt)
+    expected_root = EXPECTED / case / fmt.value
+    assert sorted(rendered) == sorted(p.name for p in expected_root.iterdir()), "run `make goldens` and review"
+    for folder, files in rendered.items():
+        assert sorted(files) == sorted(p.name for p in (expected_root / folder).iterdir())
+        for filename, content in files.items():
+            assert content == (expected_root / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
+
+
+def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+    """Every official variant in the data (all releases x CUDA x Python), one Python per release to stay fast."""
+    folders: dict[str, dict[str, str | bytes]] = {}
+    for key, release in tables.load().pytorch.releases.items():
+        if not release.conda_official:
+            continue
+        cudas = ",".join([*(c for c, b in release.cuda.items() if b.conda), "cpu"])
+        selection = Selection.from_flags(f"{key}.0", cudas, release.python[1], None, Options())
+        folders.update(recipe_folders(plan(selection), fmt))
+    return folders
+
+
+def test_every_rendered_recipe_yaml_parses_with_rattler_build() -> None:
+    folders = _official_selection_folders(RecipeFormat.RATTLER_BUILD)
+    for case in CASES.values():
+        folders.update(render_case(case, RecipeFormat.RATTLER_BUILD))
+    assert len(folders) > 40
+    for name, files in folders.items():
+        recipe = Stage0Recipe.from_yaml(str(files["recipe.yaml"]))
+        rendered = recipe.render()[0].recipe.to_dict()
+        assert rendered["build"]["string"], name
+        assert rendered["package"]["name"] in ("pytorch",) or rendered["package"]["name"].startswith("magma-cuda")
+
+
+def test_meta_yaml_is_plain_yaml_with_the_official_fields() -> None:
+    folders = render_case(CASES["pt251-cu124-py312"], RecipeFormat.CONDA_BUILD)
+    meta = YAML(typ="safe").load(folders["pytorch-2.5.1-cu124-py312-linux_64"]["meta.yaml"])
+    assert meta["package"] == {"name": "pytorch", "version": "2.5.1"}
+    assert meta["build"]["string"] == "py3.12_cuda12.4_cudnn9.1.0_0"
+    assert meta["build"]["detect_binary_files_with_prefix"] is False
+    assert "magma-cuda124 ==2.6.1" in meta["requirements"]["host"]
+    assert "pytorch-cuda >=12.4,<12.5" in meta["requirements"]["run"]
+    assert "pytorch-mutex ==1.0 cuda" in meta["requirements"]["run"]
+    assert meta["requirements"]["run_constrained"] == ["cpuonly <0"]
+    magma = YAML(typ="safe").load(folders["magma-cuda124-2.6.1-linux_64"]["meta.yaml"])
+    assert magma["package"] == {"name": "magma-cuda124", "version": "2.6.1"}
+    assert magma["source"]["sha256"] == tables.load().magma.versions["2.6.1"].sha256
+    assert magma["build"]["string"] == "1" and "requirements" not in magma
+
+
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def test_build_scripts_read_only_exported_tool_or_script_env_variables() -> None:
+    """conda-build scrubs the environment: a variable build.sh reads from outside must be in script_env."""
+    folders = _official_selection_folders(RecipeFormat.CONDA_BUILD)
+    for case in CASES.values():
+        folders.update(render_case(case, RecipeFormat.CONDA_BUILD))
+    checked = 0
+    for name, files in folders.items():
+        if "build.sh" not in files:
+            continue
+        meta = YAML(typ="safe").load(files["meta.yaml"])
+        allowed = set(meta["build"].get("script_env", [])) | BUILD_TOOL_VARIABLES
+        exported: set[str] = set()
+        for line in str(files["build.sh"]).splitlines():
+            code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
+            code = re.sub(r"'[^']*'", "", code)  # single-quoted text is not expanded ($ORIGIN)
+            for variable in _VARIABLE.findall(code):
+                assert variable in exported or variable in allowed or variable in ("so", "nvcc_release"), (
+                    f"{name}: build.sh reads ${variable}, which is neither exported before nor in script_env"
+                )
+            match = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=", code)
+            if match:
+                exported.add(match.group(1))
+        checked += 1
+    assert checked > 20
+
+
+def test_refused_selection_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "recipes"
+    selection = Selection.from_flags("2.5.1", "12.4", "3.8,3.12", None, Options())
+    with pytest.raises(RefusedError, match="1 of 2 variant"):
+        render_selection(selection, out, RecipeFormat.CONDA_BUILD)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_folders_need_force_and_are_replaced_whole(tmp_path: Path) -> None:
+    selection = Selection.from_flags("2.5.1", "cpu", "3.11", None, Options())
+    _, written = render_selection(selection, tmp_path, RecipeFormat.CONDA_BUILD)
+    stale = written[0] / "stale.txt"
+    stale.write_text("from an earlier render")
+    with pytest.raises(UsageError, match="already exist"):
+        render_selection(selection, tmp_path, RecipeFormat.CONDA_BUILD)
+    assert stale.exists()
+    render_selection(selection, tmp_path, RecipeFormat.RATTLER_BUILD, force=True)
+    assert not stale.exists() and (written[0] / "recipe.yaml").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [written[0].name]
+
+
+def test_a_failure_while_writing_leaves_no_partial_folder(tmp_path: Path) -> None:
+    folders = {"good": {"a.txt": "x"}, "bad": {"sub/b.txt": "y"}}  # "sub/" does not exist: the write fails
+    with pytest.raises(FileNotFoundError):
+        write_folders(folders, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".torchforge")] == []
+
+
+def test_patches_are_copied_and_listed(tmp_path: Path) -> None:
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n")
+    selection = Selection.from_flags("2.5.1", "cpu", "3.11", None, Options())
+    _, written = render_selection(selection, tmp_path / "out", RecipeFormat.CONDA_BUILD, patches=[patch])
+    meta = YAML(typ="safe").load((written[0] / "meta.yaml").read_text())
+    assert meta["source"]["patches"] == ["fix.patch"]
+    assert (written[0] / "fix.patch").read_text() == patch.read_text()
+
+
+def test_source_override_to_a_local_checkout(tmp_path: Path) -> None:
+    selection = Selection.from_flags("2.5.1", "cpu", "3.11", None, Options(source=str(tmp_path)))
+    folders = recipe_folders(plan(selection), RecipeFormat.RATTLER_BUILD)
+    recipe = YAML(typ="safe").load(folders["pytorch-2.5.1-cpu-py311-linux_64"]["recipe.yaml"])
+    assert recipe["source"] == {"path": str(tmp_path.resolve())}
+
+
+def test_source_edits_script_applies_the_seed_fix_and_is_idempotent(tmp_path: Path) -> None:
+    folders = render_case(CASES["pt1130-cu118-py310-unofficial"], RecipeFormat.CONDA_BUILD)
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    for filename, content in folders["pytorch-1.13.0-cu118-py310-linux_64"].items():
+        (recipe / filename).write_text(str(content))
+    src = tmp_path / "src"
+    (src / "torch/utils").mkdir(parents=True)
+    # Excerpts of PyTorch 1.13's files as quoted in seed 004_a620e0c82f5093d3.txt.
+    (src / "torch/utils/cpp_extension.py").write_text(textwrap.dedent("""\
+        CUDA_GCC_VERSIONS = {
+            '11.7': ((6, 0, 0), (11, 5, 0)),
+        }
+        CUDA_CLANG_VERSIONS = {
+            '11.7': ((6, 0, 0), (13, 0, 0)),
+        }
+        supported_arches = ['3.5', '3.7', '5.0', '5.2', '5.3', '6.0', '6.1', '6.2',
+                            '7.0', '7.2', '7.5', '8.0', '8.6']
+        """))
+    (src / "setup.py").write_text("cmdclass = {\n    'install': install,\n}\n")
+    command = [sys.executable, str(recipe / "source_edits.py"), str(recipe / "source_edits.json"), str(src)]
+    for _ in range(2):  # the second run finds everything applied
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+    namespace: dict[str, object] = {}
+    exec((src / "torch/utils/cpp_extension.py").read_text(), namespace)
+    assert namespace["CUDA_GCC_VERSIONS"]["11.8"] == ((6, 0, 0), (11, 5, 0))  # type: ignore[index]
+    assert "8.9" in namespace["supported_arches"]  # type: ignore[operator]
+    assert "setuptools.command.install.install" in (src / "setup.py").read_text()
+    (src / "setup.py").write_text("cmdclass = {}\n")  # a source tree the fix does not fit: the build must stop
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 1 and "FAILED: replace setup.py (missing-text)" in result.stdout
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_renders_the_same_as_the_checkout(tmp_path: Path) -> None:
+    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(REPO)],
+                   check=True, capture_output=True)
+    wheel = next(wheel_dir.glob("torchforge-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    assert (target / "torchforge" / "_templates" / "pytorch" / "meta.yaml.j2").is_file()
+    out = tmp_path / "recipes"
+    script = ("import sys; from torchforge.cli import main; "
+              f"sys.exit(main(['render', '--pytorch', '1.13.0', '--cuda', '11.8', '--py', '3.10', '--out', {str(out)!r}]))")
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    expected = EXPECTED / "pt1130-cu118-py310-unofficial" / "conda-build"
+    for folder in expected.iterdir():
+        for file in folder.iterdir():
+            assert (out / folder.name / file.name).read_text() == file.read_text(), file
+
+
+def test_status_counts_over_the_default_selection() -> None:
+    statuses = {v.status for v in plan(Selection.from_flags(None, None, None, None, Options())).variants}
+    assert statuses == {Status.OFFICIAL}
+
+
+def test_win_recipe_has_bld_bat_and_no_magma() -> None:
+    folders = render_case(CASES["pt251-cu124-py312-win"], RecipeFormat.CONDA_BUILD)
+    assert list(folders) == ["pytorch-2.5.1-cu124-py312-win_64"]
+    files = folders["pytorch-2.5.1-cu124-py312-win_64"]
+    assert "bld.bat" in files and "build.sh" not in files
+    assert 'set "TORCH_CUDA_ARCH_LIST=5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0"' in str(files["bld.bat"])
+    assert Request("2.5.1", "12.4", "3.12", "win-64").id == "pytorch-2.5.1-cu124-py312-win_64"
