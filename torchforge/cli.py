@@ -14,8 +14,10 @@ from torchforge.errors import ExitCode, ForgeError
 # Each module in torchforge.commands registers its own sub-commands.
 COMMAND_MODULES: tuple[str, ...] = (
     "selection",
+    "build",
     "upload",
     "rpath",
+    "diagnose",
 )
 
 app = typer.Typer(

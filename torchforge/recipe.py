@@ -200,6 +200,13 @@ def _fix_notes(fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
     return tuple((applied.key, applied.fix.reason) for applied in fixes)
 
 
+def _magma_source(plan: MagmaPlan, patches: tuple[str, ...]) -> Source:
+    """The release tarball with its checksum; a mirror of it keeps the checksum, a local tree has none."""
+    if plan.source and os.path.isdir(plan.source):
+        return Source("path", str(Path(plan.source).resolve()), patches=patches)
+    return Source("url", plan.source or plan.url, sha256=plan.sha256, patches=patches)
+
+
 def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeContext:
     edits = tuple(edit for applied in plan.fixes for edit in applied.fix.edits)
     gencode_flags = " ".join(f"-gencode arch=compute_{g},code=sm_{g}" for g in plan.gencode)
@@ -214,7 +221,7 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
         build_string=plan.build_string,
         platform="linux-64",
         python=None,
-        source=Source("url", plan.url, sha256=plan.sha256, patches=patches),
+        source=_magma_source(plan, patches),
         script_env=("CUDA_HOME", "MAX_JOBS"),
         env=(
             ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),

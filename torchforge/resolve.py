@@ -45,6 +45,7 @@ class MagmaPlan:
     nvcc_flags: str
     fixes: tuple[AppliedFix, ...]
     warnings: tuple[str, ...]
+    source: str | None = None  # --magma-source: a local tree or a mirror of the release tarball
 
     @property
     def build_string(self) -> str:
@@ -137,10 +138,16 @@ def _applicable_fixes(data: Data, package: str, **conditions: str | None) -> tup
     )
 
 
-def plan_magma(data: Data, cuda: str, version: str, platform: str) -> MagmaPlan:
+def _gencode_from_arch_list(arch_list: str) -> tuple[str, ...]:
+    """'8.0;9.0+PTX' -> ('80', '90'): MAGMA carries SASS only, never PTX (official-builds §2.3)."""
+    return tuple(dict.fromkeys(a.split("+")[0].replace(".", "") for a in arch_list.split(";") if a))
+
+
+def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: str | None = None,
+               source: str | None = None) -> MagmaPlan:
     warnings: list[str] = []
     magma_version = data.magma.versions[version]
-    gencode = data.magma.gencode.get(cuda)
+    gencode = _gencode_from_arch_list(arch_list) if arch_list else data.magma.gencode.get(cuda)
     if gencode is None:
         lower = [c for c in data.magma.gencode if versions.parse(c) < versions.parse(cuda)]
         source_cuda = max(lower, key=versions.parse) if lower else min(data.magma.gencode, key=versions.parse)
@@ -173,6 +180,7 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str) -> MagmaPlan:
         nvcc_flags=data.magma.package.nvcc_flags,
         fixes=fixes,
         warnings=tuple(warnings),
+        source=source,
     )
 
 
@@ -337,7 +345,8 @@ def classify(request: Request, data: Data | None = None) -> Variant:
                 {r.magma for r in data.pytorch.releases.values() if r.magma}, key=versions.parse
             )
             check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {magma_version}, the newest official one")
-        magma = plan_magma(data, cuda, magma_version, platform)
+        magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
+                           request.options.magma_source)
     elif cuda and platform == "linux-aarch64" and not jetson:
         check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
 

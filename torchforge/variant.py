@@ -30,7 +30,7 @@ class Options:
     extra_env: tuple[tuple[str, str], ...] = ()
     gcc: str | None = None
     source: str | None = None
-    patches: tuple[str, ...] = ()
+    magma_source: str | None = None
 
 
 @dataclass(frozen=True)

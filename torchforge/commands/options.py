@@ -20,6 +20,7 @@ JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile:
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build variable NAME=VALUE (repeatable), e.g. USE_NCCL=0.")]
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
+MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or a mirror of the release tarball.")]
 PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
 
 
@@ -35,6 +36,7 @@ def selection_from_flags(
     env: list[str] | None = None,
     gcc: str | None = None,
     source: str | None = None,
+    magma_source: str | None = None,
 ) -> Selection:
     options = Options(
         arch_list=arch_list,
@@ -44,5 +46,6 @@ def selection_from_flags(
         extra_env=parse_env(env or []),
         gcc=gcc,
         source=source,
+        magma_source=magma_source,
     )
     return Selection.from_flags(pytorch, cuda, python, platform, options)

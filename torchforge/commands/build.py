@@ -1,0 +1,134 @@
+"""`torchforge build`: plan, check, build magma before pytorch, audit and publish into a local channel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from torchforge.commands.options import (
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaSourceOpt, PatchOpt,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
+)
+from torchforge.console import err, note, out, warn
+from torchforge.engines import select_engine
+from torchforge.errors import BuildFailedError, UsageError
+from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.proc import Runner
+from torchforge.render import plan
+
+
+def print_plan(steps: list[Step]) -> None:
+    table = Table(title="build plan (in order)")
+    for column in ("#", "package", "action", "why / needs"):
+        table.add_column(column, overflow="fold")
+    for number, step in enumerate(steps, 1):
+        action = "[green]reuse[/]" if step.action is Action.REUSE else "[cyan]build[/]"
+        table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs))
+    err.print(table)
+
+
+def print_results(results: list[StepResult]) -> None:
+    table = Table(title="build results")
+    for column in ("package", "result", "time", "artifact / error"):
+        table.add_column(column, overflow="fold")
+    for result in results:
+        status = "[green]ok[/]" if result.ok else "[red]failed[/]"
+        detail = str(result.artifact) if result.artifact else (result.step.reason if result.ok else result.error.splitlines()[0])
+        table.add_row(result.step.stem, status, f"{result.seconds:.0f} s", detail)
+    out.print(table)
+
+
+def _explain(result: StepResult) -> None:
+    """Show the tail of a failed log, and what known failure signatures in it mean."""
+    if result.error:
+        err.print(Text(result.error))
+    if result.log is None or not result.log.exists():
+        return
+    try:
+        from torchforge.diagnose import explain_log
+    except ImportError:  # diagnosis is optional; the log tail is always shown
+        return
+    for diagnosis in explain_log(result.log):
+        err.print(f"[bold]known failure[/bold] (line {diagnosis.line}): {diagnosis.title}", markup=True)
+        err.print(f"  fix: {diagnosis.fix}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("build")
+    def build(
+        pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
+        arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
+        jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
+        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None,
+        engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
+        fmt: Annotated[str, typer.Option("--format", help="conda (packages in a channel) or wheel.")] = "conda",
+        channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable).")] = None,
+        out_dir: Annotated[Path, typer.Option("--out", help="Local channel receiving the packages.")] = Path("forge-channel"),
+        jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS for the compilers (default: from memory and cores).")] = None,
+        keep_going: Annotated[bool, typer.Option("--keep-going", help="Continue past a failed variant.")] = False,
+        force: Annotated[bool, typer.Option("--force", help="Rebuild packages already in the channel.")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exact commands; build nothing.")] = False,
+        no_test: Annotated[bool, typer.Option("--no-test", help="Skip the recipes' test sections.")] = False,
+        magma_only: Annotated[bool, typer.Option("--magma-only", help="Build only the magma-cudaXYZ packages.")] = False,
+        skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Do not check the machine first.")] = False,
+    ) -> None:
+        """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
+        if fmt not in ("conda", "wheel"):
+            raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
+        if fmt == "wheel":
+            from torchforge.wheelbuild import build_wheels
+
+            selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug,
+                                             jetson, env, gcc, source, magma_source)
+            build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None), jobs=jobs)
+            return
+        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
+                                         env, gcc, source, magma_source)
+        render_plan = plan(selection)
+        for variant in render_plan.variants:
+            for message in variant.warnings:
+                warn(f"{variant.id}: {message}")
+        chosen, why = select_engine(engine, require_available=not dry_run)
+        err.print(why)
+        extra_env: dict[str, str] = {}
+        if not skip_preflight and not dry_run:
+            try:
+                from torchforge.preflight import run_preflight
+            except ImportError:
+                run_preflight = None  # type: ignore[assignment]
+            if run_preflight is not None:
+                report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner())
+                if report.max_jobs:
+                    extra_env["MAX_JOBS"] = str(report.max_jobs)
+        if jobs:
+            extra_env["MAX_JOBS"] = str(jobs)
+        settings = BuildSettings(
+            out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
+            magma_only=magma_only, patches=tuple(patch or ()), extra_env=extra_env,
+        )
+        steps = plan_steps(render_plan, chosen, settings)
+        print_plan(steps)
+        runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
+        status = Text("")
+        with Live(status, console=err, transient=True, refresh_per_second=4, redirect_stdout=False) as live:
+            def on_line(line: str) -> None:
+                live.update(Text(line[-200:], style="dim"))
+
+            pipeline = Pipeline(chosen, runner, settings, on_event=note, on_line=None if dry_run else on_line)
+            results = pipeline.run(steps)
+        if dry_run:
+            return
+        print_results(results)
+        failed = [r for r in results if not r.ok]
+        for result in failed:
+            _explain(result)
+        if failed:
+            raise BuildFailedError(
+                f"{len(failed)} of {len(results)} package(s) failed",
+                "read the log tail above; rerun the same command to resume (finished packages are skipped)",
+            )

@@ -1,0 +1,42 @@
+"""Worker process of the embedded engine: build one recipe.yaml with py-rattler-build, print its log."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchforge.engines.rattler_worker")
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--channel", action="append", default=[])
+    parser.add_argument("--no-test", action="store_true")
+    args = parser.parse_args(argv)
+
+    from pathlib import Path
+
+    from rattler_build import RattlerBuildError, Stage0Recipe, ToolConfiguration
+
+    try:
+        recipe = Stage0Recipe.from_file(Path(args.recipe) / "recipe.yaml")
+        results = recipe.run_build(
+            tool_config=ToolConfiguration(test_strategy="skip" if args.no_test else "native"),
+            output_dir=args.output_dir,
+            channels=args.channel or None,
+            # Small compression level: torchforge re-publishes the archive; level 19 costs minutes per PyTorch package.
+            package_format="conda:3",
+        )
+    except RattlerBuildError as exc:
+        print(f"rattler-build failed: {exc}", flush=True)
+        return 1
+    for result in results:
+        for line in result.log:
+            print(line, flush=True)
+        for package in result.packages:
+            print(f"built {package}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The one place that sequences a build: plan (magma before pytorch, reuse what exists), render, build,
+check, audit, publish. Engines describe commands; the runner runs them; the channel receives only
+complete, checked packages.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from torchforge import data as tables
+from torchforge import localchannel
+from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
+from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
+from torchforge.proc import Runner
+from torchforge.recipe import magma_context, pytorch_context
+from torchforge.render import RenderPlan, render_files, write_folders
+from torchforge.resolve import MagmaPlan, Variant
+
+
+class Action(str, Enum):
+    BUILD = "build"
+    REUSE = "reuse"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One package of the plan: built, or reused from the output channel or a --channel."""
+
+    kind: str  # "magma" or "pytorch"
+    id: str
+    stem: str  # name-version-build, exactly the file name the engine must produce
+    subdir: str
+    python: str | None
+    files: Mapping[str, str | bytes]
+    script_env: tuple[str, ...]
+    action: Action
+    reason: str = ""
+    needs: tuple[str, ...] = ()  # ids of steps that must succeed first (pytorch needs its magma)
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    out: Path
+    channels: tuple[str, ...] = ()
+    force: bool = False
+    keep_going: bool = False
+    test: bool = True
+    magma_only: bool = False
+    patches: tuple[Path, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    ok: bool
+    artifact: Path | None = None
+    seconds: float = 0.0
+    error: str = ""
+    log: Path | None = None
+
+
+def _local_channel_dir(url: str) -> Path | None:
+    if url.startswith("file://"):
+        return Path(url[len("file://"):])
+    if "://" not in url and Path(url).is_dir():
+        return Path(url)
+    return None
+
+
+def _existing(stem: str, subdir: str, settings: BuildSettings) -> str | None:
+    if localchannel.find(settings.out, subdir, stem):
+        return f"already in {settings.out}"
+    for url in settings.channels:
+        directory = _local_channel_dir(url)
+        if directory is not None and localchannel.find(directory, subdir, stem):
+            return f"found in {url}"
+    return None
+
+
+def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
+    """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
+    render_plan.require_buildable()
+    patch_names = tuple(p.name for p in settings.patches)
+    steps: list[Step] = []
+
+    def add(kind: str, ident: str, stem: str, subdir: str, python: str | None,
+            files: dict[str, str], script_env: tuple[str, ...], needs: tuple[str, ...] = ()) -> None:
+        found = None if settings.force else _existing(stem, subdir, settings)
+        steps.append(Step(kind, ident, stem, subdir, python, files, script_env,
+                          Action.REUSE if found else Action.BUILD, found or "", needs))
+
+    for magma in render_plan.magma:
+        context = magma_context(magma, patch_names)
+        add("magma", magma.id, magma.filename_stem, context.platform, None,
+            render_files(context, engine.recipe_format), context.script_env)
+    if settings.magma_only:
+        return steps
+    for variant in render_plan.variants:
+        context = pytorch_context(variant, patch_names)
+        add("pytorch", variant.id, variant.filename_stem, variant.request.platform, variant.request.python,
+            render_files(context, engine.recipe_format), context.script_env,
+            (variant.magma.id,) if variant.magma else ())
+    return steps
+
+
+def _check_identity(artifact: Path, step: Step) -> None:
+    """The built package must be exactly the planned name-version-build (and subdir)."""
+    from rattler import IndexJson
+
+    index = IndexJson.from_package_archive(artifact)
+    built = f"{index.name.normalized}-{index.version}-{index.build}"
+    if built != step.stem or index.subdir not in (step.subdir, "noarch"):
+        raise BuildFailedError(
+            f"{step.id}: the engine produced {built} ({index.subdir}), the plan says {step.stem} ({step.subdir})",
+            "the recipe or engine changed the build string: re-render and rebuild with --force",
+        )
+
+
+def _audit(artifact: Path, step: Step) -> None:
+    from torchforge.rpath import Layout, audit, summarize
+    from torchforge.errors import AuditFailedError
+
+    report = audit(artifact, Layout.CONDA)
+    if not report.ok:
+        raise AuditFailedError(
+            f"{step.id}: the RPATH audit flags {len(report.findings)} problem(s): {summarize(report.findings)}",
+            f"inspect with `torchforge rpath audit {artifact}`; the package was not published",
+        )
+
+
+class Pipeline:
+    def __init__(self, engine: Engine, runner: Runner, settings: BuildSettings,
+                 on_event: Callable[[str], None] = lambda _: None,
+                 on_line: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.runner = runner
+        self.settings = settings
+        self.on_event = on_event
+        self.on_line = on_line
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.settings.out / "logs"
+
+    def run(self, steps: list[Step]) -> list[StepResult]:
+        results: list[StepResult] = []
+        failed: set[str] = set()
+        for step in steps:
+            if step.action is Action.REUSE:
+                self.on_event(f"reuse {step.stem}: {step.reason}")
+                results.append(StepResult(step, True))
+                continue
+            missing = [need for need in step.needs if need in failed]
+            if missing:
+                # A pytorch build needs its magma in host; without it the build cannot start.
+                failed.add(step.id)
+                results.append(StepResult(step, False, error=f"skipped: {missing[0]} failed"))
+                continue
+            result = self._build(step)
+            results.append(result)
+            if not result.ok:
+                failed.add(step.id)
+                if not self.settings.keep_going:
+                    break
+        return results
+
+    def _build(self, step: Step) -> StepResult:
+        out = self.settings.out
+        started = time.monotonic()
+        log = self.logs_dir / f"{step.id}.log"
+        recipe_dir = out / "recipes" / step.id
+        if not self.runner.dry_run:
+            out.mkdir(parents=True, exist_ok=True)
+            self.logs_dir.mkdir(parents=True, exist_ok=True)
+            log.write_text("")
+            write_folders({step.id: dict(step.files)}, out / "recipes", force=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".staging-{step.id}-", dir=out))
+        else:
+            staging = out / f".staging-{step.id}"
+        channels = (f"file://{out.resolve()}", *self.settings.channels)
+        environ = {**os.environ, **self.settings.extra_env}
+        job = BuildJob(recipe_dir, staging, channels, step.python,
+                       script_env_values(step.script_env, environ), self.settings.test)
+        self.on_event(f"build {step.stem} ({self.engine.name}); log: {log}")
+        try:
+            self.runner.run(self.engine.command(job), log_file=None if self.runner.dry_run else log,
+                            on_line=self.on_line)
+            if self.runner.dry_run:
+                return StepResult(step, True, log=log)
+            artifact = find_artifact(staging, step.subdir, step.stem)
+            if artifact is None:
+                built = sorted(p.name for p in staging.rglob("*") if p.name.endswith((".conda", ".tar.bz2")))
+                raise BuildFailedError(
+                    f"{step.id}: no {step.stem}.conda/.tar.bz2 was produced (found: {', '.join(built) or 'nothing'})",
+                    f"see the log {log}",
+                )
+            _check_identity(artifact, step)
+            _audit(artifact, step)
+            published = localchannel.publish(artifact, out, step.subdir, replace=True)
+            return StepResult(step, True, published, time.monotonic() - started, log=log)
+        except ToolFailedError as exc:
+            return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
+        except ForgeError as exc:
+            return StepResult(step, False, seconds=time.monotonic() - started, error=str(exc), log=log)
+        finally:
+            if not self.runner.dry_run:
+                shutil.rmtree(staging, ignore_errors=True)
+
