@@ -17,7 +17,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "build",
     "upload",
     "rpath",
-    "ci",
     "diagnose",
 )
 
