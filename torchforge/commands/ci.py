@@ -1,0 +1,74 @@
+"""`torchforge ci github|gitlab`: write the CI file that builds a selection, one job per package."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from torchforge.ci import Provider, ci_plan, render, write_file
+from torchforge.commands.options import (
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    SourceOpt, selection_from_flags,
+)
+from torchforge.console import err, out
+from torchforge.render import plan
+from torchforge.targets import resolve
+
+
+def regenerate_line(provider: Provider, argv: list[tuple[str, str | None]]) -> str:
+    """The command that writes the same file again (flags that were given, in a fixed order)."""
+    words = ["torchforge", "ci", provider.value]
+    for flag, value in argv:
+        words += [flag] if value is None else [flag, value]
+    return shlex.join(words)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ci")
+    def ci(
+        provider: Annotated[Provider, typer.Argument(help="Which CI system's file to write.")],
+        out_dir: Annotated[Path, typer.Option("--out", help="Repository root that receives .github/workflows/torchforge.yml or .gitlab-ci.yml.")],
+        pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
+        arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
+        jetson: JetsonOpt = None, env: EnvOpt = None, source: SourceOpt = None,
+        runner: Annotated[str | None, typer.Option(
+            "--runner", help="Runner label(s) of every job, joined with '+', e.g. self-hosted+linux+gpu "
+                             "(default: self-hosted runners of the platform).")] = None,
+        runner_map: Annotated[str | None, typer.Option(
+            "--runner-map", help="Runner label(s) per CUDA version, e.g. 11.8=gpu-a,12.4=self-hosted+gpu-b; "
+                                 "unmapped versions use --runner.")] = None,
+        upload_to: Annotated[str | None, typer.Option(
+            "--upload-to", help="Add a last job that uploads to this target (URL or channels/ name).")] = None,
+        requirement: Annotated[str | None, typer.Option(
+            "--requirement", help="pip requirement that installs torchforge in each job (default: this version).")] = None,
+        force: Annotated[bool, typer.Option("--force", help="Replace a file there that torchforge did not write.")] = False,
+    ) -> None:
+        """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
+        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
+                                         None, source)
+        # Resolve the target now: a typo fails here, not hours into a CI run.
+        target = resolve(upload_to) if upload_to is not None else None
+        given: list[tuple[str, str | None]] = [
+            ("--pytorch", selection.pytorch), ("--cuda", ",".join(selection.accels)),
+            ("--py", ",".join(selection.pythons)), ("--platform", selection.platform),
+        ]
+        optional: list[tuple[str, str | None, bool]] = [
+            ("--arch-list", arch_list, arch_list is not None), ("--build-number", str(build_number), build_number != 0),
+            ("--debug", None, debug), ("--jetson", jetson, jetson is not None), ("--source", source, source is not None),
+            ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
+            ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
+        ]
+        given += [(flag, value) for flag, value, present in optional if present]
+        given += [("--env", pair) for pair in env or []]
+        given.append(("--out", "."))
+        render_plan = plan(selection)
+        ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
+                     regenerate=regenerate_line(provider, given))
+        path = write_file(render(ci, provider), out_dir, provider, force=force)
+        out.print(str(path))
+        magma = sum(1 for job in ci.jobs if job.kind == "magma")
+        err.print(f"wrote {provider.value} CI with {magma} magma and {len(ci.jobs) - magma} pytorch job(s)"
+                  + (f" and an upload to {ci.upload.target}" if ci.upload else "") + f" into {path}")
