@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "build",
     "upload",
     "rpath",
+    "ci",
     "diagnose",
 )
 
