@@ -18,6 +18,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from rattler_build import RattlerBuildError, Stage0Recipe, ToolConfiguration
 
+    class PrintLog:
+        """Stream the engine's log (build script output included) as it happens, so a failure keeps it."""
+
+        def on_log(self, event: object) -> None:
+            print(getattr(event, "message", event), flush=True)
+
+        def on_build_step(self, event: object) -> None:
+            print(f"[{getattr(event, 'step_name', '')}] {getattr(event, 'message', '')}", flush=True)
+
     try:
         recipe = Stage0Recipe.from_file(Path(args.recipe) / "recipe.yaml")
         results = recipe.run_build(
@@ -26,13 +35,12 @@ def main(argv: list[str] | None = None) -> int:
             channels=args.channel or None,
             # Small compression level: torchforge re-publishes the archive; level 19 costs minutes per PyTorch package.
             package_format="conda:3",
+            progress_callback=PrintLog(),  # type: ignore[arg-type]
         )
     except RattlerBuildError as exc:
         print(f"rattler-build failed: {exc}", flush=True)
         return 1
     for result in results:
-        for line in result.log:
-            print(line, flush=True)
         for package in result.packages:
             print(f"built {package}", flush=True)
     return 0

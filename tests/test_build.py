@@ -1,0 +1,141 @@
+"""`torchforge build` end to end with the embedded rattler-build engine, on the magma_like CUDA fixture
+(compiled by this machine's nvcc; no GPU needed), and the conda-build engine's exact invocation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchforge.cli import main
+from torchforge.engines import BuildJob
+from torchforge.engines.conda_build import CondaBuildEngine
+from torchforge.render import RecipeFormat
+
+FIXTURE = Path(__file__).parent / "fixtures" / "magma_like"
+NVCC_RELEASE = "13.0"  # the toolkit on this project's machines (nvcc 13.0 on PATH)
+
+
+def cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    import nvidia  # the nvidia-cuda-cuobjdump wheel (test extra)
+
+    for root in nvidia.__path__:
+        candidate = Path(root) / "cu13" / "bin" / "cuobjdump"
+        if candidate.is_file():
+            return str(candidate)
+    pytest.fail("cuobjdump not found: install the test extra (nvidia-cuda-cuobjdump)")
+
+
+def nvcc_release() -> str | None:
+    if shutil.which("nvcc") is None:
+        return None
+    output = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    return output.split("release ")[1].split(",")[0] if "release " in output else None
+
+
+needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE, reason=f"needs nvcc {NVCC_RELEASE} on PATH")
+
+MAGMA_ARGS = ["--magma-only", "--pytorch", "2.9.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
+              "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURE), "--skip-preflight"]
+
+
+@pytest.fixture(scope="module")
+def built_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if nvcc_release() != NVCC_RELEASE:
+        pytest.skip(f"needs nvcc {NVCC_RELEASE} on PATH")
+    channel = tmp_path_factory.mktemp("forge") / "channel"
+    assert main(["build", *MAGMA_ARGS, "--out", str(channel)]) == 0
+    return channel
+
+
+@pytest.mark.slow
+def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets(built_channel: Path, tmp_path: Path) -> None:
+    import rattler
+
+    package = built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda"
+    assert package.is_file()
+    repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
+    assert list(repodata["packages.conda"]) == ["magma-cuda130-2.6.1-1.conda"]
+    assert not list(built_channel.glob(".staging-*")), "staging folders must not stay in the channel"
+    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.6.1"], platforms=["linux-64", "noarch"]))
+    prefix = tmp_path / "prefix"
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    library = prefix / "lib" / "libmagma.a"
+    assert library.is_file() and (prefix / "include" / "magma.h").is_file()
+    listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
+    targets = sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")})
+    assert targets == ["sm_80", "sm_90"]
+    log = (built_channel / "logs" / "magma-cuda130-2.6.1-linux_64.log").read_text()
+    assert "source edit ok: replace control/thread_queue.cpp (applied)" in log
+    assert "source edit ok: comment_lines CMake.src.cuda (applied)" in log
+
+
+@pytest.mark.slow
+def test_rerunning_the_same_request_reuses_the_package(built_channel: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns
+    assert main(["build", *MAGMA_ARGS, "--out", str(built_channel)]) == 0
+    captured = capsys.readouterr()
+    assert "reuse magma-cuda130-2.6.1-1: already in" in captured.err
+    assert (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns == before
+
+
+@needs_nvcc
+def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    channel = tmp_path / "channel"
+    # magma-cuda124 checks that nvcc is CUDA 12.4, like upstream's build.sh; this machine has 13.0.
+    code = main(["build", "--magma-only", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12",
+                 "--magma-source", str(FIXTURE), "--skip-preflight", "--out", str(channel)])
+    assert code == 6
+    err = capsys.readouterr().err
+    assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.4" in err
+    assert not list(channel.glob("linux-64/*.conda"))
+    assert not list(channel.glob(".staging-*"))
+    assert (channel / "logs" / "magma-cuda124-2.6.1-linux_64.log").is_file()
+
+
+def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """CUDA 12.4 magma fails (nvcc mismatch) so its pytorch is skipped; the cpu variant is still attempted."""
+    if nvcc_release() is None:
+        pytest.skip("needs nvcc")
+    code = main(["build", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12", "--keep-going",
+                 "--magma-source", str(FIXTURE), "--source", str(tmp_path / "no-such-source"),
+                 "--skip-preflight", "--out", str(tmp_path / "channel")])
+    assert code == 6
+    out = capsys.readouterr().out
+    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in out
+    assert "pytorch-2.5.1-py3.12_cpu_0" in out
+
+
+def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "channel"
+    code = main(["build", "--engine", "conda-build", "--dry-run", "--cuda", "11.8", "--py", "3.10,3.11",
+                 "--out", str(out), "--channel", "https://example.invalid/mirror"])
+    assert code == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[dry-run]")]
+    assert len(lines) == 3  # one magma-cuda118, then pytorch for two Pythons
+    assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
+                             f"{out}/.staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
+                             "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")
+    assert "--python 3.10" in lines[1] and "--python 3.11" in lines[2]
+    assert not out.exists()
+
+
+def test_conda_build_command_carries_script_env_values(tmp_path: Path) -> None:
+    job = BuildJob(tmp_path / "recipe", tmp_path / "staging", ("file:///chan",), "3.12",
+                   {"MAX_JOBS": "3", "CUDA_HOME": "/usr/local/cuda-12.4"}, test=False)
+    command = CondaBuildEngine().command(job)
+    assert command.argv == ("conda", "build", str(tmp_path / "recipe"), "--python", "3.12", "--output-folder",
+                            str(tmp_path / "staging"), "-c", "file:///chan", "--override-channels",
+                            "--no-anaconda-upload", "--no-test")
+    assert command.env == {"MAX_JOBS": "3", "CUDA_HOME": "/usr/local/cuda-12.4"}
+    assert CondaBuildEngine.recipe_format is RecipeFormat.CONDA_BUILD
