@@ -1,0 +1,50 @@
+"""Write the `torchforge ci` golden files into tests/golden/ci/ (`python -m tests.golden.ci_regenerate`).
+
+Each case runs the real command line, so the goldens hold exactly what a user gets, header included.
+Review the diff before committing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from torchforge.ci import Provider
+from torchforge.cli import main as cli_main
+
+HERE = Path(__file__).parent
+GOLDEN = HERE / "ci"
+
+# Two CUDA versions x two Pythons: two magma jobs, four pytorch jobs, the cache warm-up chain and an upload.
+SELECTION: tuple[str, ...] = ("--pytorch", "2.5.1", "--cuda", "11.8,12.4", "--py", "3.10,3.12",
+                              "--upload-to", "anaconda://my-org")
+
+
+def golden_path(provider: Provider) -> Path:
+    return GOLDEN / f"{provider.value}.yml"
+
+
+def emit(provider: Provider, out: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Run `torchforge ci PROVIDER ...SELECTION --out OUT` and return the written file."""
+    code = cli_main(["ci", provider.value, *SELECTION, *extra, "--out", str(out)])
+    if code != 0:
+        raise SystemExit(f"torchforge ci {provider.value} exited with {code}")
+    return out / provider.path
+
+
+def main() -> int:
+    shutil.rmtree(GOLDEN, ignore_errors=True)
+    for provider in Provider:
+        with tempfile.TemporaryDirectory() as tmp:
+            written = emit(provider, Path(tmp))
+            target = golden_path(provider)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(written, target)
+            print(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

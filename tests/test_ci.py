@@ -1,0 +1,327 @@
+"""`torchforge ci`: goldens, the job graph read back from the emitted YAML, the real linters, bad input.
+
+The linters run as subprocesses from the test extras: actionlint (with shellcheck for `run:` scripts),
+zizmor (offline) and check-jsonschema with its bundled GitLab CI schema (no network).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from ruamel.yaml import YAML
+
+from tests.golden.ci_regenerate import SELECTION, emit, golden_path
+from torchforge.ci import Provider
+from torchforge.cli import app
+from torchforge.cli import main as cli_main
+from torchforge.errors import ExitCode
+
+BIN = Path(sys.executable).parent
+SHA_PIN = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+VERSION_COMMENT = re.compile(r"@[0-9a-f]{40}\s+# v\d+\.\d+\.\d+$")
+
+
+def tool(name: str) -> str:
+    """A linter from the test extras; missing means the extras are not installed, which is a failure."""
+    found = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    assert found, f"{name} is missing: pip install -e '.[test]'"
+    return found
+
+
+def load(path: Path) -> dict[str, Any]:
+    return YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+
+
+def ci(tmp_path: Path, provider: Provider, *args: str) -> tuple[int, Path]:
+    code = cli_main(["ci", provider.value, *args, "--out", str(tmp_path)])
+    return code, tmp_path / provider.path
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(cwd), "ZIZMOR_OFFLINE": "1", "NO_COLOR": "1"}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def actionlint(root: Path, *labels: str) -> None:
+    argv = [tool("actionlint"), "-no-color"]
+    if labels:
+        config = root / "actionlint.yaml"
+        config.write_text("self-hosted-runner:\n  labels: [" + ", ".join(labels) + "]\n")
+        argv += ["-config-file", str(config)]
+    # shellcheck on PATH makes actionlint check every `run:` script too.
+    tool("shellcheck")
+    result = run([*argv, str(root / Provider.GITHUB.path)], root)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def zizmor_findings(root: Path) -> list[dict[str, Any]]:
+    result = run([tool("zizmor"), "--offline", "--format", "json", str(root / Provider.GITHUB.path)], root)
+    # zizmor exits non-zero when it reports findings; the JSON says which.
+    assert result.stdout.strip().startswith("["), result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def above_low(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in findings if f["determinations"]["severity"] not in ("Informational", "Low", "Unknown")]
+
+
+def gitlab_schema(root: Path) -> None:
+    result = run([tool("check-jsonschema"), "--builtin-schema", "vendor.gitlab-ci", str(root / Provider.GITLAB.path)], root)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- goldens ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", list(Provider))
+def test_golden(tmp_path: Path, provider: Provider) -> None:
+    written = emit(provider, tmp_path)
+    expected = golden_path(provider).read_text(encoding="utf-8")
+    assert written.read_text(encoding="utf-8") == expected, "run `python -m tests.golden.ci_regenerate` and review the diff"
+
+
+# ---- the job graph, read from the emitted files --------------------------------------------------------------
+
+MAGMA = {"11.8": "magma-cuda118-2.6.1-linux_64", "12.4": "magma-cuda124-2.6.1-linux_64"}
+PYTORCH = {(c, p): f"pytorch-2.5.1-cu{c.replace('.', '')}-py{p.replace('.', '')}-linux_64"
+           for c in ("11.8", "12.4") for p in ("3.10", "3.12")}
+
+
+def github_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """{job name: names of the jobs it needs}, {job name: its build command}; names are package ids."""
+    jobs = doc["jobs"]
+    name = {key: body.get("name", key) for key, body in jobs.items()}
+    graph = {name[key]: {name[n] for n in body.get("needs", [])} for key, body in jobs.items()}
+    commands = {}
+    for key, body in jobs.items():
+        runs = [s["run"] for s in body["steps"] if "run" in s and s["run"].startswith("torchforge ")]
+        assert len(runs) == 1, f"{key} runs {len(runs)} torchforge commands"
+        commands[name[key]] = runs[0]
+    return graph, commands
+
+
+def gitlab_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, str]]:
+    reserved = {"workflow", "variables", "stages", "default", "include"}
+    jobs = {k: v for k, v in doc.items() if k not in reserved}
+    graph = {k: {n["job"] for n in body.get("needs", [])} for k, body in jobs.items()}
+    commands = {}
+    for key, body in jobs.items():
+        runs = [line.split("/", 2)[-1] for line in body["script"] if "/torchforge " in line]
+        assert len(runs) == 1, f"{key} runs {len(runs)} torchforge commands"
+        commands[key] = runs[0]
+    return graph, commands
+
+
+@pytest.mark.parametrize("provider", list(Provider))
+def test_job_graph(tmp_path: Path, provider: Provider) -> None:
+    doc = load(emit(provider, tmp_path))
+    graph, commands = github_graph(doc) if provider is Provider.GITHUB else gitlab_graph(doc)
+    upload = "upload to anaconda://my-org" if provider is Provider.GITHUB else "upload"
+    assert set(graph) == set(MAGMA.values()) | set(PYTORCH.values()) | {upload}
+    for magma in MAGMA.values():
+        assert graph[magma] == set()  # magma jobs start at once, one per CUDA version
+    for (cuda, py), variant in PYTORCH.items():
+        # Each variant needs its own CUDA's magma; the second Python also waits for the first (warm cache).
+        expected = {MAGMA[cuda]} | ({PYTORCH[(cuda, "3.10")]} if py == "3.12" else set())
+        assert graph[variant] == expected
+        assert shlex.split(commands[variant]) == [
+            "torchforge", "build", "--pytorch", "2.5.1", "--cuda", cuda, "--py", py, "--platform", "linux-64",
+            "--out", "forge-channel"]
+    for cuda, magma in MAGMA.items():
+        assert shlex.split(commands[magma]) == [
+            "torchforge", "build", "--magma-only", "--pytorch", "2.5.1", "--cuda", cuda, "--platform", "linux-64",
+            "--out", "forge-channel"]
+    assert graph[upload] == set(MAGMA.values()) | set(PYTORCH.values())
+    assert shlex.split(commands[upload]) == [
+        "torchforge", "upload", "--from", "forge-channel", "--to", "anaconda://my-org", "--skip-existing"]
+
+
+def test_job_commands_parse_as_torchforge_build(tmp_path: Path) -> None:
+    """A CI job and a local build are the same command: the real `build` parser accepts every job's argv."""
+    _, commands = github_graph(load(emit(Provider.GITHUB, tmp_path)))
+    root = typer.main.get_command(app)
+    build = root.get_command(root.make_context("torchforge", ["build", "--help"], resilient_parsing=True), "build")
+    assert build is not None
+    for name, line in commands.items():
+        argv = shlex.split(line)
+        if argv[1] != "build":
+            continue
+        # make_context parses like the command line does: an unknown flag or a missing value raises.
+        ctx = build.make_context("build", argv[2:])
+        assert ctx.params["out_dir"] == Path("forge-channel"), name
+        assert ctx.params["magma_only"] is name.startswith("magma-"), name
+
+
+def test_dispatch_input_rebuilds_one_variant(tmp_path: Path) -> None:
+    doc = load(emit(Provider.GITHUB, tmp_path))
+    choices = doc["on"]["workflow_dispatch"]["inputs"]["variant"]["options"]
+    assert choices == ["all", *MAGMA.values(), *PYTORCH.values()]
+
+    def chosen_by(key: str) -> set[str]:
+        found = re.search(r"fromJSON\('(\[.*?\])'\), inputs\.variant\)", doc["jobs"][key]["if"])
+        assert found, doc["jobs"][key]["if"]
+        return set(json.loads(found.group(1)))
+
+    # Rebuilding one pytorch variant also builds its magma package (its job needs the artifact), nothing else.
+    assert chosen_by("magma-cu118") == {"all", MAGMA["11.8"], PYTORCH[("11.8", "3.10")], PYTORCH[("11.8", "3.12")]}
+    assert chosen_by("pytorch-cu124-py312") == {"all", PYTORCH[("12.4", "3.12")]}
+    gitlab = load(emit(Provider.GITLAB, tmp_path))
+    assert gitlab["variables"]["TORCHFORGE_VARIANT"]["options"] == choices
+    assert PYTORCH[("11.8", "3.12")] in gitlab[MAGMA["11.8"]]["rules"][0]["if"]
+    assert PYTORCH[("12.4", "3.12")] not in gitlab[MAGMA["11.8"]]["rules"][0]["if"]
+
+
+def test_compile_cache_keyed_per_cuda_and_platform(tmp_path: Path) -> None:
+    doc = load(emit(Provider.GITHUB, tmp_path))
+    restore = {}
+    for key, body in doc["jobs"].items():
+        for step in body["steps"]:
+            if step.get("uses", "").startswith("actions/cache/restore@"):
+                restore[body["name"]] = step["with"]["restore-keys"]
+    # Both Pythons of one CUDA version restore the same prefix; CUDA versions and magma never share one.
+    assert restore[PYTORCH[("11.8", "3.10")]] == restore[PYTORCH[("11.8", "3.12")]] == "sccache-linux-64-pytorch-cu118-"
+    assert restore[PYTORCH[("12.4", "3.10")]] == "sccache-linux-64-pytorch-cu124-"
+    assert restore[MAGMA["11.8"]] == "sccache-linux-64-magma-cu118-"
+    gitlab = load(emit(Provider.GITLAB, tmp_path))
+    assert gitlab[PYTORCH[("11.8", "3.10")]]["cache"]["key"] == gitlab[PYTORCH[("11.8", "3.12")]]["cache"]["key"]
+    assert gitlab[PYTORCH[("11.8", "3.10")]]["cache"]["key"] != gitlab[PYTORCH[("12.4", "3.10")]]["cache"]["key"]
+
+
+def test_pins_permissions_and_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANACONDA_API_TOKEN", "tok-must-not-appear")
+    path = emit(Provider.GITHUB, tmp_path)
+    text = path.read_text(encoding="utf-8")
+    assert "tok-must-not-appear" not in text
+    doc = load(path)
+    assert doc["permissions"] == {}
+    for key, body in doc["jobs"].items():
+        assert body["permissions"] == {"contents": "read"}, key
+        for step in body["steps"]:
+            if "uses" in step:
+                assert SHA_PIN.match(step["uses"]), step["uses"]
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False
+    for line in text.splitlines():
+        if "uses: " in line:
+            assert VERSION_COMMENT.search(line), line
+    upload = doc["jobs"]["upload"]
+    assert upload["environment"] == "torchforge-upload"
+    (step,) = [s for s in upload["steps"] if "env" in s]
+    assert step["env"] == {"ANACONDA_API_TOKEN": "${{ secrets.ANACONDA_API_TOKEN }}"}
+    assert text.count("secrets.") == 1  # the one upload step, nowhere else
+
+
+def test_named_target_uses_its_token_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    channels = tmp_path / "channels"
+    channels.mkdir()
+    (channels / "team.toml").write_text('kind = "anaconda"\nowner = "team"\ntoken_env = "TEAM_TOKEN"\n')
+    monkeypatch.setenv("TORCHFORGE_CHANNELS_DIR", str(channels))
+    code, path = ci(tmp_path, Provider.GITHUB, "--cuda", "12.4", "--py", "3.12", "--upload-to", "team")
+    assert code == 0
+    (step,) = [s for s in load(path)["jobs"]["upload"]["steps"] if "env" in s]
+    # The target's own variable first, then anaconda-client's default, each taken from the secret of that name.
+    assert step["env"] == {"TEAM_TOKEN": "${{ secrets.TEAM_TOKEN }}", "ANACONDA_API_TOKEN": "${{ secrets.ANACONDA_API_TOKEN }}"}
+
+
+def test_timeouts_and_runner_labels(tmp_path: Path) -> None:
+    code, path = ci(tmp_path, Provider.GITHUB, "--cuda", "11.8,12.4,cpu", "--py", "3.11",
+                    "--runner", "ubuntu-latest", "--runner-map", "12.4=self-hosted+gpu-large")
+    assert code == 0
+    jobs = load(path)["jobs"]
+    assert jobs["pytorch-cu118-py311"]["runs-on"] == "ubuntu-latest"
+    assert jobs["pytorch-cu118-py311"]["timeout-minutes"] == 360  # hosted runners stop a job at 6 h
+    assert jobs["pytorch-cu124-py311"]["runs-on"] == ["self-hosted", "gpu-large"]
+    assert jobs["pytorch-cu124-py311"]["timeout-minutes"] == 1440
+    assert jobs["magma-cu124"]["runs-on"] == ["self-hosted", "gpu-large"]
+    assert "needs" not in jobs["pytorch-cpu-py311"]  # no magma for cpu
+    actionlint(tmp_path, "gpu-large")
+    code, path = ci(tmp_path, Provider.GITLAB, "--cuda", "12.4", "--py", "3.11", "--runner", "gpu+cuda")
+    assert code == 0
+    assert load(path)[PYTORCH[("12.4", "3.10")].replace("py310", "py311")]["tags"] == ["gpu", "cuda"]
+
+
+# ---- the real linters ---------------------------------------------------------------------------------------
+
+LINT_CASES = {
+    "golden": SELECTION,
+    "cpu-and-cuda-no-upload": ("--cuda", "cpu,12.4", "--py", "3.9,3.13"),
+    "windows": ("--cuda", "cpu,12.4", "--py", "3.11", "--platform", "win-64", "--upload-to", "file:///srv/channel"),
+    "options": ("--cuda", "12.4", "--py", "3.12", "--arch-list", "8.0;9.0", "--build-number", "2", "--debug",
+                "--env", "USE_NCCL=0", "--env", "NOTE=two words", "--upload-to", "quetz+https://q.example/ch"),
+}
+
+
+@pytest.mark.parametrize("case", list(LINT_CASES))
+def test_github_passes_actionlint_and_zizmor(tmp_path: Path, case: str) -> None:
+    code, _ = ci(tmp_path, Provider.GITHUB, *LINT_CASES[case])
+    assert code == 0
+    actionlint(tmp_path)
+    findings = above_low(zizmor_findings(tmp_path))
+    assert findings == [], json.dumps(findings, indent=1)[:4000]
+
+
+@pytest.mark.parametrize("case", list(LINT_CASES))
+def test_gitlab_passes_schema(tmp_path: Path, case: str) -> None:
+    code, _ = ci(tmp_path, Provider.GITLAB, *LINT_CASES[case])
+    assert code == 0
+    gitlab_schema(tmp_path)
+
+
+def test_linters_catch_a_broken_file(tmp_path: Path) -> None:
+    """The lint helpers fail on bad files, so a green run above means the emitted files are good."""
+    workflow = tmp_path / Provider.GITHUB.path
+    workflow.parent.mkdir(parents=True)
+    workflow.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+                        "      - uses: actions/checkout@v4\n      - run: echo ${{ github.event.issue.title }}\n")
+    with pytest.raises(AssertionError):
+        actionlint(tmp_path)
+    found = {f["ident"] for f in above_low(zizmor_findings(tmp_path))}
+    assert {"unpinned-uses", "template-injection"} <= found
+    (tmp_path / Provider.GITLAB.path).write_text("job:\n  script: 42\n  timeout: [1]\n")
+    with pytest.raises(AssertionError):
+        gitlab_schema(tmp_path)
+
+
+# ---- bad input: an error with a hint, and nothing written ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (("--pytorch", "2.5.1", "--cuda", "10.2", "--py", "3.10"), ExitCode.REFUSED, "cannot be built"),
+    (("--cuda", "11.8", "--py", "3.10", "--runner-map", "12.4=gpu"), ExitCode.USAGE, "not in the selection"),
+    (("--cuda", "11.8", "--py", "3.10", "--runner-map", "11.8"), ExitCode.USAGE, "CUDA=LABEL"),
+    (("--cuda", "11.8", "--py", "3.10", "--runner", "gpu large"), ExitCode.USAGE, "not a runner label"),
+    (("--cuda", "11.8", "--py", "3.10", "--upload-to", "no-such-target"), ExitCode.USAGE, "no target named"),
+    (("--cuda", "11.8", "--py", "3.10", "--requirement", "torchforge; rm -rf /"), ExitCode.USAGE, "--requirement"),
+])
+def test_bad_input_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                  args: tuple[str, ...], code: int, message: str) -> None:
+    monkeypatch.setenv("TORCHFORGE_CHANNELS_DIR", str(tmp_path / "no-channels"))
+    for provider in Provider:
+        got, _ = ci(tmp_path / "out", provider, *args)
+        assert got == code
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_replaces_own_file_but_not_a_foreign_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("--cuda", "12.4", "--py", "3.12")
+    code, path = ci(tmp_path, Provider.GITLAB, *args)
+    assert code == 0
+    code, _ = ci(tmp_path, Provider.GITLAB, *args, "--runner", "other")
+    assert code == 0 and "- other" in path.read_text()  # regenerating replaces torchforge's own file
+    path.write_text("build:\n  script: [make]\n")
+    code, _ = ci(tmp_path, Provider.GITLAB, *args)
+    assert code == ExitCode.USAGE and "--force" in capsys.readouterr().err
+    assert path.read_text() == "build:\n  script: [make]\n"
+    code, _ = ci(tmp_path, Provider.GITLAB, *args, "--force")
+    assert code == 0 and "torchforge build" in path.read_text()
+    assert sorted(p.name for p in path.parent.iterdir()) == [".gitlab-ci.yml"]  # no temporary file left behind
