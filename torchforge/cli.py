@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "rpath",
     "ci",
     "diagnose",
+    "doctor",
 )
 
 app = typer.Typer(
@@ -61,13 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err.print("aborted")
         return 130
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show(file=sys.stderr)
-            return int(ExitCode.USAGE)
-        raise
+    except typer.TyperException as exc:  # usage errors (unknown option, bad value) from the vendored click
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show(file=sys.stderr)
+        else:
+            err.print(f"error: {exc}")
+        return int(ExitCode.USAGE)
     return result if isinstance(result, int) else 0
 
 
