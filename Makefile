@@ -25,8 +25,9 @@ demo: $(STAMP)  ## the main job on the embedded default: render the default reci
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests
 
-goldens: $(STAMP)  ## regenerate the golden recipe files (review the diff before committing)
+goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate
+	$(BIN)/python -m tests.golden.ci_regenerate
 
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench
