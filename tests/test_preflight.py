@@ -1,0 +1,331 @@
+"""Preflight against this machine's real tools (nvcc 13.0, gcc 12, cmake, git; no conda, no GPU), real git
+repositories with submodules, and small executables standing in for nvidia-smi / conda on PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from torchforge.commands.options import selection_from_flags
+from torchforge.errors import DataError, PreflightError
+from torchforge.preflight import (
+    Level, Machine, PreflightReport, choose_max_jobs, load_table, memory_jobs, parse_table, read_mem_available_gib,
+    report_table, run_preflight,
+)
+from torchforge.proc import Runner
+
+HAVE_NVCC = shutil.which("nvcc") is not None
+HAVE_GCC = shutil.which("gcc") is not None
+BIG_MACHINE = Machine(cores=32, mem_available_gib=128.0, platform="linux-64")
+
+
+def _release(output: str) -> str:
+    return output.split("release ", 1)[1].split(",", 1)[0]
+
+
+NVCC_RELEASE = _release(subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout) if HAVE_NVCC else None
+GCC_MAJOR = int(subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout.split(".")[0]) if HAVE_GCC else None
+
+
+def _preflight(cuda: str, *, pytorch: str = "2.9.0", python: str = "3.12", platform: str | None = None,
+               engine: str = "auto", source: str | None = None, jobs: int | None = None,
+               machine: Machine = BIG_MACHINE, out: Path | None = None) -> PreflightReport:
+    selection = selection_from_flags(pytorch, cuda, python, platform)
+    return run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out, machine=machine)
+
+
+def _executable(folder: Path, name: str, body: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + body, encoding="utf-8")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+# ---- MAX_JOBS (pure) -------------------------------------------------------------------------------------
+
+
+def test_max_jobs_is_limited_by_memory_for_nvcc() -> None:
+    # 64 GiB, 8 GiB per nvcc job after a 2 GiB reserve: 7 jobs, although 62 cores would allow the CI cap of 18
+    assert choose_max_jobs(64, 64.0, cuda=True) == 7
+    assert memory_jobs(64.0, cuda=True) == 7
+
+
+def test_max_jobs_is_capped_like_the_official_ci() -> None:
+    assert choose_max_jobs(64, 512.0, cuda=True) == 18  # min(nproc-2, 18)
+    assert choose_max_jobs(12, 512.0, cuda=True) == 10  # nproc - 2
+    assert choose_max_jobs(64, 512.0, cuda=True, aarch64=True) == 5  # aarch64 CUDA: 5
+    assert choose_max_jobs(64, 512.0, cuda=False, aarch64=True) == 18  # the aarch64 cap is for CUDA builds
+
+
+def test_cpu_builds_budget_less_memory_per_job() -> None:
+    assert choose_max_jobs(16, 34.0, cuda=False) == 8  # (34-2)/4
+    assert choose_max_jobs(16, 34.0, cuda=True) == 4  # (34-2)/8
+
+
+def test_max_jobs_is_never_below_one() -> None:
+    assert choose_max_jobs(2, 512.0, cuda=True) == 1  # 2 cores - 2 reserved
+    assert choose_max_jobs(16, 4.0, cuda=True) == 1  # memory for 0 jobs: still 1, with a warning in the report
+    assert memory_jobs(4.0, cuda=True) == 0
+
+
+def test_unknown_memory_falls_back_to_cores() -> None:
+    assert choose_max_jobs(8, None, cuda=True) == 6
+
+
+def test_mem_available_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24575556 kB\nMemFree:        23011036 kB\nMemAvailable:   23428112 kB\n", encoding="ascii")
+    assert read_mem_available_gib(meminfo) == pytest.approx(23428112 / 1024**2)
+    assert read_mem_available_gib(tmp_path / "missing") is None
+
+
+def test_the_data_table_says_where_its_numbers_come_from() -> None:
+    table = load_table()
+    assert "official-builds.md §3.2" in table.meta.source and "seed 001" in table.meta.source
+    assert set(table.tools) == {"cmake", "git", "patchelf"}
+
+
+def test_a_bad_preflight_table_is_a_data_error() -> None:
+    text = (Path(__file__).parent.parent / "torchforge" / "data" / "preflight.toml").read_text(encoding="utf-8")
+    with pytest.raises(DataError, match="gib_per_job_cuda must be positive"):
+        parse_table(text.replace("gib_per_job_cuda = 8.0", "gib_per_job_cuda = 0.0"))
+    with pytest.raises(DataError, match="does not match its schema"):
+        parse_table(text.replace("[disk]", "[disks]"))
+
+
+# ---- nvcc and host compiler against the real toolchain ---------------------------------------------------
+
+
+@pytest.mark.skipif(not (HAVE_NVCC and HAVE_GCC), reason="needs nvcc and gcc on PATH")
+def test_the_machines_own_cuda_passes_nvcc_and_compiler_checks() -> None:
+    report = _preflight(NVCC_RELEASE or "")
+    nvcc = report.check(f"nvcc (CUDA {NVCC_RELEASE})")
+    assert nvcc.status is Level.OK and f"release {NVCC_RELEASE}" in nvcc.detail
+    assert report.check(f"host compiler (CUDA {NVCC_RELEASE})").status is Level.OK
+    assert report.engine in ("conda-build", "rattler-build")
+
+
+@pytest.mark.skipif(NVCC_RELEASE == "11.8" or GCC_MAJOR is None or GCC_MAJOR <= 11, reason="needs nvcc != 11.8 and gcc > 11")
+def test_cuda_11_8_reports_nvcc_mismatch_and_gcc_too_new_together() -> None:
+    report = _preflight("11.8", pytorch="2.5.1", python="3.10")
+    nvcc = report.check("nvcc (CUDA 11.8)")
+    gcc = report.check("host compiler (CUDA 11.8)")
+    assert nvcc.status is Level.FAIL and "needs CUDA 11.8" in nvcc.detail and "cuda-11.8" in (nvcc.fix or "")
+    assert gcc.status is Level.FAIL and "GCC <= 11" in gcc.detail and "gcc-11" in (gcc.fix or "")
+    assert not report.ok
+    # everything else was still checked
+    assert {"cmake", "git", "patchelf", "disk", "MAX_JOBS", "source", "driver"} <= {c.name for c in report.checks}
+    with pytest.raises(PreflightError, match=r"2 of \d+ checks failed \(nvcc \(CUDA 11.8\), host compiler \(CUDA 11.8\)\)"):
+        report.raise_if_failed()
+
+
+def test_cpu_only_selection_checks_no_cuda_toolchain() -> None:
+    report = _preflight("cpu", pytorch="2.5.1", python="3.10")
+    names = {c.name for c in report.checks}
+    assert not any(n.startswith(("nvcc", "host compiler", "driver")) for n in names)
+
+
+def test_a_missing_nvcc_is_reported_with_its_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("gcc", "cmake", "git"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool) or "")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    check = _preflight("13.0").check("nvcc (CUDA 13.0)")
+    assert check.status is Level.FAIL and check.detail == "nvcc is not on PATH"
+
+
+# ---- tools -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (HAVE_NVCC and HAVE_GCC and shutil.which("git")), reason="needs nvcc, gcc and git")
+def test_a_path_without_cmake_reports_cmake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("nvcc", "gcc", "git"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or "")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    report = _preflight(NVCC_RELEASE or "")
+    cmake = report.check("cmake")
+    assert cmake.status is Level.FAIL and "cmake" in cmake.detail and "install cmake" in (cmake.fix or "")
+    assert report.check("git").status is Level.OK
+    assert report.check(f"nvcc (CUDA {NVCC_RELEASE})").status is Level.OK
+    assert [c.name for c in report.failures] == ["cmake"]
+
+
+# ---- engine ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("conda") is not None, reason="this machine has conda")
+def test_engine_auto_without_conda_is_the_embedded_rattler_build() -> None:
+    import rattler_build
+
+    report = _preflight("cpu", pytorch="2.5.1", python="3.10")
+    assert report.engine == "rattler-build"
+    assert rattler_build.rattler_build_version() in report.check("engine").detail
+    forced = _preflight("cpu", pytorch="2.5.1", python="3.10", engine="conda-build")
+    assert forced.check("engine").status is Level.FAIL and "--engine rattler-build" in (forced.check("engine").fix or "")
+
+
+def test_engine_auto_prefers_conda_build_when_conda_has_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in `conda` that answers `conda build --version` the way conda-build does.
+    _executable(tmp_path / "bin", "conda", 'if [ "$1 $2" = "build --version" ]; then echo "conda-build 24.9.0"; exit 0; fi\nexit 1\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    report = _preflight("cpu", pytorch="2.5.1", python="3.10")
+    assert report.engine == "conda-build"
+    assert report.check("engine").detail.startswith("conda-build 24.9.0")
+
+
+def test_unknown_engine_fails() -> None:
+    assert _preflight("cpu", pytorch="2.5.1", python="3.10", engine="make").check("engine").status is Level.FAIL
+
+
+# ---- disk, jobs, platform, selection ---------------------------------------------------------------------
+
+
+def test_disk_check_uses_the_out_folders_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path / "not" / "yet" / "there")
+    assert str(tmp_path) in report.check("disk").detail
+    strict = load_table().model_copy(update={"disk": load_table().disk.model_copy(update={"min_free_gib_cpu": 1e9})})
+    monkeypatch.setattr("torchforge.preflight.load_table", lambda: strict)
+    failed = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path).check("disk")
+    assert failed.status is Level.FAIL and "estimate" in (failed.fix or "")
+
+
+def test_jobs_override_is_used_and_warned_when_memory_does_not_allow_it() -> None:
+    small = Machine(cores=32, mem_available_gib=34.0, platform="linux-64")  # 4 nvcc jobs fit
+    report = _preflight("13.0", jobs=16, machine=small)
+    assert report.max_jobs == 16
+    check = report.check("MAX_JOBS")
+    assert check.status is Level.WARN and "--jobs 4" in (check.fix or "")
+    fine = _preflight("13.0", jobs=3, machine=small)
+    assert fine.max_jobs == 3 and fine.check("MAX_JOBS").status is Level.OK
+
+
+def test_memory_based_max_jobs_lands_in_the_report() -> None:
+    report = _preflight("13.0", machine=Machine(cores=32, mem_available_gib=34.0, platform="linux-64"))
+    assert report.max_jobs == 4
+    assert "limited by memory" in report.check("MAX_JOBS").detail
+    starved = _preflight("13.0", machine=Machine(cores=32, mem_available_gib=5.0, platform="linux-64"))
+    assert starved.max_jobs == 1 and starved.check("MAX_JOBS").status is Level.WARN
+
+
+def test_a_foreign_platform_fails_and_skips_the_gcc_check() -> None:
+    report = _preflight("cpu", pytorch="2.5.1", python="3.10", platform="win-64")
+    assert report.check("platform").status is Level.FAIL
+
+
+def test_refused_variants_are_one_failed_row_among_all_checks() -> None:
+    # CUDA 10.2 is not a build of PyTorch 2.9: the selection fails, and the machine is still checked.
+    report = _preflight("10.2")
+    assert report.check("selection").status is Level.FAIL
+    assert "cmake" in {c.name for c in report.checks}
+
+
+# ---- source tree -----------------------------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(["git", "-c", "protocol.file.allow=always", "-c", "user.email=t@t", "-c", "user.name=t",
+                    "-c", "init.defaultBranch=main", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_source_with_submodules_not_checked_out_fails_until_updated(tmp_path: Path) -> None:
+    dep = tmp_path / "dep"
+    dep.mkdir()
+    _git("init", cwd=dep)
+    (dep / "CMakeLists.txt").write_text("project(dep)\n", encoding="utf-8")
+    _git("add", ".", cwd=dep)
+    _git("commit", "-m", "dep", cwd=dep)
+    upstream = tmp_path / "upstream"
+    upstream.mkdir()
+    _git("init", cwd=upstream)
+    _git("submodule", "add", str(dep), "third_party/dep", cwd=upstream)
+    _git("commit", "-m", "with submodule", cwd=upstream)
+    clone = tmp_path / "clone"
+    _git("clone", str(upstream), str(clone), cwd=tmp_path)  # no --recursive: third_party/dep stays empty
+
+    check = _preflight("cpu", pytorch="2.5.1", python="3.10", source=str(clone)).check("source")
+    assert check.status is Level.FAIL
+    assert "1 of 1 submodules not checked out: third_party/dep" in check.detail
+    assert "git submodule update --init --recursive" in (check.fix or "")
+
+    _git("submodule", "update", "--init", "--recursive", cwd=clone)
+    check = _preflight("cpu", pytorch="2.5.1", python="3.10", source=str(clone)).check("source")
+    assert check.status is Level.OK and "all 1 submodules" in check.detail
+
+
+def test_source_without_gitmodules_checks_third_party(tmp_path: Path) -> None:
+    (tmp_path / "third_party" / "gloo").mkdir(parents=True)
+    (tmp_path / "third_party" / "fmt").mkdir()
+    (tmp_path / "third_party" / "fmt" / "CMakeLists.txt").write_text("", encoding="utf-8")
+    check = _preflight("cpu", pytorch="2.5.1", python="3.10", source=str(tmp_path)).check("source")
+    assert check.status is Level.FAIL and "gloo" in check.detail and "fmt" not in check.detail
+
+
+def test_missing_source_path_fails_and_urls_are_not_checked(tmp_path: Path) -> None:
+    assert _preflight("cpu", pytorch="2.5.1", python="3.10", source=str(tmp_path / "nope")).check("source").status is Level.FAIL
+    url = _preflight("cpu", pytorch="2.5.1", python="3.10", source="https://example.invalid/pytorch.tar.gz").check("source")
+    assert url.status is Level.OK
+
+
+# ---- driver via a stand-in nvidia-smi ----------------------------------------------------------------------
+
+# seed 004 ran driver 535.98; the stand-in answers the query the way nvidia-smi's csv,noheader format does.
+_SMI_535 = 'echo "535.98, NVIDIA GeForce RTX 3090"\n'
+
+
+def _smi_path(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _executable(tmp_path / "smi", "nvidia-smi", body)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'smi'}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_no_nvidia_smi_is_not_a_problem_for_building() -> None:
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    assert _preflight("13.0").check("driver").status is Level.OK
+
+
+def test_driver_535_against_cuda_12_8_and_13_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    _smi_path(tmp_path, _SMI_535, monkeypatch)
+    report = _preflight("12.8,13.0")
+    minor = report.check("driver (CUDA 12.8)")
+    assert minor.status is Level.WARN
+    assert "535.98 < 570.124.06" in minor.detail and "minor-version" in minor.detail and "error 222" in minor.detail
+    too_old = report.check("driver (CUDA 13.0)")
+    assert too_old.status is Level.WARN and "error 35" in too_old.detail
+    assert "error 804" in (too_old.fix or "") and "error 803" in (too_old.fix or "")
+
+
+def test_driver_new_enough_is_ok_but_a_compat_libcuda_on_the_path_warns_of_804(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _smi_path(tmp_path, 'echo "580.95.05, NVIDIA GeForce RTX 5090"\n', monkeypatch)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    assert _preflight("13.0").check("driver (CUDA 13.0)").status is Level.OK
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/compat:/usr/lib")
+    check = _preflight("13.0").check("driver (CUDA 13.0)")
+    assert check.status is Level.WARN and "error 804" in check.detail and "/usr/local/cuda/compat" in check.detail
+
+
+def test_nvml_mismatch_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _smi_path(tmp_path, 'echo "Failed to initialize NVML: Driver/library version mismatch"\nexit 18\n', monkeypatch)
+    check = _preflight("13.0").check("driver")
+    assert check.status is Level.FAIL and "reboot" in (check.fix or "")
+
+
+# ---- the table -------------------------------------------------------------------------------------------
+
+
+def test_report_table_has_one_row_per_check() -> None:
+    report = _preflight("cpu", pytorch="2.5.1", python="3.10")
+    table = report_table(report)
+    assert table.row_count == len(report.checks)
+    assert report.as_dict()["max_jobs"] == report.max_jobs

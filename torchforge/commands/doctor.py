@@ -1,0 +1,41 @@
+"""`torchforge doctor`: the build's preflight on its own: every problem with this machine at once, with fixes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from torchforge.commands.options import (
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    SourceOpt, selection_from_flags,
+)
+from torchforge.console import out
+from torchforge.preflight import report_table, run_preflight
+from torchforge.proc import Runner
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("doctor")
+    def doctor(
+        pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
+        arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
+        jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
+        engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
+        jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS to check instead of the memory-based choice.")] = None,
+        out_dir: Annotated[Path, typer.Option("--out", help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
+        as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+    ) -> None:
+        """Check this machine for a build of the selection: engine, nvcc, host compiler, tools, disk, MAX_JOBS, source, driver.
+
+        Prints every check, then exits 9 if any failed (warnings do not fail).
+        """
+        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
+        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir)
+        if as_json:
+            out.print_json(json.dumps(report.as_dict()))
+        else:
+            out.print(report_table(report))
+        report.raise_if_failed()

@@ -1,0 +1,576 @@
+"""Preflight: check the machine before a multi-hour build and report every problem at once, each with its fix.
+
+`run_preflight(plan_or_selection, engine=..., source=..., jobs=..., runner=...)` returns a `PreflightReport`;
+it never raises for a failed check (the caller prints the whole table first, then `report.raise_if_failed()`).
+Checks: the selection itself (refused variants), platform, build engine and version, nvcc == requested CUDA,
+host compiler within that CUDA's limit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
+source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).
+
+Thresholds live in torchforge/data/preflight.toml and version facts in cuda.toml; this module holds no numbers.
+Every subprocess goes through `torchforge.proc.Runner`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform as host_platform
+import re
+import shutil
+import sys
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from rich.table import Table
+
+from torchforge import data as tables
+from torchforge.errors import DataError, ForgeError, PreflightError
+from torchforge.proc import Command, Runner
+from torchforge.render import RenderPlan, plan
+from torchforge.resolve import Status as VariantStatus
+from torchforge.resolve import Variant
+from torchforge.variant import Selection
+
+ENGINES = ("auto", "conda-build", "rattler-build")
+_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_CONDA_BUILD_VERSION = re.compile(r"conda-build\s+(\S+)")
+_GITMODULES_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
+_SUBMODULE_DEPTH = 3  # PyTorch nests submodules two levels deep (third_party/*/third_party/*)
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Jobs(_Frozen):
+    gib_per_job_cuda: float
+    gib_per_job_cpu: float
+    reserve_gib: float
+    reserve_cores: int
+    max_jobs: int
+    max_jobs_aarch64_cuda: int
+
+
+class Disk(_Frozen):
+    min_free_gib_cuda: float
+    min_free_gib_cpu: float
+    reason: str
+
+
+class Tool(_Frozen):
+    why: str
+    fix: str
+
+
+class Meta(_Frozen):
+    source: str
+
+
+class PreflightTable(_Frozen):
+    schema_: int = 1
+    meta: Meta
+    jobs: Jobs
+    disk: Disk
+    tools: dict[str, Tool]
+
+
+def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> PreflightTable:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DataError(f"{where} is not valid TOML: {exc}") from exc
+    raw["schema_"] = raw.pop("schema", 1)
+    try:
+        table = PreflightTable.model_validate(raw)
+    except ValidationError as exc:
+        raise DataError(f"{where} does not match its schema:\n{exc}") from exc
+    for key in ("gib_per_job_cuda", "gib_per_job_cpu"):
+        if getattr(table.jobs, key) <= 0:
+            raise DataError(f"{where} jobs.{key} must be positive")
+    if min(table.jobs.max_jobs, table.jobs.max_jobs_aarch64_cuda) < 1:
+        raise DataError(f"{where} jobs.max_jobs and jobs.max_jobs_aarch64_cuda must be at least 1")
+    return table
+
+
+@cache
+def load_table() -> PreflightTable:
+    text = resources.files("torchforge").joinpath("data", "preflight.toml").read_text(encoding="utf-8")
+    return parse_table(text)
+
+
+# ---- report ----------------------------------------------------------------------------------------------
+
+
+class Level(str, Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Level
+    detail: str
+    fix: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "status": self.status.value, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    checks: tuple[Check, ...]
+    max_jobs: int
+    engine: str  # the engine the checks were made for ("auto" resolved)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status is Level.FAIL)
+
+    def check(self, name: str) -> Check:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def raise_if_failed(self) -> None:
+        if self.failures:
+            names = ", ".join(c.name for c in self.failures)
+            raise PreflightError(
+                f"preflight: {len(self.failures)} of {len(self.checks)} checks failed ({names})",
+                "fix each failed check as its row says (`torchforge doctor` re-checks); `torchforge build --skip-preflight` builds anyway",
+            )
+
+    def as_dict(self) -> dict[str, object]:
+        return {"ok": self.ok, "engine": self.engine, "max_jobs": self.max_jobs,
+                "checks": [c.as_dict() for c in self.checks]}
+
+
+_STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.FAIL: "bold red"}
+
+
+def report_table(report: PreflightReport) -> Table:
+    """The report as a rich table (the caller prints it)."""
+    table = Table(title=f"torchforge preflight (engine {report.engine}, MAX_JOBS {report.max_jobs})")
+    for column in ("check", "status", "detail", "what would work"):
+        table.add_column(column, overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, f"[{_STYLE[c.status]}]{c.status.value}[/]", c.detail, c.fix or "")
+    return table
+
+
+# ---- machine facts (pure functions take them as arguments) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    mem_available_gib: float | None  # None where /proc/meminfo is unavailable
+    platform: str | None  # conda subdir of this machine, None if not one torchforge builds for
+
+
+def _host_subdir() -> str | None:
+    machine = host_platform.machine().lower()
+    if sys.platform.startswith("linux"):
+        return {"x86_64": "linux-64", "amd64": "linux-64", "aarch64": "linux-aarch64", "arm64": "linux-aarch64"}.get(machine)
+    if sys.platform == "win32" and machine in ("amd64", "x86_64"):
+        return "win-64"
+    return None
+
+
+def read_mem_available_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    """MemAvailable (what can be used without swapping), not MemTotal: a desktop's browser counts."""
+    try:
+        text = meminfo.read_text(encoding="ascii")
+    except OSError:
+        return None
+    found = re.search(r"^MemAvailable:\s+(\d+)\s+kB", text, re.MULTILINE)
+    return int(found.group(1)) / 1024**2 if found else None
+
+
+def probe_machine() -> Machine:
+    try:
+        cores = len(os.sched_getaffinity(0))  # respects taskset/cgroup CPU pinning, unlike os.cpu_count
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return Machine(cores, read_mem_available_gib(), _host_subdir())
+
+
+def memory_jobs(mem_available_gib: float, *, cuda: bool, table: PreflightTable | None = None) -> int:
+    """How many compile jobs fit in memory (may be 0: not even one job's budget is free)."""
+    jobs = (table or load_table()).jobs
+    per_job = jobs.gib_per_job_cuda if cuda else jobs.gib_per_job_cpu
+    return max(0, math.floor((mem_available_gib - jobs.reserve_gib) / per_job))
+
+
+def choose_max_jobs(cores: int, mem_available_gib: float | None, *, cuda: bool, aarch64: bool = False,
+                    table: PreflightTable | None = None) -> int:
+    """MAX_JOBS = min(cores - reserve, CI cap, jobs that fit in memory), at least 1."""
+    jobs = (table or load_table()).jobs
+    cap = jobs.max_jobs_aarch64_cuda if (aarch64 and cuda) else jobs.max_jobs
+    candidates = [cores - jobs.reserve_cores, cap]
+    if mem_available_gib is not None:
+        candidates.append(memory_jobs(mem_available_gib, cuda=cuda, table=table))
+    return max(1, min(candidates))
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text))
+
+
+# ---- the checks ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    variants: tuple[Variant, ...]
+    runner: Runner
+    machine: Machine
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def cuda_versions(self) -> list[str]:
+        return list(dict.fromkeys(v.request.accel for v in self.variants if v.request.is_cuda))
+
+    @property
+    def platforms(self) -> list[str]:
+        return list(dict.fromkeys(v.request.platform for v in self.variants))
+
+    def add(self, name: str, status: Level, detail: str, fix: str | None = None) -> None:
+        self.checks.append(Check(name, status, detail, fix))
+
+    def run(self, *argv: str) -> tuple[int, str] | None:
+        """(returncode, output), or None when the program cannot be started."""
+        try:
+            result = self.runner.run(Command(argv=argv), check=False, timeout=120)
+        except ForgeError:
+            return None
+        return result.returncode, result.output
+
+
+def _check_variants(ctx: _Context) -> None:
+    refused = [v for v in ctx.variants if v.status is VariantStatus.REFUSED]
+    if refused:
+        reasons = "; ".join(f"{v.id}: {r}" for v in refused for r in v.refusals)
+        ctx.add("selection", Level.FAIL, f"{len(refused)} of {len(ctx.variants)} variant(s) refused: {reasons}",
+                "change the selection as each reason says (`torchforge matrix` shows every variant)")
+    else:
+        magma = len({v.magma.id for v in ctx.variants if v.magma is not None})
+        ctx.add("selection", Level.OK, f"{len(ctx.variants)} variant(s), {magma} magma package(s)")
+
+
+def _check_platform(ctx: _Context) -> None:
+    here = ctx.machine.platform
+    foreign = [p for p in ctx.platforms if p != here]
+    if foreign:
+        ctx.add("platform", Level.FAIL, f"this machine is {here or 'not a supported build platform'}; asked for {', '.join(foreign)}",
+                "build each platform on a machine of that platform (conda-build and rattler-build build for the host)")
+    else:
+        ctx.add("platform", Level.OK, here or "")
+
+
+def _conda_build_version(ctx: _Context) -> str | None:
+    try:
+        ctx.runner.which("conda")
+    except ForgeError:
+        return None
+    result = ctx.run("conda", "build", "--version")
+    if result is None or result[0] != 0:
+        return None
+    found = _CONDA_BUILD_VERSION.search(result[1])
+    return found.group(1) if found else result[1].strip() or "unknown"
+
+
+def _rattler_build_version() -> str | None:
+    try:
+        import rattler_build
+    except ImportError:
+        return None
+    version = getattr(rattler_build, "rattler_build_version", None)
+    return str(version()) if callable(version) else "unknown"
+
+
+def _check_engine(ctx: _Context, engine: str) -> str:
+    if engine not in ENGINES:
+        ctx.add("engine", Level.FAIL, f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
+        return engine
+    if engine in ("auto", "conda-build"):
+        version = _conda_build_version(ctx)
+        if version is not None:
+            ctx.add("engine", Level.OK, f"conda-build {version}" + (" (auto: `conda build` is on PATH)" if engine == "auto" else ""))
+            return "conda-build"
+        if engine == "conda-build":
+            ctx.add("engine", Level.FAIL, "`conda build --version` did not run: no conda with conda-build on PATH",
+                    "conda install -n base conda-build, or use --engine rattler-build (embedded)")
+            return engine
+    version = _rattler_build_version()
+    if version is None:
+        ctx.add("engine", Level.FAIL, "the embedded rattler-build engine (py-rattler-build) is not importable",
+                "pip install py-rattler-build (a torchforge dependency): reinstall torchforge")
+    else:
+        why = " (auto: no conda with conda-build on PATH)" if engine == "auto" else ""
+        ctx.add("engine", Level.OK, f"embedded rattler-build {version}{why}")
+    return "rattler-build"
+
+
+def _check_nvcc(ctx: _Context) -> None:
+    if not ctx.cuda_versions:
+        return
+    try:
+        nvcc = ctx.runner.which("nvcc")
+    except ForgeError:
+        nvcc = None
+    result = ctx.run(nvcc, "--version") if nvcc else None
+    found = _RELEASE.search(result[1]) if result else None
+    have = f"{found.group(1)}.{found.group(2)}" if found else None
+    for cuda in ctx.cuda_versions:
+        name = f"nvcc (CUDA {cuda})"
+        fix = (f"install the CUDA {cuda} toolkit and put its bin/ first on PATH (e.g. /usr/local/cuda-{cuda}/bin) "
+               f"and CUDA_HOME at it; the official magma build refused an nvcc other than the requested CUDA")
+        if nvcc is None:
+            ctx.add(name, Level.FAIL, "nvcc is not on PATH", fix)
+        elif have is None:
+            ctx.add(name, Level.FAIL, f"`{nvcc} --version` printed no 'release X.Y'", fix)
+        elif have != cuda:
+            ctx.add(name, Level.FAIL, f"{nvcc} is CUDA {have}, the variant needs CUDA {cuda}", fix)
+        else:
+            ctx.add(name, Level.OK, f"{nvcc}: release {have}")
+
+
+def _check_host_compiler(ctx: _Context) -> None:
+    linux_cuda = ctx.cuda_versions if any(p.startswith("linux") for p in ctx.platforms) else []
+    if not linux_cuda:
+        return
+    # PyTorch hands CUDAHOSTCXX to CMake as the CUDA host compiler; otherwise nvcc uses gcc from PATH.
+    compiler = os.environ.get("CUDAHOSTCXX") or "gcc"
+    result = ctx.run(compiler, "-dumpfullversion")
+    version = result[1].strip() if result and result[0] == 0 else None
+    toolkits = tables.load().cuda.toolkits
+    for cuda in linux_cuda:
+        name = f"host compiler (CUDA {cuda})"
+        if version is None:
+            ctx.add(name, Level.FAIL, f"`{compiler} -dumpfullversion` did not run", "install gcc (apt install build-essential) or set CUDAHOSTCXX")
+            continue
+        toolkit = toolkits.get(cuda)
+        limit = toolkit.max_gcc if toolkit else None
+        if limit is None:
+            ctx.add(name, Level.WARN, f"{compiler} {version}; cuda.toml knows no GCC limit for CUDA {cuda}, not checked")
+        elif _version_tuple(version)[0] > limit:
+            ctx.add(name, Level.FAIL, f"{compiler} {version} is newer than CUDA {cuda} allows (GCC <= {limit}): nvcc stops with "
+                    f"'unsupported GNU version! gcc versions later than {limit} are not supported'",
+                    f"install gcc-{limit} (or older) and export CUDAHOSTCXX=g++-{limit} CC=gcc-{limit} CXX=g++-{limit}; "
+                    "-allow-unsupported-compiler exists but is unsupported")
+        else:
+            ctx.add(name, Level.OK, f"{compiler} {version} (CUDA {cuda} accepts GCC <= {limit})")
+
+
+def _check_tools(ctx: _Context, table: PreflightTable) -> None:
+    for tool, info in table.tools.items():
+        try:
+            if tool == "patchelf":
+                from torchforge.rpath import find_patchelf  # also checks the version (0.18.x is broken)
+
+                found = find_patchelf(ctx.runner)
+            else:
+                found = ctx.runner.which(tool)
+        except ForgeError as exc:
+            ctx.add(tool, Level.FAIL, f"{exc.message} (needed: {info.why})", exc.hint or info.fix)
+            continue
+        ctx.add(tool, Level.OK, found)
+
+
+def _check_disk(ctx: _Context, out: Path, table: PreflightTable) -> None:
+    where = out.resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free / 1024**3
+    need = table.disk.min_free_gib_cuda if ctx.cuda_versions else table.disk.min_free_gib_cpu
+    detail = f"{free:.0f} GiB free at {where} (need {need:g} GiB)"
+    if free < need:
+        ctx.add("disk", Level.FAIL, detail, f"free space there or pass --out on a larger disk (the {need:g} GiB: {table.disk.reason})")
+    else:
+        ctx.add("disk", Level.OK, detail)
+
+
+def _check_jobs(ctx: _Context, jobs: int | None, table: PreflightTable) -> int:
+    cuda = bool(ctx.cuda_versions)
+    aarch64 = "linux-aarch64" in ctx.platforms
+    cores, mem = ctx.machine.cores, ctx.machine.mem_available_gib
+    chosen = choose_max_jobs(cores, mem, cuda=cuda, aarch64=aarch64, table=table)
+    per_job = table.jobs.gib_per_job_cuda if cuda else table.jobs.gib_per_job_cpu
+    mem_text = "memory unknown" if mem is None else f"{mem:.1f} GiB available"
+    basis = f"{cores} cores, {mem_text}, {per_job:g} GiB per {'nvcc' if cuda else 'compile'} job"
+    if jobs is not None:
+        if jobs > chosen:
+            ctx.add("MAX_JOBS", Level.WARN, f"--jobs {jobs} is more than the {chosen} that fit ({basis}); "
+                    "compilers may be killed for memory or the machine may hang", f"--jobs {chosen}, or add memory/swap")
+        else:
+            ctx.add("MAX_JOBS", Level.OK, f"--jobs {jobs} ({basis}; {chosen} would fit)")
+        return jobs
+    if mem is not None and memory_jobs(mem, cuda=cuda, table=table) < 1:
+        ctx.add("MAX_JOBS", Level.WARN, f"1 ({basis}: not even one job's budget is free)",
+                "close other programs or add swap; expect 'Killed signal terminated program cc1plus'")
+    else:
+        limit = "memory" if mem is not None and memory_jobs(mem, cuda=cuda, table=table) == chosen else "cores/CI cap"
+        ctx.add("MAX_JOBS", Level.OK, f"{chosen} ({basis}; limited by {limit})")
+    return chosen
+
+
+def _missing_submodules(root: Path, depth: int = 0) -> tuple[list[str], int]:
+    """(missing or empty submodule paths relative to `root`, how many were declared), nested ones included."""
+    gitmodules = root / ".gitmodules"
+    if depth > _SUBMODULE_DEPTH or not gitmodules.is_file():
+        return [], 0
+    missing: list[str] = []
+    declared = 0
+    for rel in _GITMODULES_PATH.findall(gitmodules.read_text(encoding="utf-8", errors="replace")):
+        declared += 1
+        path = root / rel
+        if not path.is_dir() or not any(path.iterdir()):
+            missing.append(rel)
+            continue
+        nested, count = _missing_submodules(path, depth + 1)
+        missing.extend(f"{rel}/{n}" for n in nested)
+        declared += count
+    return missing, declared
+
+
+def _check_source(ctx: _Context, source: str | None) -> None:
+    if source is None:
+        ctx.add("source", Level.OK, "no --source: the recipe fetches the release source")
+        return
+    if "://" in source or source.startswith("git@"):
+        ctx.add("source", Level.OK, f"{source} is fetched by the build; not checked here")
+        return
+    path = Path(source).expanduser()
+    if not path.exists():
+        ctx.add("source", Level.FAIL, f"{path} does not exist", "pass a PyTorch checkout, a tarball or a URL to --source")
+        return
+    if path.is_file():
+        ctx.add("source", Level.OK, f"{path} is an archive; its contents are checked when it is unpacked")
+        return
+    fix = f"cd {path} && git submodule sync && git submodule update --init --recursive"
+    missing, declared = _missing_submodules(path)
+    if declared:
+        if missing:
+            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            ctx.add("source", Level.FAIL, f"{len(missing)} of {declared} submodules not checked out: {shown}", fix)
+        else:
+            ctx.add("source", Level.OK, f"{path}: all {declared} submodules checked out")
+        return
+    third_party = path / "third_party"
+    empty = sorted(p.name for p in third_party.iterdir() if p.is_dir() and not any(p.iterdir())) if third_party.is_dir() else []
+    if empty:
+        ctx.add("source", Level.FAIL, f"empty folders in {third_party}: {', '.join(empty[:6])}", fix)
+    else:
+        ctx.add("source", Level.OK, f"{path}: no .gitmodules, no empty third_party folder")
+
+
+def _compat_dirs() -> list[str]:
+    """LD_LIBRARY_PATH entries that hold a forward-compatibility libcuda (cuda-compat, /usr/local/cuda*/compat)."""
+    return [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.rstrip("/").endswith("/compat")]
+
+
+def _check_driver(ctx: _Context) -> None:
+    if not ctx.cuda_versions:
+        return
+    try:
+        smi = ctx.runner.which("nvidia-smi")
+    except ForgeError:
+        ctx.add("driver", Level.OK, "no nvidia-smi: no GPU driver here, which building does not need (the packages' GPU use is not tried here)")
+        return
+    result = ctx.run(smi, "--query-gpu=driver_version,name", "--format=csv,noheader")
+    if result is None or result[0] != 0:
+        output = (result[1] if result else "").strip()
+        if "Driver/library version mismatch" in output:
+            ctx.add("driver", Level.FAIL, f"nvidia-smi: {output.splitlines()[0]}: the kernel module and the user-space driver differ",
+                    "reboot (or reload the nvidia modules) after a driver upgrade; CUDA programs fail the same way until then")
+        else:
+            ctx.add("driver", Level.WARN, f"`nvidia-smi` failed: {output.splitlines()[0] if output else 'no output'}",
+                    "check the NVIDIA driver install")
+        return
+    first = result[1].strip().splitlines()[0] if result[1].strip() else ""
+    driver, _, gpu = (part.strip() for part in first.partition(","))
+    if not re.fullmatch(r"\d+(\.\d+)+", driver):
+        ctx.add("driver", Level.WARN, f"cannot read a driver version from nvidia-smi: {first!r}")
+        return
+    compat = _compat_dirs()
+    toolkits = tables.load().cuda.toolkits
+    for cuda in ctx.cuda_versions:
+        name = f"driver (CUDA {cuda})"
+        toolkit = toolkits.get(cuda)
+        if toolkit is None or toolkit.driver_linux is None:
+            ctx.add(name, Level.WARN, f"driver {driver}; cuda.toml has no driver requirement for CUDA {cuda}, not checked")
+            continue
+        have, needs = _version_tuple(driver), _version_tuple(toolkit.driver_linux)
+        floor = _version_tuple(toolkit.compat_floor_linux) if toolkit.compat_floor_linux else None
+        compat_note = (f"; LD_LIBRARY_PATH has {', '.join(compat)}: a forward-compat libcuda there gives error 804 "
+                       "(forward compatibility was attempted on non supported HW) on GPUs other than data-center ones, "
+                       "and error 803 when it does not match the kernel driver branch") if compat else ""
+        if have >= needs:
+            status = Level.WARN if compat else Level.OK
+            ctx.add(name, status, f"driver {driver} on {gpu or 'the GPU'} >= {toolkit.driver_linux}{compat_note}",
+                    "remove the compat folder from LD_LIBRARY_PATH" if compat else None)
+        elif floor is not None and have >= floor:
+            ctx.add(name, Level.WARN,
+                    f"driver {driver} < {toolkit.driver_linux} (CUDA {cuda}'s own), >= {toolkit.compat_floor_linux} (minor-version "
+                    f"compatibility): CUDA {cuda} packages run, but PTX JIT (error 222) and newer APIs (error 36) fail{compat_note}",
+                    f"install driver >= {toolkit.driver_linux} for full CUDA {cuda} support")
+        else:
+            ctx.add(name, Level.WARN,
+                    f"driver {driver} < {toolkit.compat_floor_linux or toolkit.driver_linux}: packages built for CUDA {cuda} will not run "
+                    f"on this GPU (error 35, CUDA driver version is insufficient for CUDA runtime version){compat_note}",
+                    f"install driver >= {toolkit.driver_linux}; do not use cuda-compat on GeForce/workstation GPUs (error 804) "
+                    "or with a kernel driver branch it does not support (error 803). Building itself does not need the driver")
+
+
+def _variants(selection_or_variants: Selection | RenderPlan | Sequence[Variant]) -> tuple[Variant, ...]:
+    if isinstance(selection_or_variants, Selection):
+        return plan(selection_or_variants).variants
+    if isinstance(selection_or_variants, RenderPlan):
+        return selection_or_variants.variants
+    return tuple(selection_or_variants)
+
+
+def run_preflight(
+    selection_or_variants: Selection | RenderPlan | Sequence[Variant],
+    *,
+    engine: str,
+    source: str | None,
+    jobs: int | None,
+    runner: Runner,
+    out: Path | None = None,
+    machine: Machine | None = None,
+) -> PreflightReport:
+    """Run every check and return them all; `report.raise_if_failed()` turns failures into a PreflightError.
+
+    `out` is the output channel folder (its file system gets the disk check; default: the current folder).
+    `machine` overrides the probed cores/memory/platform (tests, or planning for another machine).
+    """
+    table = load_table()
+    ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
+    _check_variants(ctx)
+    _check_platform(ctx)
+    resolved = _check_engine(ctx, engine)
+    _check_nvcc(ctx)
+    _check_host_compiler(ctx)
+    _check_tools(ctx, table)
+    _check_disk(ctx, out or Path.cwd(), table)
+    max_jobs = _check_jobs(ctx, jobs, table)
+    _check_source(ctx, source)
+    _check_driver(ctx)
+    return PreflightReport(tuple(ctx.checks), max_jobs, resolved)
