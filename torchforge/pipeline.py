@@ -153,6 +153,10 @@ class Pipeline:
     def run(self, steps: list[Step]) -> list[StepResult]:
         results: list[StepResult] = []
         failed: set[str] = set()
+        if not self.runner.dry_run and any(localchannel.archives(self.settings.out)):
+            # Packages copied in from elsewhere (CI artifacts) are only usable as a channel once indexed.
+            with localchannel.locked(self.settings.out):
+                localchannel.index(self.settings.out)
         for step in steps:
             if step.action is Action.REUSE:
                 self.on_event(f"reuse {step.stem}: {step.reason}")
@@ -182,6 +186,11 @@ class Pipeline:
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             log.write_text("")
             write_folders({step.id: dict(step.files)}, out / "recipes", force=True)
+            if not (out / "noarch" / "repodata.json").is_file():
+                # The output channel is the first -c of every build: an unindexed (new) one makes the
+                # engine's solver fail ("Failed to resolve dependencies") for any recipe with requirements.
+                with localchannel.locked(out):
+                    localchannel.index(out)
             staging = Path(tempfile.mkdtemp(prefix=f".staging-{step.id}-", dir=out))
         else:
             staging = out / f".staging-{step.id}"
