@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,20 @@ def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return shared / "chan"
 
 
+@pytest.fixture(scope="session")
+def extracted(channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repacked archive extracted once (read-only use; tests that modify it take a hard-link copy)."""
+    from conda_package_handling import api as cph
+
+    shared = tmp_path_factory.getbasetemp().parent / "repacked-torch-extracted"
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / ".complete").exists():
+            shutil.rmtree(shared, ignore_errors=True)
+            cph.extract(str(_archive(channel)), dest_dir=str(shared / "pkg"))
+            (shared / ".complete").write_text("")
+    return shared / "pkg"
+
+
 def _archive(channel: Path) -> Path:
     return channel / "linux-64" / f"pytorch-{TORCH}-py{PY}_cpu_0.conda"
 
@@ -93,10 +108,8 @@ def test_repacked_package_is_named_like_official_and_audits_clean(channel: Path)
     assert record["constrains"] == ["cpuonly"]
 
 
-def test_repacked_info_is_complete(channel: Path, tmp_path: Path) -> None:
-    from conda_package_handling import api as cph
-
-    cph.extract(str(_archive(channel)), dest_dir=str(tmp_path))
+def test_repacked_info_is_complete(extracted: Path) -> None:
+    tmp_path = extracted
     info = tmp_path / "info"
     for name in ("index.json", "paths.json", "about.json", "files", "recipe/meta.yaml", "has_prefix"):
         assert (info / name).is_file(), name
@@ -138,13 +151,14 @@ def test_installed_repack_imports(channel: Path, import_python: Path, tmp_path: 
     assert audit(prefix).ok
 
 
-def test_broken_copy_is_flagged(channel: Path, tmp_path: Path) -> None:
-    from conda_package_handling import api as cph
-
-    cph.extract(str(_archive(channel)), dest_dir=str(tmp_path))
+def test_broken_copy_is_flagged(extracted: Path, tmp_path: Path) -> None:
+    tmp_path = tmp_path / "pkg"
+    shutil.copytree(extracted, tmp_path, copy_function=os.link, symlinks=True)  # hard links: fast, no 700 MB copy
     lib = tmp_path / "lib" / f"python{PY}" / "site-packages" / "torch" / "lib"
+    # --output + rename: a new inode, so the shared hard-linked original stays intact
     subprocess.run([find_patchelf(Runner()), "--set-rpath", "/usr/local/cuda/lib64:$ORIGIN", "--force-rpath",
-                    str(lib / "libshm.so")], check=True)
+                    "--output", str(lib / "libshm.so.new"), str(lib / "libshm.so")], check=True)
+    os.replace(lib / "libshm.so.new", lib / "libshm.so")
     (lib / "libc10.so").unlink()
     report = audit(tmp_path)
     assert not report.ok
