@@ -6,6 +6,7 @@ import importlib
 import sys
 
 import typer
+from rich.markup import escape
 
 from torchforge import __version__
 from torchforge.console import err
@@ -53,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         # With standalone_mode=False click returns a typer.Exit's code instead of raising it.
         result = app(args=argv, standalone_mode=False)
     except ForgeError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", markup=True)
+        # Messages carry paths and server text: escape them so brackets are never read as markup.
+        err.print(f"[red]error:[/red] {escape(exc.message)}", markup=True)
         if exc.hint:
-            err.print(f"  [bold]what would work:[/bold] {exc.hint}", markup=True)
+            err.print(f"  [bold]what would work:[/bold] {escape(exc.hint)}", markup=True)
         return int(exc.exit_code)
     except typer.Exit as exc:
         return int(exc.exit_code or 0)

@@ -129,6 +129,7 @@ class Runtime(_Frozen):
 
 class ScriptEnv(_Frozen):
     names: tuple[str, ...]
+    magma_names: tuple[str, ...]
 
 
 class BuildEnvEntry(_Frozen):

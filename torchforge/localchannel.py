@@ -46,6 +46,13 @@ def index(channel: Path) -> None:
     shutil.rmtree(channel / ".tmp", ignore_errors=True)
 
 
+
+def archives(channel: Path) -> Iterator[Path]:
+    """Every package archive in the channel's subdirs."""
+    for suffix in ARCHIVE_SUFFIXES:
+        yield from channel.glob(f"*/*{suffix}")
+
+
 def find(channel: Path, subdir: str, stem: str) -> Path | None:
     """The archive `<stem>.conda` or `<stem>.tar.bz2` in `channel/subdir`, if present."""
     for suffix in ARCHIVE_SUFFIXES:

@@ -222,7 +222,7 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
         platform="linux-64",
         python=None,
         source=_magma_source(plan, patches),
-        script_env=("CUDA_HOME", "MAX_JOBS"),
+        script_env=tables.load().eras.script_env.magma_names,
         env=(
             ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),
             ("MAX_JOBS", "${MAX_JOBS:-$CPU_COUNT}"),

@@ -15,8 +15,10 @@ from torchforge.commands.options import (
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
 )
 from torchforge.console import err, note, out, warn
+from torchforge.diagnose import explain_log
 from torchforge.engines import select_engine
 from torchforge.errors import BuildFailedError, UsageError
+from torchforge.preflight import report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.proc import Runner
 from torchforge.render import plan
@@ -48,10 +50,6 @@ def _explain(result: StepResult) -> None:
     if result.error:
         err.print(Text(result.error))
     if result.log is None or not result.log.exists():
-        return
-    try:
-        from torchforge.diagnose import explain_log
-    except ImportError:  # diagnosis is optional; the log tail is always shown
         return
     for diagnosis in explain_log(result.log):
         err.print(f"[bold]known failure[/bold] (line {diagnosis.line}): {diagnosis.title}", markup=True)
@@ -97,14 +95,13 @@ def register(app: typer.Typer) -> None:
         err.print(why)
         extra_env: dict[str, str] = {}
         if not skip_preflight and not dry_run:
-            try:
-                from torchforge.preflight import run_preflight
-            except ImportError:
-                run_preflight = None  # type: ignore[assignment]
-            if run_preflight is not None:
-                report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner())
-                if report.max_jobs:
-                    extra_env["MAX_JOBS"] = str(report.max_jobs)
+            # Check the machine before a multi-hour build: every problem at once, each with its fix.
+            report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
+                                   out=out_dir)
+            err.print(report_table(report))
+            report.raise_if_failed()
+            if report.max_jobs:
+                extra_env["MAX_JOBS"] = str(report.max_jobs)
         if jobs:
             extra_env["MAX_JOBS"] = str(jobs)
         settings = BuildSettings(
