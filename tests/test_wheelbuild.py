@@ -1,0 +1,93 @@
+"""`torchforge build --format wheel` on the torch_like fixture (PyTorch's layout, not PyTorch): pip wheel in
+the current interpreter, repair into OUT/wheels, pip install into a fresh venv, import and run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchforge.cli import main
+from torchforge.render import plan
+from torchforge.variant import Options, Selection
+from torchforge.wheelbuild import build_environment, expand
+
+FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+CP = f"cp{sys.version_info.major}{sys.version_info.minor}"
+REQUEST = ["build", "--format", "wheel", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", PY, "--source", str(FIXTURE)]
+
+
+def variant(cuda: str):  # type: ignore[no-untyped-def]
+    (only,) = plan(Selection.from_flags("2.9.0", cuda, PY, None, Options())).variants
+    return only
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel-out")
+    assert main([*REQUEST, "--out", str(out)]) == 0
+    return out / "wheels"
+
+
+def test_expand_follows_the_shell_forms_the_recipes_use() -> None:
+    scope = {"A": "1", "EMPTY": ""}
+    assert expand("$A/${A}:${B:-x$A}:${EMPTY:-d}", scope) == "1/1:x1:d"
+
+
+def test_build_environment_outside_conda() -> None:
+    env = build_environment(variant("12.4"), {"CUDA_HOME": "/opt/cuda-12.4"}, jobs=3)
+    assert env["CMAKE_PREFIX_PATH"] == sys.prefix
+    assert "PACKAGE_TYPE" not in env and "CMAKE_LIBRARY_PATH" not in env
+    assert (env["PYTORCH_BUILD_VERSION"], env["PYTORCH_BUILD_NUMBER"]) == ("2.9.0+cu124", "1")
+    assert env["CUDA_HOME"] == "/opt/cuda-12.4" and env["NCCL_ROOT_DIR"] == "/opt/cuda-12.4"
+    assert env["MAX_JOBS"] == "3" and env["USE_CUDA"] == "1"
+    default = build_environment(variant("cpu"), {})
+    assert default["MAX_JOBS"].isdigit() and default["PYTORCH_BUILD_VERSION"] == "2.9.0+cpu"
+    assert not any("$" in value for value in default.values())
+
+
+@pytest.mark.slow
+def test_wheel_is_repaired_installs_into_a_fresh_venv_and_runs(wheels: Path, tmp_path: Path) -> None:
+    (wheel,) = sorted(wheels.glob("*.whl"))
+    assert re.fullmatch(rf"torch-2\.9\.0\+cpu-{CP}-{CP}-manylinux_\d+_\d+_x86_64\.whl", wheel.name)
+    assert (wheels / "logs" / f"pytorch-2.9.0-cpu-py{CP[2:]}-linux_64.log").is_file()
+    assert not list(wheels.glob(".staging-*")) and not list(wheels.glob(".partial-*"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True)
+    result = subprocess.run([str(venv / "bin" / "python"), "-c",
+                             "import torch; print(torch.ones_sum(4), torch.__version__, torch.__file__)"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    value, version, location = result.stdout.split()
+    assert (float(value), version) == (4.0, "2.9.0+cpu")
+    assert Path(location).is_relative_to(venv)
+
+
+@pytest.mark.slow
+def test_second_run_reuses_the_wheel(wheels: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (wheel,) = sorted(wheels.glob("*.whl"))
+    before = wheel.stat().st_mtime_ns
+    assert main([*REQUEST, "--out", str(wheels.parent)]) == 0
+    assert wheel.stat().st_mtime_ns == before
+
+
+def test_dry_run_prints_pip_wheel_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*REQUEST, "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "-m pip wheel" in err and "PYTORCH_BUILD_VERSION=2.9.0+cpu" in err and "--no-build-isolation" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_another_python_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = "3.10" if PY != "3.10" else "3.11"
+    args = [*REQUEST, "--out", str(tmp_path / "out")]
+    args[args.index(PY)] = other
+    assert main(args) == 2
+    assert "builds with the current interpreter" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
