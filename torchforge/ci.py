@@ -26,11 +26,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
+from torchforge.data import FrozenModel
 from torchforge import __version__
 from torchforge.errors import DataError, UsageError
 from torchforge.render import RenderPlan
@@ -63,15 +64,11 @@ class Provider(str, Enum):
 # ---- torchforge/data/ci.toml -------------------------------------------------------------------------------
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class _Meta(_Frozen):
+class _Meta(FrozenModel):
     source: str
 
 
-class Action(_Frozen):
+class Action(FrozenModel):
     uses: str
     sha: str
     version: str
@@ -81,14 +78,14 @@ class Action(_Frozen):
         return f"{self.uses}@{self.sha}"
 
 
-class _Tools(_Frozen):
+class _Tools(FrozenModel):
     python: str
     sccache: str
     sccache_cache_size: str
     torchforge_requirement: str
 
 
-class _Limits(_Frozen):
+class _Limits(FrozenModel):
     github_hosted_minutes: int
     self_hosted_minutes: int
     upload_minutes: int
@@ -97,17 +94,17 @@ class _Limits(_Frozen):
     artifact_days: int
 
 
-class _Runners(_Frozen):
+class _Runners(FrozenModel):
     github_hosted: tuple[str, ...]
     default: dict[str, tuple[str, ...]]
     gitlab_default: dict[str, tuple[str, ...]]
 
 
-class _Upload(_Frozen):
+class _Upload(FrozenModel):
     environment: str
 
 
-class CiData(_Frozen):
+class CiData(FrozenModel):
     meta: _Meta
     actions: dict[str, Action]
     tools: _Tools

@@ -20,18 +20,21 @@ from torchforge.errors import DataError
 PLATFORMS = ("linux-64", "linux-aarch64", "win-64")
 
 
-class _Frozen(BaseModel):
+class FrozenModel(BaseModel):
+    """Base of every data-table model: immutable, and unknown keys are errors (a typo is never ignored)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class Meta(_Frozen):
+
+class Meta(FrozenModel):
     source: str
 
 
 # ---- cuda.toml -------------------------------------------------------------------------------------------
 
 
-class Toolkit(_Frozen):
+class Toolkit(FrozenModel):
     full_version: str
     arch_set: str | None = None
     max_gcc: int | None = None
@@ -42,7 +45,7 @@ class Toolkit(_Frozen):
     runtime_upper: str
 
 
-class CudaTable(_Frozen):
+class CudaTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     arch_sets: dict[str, tuple[str, ...]]
@@ -52,7 +55,7 @@ class CudaTable(_Frozen):
 # ---- pytorch.toml ----------------------------------------------------------------------------------------
 
 
-class CudaBuild(_Frozen):
+class CudaBuild(FrozenModel):
     conda: bool = False
     wheel: bool = False
     cudnn: str | None = None
@@ -63,7 +66,7 @@ class CudaBuild(_Frozen):
     wheel_arch: str | None = None
 
 
-class Release(_Frozen):
+class Release(FrozenModel):
     python: tuple[str, str]
     python_experimental: tuple[str, ...] = ()
     cxx_standard: int
@@ -82,7 +85,7 @@ class Release(_Frozen):
     cuda: dict[str, CudaBuild] = {}
 
 
-class Defaults(_Frozen):
+class Defaults(FrozenModel):
     pytorch: str
     cuda: tuple[str, ...]
     python: tuple[str, ...]
@@ -90,7 +93,7 @@ class Defaults(_Frozen):
     source_url: str
 
 
-class PytorchTable(_Frozen):
+class PytorchTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     defaults: Defaults
@@ -100,7 +103,7 @@ class PytorchTable(_Frozen):
 # ---- eras.toml -------------------------------------------------------------------------------------------
 
 
-class Requirement(_Frozen):
+class Requirement(FrozenModel):
     spec: str
     python: str | None = None
     platforms: tuple[str, ...] | None = None
@@ -114,44 +117,44 @@ class Requirement(_Frozen):
         return value
 
 
-class Era(_Frozen):
+class Era(FrozenModel):
     build: tuple[Requirement, ...]
     host: tuple[Requirement, ...]
     run: tuple[Requirement, ...]
 
 
-class Runtime(_Frozen):
+class Runtime(FrozenModel):
     pytorch_cuda_versions: tuple[str, ...]
     split_packages: tuple[str, ...]
     mutex_version: str
     cpuonly_version: str
 
 
-class ScriptEnv(_Frozen):
+class ScriptEnv(FrozenModel):
     names: tuple[str, ...]
     magma_names: tuple[str, ...]
 
 
-class BuildEnvEntry(_Frozen):
+class BuildEnvEntry(FrozenModel):
     name: str
     value: str
     win: str | None = None
     when: Literal["cuda", "cpu", "linux"] | None = None
 
 
-class InstallCommands(_Frozen):
+class InstallCommands(FrozenModel):
     setup_py: str
     pip: str
     setup_py_win: str
     pip_win: str
 
 
-class RpathRule(_Frozen):
+class RpathRule(FrozenModel):
     dir: str
     rpath: str
 
 
-class ErasTable(_Frozen):
+class ErasTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     runtime: Runtime
@@ -165,14 +168,14 @@ class ErasTable(_Frozen):
 # ---- magma.toml ------------------------------------------------------------------------------------------
 
 
-class MagmaPackage(_Frozen):
+class MagmaPackage(FrozenModel):
     name_prefix: str
     url: str
     cmake_options: tuple[str, ...]
     nvcc_flags: str
 
 
-class MagmaVersion(_Frozen):
+class MagmaVersion(FrozenModel):
     sha256: str
     build_number: int
 
@@ -184,7 +187,7 @@ class MagmaVersion(_Frozen):
         return value
 
 
-class MagmaTable(_Frozen):
+class MagmaTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     package: MagmaPackage
@@ -195,7 +198,7 @@ class MagmaTable(_Frozen):
 # ---- fixes.toml ------------------------------------------------------------------------------------------
 
 
-class SourceEdit(_Frozen):
+class SourceEdit(FrozenModel):
     kind: Literal["replace", "insert_after", "comment_lines"]
     file: str
     find: str
@@ -205,7 +208,7 @@ class SourceEdit(_Frozen):
     required: bool = True
 
 
-class Fix(_Frozen):
+class Fix(FrozenModel):
     package: Literal["pytorch", "magma"]
     pytorch: str | None = None
     cuda: str | None = None
@@ -219,7 +222,7 @@ class Fix(_Frozen):
     manual_patch: tuple[str, ...] = ()
 
 
-class FixesTable(_Frozen):
+class FixesTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     fixes: dict[str, Fix]
@@ -228,7 +231,7 @@ class FixesTable(_Frozen):
 # ---- jetson.toml -----------------------------------------------------------------------------------------
 
 
-class JetPack(_Frozen):
+class JetPack(FrozenModel):
     cudnn: str | None = None
     cuda: tuple[str, ...]
     python: tuple[str, ...]
@@ -237,13 +240,13 @@ class JetPack(_Frozen):
     nccl: bool
 
 
-class JetsonDevice(_Frozen):
+class JetsonDevice(FrozenModel):
     name: str
     arch: str
     jetpack: str
 
 
-class JetsonTable(_Frozen):
+class JetsonTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     jetpacks: dict[str, JetPack]
@@ -252,7 +255,7 @@ class JetsonTable(_Frozen):
     build_env: dict[str, str]
 
 
-class Data(_Frozen):
+class Data(FrozenModel):
     cuda: CudaTable
     pytorch: PytorchTable
     eras: ErasTable
@@ -275,14 +278,23 @@ _FILES: dict[str, type[BaseModel]] = {
 }
 
 
-def _read(name: str) -> dict[str, object]:
-    text = resources.files("torchforge").joinpath("data", f"{name}.toml").read_text(encoding="utf-8")
+def data_text(name: str) -> str:
+    """The text of torchforge/data/NAME.toml, from a checkout or an installed wheel."""
+    return resources.files("torchforge").joinpath("data", f"{name}.toml").read_text(encoding="utf-8")
+
+
+def parse_toml(text: str, where: str) -> dict[str, object]:
+    """Parse a data table; its `schema` key becomes `schema_` (pydantic reserves `schema`)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise DataError(f"torchforge/data/{name}.toml is not valid TOML: {exc}") from exc
+        raise DataError(f"{where} is not valid TOML: {exc}", "fix the file; the message gives the position") from exc
     raw["schema_"] = raw.pop("schema", 1)
     return raw
+
+
+def _read(name: str) -> dict[str, object]:
+    return parse_toml(data_text(name), f"torchforge/data/{name}.toml")
 
 
 @cache

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import ValidationError, field_validator
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
+from torchforge.data import FrozenModel, Meta, data_text, parse_toml
 from torchforge.errors import DataError, UsageError
 
 DATA_FILE = "torchforge/data/failures.toml"
@@ -38,15 +37,7 @@ _SHOW_CHARS = 300
 _MAX_PATH_CHARS = 4096
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Meta(_Frozen):
-    source: str
-
-
-class Signature(_Frozen):
+class Signature(FrozenModel):
     title: str
     patterns: tuple[str, ...] = ()
     literals: tuple[str, ...] = ()
@@ -71,7 +62,7 @@ class Signature(_Frozen):
         return value
 
 
-class FailuresTable(_Frozen):
+class FailuresTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     signatures: dict[str, Signature]
@@ -164,11 +155,7 @@ def _pattern_source(signature: Signature) -> list[str]:
 
 def parse_catalog(text: str, where: str = DATA_FILE) -> Catalog:
     """Validate failures.toml text and compile every pattern; DataError names the offending key."""
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise DataError(f"{where} is not valid TOML: {exc}", "fix the file; `python -m tomllib` shows the position") from exc
-    raw["schema_"] = raw.pop("schema", 1)
+    raw = parse_toml(text, where)
     try:
         table = FailuresTable.model_validate(raw)
     except ValidationError as exc:
@@ -220,7 +207,7 @@ def parse_catalog(text: str, where: str = DATA_FILE) -> Catalog:
 @cache
 def catalog() -> Catalog:
     """The packaged signatures, read and compiled once per process."""
-    text = resources.files("torchforge").joinpath("data", "failures.toml").read_text(encoding="utf-8")
+    text = data_text("failures")
     return parse_catalog(text)
 
 

@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from torchforge import data as tables
 from torchforge import localchannel
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import magma_context, pytorch_context
 from torchforge.render import RenderPlan, render_files, write_folders
-from torchforge.resolve import MagmaPlan, Variant
 
 
 class Action(str, Enum):

@@ -18,18 +18,17 @@ import platform as host_platform
 import re
 import shutil
 import sys
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from rich.table import Table
 
 from torchforge import data as tables
+from torchforge.data import FrozenModel, Meta, data_text, parse_toml
 from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
 from torchforge.render import RenderPlan, plan
@@ -47,11 +46,7 @@ _SUBMODULE_DEPTH = 3  # PyTorch nests submodules two levels deep (third_party/*/
 # ---- data ------------------------------------------------------------------------------------------------
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Jobs(_Frozen):
+class Jobs(FrozenModel):
     gib_per_job_cuda: float
     gib_per_job_cpu: float
     reserve_gib: float
@@ -60,22 +55,18 @@ class Jobs(_Frozen):
     max_jobs_aarch64_cuda: int
 
 
-class Disk(_Frozen):
+class Disk(FrozenModel):
     min_free_gib_cuda: float
     min_free_gib_cpu: float
     reason: str
 
 
-class Tool(_Frozen):
+class Tool(FrozenModel):
     why: str
     fix: str
 
 
-class Meta(_Frozen):
-    source: str
-
-
-class PreflightTable(_Frozen):
+class PreflightTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     jobs: Jobs
@@ -84,11 +75,7 @@ class PreflightTable(_Frozen):
 
 
 def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> PreflightTable:
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise DataError(f"{where} is not valid TOML: {exc}") from exc
-    raw["schema_"] = raw.pop("schema", 1)
+    raw = parse_toml(text, where)
     try:
         table = PreflightTable.model_validate(raw)
     except ValidationError as exc:
@@ -103,7 +90,7 @@ def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> Pre
 
 @cache
 def load_table() -> PreflightTable:
-    text = resources.files("torchforge").joinpath("data", "preflight.toml").read_text(encoding="utf-8")
+    text = data_text("preflight")
     return parse_table(text)
 
 

@@ -12,7 +12,7 @@ from enum import Enum
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
-from torchforge.variant import CPU, Request, magma_id
+from torchforge.variant import Request, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
 
