@@ -59,3 +59,15 @@ def test_render_default_writes_magma_before_pytorch(tmp_path: Path, capsys: pyte
     lines = capsys.readouterr().out.split()
     assert lines[0].endswith("magma-cuda118-2.6.1-linux_64") and lines[1].endswith("magma-cuda124-2.6.1-linux_64")
     assert len(lines) == 8 and all((Path(p) / "recipe.yaml").is_file() for p in lines)
+
+
+def test_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "--bogus"]) == 2
+    assert "No such option: --bogus" in capsys.readouterr().err
+
+
+def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "[/x]").mkdir()
+    (tmp_path / "[/x]" / "pytorch-2.5.1-cpu-py311-linux_64").mkdir()
+    assert main(["render", "--cuda", "cpu", "--py", "3.11", "--out", str(tmp_path / "[/x]")]) == 2
+    assert f"already exist in {tmp_path / '[/x]'}" in capsys.readouterr().err
