@@ -13,6 +13,7 @@ import pytest
 
 from tests.stubchannel import make_stub_channel, recipe_requirements
 from torchforge.cli import main
+from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, plan, render_files
 from torchforge.variant import Options, Selection
@@ -72,8 +73,9 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     prefix = tmp_path / "prefix"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
     extension = next((prefix / "lib" / "python3.11" / "site-packages" / "torch").glob("_C*.so"))
-    dynamic = subprocess.run(["readelf", "-d", str(extension)], capture_output=True, text=True, check=True).stdout
-    assert "(RPATH)" in dynamic and "$ORIGIN/lib" in dynamic  # the recipe's patchelf loop, DT_RPATH forced
+    info = read_elf(extension)
+    assert info is not None and not info.runpath  # the recipe's patchelf loop forces DT_RPATH
+    assert "$ORIGIN/lib" in info.rpath
     result = subprocess.run([str(prefix / "bin" / "python"), "-c",
                              "import torch; print(torch.ones_sum(3), torch.__version__, torch.__file__)"],
                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
