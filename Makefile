@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test goldens bench clean
+.PHONY: help venv demo demo-repack test goldens bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -21,6 +21,17 @@ venv: $(STAMP)  ## create .venv and install torchforge with its test dependencie
 demo: $(STAMP)  ## the main job on the embedded default: render the default recipes into ./recipes, print the variant table
 	$(BIN)/torchforge matrix
 	$(BIN)/torchforge render --out recipes --force
+	$(MAKE) --no-print-directory demo-repack
+
+DEMO := .cache/demo
+demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forge-channel, install it with py-rattler, import it
+	$(BIN)/pip download torch==2.13.0 --no-deps --quiet -d $(DEMO)/wheels
+	$(BIN)/torchforge repack $(DEMO)/wheels/torch-2.13.0*.whl --out forge-channel --replace
+	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-py3.11_cpu_0.conda
+	test -x $(DEMO)/py/bin/python || ($(BIN)/python -m venv $(DEMO)/py && $(DEMO)/py/bin/pip install --quiet typing_extensions sympy networkx jinja2 filelock fsspec numpy)
+	rm -rf $(DEMO)/env
+	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"
+	PYTHONPATH=$(DEMO)/env/lib/python3.11/site-packages $(DEMO)/py/bin/python -c "import torch; print(torch.__version__, torch.__file__); print('torch.ones(3).sum() =', torch.ones(3).sum().item())"
 
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests

@@ -342,3 +342,26 @@ def repack(
         except FileExistsError as exc:
             raise UsageError(f"{exc} is already in the channel", "pass --replace to overwrite it") from None
     return RepackResult(published, published.stat().st_size, time.perf_counter() - start, report, depends)
+
+
+def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:
+    """Install the newest `name` from a local channel into a fresh `prefix` with py-rattler, without its
+    dependencies (an offline forge channel has no python, sympy ...); returns the prefix's site-packages."""
+    import asyncio
+
+    import rattler
+
+    repodata = channel / SUBDIR / "repodata.json"
+    if not repodata.is_file():
+        raise UsageError(f"{channel} has no {SUBDIR}/repodata.json", "run `torchforge repack WHEEL --out CHANNEL` first")
+    repo = rattler.SparseRepoData(rattler.Channel(str(channel.resolve())), SUBDIR, repodata)
+    records = sorted(repo.load_records(rattler.PackageName(name)), key=lambda r: (r.version, r.build_number))
+    if not records:
+        raise UsageError(f"no {name} package in {channel}", "run `torchforge repack WHEEL --out CHANNEL` first")
+    if prefix.exists() and any(prefix.iterdir()):
+        raise UsageError(f"{prefix} is not empty", "give a new folder for the prefix")
+    asyncio.run(rattler.install([records[-1]], target_prefix=prefix.resolve(), show_progress=False))
+    found = sorted(prefix.glob("lib/python3*/site-packages"))
+    if not found:
+        raise UsageError(f"{name} installed no site-packages into {prefix}")
+    return found[0]
