@@ -22,6 +22,7 @@ from torchforge.preflight import report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.proc import Runner
 from torchforge.render import plan
+from torchforge.wheelbuild import build_wheels
 
 
 def print_plan(steps: list[Step]) -> None:
@@ -78,15 +79,14 @@ def register(app: typer.Typer) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
-        if fmt == "wheel":
-            from torchforge.wheelbuild import build_wheels
-
-            selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug,
-                                             jetson, env, gcc, source, magma_source)
-            build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None), jobs=jobs)
-            return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source)
+        if fmt == "wheel":
+            wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
+                                  jobs=jobs, force=force, on_event=note)
+            for wheel in wheels:
+                out.print(str(wheel))
+            return
         render_plan = plan(selection)
         for variant in render_plan.variants:
             for message in variant.warnings:
