@@ -11,6 +11,7 @@ from rich.table import Table
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner
+from torchforge.repack import DEFAULT_ZSTD_LEVEL
 from torchforge.rpath import AuditReport, Layout, apply_plan, audit, audit_tree, plan_fix, summarize
 
 
@@ -101,7 +102,7 @@ def register(app: typer.Typer) -> None:
         wheels: list[Path] = typer.Argument(..., help="Official torch wheels (.whl)."),
         out_channel: Path = typer.Option(..., "--out", help="Local channel folder to publish into."),
         build_number: int = typer.Option(0, "--build-number", help="Build number (official packages: 0)."),
-        level: int = typer.Option(3, "--zstd-level", help="zstd level for .conda (19 = cph default, ~70x slower)."),
+        level: int = typer.Option(DEFAULT_ZSTD_LEVEL, "--zstd-level", help="zstd level for .conda (19 = cph default, ~18x slower)."),
         replace: bool = typer.Option(False, "--replace", help="Overwrite a package already in the channel."),
     ) -> None:
         """Convert official torch wheels into conda packages (pytorch-X.Y.Z-pyM.m_cpu_0) in a channel."""
