@@ -1,0 +1,96 @@
+"""The pipeline's RPATH step on a built package: untouched when clean, fixed and re-archived when not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conda_package_handling import api as cph
+from rattler.package_streaming import extract
+
+from torchforge.elf import read_elf
+from torchforge.errors import AuditFailedError
+from torchforge.pipeline import _fix_and_audit
+from torchforge.proc import Runner
+from torchforge.rpath import Layout, audit
+
+SITE = "lib/python3.11/site-packages"
+
+
+def _package_with_needed(tmp_path: Path, needed: Path) -> Path:
+    """Like _package, but libfixture.so also needs `needed`, which the package does not ship."""
+    tmp_path.mkdir()
+    # --no-as-needed: Debian's gcc would drop a library no symbol is taken from
+    return _package(tmp_path, "$ORIGIN", link=["-Wl,--no-as-needed", f"-L{needed.parent}", "-lmissing"])
+
+
+def _package(tmp_path: Path, rpath: str | None, link: list[str] | None = None) -> Path:
+    """A conda package with torch/lib/libfixture.so (built by gcc) carrying `rpath`."""
+    stage = tmp_path / "stage"
+    lib = stage / SITE / "torch" / "lib"
+    lib.mkdir(parents=True)
+    (tmp_path / "f.c").write_text("int fixture(void) { return 42; }\n")
+    flags = [f"-Wl,-rpath,{rpath}", "-Wl,--disable-new-dtags"] if rpath else []
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libfixture.so"), str(tmp_path / "f.c"), *flags,
+                    *(link or [])], check=True)
+    relative = f"{SITE}/torch/lib/libfixture.so"
+    data = (stage / relative).read_bytes()
+    (stage / "info").mkdir()
+    (stage / "info" / "index.json").write_text(json.dumps({
+        "name": "pytorch", "version": "2.9.0", "build": "py3.11_cpu_0", "build_number": 0, "depends": [],
+        "subdir": "linux-64", "platform": "linux", "arch": "x86_64", "timestamp": int(time.time() * 1000)}))
+    (stage / "info" / "paths.json").write_text(json.dumps({"paths_version": 1, "paths": [
+        {"_path": relative, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+         "size_in_bytes": len(data)}]}))
+    (stage / "info" / "files").write_text(relative + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    cph.create(str(stage), [relative, "info/index.json", "info/paths.json", "info/files"],
+               "pytorch-2.9.0-py3.11_cpu_0.conda", out_folder=str(out))
+    return out / "pytorch-2.9.0-py3.11_cpu_0.conda"
+
+
+def test_a_clean_package_is_left_untouched(tmp_path: Path) -> None:
+    package = _package(tmp_path, "$ORIGIN:$ORIGIN/../../../..")
+    before = package.read_bytes()
+    assert _fix_and_audit(package, Runner()) == package
+    assert package.read_bytes() == before
+
+
+def test_a_build_machine_rpath_is_fixed_and_paths_json_follows(tmp_path: Path) -> None:
+    package = _package(tmp_path, "/usr/local/cuda/lib64")
+    assert not audit(package, Layout.CONDA).ok
+    _fix_and_audit(package, Runner())
+    assert audit(package, Layout.CONDA).ok
+    tree = tmp_path / "check"
+    extract(str(package), str(tree))
+    library = tree / SITE / "torch" / "lib" / "libfixture.so"
+    assert "/usr/local/cuda" not in (read_elf(library).rpath or "")
+    entry = json.loads((tree / "info" / "paths.json").read_text())["paths"][0]
+    assert entry["sha256"] == hashlib.sha256(library.read_bytes()).hexdigest()
+    assert entry["size_in_bytes"] == library.stat().st_size
+
+
+def test_dry_run_prints_the_patchelf_commands_and_never_rewrites(tmp_path: Path) -> None:
+    package = _package(tmp_path, "/usr/local/cuda/lib64")
+    before = package.read_bytes()
+    runner = Runner(dry_run=True)
+    _fix_and_audit(package, runner)
+    assert package.read_bytes() == before
+    assert any("--set-rpath" in command.argv for command in runner.history)
+
+
+def test_a_library_that_cannot_be_resolved_fails_the_step(tmp_path: Path) -> None:
+    (tmp_path / "g.c").write_text("int g(void) { return 1; }\n")
+    # relink with a dependency that exists nowhere in the package or the environment layout
+    missing = tmp_path / "libmissing.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(missing), str(tmp_path / "g.c")], check=True)
+    broken = _package_with_needed(tmp_path / "b", missing)
+    before = broken.read_bytes()
+    with pytest.raises(AuditFailedError):
+        _fix_and_audit(broken, Runner())
+    assert broken.read_bytes() == before
