@@ -147,9 +147,10 @@ def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -
     else:
         argvs = [[sys.executable, "-c", CONCURRENT, str(chan), *map(str, g)] for g in groups]
     procs = [subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
+    # Wait for both before asserting, so a failure never leaves a process running behind the test.
+    outcomes = [(proc.communicate(timeout=300)[1], proc.returncode) for proc in procs]
+    for err, returncode in outcomes:
+        assert returncode == 0, err
     listed = _repodata_files(chan, "linux-64")
     assert sorted(listed) == sorted(f"pkg{i}-1.0-h0_0.conda" for i in range(6))
     assert not list((chan / "linux-64").glob(".partial-*"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,15 +37,35 @@ def locked(channel: Path, timeout: float = 600) -> Iterator[None]:
         yield
 
 
+# py-rattler's index_fs has been seen to crash the interpreter (SIGSEGV) after several calls in one process;
+# indexing in a short-lived child keeps such a crash from taking the caller down, and the index is idempotent,
+# so a crashed attempt is simply run again.
+_INDEX_ATTEMPTS = 3
+
+
 def index(channel: Path) -> None:
-    """Write repodata.json for every subdir. Caller should hold `locked(channel)`."""
+    """Write repodata.json for every subdir, in a child process. Caller should hold `locked(channel)`."""
+    from torchforge.errors import ToolFailedError
+    from torchforge.proc import Command, Runner
+
+    command = Command(argv=(sys.executable, "-m", "torchforge.localchannel", str(channel)))
+    for attempt in range(1, _INDEX_ATTEMPTS + 1):
+        result = Runner().run(command, check=False)
+        if result.returncode == 0:
+            return
+        if result.returncode > 0 or attempt == _INDEX_ATTEMPTS:
+            raise ToolFailedError(f"indexing {channel} failed (exit status {result.returncode})",
+                                  "check that the channel folder is writable and its archives are readable",
+                                  tail=result.output[-4000:])
+
+
+def _index_here(channel: Path) -> None:
     from rattler import index as rattler_index
 
     (channel / "noarch").mkdir(parents=True, exist_ok=True)
     asyncio.run(rattler_index.index_fs(channel, write_zst=False, write_shards=False, force=True))
     # index_fs leaves a scratch folder behind; it is not part of the channel.
     shutil.rmtree(channel / ".tmp", ignore_errors=True)
-
 
 
 def archives(channel: Path) -> Iterator[Path]:
@@ -115,3 +136,7 @@ def unpublish(channel: Path, subdir: str, filename: str) -> bool:
         target.unlink()
         index(channel)
         return True
+
+
+if __name__ == "__main__":
+    _index_here(Path(sys.argv[1]))
