@@ -26,7 +26,6 @@ import re
 import shutil
 import sys
 import tempfile
-import tomllib
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,11 +33,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
+from torchforge.data import data_text, parse_toml
 from torchforge.elf import ElfInfo, ElfReadError, iter_tree, maybe_elf, read_elf
-from torchforge.errors import AuditFailedError, ToolFailedError, ToolMissingError, UsageError
+from torchforge.errors import (
+    AuditFailedError,
+    ToolFailedError,
+    ToolMissingError,
+    UsageError,
+)
 from torchforge.proc import Command, Runner
 
 ORIGIN_TOKENS = ("$ORIGIN", "${ORIGIN}")
@@ -91,7 +95,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 @lru_cache(maxsize=1)
 def rules() -> Rules:
-    data = tomllib.loads(resources.files("torchforge").joinpath("data", "rpath.toml").read_text(encoding="utf-8"))
+    data = parse_toml(data_text("rpath"), "torchforge/data/rpath.toml")
     return Rules(
         system=frozenset(data["system"]["libraries"]),
         build_prefixes=tuple(data["build_paths"]["prefixes"]),
