@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 import tomllib
@@ -36,6 +35,7 @@ from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
 from torchforge.rpath import AuditReport, Layout, fix_and_audit
 from torchforge.wheel import WheelName, write_record
+from torchforge.wheelzip import extract_wheel
 
 SUBDIR = "linux-64"
 PREFIX_PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
@@ -240,31 +240,6 @@ class RepackResult:
     depends: tuple[str, ...]
 
 
-def _unzip(wheel: Path, dest: Path) -> None:
-    """Extract with one worker per core: zlib releases the GIL, and the torch wheel is 700 MB unpacked."""
-    with zipfile.ZipFile(wheel) as zf:
-        members = [m for m in zf.infolist() if not m.is_dir()]
-    for member in members:
-        (dest / member.filename).parent.mkdir(parents=True, exist_ok=True)
-    workers = os.cpu_count() or 1
-    # Deal members round-robin by size so each worker gets a share of the big libraries.
-    members.sort(key=lambda m: -m.file_size)
-    shares = [members[i::workers] for i in range(workers)]
-
-    def work(share: list[zipfile.ZipInfo]) -> None:
-        with zipfile.ZipFile(wheel) as zf:
-            for member in share:
-                target = dest / member.filename
-                with zf.open(member) as src, target.open("wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                mode = (member.external_attr >> 16) & 0o777
-                if mode:
-                    target.chmod(mode)
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(work, shares))
-
-
 def build_archive(
     wheel: Path,
     out_folder: Path,
@@ -289,7 +264,7 @@ def build_archive(
         site = stage / "lib" / f"python{meta.python}" / "site-packages"
         site.mkdir(parents=True)
         step("unpacking")
-        _unzip(wheel, site)
+        extract_wheel(wheel, site)
         dist = next(site.glob("*.dist-info"))
         (dist / "INSTALLER").write_text("conda\n")
         (dist / "REQUESTED").unlink(missing_ok=True)

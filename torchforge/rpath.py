@@ -26,7 +26,6 @@ import re
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ from torchforge.errors import (
     UsageError,
 )
 from torchforge.proc import Command, Runner
+from torchforge.wheelzip import extract_wheel
 
 ORIGIN_TOKENS = ("$ORIGIN", "${ORIGIN}")
 
@@ -368,13 +368,7 @@ def unpacked(path: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="torchforge-audit-") as tmp:
         dest = Path(tmp) / "pkg"
         if name.endswith(".whl"):
-            with zipfile.ZipFile(path) as zf:
-                zf.extractall(dest)
-                # zipfile drops the executable bit; ELF reading does not care, but keep modes honest.
-                for member in zf.infolist():
-                    mode = member.external_attr >> 16
-                    if mode & 0o111:
-                        (dest / member.filename).chmod(mode & 0o777)
+            extract_wheel(path, dest)
         else:
             from conda_package_handling import api as cph
 

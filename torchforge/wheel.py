@@ -22,6 +22,7 @@ from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.errors import UsageError
 from torchforge.proc import Runner
 from torchforge.rpath import Layout, fix_and_audit
+from torchforge.wheelzip import extract_wheel
 
 _WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-(?P<build>\d[^-]*))?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
 
@@ -133,12 +134,7 @@ def repair(
         raise UsageError(f"{wheel.name} is not a Linux wheel", "wheel repair handles linux_* and manylinux* wheels")
     with tempfile.TemporaryDirectory(prefix="torchforge-wheel-") as tmp:
         root = Path(tmp) / "w"
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(root)
-            for member in zf.infolist():
-                mode = member.external_attr >> 16
-                if mode & 0o777:
-                    (root / member.filename).chmod(mode & 0o777)
+        extract_wheel(wheel, root)
         fix_and_audit(root, layout, runner, bundle=bundle, nvidia_era=nvidia_era)
         arch = name.platform.split("_", 1)[1] if name.platform.startswith("linux_") else name.platform.rsplit("_", 2)[-1]
         arch = "x86_64" if "x86_64" in name.platform else ("aarch64" if "aarch64" in name.platform else arch)

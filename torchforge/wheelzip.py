@@ -1,0 +1,38 @@
+"""Extracting a wheel (a zip) with its file modes: zipfile's extractall drops them, and executables and
+shared libraries must keep their bits. One worker per core: zlib releases the GIL, and the torch wheel is
+700 MB unpacked. Used by the RPATH audit, wheel repair and repack alike.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def extract_wheel(wheel: Path, dest: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        entries = zf.infolist()
+    members = [m for m in entries if not m.is_dir()]
+    for entry in entries:
+        folder = dest / entry.filename if entry.is_dir() else (dest / entry.filename).parent
+        folder.mkdir(parents=True, exist_ok=True)
+    workers = os.cpu_count() or 1
+    # Deal members round-robin by size so each worker gets a share of the big libraries.
+    members.sort(key=lambda m: -m.file_size)
+    shares = [members[i::workers] for i in range(workers)]
+
+    def work(share: list[zipfile.ZipInfo]) -> None:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in share:
+                target = dest / member.filename
+                with zf.open(member) as src, target.open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                mode = (member.external_attr >> 16) & 0o777
+                if mode:
+                    target.chmod(mode)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(work, shares))
