@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from torchforge.data import FrozenModel
 from torchforge import __version__
+from torchforge.data import FrozenModel, data_text
 from torchforge.errors import DataError, UsageError
 from torchforge.render import RenderPlan
 from torchforge.resolve import MagmaPlan, Variant
@@ -119,7 +118,7 @@ _REQUIRED_ACTIONS = ("checkout", "setup-python", "cache-restore", "cache-save", 
 @cache
 def load_data() -> CiData:
     """torchforge/data/ci.toml, loaded and checked once."""
-    text = resources.files("torchforge").joinpath("data", "ci.toml").read_text(encoding="utf-8")
+    text = data_text("ci")
     try:
         data = CiData.model_validate(tomllib.loads(text))
     except (tomllib.TOMLDecodeError, ValidationError) as exc:

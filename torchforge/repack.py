@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 from packaging.markers import default_environment
@@ -30,6 +29,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from torchforge import __version__, localchannel
+from torchforge.data import data_text
 from torchforge.elf import iter_tree
 from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
@@ -56,7 +56,7 @@ class Mapping:
 
 @lru_cache(maxsize=1)
 def pypi_to_conda() -> Mapping:
-    data = tomllib.loads(resources.files("torchforge").joinpath("data", "pypi_to_conda.toml").read_text(encoding="utf-8"))
+    data = tomllib.loads(data_text("pypi_to_conda"))
     return Mapping(
         names={canonicalize_name(k): v for k, v in data["names"].items()},
         drop=frozenset(canonicalize_name(n) for n in data["drop"]["names"]),
