@@ -12,8 +12,8 @@ class CondaBuildEngine:
     recipe_format = RecipeFormat.CONDA_BUILD
 
     def available(self) -> bool:
-        # `conda build` is a conda subcommand provided by the conda-build package.
-        return which("conda-build") is not None or (which("conda") is not None and which("conda-build") is not None)
+        # `conda build` is a conda subcommand provided by the conda-build package: both must be there.
+        return which("conda") is not None and which("conda-build") is not None
 
     def command(self, job: BuildJob) -> Command:
         argv = ["conda", "build", str(job.recipe_dir)]
