@@ -20,7 +20,7 @@ def make_package(
     out_dir: Path,
     name: str = "hello",
     version: str = "1.0",
-    build: str = "h0_0",
+    build: str = "py3.11_cpu_0",  # official-style: the dot is what strict MatchSpec parsing rejects
     subdir: str = "linux-64",
     depends: Sequence[str] = (),
     fmt: str = ".conda",

@@ -16,7 +16,7 @@ from torchforge.upload import inspect_archive
 pytestmark = [pytest.mark.slow, pytest.mark.network_services]
 
 TOKEN = "tf-secret-token-3f9a1c7e55"
-BASENAME = "linux-64/hello-1.0-h0_0.conda"
+BASENAME = "linux-64/hello-1.0-py3.11_cpu_0.conda"
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +86,7 @@ def test_success_with_labels_and_verification(env: Env, server: FakeAnacondaServ
     assert dist is not None
     local = inspect_archive(pkg)
     assert (dist.sha256, dist.size, dist.labels) == (local.sha256, local.size, ["rc", "main"])
-    assert "hello-1.0-h0_0.conda" in result.stdout and "uploaded" in result.stdout
+    assert "hello-1.0-py3.11_cpu_0.conda" in result.stdout and "uploaded" in result.stdout
     assert f"verified: listed tester/hello/1.0/{BASENAME} sha256 {local.sha256[:12]}" in result.stdout
     # The command is shown with the token masked; telemetry is off; the token is not on the command line.
     shown = next(line for line in result.stderr.splitlines() if line.startswith("$ ") and " upload " in line)

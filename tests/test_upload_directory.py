@@ -47,17 +47,17 @@ def test_upload_from_output_then_solve_and_install(tmp_path: Path) -> None:
     chan = tmp_path / "chan"
     result = cli("upload", "--from", str(out), "--to", chan.as_uri())
     assert result.returncode == 0, result.stderr
-    assert "hello-1.0-h0_0.conda" in result.stdout and "uploaded" in result.stdout
+    assert "hello-1.0-py3.11_cpu_0.conda" in result.stdout and "uploaded" in result.stdout
     assert "(solved with dependencies from the channel)" in result.stdout
-    listed = _repodata_files(chan, "linux-64")["hello-1.0-h0_0.conda"]
-    local = inspect_archive(out / "linux-64" / "hello-1.0-h0_0.conda")
+    listed = _repodata_files(chan, "linux-64")["hello-1.0-py3.11_cpu_0.conda"]
+    local = inspect_archive(out / "linux-64" / "hello-1.0-py3.11_cpu_0.conda")
     assert (listed["sha256"], listed["size"]) == (local.sha256, local.size)
-    assert "world-1.0-h0_0.tar.bz2" in _repodata_files(chan, "noarch")
+    assert "world-1.0-py3.11_cpu_0.tar.bz2" in _repodata_files(chan, "noarch")
     prefix = _solve_install(chan.as_uri(), "hello", tmp_path)
     assert (prefix / "share" / "hello" / "hello.txt").read_text() == "hello from hello 1.0\n"
     assert (prefix / "share" / "world" / "hello.txt").is_file()
     # Published files are readable by others (a web server serving the channel).
-    assert (chan / "linux-64" / "hello-1.0-h0_0.conda").stat().st_mode & 0o044 == 0o044
+    assert (chan / "linux-64" / "hello-1.0-py3.11_cpu_0.conda").stat().st_mode & 0o044 == 0o044
 
 
 def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
 
     again = cli("upload", "--from", str(out), "--to", chan.as_uri())
     assert again.returncode == 7
-    assert "hello-1.0-h0_0.conda already exists" in again.stderr
+    assert "hello-1.0-py3.11_cpu_0.conda already exists" in again.stderr
     assert "--skip-existing" in again.stderr and "--force" in again.stderr
 
     skipped = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--skip-existing")
@@ -80,7 +80,7 @@ def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
     forced = cli("upload", str(new), "--to", chan.as_uri(), "--force")
     assert forced.returncode == 0, forced.stderr
     assert "replaced" in forced.stdout
-    listed = _repodata_files(chan, "linux-64")["hello-1.0-h0_0.conda"]
+    listed = _repodata_files(chan, "linux-64")["hello-1.0-py3.11_cpu_0.conda"]
     assert listed["sha256"] == inspect_archive(new).sha256
 
     both = cli("upload", str(new), "--to", chan.as_uri(), "--force", "--skip-existing")
@@ -89,11 +89,11 @@ def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
 
 def test_corrupt_and_misplaced_archives_are_refused(tmp_path: Path) -> None:
     good = make_package(tmp_path / "linux-64", name="good")
-    truncated = tmp_path / "linux-64" / "trunc-1.0-h0_0.conda"
+    truncated = tmp_path / "linux-64" / "trunc-1.0-py3.11_cpu_0.conda"
     data = make_package(tmp_path / "src" / "linux-64", name="trunc").read_bytes()
     truncated.write_bytes(data[: len(data) // 2])
     misplaced = make_package(tmp_path / "osx-arm64", name="mis")  # built for linux-64
-    renamed = tmp_path / "linux-64" / "other-1.0-h0_0.tar.bz2"
+    renamed = tmp_path / "linux-64" / "other-1.0-py3.11_cpu_0.tar.bz2"
     renamed.write_bytes(make_package(tmp_path / "src2" / "linux-64", name="orig", fmt=".tar.bz2").read_bytes())
     chan = tmp_path / "chan"
 
@@ -109,7 +109,7 @@ def test_corrupt_and_misplaced_archives_are_refused(tmp_path: Path) -> None:
         result = cli("upload", str(good), str(bad), "--to", chan.as_uri())
         assert result.returncode == 2, (bad, result.stderr)
         assert words in result.stderr.replace("\n", " ") or words in result.stderr
-        assert not (chan / "linux-64" / "good-1.0-h0_0.conda").exists()
+        assert not (chan / "linux-64" / "good-1.0-py3.11_cpu_0.conda").exists()
 
 
 def test_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     chan = tmp_path / "chan"
     result = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert f"[dry-run] copy {out / 'linux-64' / 'hello-1.0-h0_0.conda'} -> {chan / 'linux-64'}" in result.stderr
+    assert f"[dry-run] copy {out / 'linux-64' / 'hello-1.0-py3.11_cpu_0.conda'} -> {chan / 'linux-64'}" in result.stderr
     assert not chan.exists()
 
 
@@ -152,7 +152,7 @@ def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -
     for err, returncode in outcomes:
         assert returncode == 0, err
     listed = _repodata_files(chan, "linux-64")
-    assert sorted(listed) == sorted(f"pkg{i}-1.0-h0_0.conda" for i in range(6))
+    assert sorted(listed) == sorted(f"pkg{i}-1.0-py3.11_cpu_0.conda" for i in range(6))
     assert not list((chan / "linux-64").glob(".partial-*"))
     from rattler import Gateway, solve
 
@@ -167,23 +167,23 @@ def test_labels_and_promote(tmp_path: Path) -> None:
     up = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--label", "rc")
     assert up.returncode == 0, up.stderr
     assert "install from " + (chan / "label" / "rc").as_uri() in up.stdout
-    assert "hello-1.0-h0_0.conda" in _repodata_files(chan / "label" / "rc", "linux-64")
+    assert "hello-1.0-py3.11_cpu_0.conda" in _repodata_files(chan / "label" / "rc", "linux-64")
     assert not (chan / "linux-64").exists()
 
     dry = cli("promote", "--to", chan.as_uri(), "--from-label", "rc", "--label", "main", "hello", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert "would be copied: linux-64/hello-1.0-h0_0.conda rc -> main" in dry.stdout
+    assert "would be copied: linux-64/hello-1.0-py3.11_cpu_0.conda rc -> main" in dry.stdout
     assert not (chan / "linux-64").exists()
 
     copied = cli("promote", "--to", chan.as_uri(), "--from-label", "rc", "--label", "main", "hello/1.0")
     assert copied.returncode == 0, copied.stderr
-    assert "copied: linux-64/hello-1.0-h0_0.conda rc -> main" in copied.stdout
-    assert "hello-1.0-h0_0.conda" in _repodata_files(chan, "linux-64")
-    assert "hello-1.0-h0_0.conda" in _repodata_files(chan / "label" / "rc", "linux-64")
+    assert "copied: linux-64/hello-1.0-py3.11_cpu_0.conda rc -> main" in copied.stdout
+    assert "hello-1.0-py3.11_cpu_0.conda" in _repodata_files(chan, "linux-64")
+    assert "hello-1.0-py3.11_cpu_0.conda" in _repodata_files(chan / "label" / "rc", "linux-64")
 
     moved = cli("promote", "--to", chan.as_uri(), "--from-label", "rc", "--move")
     assert moved.returncode == 0, moved.stderr
-    assert "world-1.0-h0_0.tar.bz2" in _repodata_files(chan, "noarch")
+    assert "world-1.0-py3.11_cpu_0.tar.bz2" in _repodata_files(chan, "noarch")
     assert _repodata_files(chan / "label" / "rc", "linux-64") == {}
     assert _repodata_files(chan / "label" / "rc", "noarch") == {}
 

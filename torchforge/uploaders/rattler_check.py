@@ -11,13 +11,25 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchforge.errors import UploadFailedError
 from torchforge.upload import Archive
 
+if TYPE_CHECKING:
+    from rattler import MatchSpec
 
-def _spec(archive: Archive) -> str:
-    return f"{archive.name} =={archive.version} {archive.build}"
+
+def _spec(archive: Archive) -> MatchSpec:
+    """An exact spec for one archive, as a py-rattler object.
+
+    The gateway and solver parse *strings* strictly, and strict parsing rejects the dot of every official
+    pytorch build string (`py3.11_cpu_0`); a MatchSpec object built from the archive's own fields is
+    matched as is.
+    """
+    from rattler import MatchSpec
+
+    return MatchSpec(f"{archive.name}[version='=={archive.version}', build='{archive.build}']")
 
 
 def _query(channel_url: str, archives: Sequence[Archive], platforms: list[str], cache: Path) -> dict[str, object]:
