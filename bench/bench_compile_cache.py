@@ -21,48 +21,18 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from bench import Row
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "torch_heavy"
-VENV_CONDA = ROOT / ".venv-conda"
 PYTHONS = "3.10,3.11,3.12"
 
 
 def _env() -> tuple[tuple[str, str], ...]:
     return (("TORCH_HEAVY_TUS", os.environ.get("TORCH_HEAVY_TUS", "120")), ("TORCH_HEAVY_CUDA_ARCHS", "80"),
             ("TORCH_HEAVY_CUDA_TUS", "8"))
-
-
-@contextmanager
-def _conda_build_on_path(tmp: Path) -> Iterator[bool]:
-    """Put the vendored conda-build of .venv-conda on PATH the way its README says (offline, rattler solver)."""
-    from torchforge.engines.conda_build import CondaBuildEngine
-
-    if CondaBuildEngine().available():
-        yield True
-        return
-    if not (VENV_CONDA / "bin" / "conda-build").is_file():
-        yield False
-        return
-    shim = tmp / "conda-shim"
-    shim.mkdir()
-    (shim / "conda").write_text(f'#!/bin/sh\nexec "{VENV_CONDA / "bin" / "python"}" -m conda "$@"\n')
-    (shim / "conda").chmod(0o755)
-    (shim / "conda-build").symlink_to(VENV_CONDA / "bin" / "conda-build")
-    (tmp / "condarc").write_text("channels: []\noffline: true\nsolver: rattler\n")
-    saved = dict(os.environ)
-    os.environ.update({"PATH": f"{shim}:{os.environ['PATH']}", "CONDA_SOLVER": "rattler", "CONDA_OFFLINE": "true",
-                       "CONDARC": str(tmp / "condarc"), "CONDA_PKGS_DIRS": str(tmp / "conda-pkgs")})
-    try:
-        yield True
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
@@ -102,6 +72,7 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
 
 def run() -> list[Row]:
     sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
+    from tests import vendored_conda
     from tests.stubchannel import make_stub_channel, recipe_requirements
     from torchforge.recipe import pytorch_context
     from torchforge.render import RecipeFormat, plan, render_files
@@ -115,9 +86,7 @@ def run() -> list[Row]:
         stubs = tmp / "stubs"
         make_stub_channel(stubs, [*specs, "pip"], python_alias=True)
         rows = _engine_rows("rattler-build", stubs, tmp)
-        with _conda_build_on_path(tmp) as available:
-            if available:
-                rows += _engine_rows("conda-build", stubs, tmp)
-            else:
-                rows.append(Row("compile cache", "conda-build", "-", "no conda-build here (see ../shared/vendor/README.md)"))
-        return rows
+        if not vendored_conda.available():
+            return rows + [Row("compile cache", "conda-build", "-", "no conda-build here (see ../shared/vendor/README.md)")]
+        with vendored_conda.on_path(tmp):
+            return rows + _engine_rows("conda-build", stubs, tmp)

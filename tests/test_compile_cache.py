@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import marshal
+import os
 from pathlib import Path
 from types import CodeType
 
@@ -197,3 +198,51 @@ def test_a_cached_build_has_the_payload_of_an_uncached_one(cached: tuple[Path, l
     first = payload(extract(out / "linux-64" / "pytorch-2.9.0-py3.10_cpu_0.conda", tmp_path / "first"))
     library = f"{SITE}/torch/lib/libtorch_heavy.so"
     assert without_build_id(first[library]) == without_build_id(warm[library])
+
+
+@pytest.mark.slow
+def test_conda_build_engine_reuses_the_objects_too(stubs: Path, tmp_path: Path) -> None:
+    from tests import vendored_conda
+    from torchforge.engines.conda_build import CondaBuildEngine
+
+    if not vendored_conda.available():
+        pytest.skip("no conda-build: create .venv-conda as ../shared/vendor/README.md says")
+    with vendored_conda.on_path(tmp_path):
+        engine = CondaBuildEngine()
+        settings = BuildSettings(out=tmp_path / "channel", channels=(f"file://{stubs}",))
+        first, second = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
+    assert first.ok and second.ok, first.error + second.error
+    assert first.cache is not None and second.cache is not None and first.cache.hits == 0
+    assert [Path(f).name for f in second.cache.missed_files] == ["module.cpp"]
+    assert second.cache.hits == first.cache.calls - 1
+
+
+@pytest.mark.slow
+def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "channel"
+    argv = [sys.executable, "-m", "torchforge.cli", "build", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11",
+            "--source", str(FIXTURE), "--env", "TORCH_HEAVY_TUS=8", "--out", str(out), "--channel", f"file://{stubs}",
+            "--skip-preflight", "--engine", "rattler-build"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    def stored() -> int:  # ccache logs a call after storing its result
+        return sum(read_stats(log).misses for log in out.glob(".staging-*/ccache-stats.log"))
+
+    deadline = time.monotonic() + 600
+    while stored() < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "the build ended before it could be interrupted"
+    os.killpg(process.pid, signal.SIGKILL)  # the build's own process group: torchforge, engine, compilers
+    process.wait()
+    assert not list(out.glob("linux-64/*.conda"))
+    engine = RattlerBuildEngine()
+    settings = BuildSettings(out=out, channels=(f"file://{stubs}",))
+    sel = Selection.from_flags("2.9.0", "cpu", "3.11", None,
+                               Options(source=str(FIXTURE), extra_env=(("TORCH_HEAVY_TUS", "8"),)))
+    (rerun,) = Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+    assert rerun.ok, rerun.error
+    assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill
