@@ -25,7 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.recipe import RecipeContext
@@ -118,12 +118,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 @dataclass(frozen=True)
 class CompileCache:
-    """The cache of one group: ROOT/<key>/ holds ccache's files and key.json (what the key stands for)."""
+    """The cache of one group: ROOT/<key>/ holds ccache's files and key.json."""
 
     root: Path
     key: str
     ccache: str
-    members: tuple[str, ...] = field(default=())  # the variant ids sharing it, in build order
 
     @property
     def directory(self) -> Path:
@@ -131,8 +130,7 @@ class CompileCache:
 
     def prepare(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.directory / "key.json",
-                      json.dumps({"key": self.key, "members": list(self.members)}, indent=2) + "\n")
+        _write_atomic(self.directory / "key.json", json.dumps({"key": self.key, "ccache": self.ccache}, indent=2) + "\n")
 
     def build_env(self, base_dir: Path, stats_log: Path) -> dict[str, str]:
         """Variables for one build: the launchers, and a ccache config of its own (cache, base_dir, stats)."""
