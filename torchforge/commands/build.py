@@ -101,6 +101,8 @@ def register(app: typer.Typer) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
+        if no_cache and cache is not None:
+            raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source)
         if fmt == "wheel":
@@ -131,8 +133,6 @@ def register(app: typer.Typer) -> None:
             magma_only=magma_only, patches=tuple(patch or ()), extra_env=extra_env,
             use_cache=not no_cache, cache_root=cache,
         )
-        if no_cache and cache is not None:
-            raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         steps = plan_steps(render_plan, chosen, settings)
         print_plan(steps, settings.compile_cache_root if settings.use_cache else None)
         runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
