@@ -64,6 +64,15 @@ class CudaBuild(FrozenModel):
     conda_arch: str | None = None
     conda_arch_win: str | None = None
     wheel_arch: str | None = None
+    runtime_upper: str | None = None  # overrides cuda.toml's bound where the release's scripts used another
+    conda_platforms: tuple[str, ...] | None = None  # subdirs of the official conda build (None: linux-64 and win-64)
+
+
+class PatchFacts(FrozenModel):
+    """Where one patch release differs from its X.Y table."""
+
+    python: tuple[str, str] | None = None
+    cudnn: dict[str, str] = {}
 
 
 class Release(FrozenModel):
@@ -82,6 +91,9 @@ class Release(FrozenModel):
     magma: str | None = None
     triton: str | None = None
     cxx11_abi: bool = False
+    cuda_tag: Literal["xy", "full"] = "xy"  # CUDA in the build string: X.Y, or (<= 1.7) the full toolkit version
+    python_win: tuple[str, str] | None = None  # Windows Python range where it differed
+    patch: dict[str, PatchFacts] = {}
     cuda: dict[str, CudaBuild] = {}
 
 
@@ -98,6 +110,7 @@ class PytorchTable(FrozenModel):
     meta: Meta
     defaults: Defaults
     releases: dict[str, Release]
+    patch_releases: dict[str, tuple[str, ...]] = {}
 
 
 # ---- eras.toml -------------------------------------------------------------------------------------------
@@ -106,10 +119,11 @@ class PytorchTable(FrozenModel):
 class Requirement(FrozenModel):
     spec: str
     python: str | None = None
+    pytorch: str | None = None  # PEP 440 specifier on the PyTorch version, where a patch release changed a pin
     platforms: tuple[str, ...] | None = None
     accel: Literal["cuda", "cpu"] | None = None
 
-    @field_validator("python")
+    @field_validator("python", "pytorch")
     @classmethod
     def _python_is_specifier(cls, value: str | None) -> str | None:
         if value is not None and not versions.is_valid_specifier(value):
@@ -193,6 +207,7 @@ class MagmaTable(FrozenModel):
     package: MagmaPackage
     versions: dict[str, MagmaVersion]
     gencode: dict[str, tuple[str, ...]]
+    published: dict[str, tuple[str, ...]] = {}  # MAGMA version -> CUDA X.Y of the magma-cudaXYZ packages upstream published
 
 
 # ---- fixes.toml ------------------------------------------------------------------------------------------
@@ -347,6 +362,22 @@ def check_invariants(data: Data) -> list[str]:
                 for arch in value.split(";"):
                     if arch.split("+")[0] not in accepted:
                         problems.append(f"{where}.cuda.{cuda_key}.{field}: {arch} is outside what nvcc {cuda_key} accepts")
+    for rel_key, patches in data.pytorch.patch_releases.items():
+        if rel_key not in data.pytorch.releases:
+            problems.append(f"pytorch.toml patch_releases.{rel_key} names an unknown release")
+        problems.extend(f"pytorch.toml patch_releases.{rel_key}: {p} is not a {rel_key}.Z release"
+                        for p in patches if versions.minor(p) != rel_key)
+    for rel_key, release in data.pytorch.releases.items():
+        listed = data.pytorch.patch_releases.get(rel_key, ())
+        problems.extend(f"pytorch.toml releases.{rel_key}.patch.{p} is not listed in patch_releases.{rel_key}"
+                        for p in release.patch if p not in listed)
+        problems.extend(f"pytorch.toml releases.{rel_key}.patch.{p}.cudnn.{c}: no CUDA {c} build in the release"
+                        for p, facts in release.patch.items() for c in facts.cudnn if c not in release.cuda)
+    for magma_version, cudas in data.magma.published.items():
+        if magma_version not in data.magma.versions:
+            problems.append(f"magma.toml published.{magma_version}: no checksum for MAGMA {magma_version}")
+        problems.extend(f"magma.toml published.{magma_version}: CUDA {c} missing from cuda.toml"
+                        for c in cudas if c not in toolkits)
     for cuda_key in data.magma.gencode:
         if cuda_key not in toolkits:
             problems.append(f"magma.toml gencode.{cuda_key}: CUDA {cuda_key} missing from cuda.toml")

@@ -11,7 +11,7 @@ from enum import Enum
 
 from torchforge import data as tables
 from torchforge import versions
-from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
+from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release, Toolkit
 from torchforge.variant import Request, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
@@ -46,6 +46,11 @@ class MagmaPlan:
     fixes: tuple[AppliedFix, ...]
     warnings: tuple[str, ...]
     source: str | None = None  # --magma-source: a local tree or a mirror of the release tarball
+    published: bool = False  # upstream published this magma-cudaXYZ version (magma.toml [published])
+
+    @property
+    def status(self) -> Status:
+        return Status.OFFICIAL if self.published else Status.BUILDABLE
 
     @property
     def build_string(self) -> str:
@@ -159,6 +164,9 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         warnings.append(
             f"no official magma gencode list for CUDA {cuda}: using CUDA {source_cuda}'s, limited to what nvcc {cuda} accepts"
         )
+    published = cuda in data.magma.published.get(version, ())
+    if not published:
+        warnings.append(f"not official: {data.magma.package.name_prefix}{nodot(cuda)} {version} was never published upstream")
     fixes = _applicable_fixes(data, "magma", pytorch=None, cuda=cuda, magma=version, jetson=None)
     for applied in fixes:
         if applied.fix.manual_patch:
@@ -181,7 +189,24 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         fixes=fixes,
         warnings=tuple(warnings),
         source=source,
+        published=published,
     )
+
+
+def python_range(release: Release, version: str, platform: str) -> tuple[str, str]:
+    """The Python range of one patch release on one platform (patch facts, then Windows', then the X.Y range)."""
+    facts = release.patch.get(version)
+    if facts and facts.python:
+        return facts.python
+    if platform == "win-64" and release.python_win:
+        return release.python_win
+    return release.python
+
+
+def newest_cuda_major(release: Release) -> int | None:
+    """The newest CUDA major the release was built with upstream: its sources predate any newer one."""
+    majors = [versions.parse(c).major for c in release.cuda]
+    return max(majors) if majors else None
 
 
 def _python_hint(data: Data, python: str) -> str:
@@ -239,6 +264,12 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     if release is None:
         known = ", ".join(data.pytorch.releases)
         check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
+        jetson_limit = _jetson_limit_hint(data, request)
+        if jetson_limit:
+            check.refuse(jetson_limit)
+    elif request.pytorch not in data.pytorch.patch_releases.get(release_key, (request.pytorch,)):
+        check.refuse(f"PyTorch {request.pytorch} was never released; {release_key} had "
+                     f"{', '.join(data.pytorch.patch_releases[release_key])}")
     cuda = request.accel if request.is_cuda else None
     toolkit = data.cuda.toolkits.get(cuda) if cuda else None
     if cuda and toolkit is None:
@@ -248,13 +279,25 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # Python range of the release.
     py = versions.parse(request.python)
-    low, high = (versions.parse(v) for v in release.python)
+    py_range = python_range(release, request.pytorch, request.platform)
+    low, high = (versions.parse(v) for v in py_range)
     if request.python in release.python_experimental:
         check.not_official.append(f"Python {request.python} was experimental for PyTorch {release_key}")
     elif not low <= py <= high:
+        where = " on Windows" if py_range == release.python_win and request.platform == "win-64" else ""
+        who = request.pytorch if py_range != release.python and where == "" else release_key
         check.refuse(
-            f"PyTorch {release_key} supports Python {release.python[0]} to {release.python[1]}, not {request.python}; "
+            f"PyTorch {who} supports Python {py_range[0]} to {py_range[1]}{where}, not {request.python}; "
             f"{_python_hint(data, request.python)}"
+        )
+
+    # A CUDA major newer than every build of the release: its sources predate that toolkit.
+    newest_major = newest_cuda_major(release)
+    if cuda and newest_major is not None and versions.parse(cuda).major > newest_major:
+        newest = max(release.cuda, key=versions.parse)
+        check.refuse(
+            f"PyTorch {release_key}'s sources predate CUDA {versions.parse(cuda).major} (its newest upstream build is "
+            f"CUDA {newest}); choose CUDA {newest} or older, or a newer PyTorch"
         )
 
     # CUDA floor of the release.
@@ -294,6 +337,9 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             cudnn = jetson[2].cudnn
         elif build and build.cudnn:
             cudnn, nccl = build.cudnn, build.nccl
+            patch_facts = release.patch.get(request.pytorch)
+            if patch_facts and cuda in patch_facts.cudnn:
+                cudnn = patch_facts.cudnn[cuda]
         else:
             nearest = _nearest_release_value(data, release_key, cuda, "cudnn")
             if nearest:
@@ -320,6 +366,9 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         check.not_official.append(f"PyTorch {release_key} was never published as a conda package (2.5 was the last)")
     if cuda and not (build and build.conda):
         check.not_official.append(f"PyTorch {release_key} had no official conda build for CUDA {cuda}")
+    elif build and build.conda_platforms is not None and platform not in build.conda_platforms:
+        check.not_official.append(
+            f"PyTorch {release_key}'s official CUDA {cuda} conda packages were built for {', '.join(build.conda_platforms)} only")
     if platform not in ("linux-64", "win-64"):
         check.not_official.append(f"official conda packages exist for linux-64 and win-64 only, not {platform}")
     if request.options.arch_list:
@@ -363,13 +412,39 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         cudnn=cudnn,
         nccl=nccl,
         arch_list=arch_list,
-        build_string=build_string(request.python, cuda, cudnn, request.options.build_number, platform,
-                                  debug=request.options.debug),
+        build_string=build_string(request.python, _cuda_tag(release, toolkit, cuda, platform), cudnn,
+                                  request.options.build_number, platform, debug=request.options.debug),
         magma=magma,
         jetson=jetson_key,
         fixes=fixes,
         env=_build_env(data, request, release, cuda, cudnn, arch_list, jetson, fixes),
     )
+
+
+def _cuda_tag(release: Release, toolkit: Toolkit | None, cuda: str | None, platform: str) -> str | None:
+    """The CUDA part of the build string: X.Y, or for <= 1.7 the full version (Linux) / the DLL tag (Windows)."""
+    if cuda is None or toolkit is None or release.cuda_tag == "xy":
+        return cuda
+    return nodot(cuda) if platform == "win-64" else toolkit.full_version
+
+
+def _jetson_limit_hint(data: Data, request: Request) -> str | None:
+    """For a release outside the data on a Jetson profile: the newest release that device and JetPack can build."""
+    key = request.options.jetson
+    device = data.jetson.devices.get(key) if key else None
+    if device is None:
+        return None
+    jetpack = data.jetson.jetpacks[device.jetpack]
+    if jetpack.max_pytorch is None:
+        return None
+    return (f"{device.name} (JetPack {device.jetpack}: CUDA {', '.join(jetpack.cuda)}, Python "
+            f"{', '.join(jetpack.python)}) can build PyTorch {jetpack.max_pytorch} at most; use --pytorch "
+            f"{_newest_patch(data, jetpack.max_pytorch)}")
+
+
+def _newest_patch(data: Data, release_key: str) -> str:
+    patches = data.pytorch.patch_releases.get(release_key)
+    return patches[-1] if patches else f"{release_key}.0"
 
 
 def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Release, check: _Checker) -> None:
@@ -383,6 +458,15 @@ def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Rel
         )
     if release.max_arch and arch_key(base) > arch_key(release.max_arch):
         check.warn(f"PyTorch {release_key}'s arch parser stops at {release.max_arch}; {base} may be rejected at configure time")
+
+
+def _arch_example(data: Data, cuda: str) -> str:
+    """An --arch-list example that nvcc `cuda` accepts (the newest two numeric arches of its window)."""
+    accepted = data.arch_set(cuda)
+    if accepted is None:
+        return ""
+    numeric = sorted((a for a in accepted if not a[-1].isalpha()), key=arch_key)
+    return f", e.g. '{';'.join(numeric[-2:])}'"
 
 
 def _resolve_arch_list(data: Data, request: Request, release_key: str, release: Release, cuda: str | None,
@@ -408,7 +492,7 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
             nearest = (_nearest_release_value(data, release_key, cuda, "conda_arch")
                        or _nearest_release_value(data, release_key, cuda, "wheel_arch"))
             if nearest is None:
-                check.refuse(f"no arch list is known for CUDA {cuda}; pass one with --arch-list, e.g. '8.0;9.0'")
+                check.refuse(f"no arch list is known for CUDA {cuda}; pass one with --arch-list{_arch_example(data, cuda)}")
                 return None
             parts = nearest[1].split(";")
             if release.max_arch:
