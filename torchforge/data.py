@@ -78,6 +78,7 @@ class PatchFacts(FrozenModel):
 class Release(FrozenModel):
     python: tuple[str, str]
     python_experimental: tuple[str, ...] = ()
+    conda_experimental: tuple[str, ...] = ()  # experimental Pythons that still got official conda packages
     cxx_standard: int
     min_gcc: str | None = None
     min_cuda: str | None = None

@@ -78,8 +78,10 @@ class RecipeContext:
         return bool(self.source_edits)
 
 
-def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool) -> bool:
+def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool, pytorch: str | None = None) -> bool:
     if requirement.python and not versions.matches(python, requirement.python):
+        return False
+    if requirement.pytorch and (pytorch is None or not versions.matches(pytorch, requirement.pytorch)):
         return False
     if requirement.platforms is not None and platform not in requirement.platforms:
         return False
@@ -88,8 +90,9 @@ def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool
     return True
 
 
-def _select(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool) -> list[str]:
-    return [r.spec for r in requirements if _applies(r, python, platform, is_cuda)]
+def _select(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool,
+            pytorch: str | None = None) -> list[str]:
+    return [r.spec for r in requirements if _applies(r, python, platform, is_cuda, pytorch)]
 
 
 def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
@@ -114,9 +117,9 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     runtime = data.eras.runtime
     platform, python, cuda = request.platform, request.python, (request.accel if request.is_cuda else None)
     is_cuda = cuda is not None
-    build = _select(era.build, python, platform, is_cuda)
-    host = _select(era.host, python, platform, is_cuda)
-    run = _select(era.run, python, platform, is_cuda)
+    build = _select(era.build, python, platform, is_cuda, request.pytorch)
+    host = _select(era.host, python, platform, is_cuda, request.pytorch)
+    run = _select(era.run, python, platform, is_cuda, request.pytorch)
     warnings = list(variant.warnings)
     if not any(spec.split()[0] == "numpy" for spec in host):
         host.insert(1, "numpy")
@@ -130,14 +133,16 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     if is_cuda:
         assert cuda is not None
         toolkit = data.cuda.toolkits[cuda]
+        cuda_build = release.cuda.get(cuda)
+        upper = (cuda_build.runtime_upper if cuda_build else None) or toolkit.runtime_upper
         if variant.jetson is not None:
             warnings.append("the CUDA runtime comes from JetPack on the device: no conda CUDA runtime dependency")
         elif release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
-            run.append(f"pytorch-cuda >={cuda},<{toolkit.runtime_upper}")
+            run.append(f"pytorch-cuda >={cuda},<{upper}")
         elif release.cuda_runtime == "cudatoolkit":
-            run.append(f"cudatoolkit >={cuda},<{toolkit.runtime_upper}")
+            run.append(f"cudatoolkit >={cuda},<{upper}")
         else:
-            run.append(f"cuda-version >={cuda},<{toolkit.runtime_upper}")
+            run.append(f"cuda-version >={cuda},<{upper}")
             run.extend(runtime.split_packages)
         if release.triton and platform != "win-64":
             run.append(f"torchtriton =={release.triton}")
@@ -213,7 +218,7 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
     return RecipeContext(
         kind="magma",
         variant_id=plan.id,
-        status=Status.OFFICIAL.value,
+        status=plan.status.value,
         header=f"Rendered by torchforge {__version__} for {plan.id}. Re-render instead of editing.",
         name=plan.name,
         version=plan.version,

@@ -281,7 +281,9 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     py = versions.parse(request.python)
     py_range = python_range(release, request.pytorch, request.platform)
     low, high = (versions.parse(v) for v in py_range)
-    if request.python in release.python_experimental:
+    if request.python in release.conda_experimental:
+        check.warn(f"Python {request.python} was experimental for PyTorch {release_key} (conda packages were published)")
+    elif request.python in release.python_experimental:
         check.not_official.append(f"Python {request.python} was experimental for PyTorch {release_key}")
     elif not low <= py <= high:
         where = " on Windows" if py_range == release.python_win and request.platform == "win-64" else ""

@@ -24,7 +24,7 @@ def plan_as_json(render_plan: RenderPlan) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for magma in render_plan.magma:
         rows.append({
-            "id": magma.id, "package": magma.name, "status": Status.OFFICIAL.value, "version": magma.version,
+            "id": magma.id, "package": magma.name, "status": magma.status.value, "version": magma.version,
             "build_string": magma.build_string, "cuda": magma.cuda, "gencode": list(magma.gencode),
             "warnings": list(magma.warnings),
         })
