@@ -26,7 +26,7 @@ def test_matrix_json_lists_variants_and_magma(capsys: pytest.CaptureFixture[str]
 
 
 def test_matrix_shows_refused_variants_and_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["matrix", "--cuda", "12.4", "--py", "3.8,3.12"]) == 4
+    assert main(["matrix", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.8,3.12"]) == 4
     output = capsys.readouterr().out
     assert "refused" in output and "official" in output
 

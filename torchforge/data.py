@@ -73,6 +73,7 @@ class PatchFacts(FrozenModel):
 
     python: tuple[str, str] | None = None
     cudnn: dict[str, str] = {}
+    conda_official: bool | None = None  # overrides the release's flag (1.8.2 lived on the pytorch-lts channel)
 
 
 class Release(FrozenModel):

@@ -6,13 +6,13 @@ why a buildable variant is not an official one. Nothing here writes files or run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release, Toolkit
-from torchforge.variant import Request, magma_id
+from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
 
@@ -263,7 +263,12 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     release: Release | None = data.pytorch.releases.get(release_key)
     if release is None:
         known = ", ".join(data.pytorch.releases)
-        check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
+        oldest = min(data.pytorch.releases, key=versions.parse)
+        if versions.is_valid_version(release_key) and versions.parse(release_key) < versions.parse(oldest):
+            check.refuse(f"PyTorch {request.pytorch} predates torchforge's data (its oldest release is {oldest}: "
+                         f"the recipes, pins and build strings of older releases are not known); known releases: {known}")
+        else:
+            check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
         jetson_limit = _jetson_limit_hint(data, request)
         if jetson_limit:
             check.refuse(jetson_limit)
@@ -339,9 +344,9 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             cudnn = jetson[2].cudnn
         elif build and build.cudnn:
             cudnn, nccl = build.cudnn, build.nccl
-            patch_facts = release.patch.get(request.pytorch)
-            if patch_facts and cuda in patch_facts.cudnn:
-                cudnn = patch_facts.cudnn[cuda]
+            patch_cudnn = release.patch.get(request.pytorch)
+            if patch_cudnn and cuda in patch_cudnn.cudnn:
+                cudnn = patch_cudnn.cudnn[cuda]
         else:
             nearest = _nearest_release_value(data, release_key, cuda, "cudnn")
             if nearest:
@@ -364,7 +369,10 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # Official or not.
     platform = request.platform
-    if not release.conda_official:
+    patch_facts = release.patch.get(request.pytorch)
+    if patch_facts and patch_facts.conda_official is False:
+        check.not_official.append(f"PyTorch {request.pytorch}'s conda packages are not in torchforge's official table")
+    elif not release.conda_official:
         check.not_official.append(f"PyTorch {release_key} was never published as a conda package (2.5 was the last)")
     if cuda and not (build and build.conda):
         check.not_official.append(f"PyTorch {release_key} had no official conda build for CUDA {cuda}")
@@ -444,9 +452,13 @@ def _jetson_limit_hint(data: Data, request: Request) -> str | None:
             f"{_newest_patch(data, jetpack.max_pytorch)}")
 
 
+def _patches(data: Data, release_key: str) -> tuple[str, ...]:
+    """The patch releases of X.Y; X.Y.0 alone where the sources list none."""
+    return data.pytorch.patch_releases.get(release_key) or (f"{release_key}.0",)
+
+
 def _newest_patch(data: Data, release_key: str) -> str:
-    patches = data.pytorch.patch_releases.get(release_key)
-    return patches[-1] if patches else f"{release_key}.0"
+    return max(_patches(data, release_key), key=versions.parse)
 
 
 def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Release, check: _Checker) -> None:
@@ -553,3 +565,24 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     env.update(dict(request.options.extra_env))
     return tuple(env.items())
 
+
+def default_release(selection: Selection, data: Data | None = None) -> tuple[str, str]:
+    """The release to use when none was asked for, and why: the newest release that published official conda
+    packages of every requested CUDA x Python on the platform, else the newest that can build them all."""
+    data = data or tables.load()
+    accels = ", ".join(a if a == "cpu" else f"CUDA {a}" for a in selection.accels)
+    what = f"{accels} with Python {', '.join(selection.pythons)} on {selection.platform}"
+    newest_first = sorted((v for key in data.pytorch.releases for v in _patches(data, key)), key=versions.parse,
+                          reverse=True)
+    statuses: dict[str, set[Status]] = {}
+    for version in newest_first:
+        requests = replace(selection, pytorch=version).requests()
+        statuses[version] = {classify(request, data).status for request in requests}
+        if statuses[version] == {Status.OFFICIAL}:
+            return version, f"PyTorch {version}: the newest release with official conda packages of {what}"
+    for version, found in statuses.items():
+        if Status.REFUSED not in found:
+            return version, (f"PyTorch {version}: no release published official conda packages of {what}; "
+                             f"{version} is the newest release that can build them")
+    fallback = data.pytorch.defaults.pytorch
+    return fallback, f"PyTorch {fallback} (the default): no release in torchforge's data can build {what}"
