@@ -16,11 +16,13 @@ from torchforge.cli import main
 from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, plan, render_files
-from torchforge.variant import Options, Selection
+from torchforge.resolve import classify
+from torchforge.variant import Options, Request, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 REQUEST = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11"]
-STEM = "pytorch-2.9.0-py3.11_cpu_0"
+# --source makes a custom build: its build string carries the hash of the settings (torchforge.resolve).
+STEM = "pytorch-2.9.0-" + str(classify(Request("2.9.0", "cpu", "3.11", "linux-64", Options(source=str(FIXTURE)))).build_string)
 
 
 def rendered_recipe() -> str:

@@ -7,6 +7,7 @@ py-rattler's `index_fs`, so the result is readable by conda, mamba, pixi and py-
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -81,6 +82,18 @@ def find(channel: Path, subdir: str, stem: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def about_extra(archive: Path) -> dict[str, object]:
+    """The `extra` table of an archive's info/about.json ({} when absent). Streams only the info/ part."""
+    from conda_package_streaming.package_streaming import stream_conda_info
+
+    for tar, member in stream_conda_info(str(archive)):
+        if member.name == "info/about.json":
+            handle = tar.extractfile(member)
+            extra = json.loads(handle.read()).get("extra", {}) if handle else {}
+            return extra if isinstance(extra, dict) else {}
+    return {}
 
 
 def publish(

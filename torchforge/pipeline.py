@@ -5,6 +5,7 @@ complete, checked packages.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -73,14 +74,27 @@ def _local_channel_dir(url: str) -> Path | None:
     return None
 
 
-def _existing(stem: str, subdir: str, settings: BuildSettings) -> str | None:
-    if localchannel.find(settings.out, subdir, stem):
-        return f"already in {settings.out}"
-    for url in settings.channels:
-        directory = _local_channel_dir(url)
-        if directory is not None and localchannel.find(directory, subdir, stem):
-            return f"found in {url}"
-    return None
+def _same_settings(archive: Path, planned: str | None) -> bool:
+    """A package is reused only when it was built with the planned settings (recorded in about.json extra)."""
+    if planned is None:
+        return True
+    recorded = localchannel.about_extra(archive).get("torchforge_settings", "{}")
+    return json.loads(str(recorded)) == json.loads(planned)
+
+
+def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | None = None) -> tuple[str | None, str]:
+    """(why it can be reused, or None; why an existing package of that name cannot)."""
+    stale = ""
+    places = [(settings.out, f"already in {settings.out}")]
+    places += [(d, f"found in {url}") for url in settings.channels if (d := _local_channel_dir(url)) is not None]
+    for directory, reason in places:
+        archive = localchannel.find(directory, subdir, stem)
+        if archive is None:
+            continue
+        if _same_settings(archive, planned):
+            return reason, ""
+        stale = f"{archive} was built with other settings; rebuilding"
+    return None, stale
 
 
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
@@ -90,10 +104,11 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     steps: list[Step] = []
 
     def add(kind: str, ident: str, stem: str, subdir: str, python: str | None,
-            files: dict[str, str], script_env: tuple[str, ...], needs: tuple[str, ...] = ()) -> None:
-        found = None if settings.force else _existing(stem, subdir, settings)
+            files: dict[str, str], script_env: tuple[str, ...], needs: tuple[str, ...] = (),
+            planned: str | None = None) -> None:
+        found, stale = (None, "") if settings.force else _existing(stem, subdir, settings, planned)
         steps.append(Step(kind, ident, stem, subdir, python, files, script_env,
-                          Action.REUSE if found else Action.BUILD, found or "", needs))
+                          Action.REUSE if found else Action.BUILD, found or stale, needs))
 
     for magma in render_plan.magma:
         context = magma_context(magma, patch_names)
@@ -105,7 +120,7 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
         context = pytorch_context(variant, patch_names)
         add("pytorch", variant.id, variant.filename_stem, variant.request.platform, variant.request.python,
             render_files(context, engine.recipe_format), context.script_env,
-            (variant.magma.id,) if variant.magma else ())
+            (variant.magma.id,) if variant.magma else (), variant.settings)
     return steps
 
 

@@ -191,6 +191,8 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         extra={
             "torchforge_variant": variant.id,
             "torchforge_status": variant.status.value,
+            # Every option that changed the binary; the reuse check compares it with the planned settings.
+            "torchforge_settings": variant.settings,
             **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
         },
     )

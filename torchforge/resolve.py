@@ -6,6 +6,8 @@ why a buildable variant is not an official one. Nothing here writes files or run
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -78,6 +80,7 @@ class Variant:
     jetson: str | None = None
     fixes: tuple[AppliedFix, ...] = ()
     env: tuple[tuple[str, str], ...] = field(default=())
+    settings: str = "{}"  # JSON of every option that changes the binary ("{}": none); recorded in the package
 
     @property
     def id(self) -> str:
@@ -89,15 +92,17 @@ class Variant:
 
 
 def build_string(python: str, cuda: str | None, cudnn: str | None, number: int, platform: str,
-                 *, debug: bool = False) -> str:
+                 *, debug: bool = False, custom: str | None = None) -> str:
     """The official build string (official-builds §1.3).
 
     CUDA: py3.8_cuda11.1_cudnn8.0.5_0 (cuDNN from the library file name: three parts on Linux, the DLL
     major on Windows). CPU: py3.11_cpu_0. For PyTorch <= 1.7 pass the three-part CUDA version
     (py3.8_cuda11.0.221_cudnn8.0.5_0); torchforge's data starts at 1.8. Debug builds are torchforge's own
-    and carry `_debug` so they never collide with a release build.
+    and carry `_debug` so they never collide with a release build. Any other custom build (`custom`: the short
+    hash of its settings) carries `_tf<hash>` before the build number: it can never be taken for an official
+    package, and two custom builds with different settings never share a name.
     """
-    debug_part = "_debug" if debug else ""
+    debug_part = ("_debug" if debug else "") + (f"_tf{custom}" if custom else "")
     if cuda is None:
         return f"py{python}_cpu{debug_part}_{number}"
     assert cudnn is not None
@@ -256,9 +261,59 @@ def _jetson_device(data: Data, request: Request, check: _Checker) -> tuple[str, 
     return key, device, data.jetson.jetpacks[device.jetpack]
 
 
+# Variables torchforge itself sets or checks: from --env they are validated like the options they stand for.
+_SWITCHES = ("USE_CUDA", "USE_MAGMA", "DEBUG")
+
+
+def _apply_env_options(request: Request, check: _Checker) -> Request:
+    """--env TORCH_CUDA_ARCH_LIST / DEBUG act as --arch-list / --debug; USE_CUDA / USE_MAGMA must agree with the
+    variant. Returns the request with the options the environment implies."""
+    env = dict(request.options.extra_env)
+    options = request.options
+    for name in _SWITCHES:
+        if name in env and env[name] not in ("0", "1"):
+            check.refuse(f"--env {name}={env[name]}: torchforge reads {name} as 0 or 1")
+    arch = env.get("TORCH_CUDA_ARCH_LIST")
+    if arch is not None:
+        if options.arch_list is not None and options.arch_list != arch:
+            check.refuse(f"--arch-list {options.arch_list!r} and --env TORCH_CUDA_ARCH_LIST={arch!r} disagree; give one")
+        options = replace(options, arch_list=arch)
+    if env.get("DEBUG") == "1":
+        options = replace(options, debug=True)
+    if env.get("USE_CUDA") == "0" and request.is_cuda:
+        check.refuse(f"--env USE_CUDA=0 makes a CPU build of a CUDA {request.accel} variant; use --cuda cpu instead")
+    if env.get("USE_CUDA") == "1" and not request.is_cuda:
+        check.refuse("--env USE_CUDA=1 on a cpu variant; choose a CUDA version with --cuda X.Y instead")
+    return replace(request, options=options)
+
+
+def variant_settings(request: Request) -> dict[str, object]:
+    """Every option of `request` that changes the binary; empty for a build with upstream's settings."""
+    options = request.options
+    settings: dict[str, object] = {}
+    if options.arch_list:
+        settings["arch_list"] = options.arch_list
+    if options.extra_env:
+        settings["env"] = dict(sorted(options.extra_env))
+    if options.patch_digests:
+        settings["patches"] = list(options.patch_digests)
+    if options.debug:
+        settings["debug"] = True
+    if options.source:
+        settings["source"] = options.source
+    return settings
+
+
+def settings_hash(settings: dict[str, object]) -> str | None:
+    if not settings:
+        return None
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+
 def classify(request: Request, data: Data | None = None) -> Variant:
     data = data or tables.load()
     check = _Checker(data, request)
+    request = _apply_env_options(request, check)
     release_key = minor(request.pytorch)
     release: Release | None = data.pytorch.releases.get(release_key)
     if release is None:
@@ -387,6 +442,10 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         check.not_official.append("debug build")
     if request.options.extra_env:
         check.not_official.append("extra build environment")
+    if request.options.patch_digests:
+        check.not_official.append("extra patches")
+    if request.options.source:
+        check.not_official.append("source other than upstream's tag")
     if toolkit and toolkit.arch_set is None:
         check.warn(f"the nvcc arch window of CUDA {cuda} is not in torchforge's data: arch values are not checked")
 
@@ -397,7 +456,14 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # MAGMA, once per CUDA version, Linux x86_64 only.
     magma = None
-    if cuda and platform == "linux-64" and not jetson:
+    use_magma = dict(request.options.extra_env).get("USE_MAGMA")
+    if use_magma == "0":
+        if cuda and platform == "linux-64" and not jetson:
+            check.warn("USE_MAGMA=0: built without MAGMA (no magma-cuda package; GPU linear algebra falls back)")
+    elif use_magma == "1" and cuda and (platform != "linux-64" or jetson):
+        check.refuse(f"--env USE_MAGMA=1: torchforge has no magma-cuda package for {platform}"
+                     f"{' Jetson builds' if jetson else ''}; drop it")
+    elif cuda and platform == "linux-64" and not jetson:
         magma_version = (build.magma if build else None) or release.magma
         if magma_version is None:
             magma_version = max(
@@ -423,11 +489,13 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         nccl=nccl,
         arch_list=arch_list,
         build_string=build_string(request.python, _cuda_tag(release, toolkit, cuda, platform), cudnn,
-                                  request.options.build_number, platform, debug=request.options.debug),
+                                  request.options.build_number, platform, debug=request.options.debug,
+                                  custom=settings_hash(variant_settings(request))),
         magma=magma,
         jetson=jetson_key,
         fixes=fixes,
         env=_build_env(data, request, release, cuda, cudnn, arch_list, jetson, fixes),
+        settings=json.dumps(variant_settings(request), sort_keys=True),
     )
 
 

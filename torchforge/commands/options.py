@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
-
-import dataclasses
 
 from torchforge.console import note
 from torchforge.resolve import default_release
@@ -41,6 +41,7 @@ def selection_from_flags(
     gcc: str | None = None,
     source: str | None = None,
     magma_source: str | None = None,
+    patches: list[Path] | None = None,
 ) -> Selection:
     options = Options(
         arch_list=arch_list,
@@ -51,6 +52,8 @@ def selection_from_flags(
         gcc=gcc,
         source=source,
         magma_source=magma_source,
+        # Patches change the binary: their content (not their path) is part of the variant's settings.
+        patch_digests=tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ()),
     )
     selection = Selection.from_flags(pytorch, cuda, python, platform, options)
     if pytorch is None:

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         gcc, source, magma_source)
+                                         gcc, source, magma_source, patch)
         render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [])
         for variant in render_plan.variants:
             for message in variant.warnings:
