@@ -45,7 +45,7 @@ def test_render_refusal_exit_code_and_message(tmp_path: Path, capsys: pytest.Cap
         (["--cuda", "eleven"], "--cuda expects X.Y or cpu"),
         (["--py", "3"], "--py expects X.Y"),
         (["--pytorch", "2.5"], "--pytorch expects a release version X.Y.Z"),
-        (["--platform", "osx-arm64"], "unknown platform 'osx-arm64'"),
+        (["--platform", "osx-32"], "unknown platform 'osx-32'"),
         (["--env", "USE NCCL"], "--env expects NAME=VALUE"),
     ],
 )

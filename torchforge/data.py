@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from torchforge import versions
 from torchforge.errors import DataError
 
-PLATFORMS = ("linux-64", "linux-aarch64", "win-64")
+PLATFORMS = ("linux-64", "linux-aarch64", "win-64", "osx-64", "osx-arm64")
 
 
 class FrozenModel(BaseModel):
@@ -155,7 +155,8 @@ class BuildEnvEntry(FrozenModel):
     name: str
     value: str
     win: str | None = None
-    when: Literal["cuda", "cpu", "linux"] | None = None
+    when: Literal["cuda", "cpu", "linux", "osx"] | None = None
+    pytorch: str | None = None  # PEP 440 specifier on the PyTorch version
 
 
 class InstallCommands(FrozenModel):
@@ -272,6 +273,35 @@ class JetsonTable(FrozenModel):
     build_env: dict[str, str]
 
 
+# ---- platforms.toml --------------------------------------------------------------------------------------
+
+
+class PlatformFacts(FrozenModel):
+    conda_pytorch: str
+    cuda: bool
+    magma: bool
+    build_string: Literal["accel", "number"]
+    mutex: bool
+    rpath: bool
+    windows: bool
+
+    @field_validator("conda_pytorch")
+    @classmethod
+    def _is_specifier(cls, value: str) -> str:
+        if value and not versions.is_valid_specifier(value):
+            raise ValueError(f"not a PEP 440 specifier: {value!r}")
+        return value
+
+    def conda_official(self, release_key: str) -> bool:
+        return bool(self.conda_pytorch) and versions.matches(release_key, self.conda_pytorch)
+
+
+class PlatformsTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    platforms: dict[str, PlatformFacts]
+
+
 class Data(FrozenModel):
     cuda: CudaTable
     pytorch: PytorchTable
@@ -279,6 +309,10 @@ class Data(FrozenModel):
     magma: MagmaTable
     fixes: FixesTable
     jetson: JetsonTable
+    platforms: PlatformsTable
+
+    def platform(self, name: str) -> PlatformFacts:
+        return self.platforms.platforms[name]
 
     def arch_set(self, cuda: str) -> tuple[str, ...] | None:
         key = self.cuda.toolkits[cuda].arch_set
@@ -292,6 +326,7 @@ _FILES: dict[str, type[BaseModel]] = {
     "magma": MagmaTable,
     "fixes": FixesTable,
     "jetson": JetsonTable,
+    "platforms": PlatformsTable,
 }
 
 
@@ -405,6 +440,8 @@ def check_invariants(data: Data) -> list[str]:
             needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix}[edit.kind]
             if needs is None:
                 problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
+    if tuple(data.platforms.platforms) != PLATFORMS:
+        problems.append(f"platforms.toml must describe exactly {', '.join(PLATFORMS)}, in that order")
     defaults = data.pytorch.defaults
     if versions.minor(defaults.pytorch) not in data.pytorch.releases:
         problems.append(f"pytorch.toml defaults.pytorch {defaults.pytorch} is not a known release")

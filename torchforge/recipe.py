@@ -71,7 +71,7 @@ class RecipeContext:
 
     @property
     def is_windows(self) -> bool:
-        return self.platform == "win-64"
+        return tables.load().platform(self.platform).windows
 
     @property
     def has_source_edits(self) -> bool:
@@ -146,15 +146,19 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
             run.extend(runtime.split_packages)
         if release.triton and platform != "win-64":
             run.append(f"torchtriton =={release.triton}")
+    facts = data.platform(platform)
     if release.selector == "mutex":
-        run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
-        run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
-    elif not is_cuda:
+        # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).
+        if facts.mutex:
+            run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
+        if facts.mutex or not is_cuda:
+            run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
+    elif not is_cuda and facts.mutex:
         features.append("cpuonly")
     env_names = {name for name, _ in variant.env}
     edits = tuple(edit for applied in variant.fixes for edit in applied.fix.edits)
     install = data.eras.install
-    if platform == "win-64":
+    if facts.windows:
         install_command = install.setup_py_win if release.conda_official else install.pip_win
     else:
         install_command = install.setup_py if release.conda_official else install.pip
@@ -181,7 +185,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         features=tuple(features),
         test_imports=("torch",),
         install_command=install_command,
-        rpath_rules=tuple((rule.dir, rule.rpath) for rule in data.eras.rpath) if platform != "win-64" else (),
+        rpath_rules=tuple((rule.dir, rule.rpath) for rule in data.eras.rpath) if facts.rpath else (),
         source_edits=edits,
         cuda=cuda,
         summary="PyTorch: tensors and dynamic neural networks in Python with strong GPU acceleration",

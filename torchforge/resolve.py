@@ -92,7 +92,7 @@ class Variant:
 
 
 def build_string(python: str, cuda: str | None, cudnn: str | None, number: int, platform: str,
-                 *, debug: bool = False, custom: str | None = None) -> str:
+                 *, debug: bool = False, custom: str | None = None, accel_part: bool = True) -> str:
     """The official build string (official-builds §1.3).
 
     CUDA: py3.8_cuda11.1_cudnn8.0.5_0 (cuDNN from the library file name: three parts on Linux, the DLL
@@ -103,6 +103,8 @@ def build_string(python: str, cuda: str | None, cudnn: str | None, number: int, 
     package, and two custom builds with different settings never share a name.
     """
     debug_part = ("_debug" if debug else "") + (f"_tf{custom}" if custom else "")
+    if not accel_part:  # macOS: py3.10_0 (official-builds §1.3)
+        return f"py{python}{debug_part}_{number}"
     if cuda is None:
         return f"py{python}_cpu{debug_part}_{number}"
     assert cudnn is not None
@@ -362,6 +364,11 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             f"CUDA {newest}); choose CUDA {newest} or older, or a newer PyTorch"
         )
 
+    facts = data.platform(request.platform)
+    if cuda and not facts.cuda:
+        check.refuse(f"{request.platform} builds have no CUDA (PyTorch on macOS is CPU, with MPS on Apple silicon); "
+                     f"use --cuda cpu")
+
     # CUDA floor of the release.
     if cuda and release.min_cuda and versions.parse(cuda) < versions.parse(release.min_cuda):
         check.refuse(f"PyTorch {release_key} requires CUDA {release.min_cuda} or newer (its CMake refuses CUDA {cuda})")
@@ -434,8 +441,10 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     elif build and build.conda_platforms is not None and platform not in build.conda_platforms:
         check.not_official.append(
             f"PyTorch {release_key}'s official CUDA {cuda} conda packages were built for {', '.join(build.conda_platforms)} only")
-    if platform not in ("linux-64", "win-64"):
-        check.not_official.append(f"official conda packages exist for linux-64 and win-64 only, not {platform}")
+    if not facts.conda_official(release_key):
+        shipped = [p for p in tables.PLATFORMS if data.platform(p).conda_official(release_key)]
+        check.not_official.append(
+            f"official conda packages of PyTorch {release_key} exist for {', '.join(shipped)} only, not {platform}")
     if request.options.arch_list:
         check.not_official.append("custom arch list")
     if request.options.debug:
@@ -458,12 +467,12 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     magma = None
     use_magma = dict(request.options.extra_env).get("USE_MAGMA")
     if use_magma == "0":
-        if cuda and platform == "linux-64" and not jetson:
+        if cuda and facts.magma and not jetson:
             check.warn("USE_MAGMA=0: built without MAGMA (no magma-cuda package; GPU linear algebra falls back)")
-    elif use_magma == "1" and cuda and (platform != "linux-64" or jetson):
+    elif use_magma == "1" and cuda and (not facts.magma or jetson):
         check.refuse(f"--env USE_MAGMA=1: torchforge has no magma-cuda package for {platform}"
                      f"{' Jetson builds' if jetson else ''}; drop it")
-    elif cuda and platform == "linux-64" and not jetson:
+    elif cuda and facts.magma and not jetson:
         magma_version = (build.magma if build else None) or release.magma
         if magma_version is None:
             magma_version = max(
@@ -490,7 +499,8 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         arch_list=arch_list,
         build_string=build_string(request.python, _cuda_tag(release, toolkit, cuda, platform), cudnn,
                                   request.options.build_number, platform, debug=request.options.debug,
-                                  custom=settings_hash(variant_settings(request))),
+                                  custom=settings_hash(variant_settings(request)),
+                                  accel_part=facts.build_string == "accel"),
         magma=magma,
         jetson=jetson_key,
         fixes=fixes,
@@ -597,13 +607,16 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
                fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
     """The exports of build.sh, in order; later entries override earlier ones with the same name."""
     is_linux = request.platform.startswith("linux")
+    facts = data.platform(request.platform)
     env: dict[str, str] = {}
     for entry in data.eras.build_env:
         if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
             continue
-        if entry.when == "linux" and not is_linux:
+        if entry.when == "linux" and not is_linux or entry.when == "osx" and not request.platform.startswith("osx"):
             continue
-        value = entry.value if is_linux else entry.win
+        if entry.pytorch and not versions.matches(request.pytorch, entry.pytorch):
+            continue
+        value = entry.win if facts.windows else entry.value
         if value is not None:
             env[entry.name] = value
     if is_linux:
@@ -616,7 +629,7 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
         env["USE_STATIC_CUDNN"] = "1" if static else "0"
         if release.cusparselt:
             env["USE_CUSPARSELT"] = "1"
-        if request.platform != "linux-64" or jetson:
+        if not facts.magma or jetson:
             env["USE_MAGMA"] = "0"
     if jetson:
         _, _, jetpack = jetson
