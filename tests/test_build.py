@@ -121,7 +121,10 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     assert code == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("[dry-run]")]
-    assert len(lines) == 3  # one magma-cuda118, then pytorch for two Pythons
+    # the companions pytorch-mutex (cuda) and pytorch-cuda 11.8, one magma-cuda118, then pytorch for two Pythons
+    assert len(lines) == 5
+    assert "recipes/pytorch-mutex-1.0-cuda-noarch " in lines[0] and "recipes/pytorch-cuda-11.8-7-linux_64 " in lines[1]
+    lines = lines[2:]
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
                              f"{out}/.staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")

@@ -302,6 +302,40 @@ class PlatformsTable(FrozenModel):
     platforms: dict[str, PlatformFacts]
 
 
+# ---- companions.toml -------------------------------------------------------------------------------------
+
+
+class MutexFacts(FrozenModel):
+    name: str
+    version: str
+    build_number: int
+    cuda_build_offset: int
+
+
+class CpuonlyFacts(FrozenModel):
+    build_number: int
+    run: tuple[str, ...]
+
+
+class PytorchCudaVersion(FrozenModel):
+    build_number: int
+    run: tuple[str, ...]
+    run_win: tuple[str, ...]
+
+
+class PytorchCudaFacts(FrozenModel):
+    platforms: tuple[str, ...]
+    versions: dict[str, PytorchCudaVersion]
+
+
+class CompanionsTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    mutex: MutexFacts
+    cpuonly: dict[str, CpuonlyFacts]
+    pytorch_cuda: PytorchCudaFacts
+
+
 class Data(FrozenModel):
     cuda: CudaTable
     pytorch: PytorchTable
@@ -310,6 +344,7 @@ class Data(FrozenModel):
     fixes: FixesTable
     jetson: JetsonTable
     platforms: PlatformsTable
+    companions: CompanionsTable
 
     def platform(self, name: str) -> PlatformFacts:
         return self.platforms.platforms[name]
@@ -327,6 +362,7 @@ _FILES: dict[str, type[BaseModel]] = {
     "fixes": FixesTable,
     "jetson": JetsonTable,
     "platforms": PlatformsTable,
+    "companions": CompanionsTable,
 }
 
 
@@ -442,6 +478,12 @@ def check_invariants(data: Data) -> list[str]:
                 problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
     if tuple(data.platforms.platforms) != PLATFORMS:
         problems.append(f"platforms.toml must describe exactly {', '.join(PLATFORMS)}, in that order")
+    for cuda_key in data.companions.pytorch_cuda.versions:
+        if cuda_key not in data.eras.runtime.pytorch_cuda_versions:
+            problems.append(f"companions.toml pytorch_cuda.versions.{cuda_key} is not in eras.toml runtime.pytorch_cuda_versions")
+    for cuda_key in data.eras.runtime.pytorch_cuda_versions:
+        if cuda_key not in data.companions.pytorch_cuda.versions:
+            problems.append(f"eras.toml runtime.pytorch_cuda_versions names {cuda_key}, which companions.toml does not define")
     defaults = data.pytorch.defaults
     if versions.minor(defaults.pytorch) not in data.pytorch.releases:
         problems.append(f"pytorch.toml defaults.pytorch {defaults.pytorch} is not a known release")

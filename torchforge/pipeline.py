@@ -20,7 +20,7 @@ from torchforge.engines import BuildJob, Engine, find_artifact, script_env_value
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import magma_context, pytorch_context
-from torchforge.render import RenderPlan, render_files, write_folders
+from torchforge.render import RenderPlan, companion_files, render_files, write_folders
 
 
 class Action(str, Enum):
@@ -110,6 +110,12 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
         steps.append(Step(kind, ident, stem, subdir, python, files, script_env,
                           Action.REUSE if found else Action.BUILD, found or stale, needs))
 
+    if not settings.magma_only:
+        # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
+        # lack them: their recipes install no files, so they come first and build in seconds.
+        for companion in render_plan.companions:
+            add("companion", companion.id, companion.filename_stem, companion.subdir, None,
+                companion_files(companion, engine.recipe_format), ())
     for magma in render_plan.magma:
         context = magma_context(magma, patch_names)
         add("magma", magma.id, magma.filename_stem, context.platform, None,
