@@ -162,7 +162,7 @@ def test_python_outside_the_jetpack_is_refused_for_the_tx2_on_jetpack_3_3() -> N
     [
         (Request("1.7.5", "11.0", "3.8", "linux-64"), "PyTorch 1.7.5 was never released; 1.7 had 1.7.0, 1.7.1"),
         (Request("1.7.0", "11.0", "3.9", "linux-64"), "PyTorch 1.7.0 supports Python 3.6 to 3.8, not 3.9"),
-        (Request("1.5.1", "10.2", "3.5", "win-64"), "PyTorch 1.5 supports Python 3.6 to 3.8 on Windows, not 3.5"),
+        (Request("1.5.1", "10.2", "3.5", "win-64"), "PyTorch 1.5 supports Python 3.6 to 3.8 on win-64, not 3.5"),
         (Request("1.6.0", "11.0", "3.8", "linux-64"), "PyTorch 1.6's sources predate CUDA 11 (its newest upstream build is CUDA 10.2)"),
     ],
 )

@@ -284,6 +284,7 @@ class PlatformFacts(FrozenModel):
     mutex: bool
     rpath: bool
     windows: bool
+    family: Literal["linux", "win", "osx"]
 
     @field_validator("conda_pytorch")
     @classmethod

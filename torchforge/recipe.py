@@ -144,7 +144,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         else:
             run.append(f"cuda-version >={cuda},<{upper}")
             run.extend(runtime.split_packages)
-        if release.triton and platform != "win-64":
+        if release.triton and not data.platform(platform).windows:
             run.append(f"torchtriton =={release.triton}")
     facts = data.platform(platform)
     if release.selector == "mutex":

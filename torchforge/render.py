@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jinja2
 
-from torchforge import __version__
+from torchforge import __version__, platforms
 from torchforge.companions import CompanionPlan, companions_for
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
@@ -98,7 +98,7 @@ def _render(template: str, context: RecipeContext, **extra: object) -> str:
 
 def render_files(context: RecipeContext, fmt: RecipeFormat) -> dict[str, str]:
     """The files of one recipe folder (text), for one format."""
-    script = "bld.bat" if context.is_windows else "build.sh"
+    script = platforms.get(context.platform).script
     files: dict[str, str] = {script: _render(f"{context.kind}/{script}.j2", context)}
     if fmt is RecipeFormat.CONDA_BUILD:
         files["meta.yaml"] = _render(f"{context.kind}/meta.yaml.j2", context)

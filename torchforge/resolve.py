@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from torchforge import data as tables
-from torchforge import versions
-from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release, Toolkit
+from torchforge import platforms, versions
+from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
 from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
@@ -108,8 +108,7 @@ def build_string(python: str, cuda: str | None, cudnn: str | None, number: int, 
     if cuda is None:
         return f"py{python}_cpu{debug_part}_{number}"
     assert cudnn is not None
-    cudnn_part = cudnn.split(".")[0] if platform == "win-64" else ".".join(cudnn.split(".")[:3])
-    return f"py{python}_cuda{cuda}_cudnn{cudnn_part}{debug_part}_{number}"
+    return f"py{python}_cuda{cuda}_cudnn{platforms.get(platform).cudnn_tag(cudnn)}{debug_part}_{number}"
 
 
 def _nearest_release_value(data: Data, release_key: str, cuda: str, attr: str) -> tuple[str, str] | None:
@@ -198,16 +197,6 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         source=source,
         published=published,
     )
-
-
-def python_range(release: Release, version: str, platform: str) -> tuple[str, str]:
-    """The Python range of one patch release on one platform (patch facts, then Windows', then the X.Y range)."""
-    facts = release.patch.get(version)
-    if facts and facts.python:
-        return facts.python
-    if platform == "win-64" and release.python_win:
-        return release.python_win
-    return release.python
 
 
 def newest_cuda_major(release: Release) -> int | None:
@@ -341,14 +330,15 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # Python range of the release.
     py = versions.parse(request.python)
-    py_range = python_range(release, request.pytorch, request.platform)
+    here = platforms.get(request.platform)
+    py_range = here.python_range(release, request.pytorch)
     low, high = (versions.parse(v) for v in py_range)
     if request.python in release.conda_experimental:
         check.warn(f"Python {request.python} was experimental for PyTorch {release_key} (conda packages were published)")
     elif request.python in release.python_experimental:
         check.not_official.append(f"Python {request.python} was experimental for PyTorch {release_key}")
     elif not low <= py <= high:
-        where = " on Windows" if py_range == release.python_win and request.platform == "win-64" else ""
+        where = f" on {request.platform}" if py_range == release.python_win and here.facts.windows else ""
         who = request.pytorch if py_range != release.python and where == "" else release_key
         check.refuse(
             f"PyTorch {who} supports Python {py_range[0]} to {py_range[1]}{where}, not {request.python}; "
@@ -497,7 +487,7 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         cudnn=cudnn,
         nccl=nccl,
         arch_list=arch_list,
-        build_string=build_string(request.python, _cuda_tag(release, toolkit, cuda, platform), cudnn,
+        build_string=build_string(request.python, here.cuda_tag(release, toolkit, cuda), cudnn,
                                   request.options.build_number, platform, debug=request.options.debug,
                                   custom=settings_hash(variant_settings(request)),
                                   accel_part=facts.build_string == "accel"),
@@ -507,13 +497,6 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         env=_build_env(data, request, release, cuda, cudnn, arch_list, jetson, fixes),
         settings=json.dumps(variant_settings(request), sort_keys=True),
     )
-
-
-def _cuda_tag(release: Release, toolkit: Toolkit | None, cuda: str | None, platform: str) -> str | None:
-    """The CUDA part of the build string: X.Y, or for <= 1.7 the full version (Linux) / the DLL tag (Windows)."""
-    if cuda is None or toolkit is None or release.cuda_tag == "xy":
-        return cuda
-    return nodot(cuda) if platform == "win-64" else toolkit.full_version
 
 
 def _jetson_limit_hint(data: Data, request: Request) -> str | None:
@@ -575,11 +558,7 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
         build = release.cuda.get(cuda)
         arch_list = None
         if build:
-            if request.platform == "win-64":
-                arch_list = build.conda_arch_win or build.conda_arch
-            else:
-                arch_list = build.conda_arch
-            arch_list = arch_list or build.wheel_arch
+            arch_list = platforms.get(request.platform).conda_arch(build) or build.wheel_arch
         if arch_list is None:
             nearest = (_nearest_release_value(data, release_key, cuda, "conda_arch")
                        or _nearest_release_value(data, release_key, cuda, "wheel_arch"))
@@ -606,20 +585,18 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
                jetson: tuple[str, JetsonDevice, JetPack] | None,
                fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
     """The exports of build.sh, in order; later entries override earlier ones with the same name."""
-    is_linux = request.platform.startswith("linux")
-    facts = data.platform(request.platform)
+    here = platforms.get(request.platform)
+    facts = here.facts
     env: dict[str, str] = {}
     for entry in data.eras.build_env:
         if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
             continue
-        if entry.when == "linux" and not is_linux or entry.when == "osx" and not request.platform.startswith("osx"):
-            continue
         if entry.pytorch and not versions.matches(request.pytorch, entry.pytorch):
             continue
-        value = entry.win if facts.windows else entry.value
+        value = here.env_value(entry)
         if value is not None:
             env[entry.name] = value
-    if is_linux:
+    if facts.family == "linux":
         env["_GLIBCXX_USE_CXX11_ABI"] = "1" if release.cxx11_abi else "0"
     if cuda:
         assert arch_list is not None
