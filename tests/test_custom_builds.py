@@ -110,3 +110,14 @@ def test_reuse_check_compares_the_recorded_settings(tmp_path: Path) -> None:
                  about_extra={"torchforge_settings": variant.settings})
     step = next(s for s in plan_steps(plan(selection), engine, settings) if s.kind == "pytorch")
     assert step.action is Action.REUSE
+
+
+def test_a_custom_magma_never_takes_the_official_name() -> None:
+    official = _variant().magma
+    custom = _variant(arch_list="8.0;9.0").magma
+    mirrored = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source="/srv/magma-2.6.1"))).magma
+    assert official is not None and custom is not None and mirrored is not None
+    assert official.build_string == "1" and official.status is Status.OFFICIAL
+    assert custom.build_string.startswith("tf") and custom.build_string.endswith("_1")
+    assert custom.status is Status.BUILDABLE and json.loads(custom.settings) == {"gencode": ["80", "90"]}
+    assert len({official.build_string, custom.build_string, mirrored.build_string}) == 3

@@ -119,7 +119,7 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     for magma in render_plan.magma:
         context = magma_context(magma, patch_names)
         add("magma", magma.id, magma.filename_stem, context.platform, None,
-            render_files(context, engine.recipe_format), context.script_env)
+            render_files(context, engine.recipe_format), context.script_env, planned=magma.settings)
     if settings.magma_only:
         return steps
     for variant in render_plan.variants:

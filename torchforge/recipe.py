@@ -251,5 +251,5 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
         warnings=plan.warnings,
         fixes=_fix_notes(plan.fixes),
         manual_patches=tuple(p for applied in plan.fixes for p in applied.fix.manual_patch),
-        extra={"torchforge_variant": plan.id, "sha256": plan.sha256},
+        extra={"torchforge_variant": plan.id, "sha256": plan.sha256, "torchforge_settings": plan.settings},
     )

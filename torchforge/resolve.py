@@ -49,6 +49,7 @@ class MagmaPlan:
     warnings: tuple[str, ...]
     source: str | None = None  # --magma-source: a local tree or a mirror of the release tarball
     published: bool = False  # upstream published this magma-cudaXYZ version (magma.toml [published])
+    settings: str = "{}"  # JSON of the options that change this binary (gencode, source, patches); "{}": none
 
     @property
     def status(self) -> Status:
@@ -56,8 +57,10 @@ class MagmaPlan:
 
     @property
     def build_string(self) -> str:
-        # No requirements, so conda-build's default build string is the build number (official-builds §2.1).
-        return str(self.build_number)
+        # No requirements, so conda-build's default build string is the build number (official-builds §2.1);
+        # a custom build carries the hash of its settings so it never takes an official package's name.
+        custom = settings_hash(json.loads(self.settings))
+        return f"tf{custom}_{self.build_number}" if custom else str(self.build_number)
 
     @property
     def filename_stem(self) -> str:
@@ -155,7 +158,7 @@ def _gencode_from_arch_list(arch_list: str) -> tuple[str, ...]:
 
 
 def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: str | None = None,
-               source: str | None = None) -> MagmaPlan:
+               source: str | None = None, patch_digests: tuple[str, ...] = ()) -> MagmaPlan:
     warnings: list[str] = []
     magma_version = data.magma.versions[version]
     gencode = _gencode_from_arch_list(arch_list) if arch_list else data.magma.gencode.get(cuda)
@@ -170,6 +173,15 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         warnings.append(
             f"no official magma gencode list for CUDA {cuda}: using CUDA {source_cuda}'s, limited to what nvcc {cuda} accepts"
         )
+    custom: dict[str, object] = {}
+    if arch_list:
+        custom["gencode"] = list(gencode)
+    if source:
+        custom["source"] = source
+    if patch_digests:
+        custom["patches"] = list(patch_digests)
+    if custom:
+        warnings.append(f"not official: custom {', '.join(custom)}")
     published = cuda in data.magma.published.get(version, ())
     if not published:
         warnings.append(f"not official: {data.magma.package.name_prefix}{nodot(cuda)} {version} was never published upstream")
@@ -195,7 +207,8 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         fixes=fixes,
         warnings=tuple(warnings),
         source=source,
-        published=published,
+        published=published and not custom,
+        settings=json.dumps(custom, sort_keys=True),
     )
 
 
@@ -470,7 +483,7 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             )
             check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {magma_version}, the newest official one")
         magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
-                           request.options.magma_source)
+                           request.options.magma_source, request.options.patch_digests)
     elif cuda and platform == "linux-aarch64" and not jetson:
         check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
 
