@@ -14,7 +14,8 @@ import pytest
 from torchforge.cli import main
 
 TABLE = tomllib.loads((Path(__file__).parent / "fixtures" / "official_conda_packages.toml").read_text())
-_NAME = re.compile(r"^pytorch-(?P<version>\d+\.\d+\.\d+)-py(?P<python>\d\.\d+)_(?:cpu|cuda(?P<cuda>[\d.]+)_cudnn[\d.]+)_0$")
+_NAME = re.compile(r"^pytorch-(?P<version>\d+\.\d+\.\d+)-py(?P<python>\d\.\d+)_(?:cpu_|cuda(?P<cuda>[\d.]+)_cudnn[\d.]+_)?0$")
+PLATFORMS = ("linux-64", "win-64", "osx-64", "osx-arm64")
 
 
 def _cuda_xy(tag: str) -> str:
@@ -25,7 +26,7 @@ def _cuda_xy(tag: str) -> str:
 def _groups() -> dict[tuple[str, str], dict[tuple[str, str], str]]:
     """(version, platform) -> {(accel, python): build string}."""
     groups: dict[tuple[str, str], dict[tuple[str, str], str]] = defaultdict(dict)
-    for platform in ("linux-64", "win-64"):
+    for platform in PLATFORMS:
         for name in TABLE[platform]:
             match = _NAME.match(name)
             assert match, name
@@ -40,7 +41,7 @@ GROUPS = _groups()
 def test_the_table_covers_every_release_from_1_4_to_2_5() -> None:
     minors = {".".join(version.split(".")[:2]) for version, _ in GROUPS}
     assert minors == {f"1.{m}" for m in range(4, 14)} | {f"2.{m}" for m in range(6)}
-    assert sum(len(v) for v in GROUPS.values()) == len(TABLE["linux-64"]) + len(TABLE["win-64"])
+    assert sum(len(v) for v in GROUPS.values()) == sum(len(TABLE[p]) for p in PLATFORMS)
 
 
 @pytest.mark.parametrize(("version", "platform"), sorted(GROUPS), ids=lambda v: str(v))
