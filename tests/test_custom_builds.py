@@ -52,7 +52,9 @@ def test_arch_list_from_env_is_checked_like_the_option() -> None:
     assert by_option.refusals == tuple(r for r in by_env.refusals)
     assert "GPU arch 12.0 is outside what nvcc 12.4 accepts" in by_env.refusals[0]
     # The same list through either door is the same package.
-    assert _variant(arch_list="8.0;9.0").arch_list == _variant(extra_env=parse_env(["TORCH_CUDA_ARCH_LIST=8.0;9.0"])).arch_list
+    by_flag, by_var = _variant(arch_list="8.0;9.0"), _variant(extra_env=parse_env(["TORCH_CUDA_ARCH_LIST=8.0;9.0"]))
+    assert (by_flag.arch_list, by_flag.build_string) == (by_var.arch_list, by_var.build_string)
+    assert _variant(debug=True).build_string == _variant(extra_env=parse_env(["DEBUG=1"])).build_string
     disagree = _variant(arch_list="8.0", extra_env=parse_env(["TORCH_CUDA_ARCH_LIST=9.0"]))
     assert "disagree" in "; ".join(disagree.refusals)
 

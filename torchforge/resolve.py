@@ -267,6 +267,7 @@ def _jetson_device(data: Data, request: Request, check: _Checker) -> tuple[str, 
 
 # Variables torchforge itself sets or checks: from --env they are validated like the options they stand for.
 _SWITCHES = ("USE_CUDA", "USE_MAGMA", "DEBUG")
+_OPTION_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "DEBUG")  # --arch-list and --debug
 
 
 def _apply_env_options(request: Request, check: _Checker) -> Request:
@@ -297,8 +298,10 @@ def variant_settings(request: Request) -> dict[str, object]:
     settings: dict[str, object] = {}
     if options.arch_list:
         settings["arch_list"] = options.arch_list
-    if options.extra_env:
-        settings["env"] = dict(sorted(options.extra_env))
+    # Variables that stand for an option count once, as that option: both doors give the same package.
+    env = {name: value for name, value in sorted(options.extra_env) if name not in _OPTION_VARIABLES}
+    if env:
+        settings["env"] = env
     if options.patch_digests:
         settings["patches"] = list(options.patch_digests)
     if options.debug:
@@ -367,7 +370,7 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             f"CUDA {newest}); choose CUDA {newest} or older, or a newer PyTorch"
         )
 
-    facts = data.platform(request.platform)
+    facts = here.facts
     if cuda and not facts.cuda:
         check.refuse(f"{request.platform} builds have no CUDA (PyTorch on macOS is CPU, with MPS on Apple silicon); "
                      f"use --cuda cpu")
