@@ -134,14 +134,20 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
     return Command(argv=tuple(argv), secrets=command.secrets)
 
 
+def require_image(accel: str, images: Mapping[str, Image] | None = None) -> Image:
+    """The image of `accel`, which must exist and carry conda-build (the engine run inside it)."""
+    image = image_for(accel, images)
+    if image is None:
+        raise no_image(accel)
+    if not image.conda_build:
+        raise ToolMissingError(
+            f"the image {image.image} of {'cpu' if accel == 'cpu' else 'CUDA ' + accel} has no conda-build ({image.provides})",
+            f"derive an image from it with conda-build installed and name it in torchforge.toml [images.\"{accel}\"]",
+        )
+    return image
+
+
 def check_images(accels: Iterable[str], settings: ContainerSettings) -> None:
-    """Before any build: every variant's image is known and carries conda-build (the engine run inside)."""
+    """Before any build: every variant's image is known and carries conda-build."""
     for accel in dict.fromkeys(accels):
-        image = image_for(accel, settings.images)
-        if image is None:
-            raise no_image(accel)
-        if not image.conda_build:
-            raise ToolMissingError(
-                f"the image {image.image} of {'cpu' if accel == 'cpu' else 'CUDA ' + accel} has no conda-build ({image.provides})",
-                f"derive an image from it with conda-build installed and name it in torchforge.toml [images.\"{accel}\"]",
-            )
+        require_image(accel, settings.images)

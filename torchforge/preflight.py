@@ -30,7 +30,7 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import ContainerSettings, image_for
+from torchforge.containers import ContainerSettings, image_for, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_toml
 from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
@@ -530,16 +530,13 @@ def _check_driver(ctx: _Context) -> None:
 
 def _check_container(ctx: _Context, container: ContainerSettings) -> None:
     for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
-        label = "cpu" if accel == "cpu" else f"CUDA {accel}"
-        image = image_for(accel, container.images)
-        if image is None:
-            ctx.add(f"image ({label})", Level.FAIL, "no build image is known",
-                    f"name one in torchforge.toml [images.\"{accel}\"]")
-        elif not image.conda_build:
-            ctx.add(f"image ({label})", Level.FAIL, f"{image.image} has no conda-build ({image.provides})",
-                    f"derive an image with conda-build and name it in torchforge.toml [images.\"{accel}\"]")
-        else:
-            ctx.add(f"image ({label})", Level.OK, f"{image.image} via {container.tool}: {image.provides}")
+        name = f"image ({'cpu' if accel == 'cpu' else 'CUDA ' + accel})"
+        try:
+            image = require_image(accel, container.images)
+        except ForgeError as exc:
+            ctx.add(name, Level.FAIL, exc.message, exc.hint)
+            continue
+        ctx.add(name, Level.OK, f"{image.image} via {container.tool}: {image.provides}")
 
 
 def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
