@@ -269,3 +269,17 @@ def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: s
     # each job's channels are named above it: the list the build's plan uses
     for text in (github_text, gitlab_text):
         assert f"# channels: {' '.join(expected)}\n" in text and f"# image: {image.image}\n" in text
+
+
+def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Path) -> None:
+    from torchforge.preflight import run_preflight
+
+    selection_ = selection("2.5.1", "11.8,12.8", "3.10")
+    report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(), out=tmp_path,
+                           container=containers.ContainerSettings(""))
+    statuses = {c.name: c.status.value for c in report.checks}
+    assert statuses["container tool"] == "fail"
+    assert statuses["image (CUDA 11.8)"] == "ok" and statuses["image (CUDA 12.8)"] == "fail"
+    # nvcc and the host compiler are the image's: not checked on this machine
+    assert not any(name.startswith(("nvcc", "host compiler")) for name in statuses)
+    assert report.engine == "conda-build"

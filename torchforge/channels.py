@@ -39,9 +39,7 @@ class Rule(FrozenModel):
     @field_validator("pytorch", "python", "cuda")
     @classmethod
     def _specifier(cls, value: str | None) -> str | None:
-        if value is not None and not versions.is_valid_specifier(value):
-            raise ValueError(f"not a PEP 440 specifier: {value!r}")
-        return value
+        return versions.checked_specifier(value)
 
 
 class ChannelsTable(FrozenModel):

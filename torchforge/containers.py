@@ -68,12 +68,19 @@ def no_image(accel: str) -> UsageError:
     )
 
 
-def find_tool() -> str:
-    """The container client: docker, else podman (the one probe; a dry run needs only the client on PATH)."""
+def probe_tool() -> str | None:
+    """The container client: docker, else podman, else None (the one probe; a dry run needs only the client)."""
     for tool in CONTAINER_TOOLS:
         found = shutil.which(tool)
         if found is not None:
             return found
+    return None
+
+
+def find_tool() -> str:
+    found = probe_tool()
+    if found is not None:
+        return found
     raise ToolMissingError("--container needs docker or podman on PATH; neither was found",
                            "install docker or podman, or build without --container on a machine with the CUDA toolkit")
 

@@ -529,6 +529,11 @@ def _check_driver(ctx: _Context) -> None:
 
 
 def _check_container(ctx: _Context, container: ContainerSettings) -> None:
+    if not container.tool:
+        ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
+                "install docker or podman, or build without --container on a machine with the CUDA toolkit")
+    else:
+        ctx.add("container tool", Level.OK, f"{container.tool} (the engine that runs the images is not contacted here)")
     for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
         name = f"image ({'cpu' if accel == 'cpu' else 'CUDA ' + accel})"
         try:

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
         site = site_config.load(config)
-        settings = containers.ContainerSettings(containers.find_tool(), site.images) if container else None
+        settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
         report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
                                site=site, extra_channels=tuple(channel or ()), container=settings, check_channels=True)
         if as_json:
