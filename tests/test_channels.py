@@ -283,3 +283,18 @@ def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Pat
     # nvcc and the host compiler are the image's: not checked on this machine
     assert not any(name.startswith(("nvcc", "host compiler")) for name in statuses)
     assert report.engine == "conda-build"
+
+
+def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("site.toml").write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\n'
+                                 'cuda_home = "/usr/local/cuda-12.8"\n')
+    args = ["--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--out", "."]
+    assert main(["ci", "gitlab", *args]) == ExitCode.USAGE  # no image with a source for 12.8
+    assert main(["ci", "gitlab", *args, "--config", "site.toml"]) == 0
+    doc = YAML(typ="safe").load(Path(".gitlab-ci.yml").read_text())
+    job = doc["pytorch-2.9.0-cu128-py312-linux_64"]
+    assert job["image"] == "registry.example/builder:cuda12.8"
+    assert job["variables"]["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    build = next(line for line in job["script"] if "torchforge build" in line)
+    assert shlex.split(build)[-4:] == ["--config", "site.toml", "--out", "forge-channel"]

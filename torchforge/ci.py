@@ -232,18 +232,19 @@ def _accel_tag(accel: str) -> str:
     return CPU if accel == CPU else f"cu{nodot(accel)}"
 
 
-def _channel_args(channels: Sequence[str]) -> list[str]:
-    return [arg for url in channels for arg in ("--channel", url)]
+def site_args(channels: Sequence[str], config: str | None) -> tuple[str, ...]:
+    """The --channel and --config flags every build job passes on (a config path is relative to the repository root)."""
+    return (*(arg for url in channels for arg in ("--channel", url)), *(("--config", config) if config else ()))
 
 
-def magma_argv(magma: MagmaPlan, variant: Variant, channels: Sequence[str] = ()) -> tuple[str, ...]:
+def magma_argv(magma: MagmaPlan, variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]:
     # --pytorch picks the MAGMA release the PyTorch release was built with; --platform the subdir.
     request = variant.request
     return ("torchforge", "build", "--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda,
-            "--platform", request.platform, *_channel_args(channels), "--out", CHANNEL_DIR)
+            "--platform", request.platform, *extra, "--out", CHANNEL_DIR)
 
 
-def pytorch_argv(variant: Variant, channels: Sequence[str] = ()) -> tuple[str, ...]:
+def pytorch_argv(variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]:
     """The `torchforge build` command for exactly this variant: the selection flags that made it, one value each."""
     request = variant.request
     options = request.options
@@ -261,7 +262,7 @@ def pytorch_argv(variant: Variant, channels: Sequence[str] = ()) -> tuple[str, .
         argv += ["--env", f"{name}={value}"]
     if options.source:
         argv += ["--source", options.source]
-    argv += _channel_args(channels)
+    argv += extra
     argv += ["--out", CHANNEL_DIR]
     return tuple(argv)
 
@@ -276,7 +277,7 @@ def ci_plan(
     requirement: str | None = None,
     regenerate: str = "torchforge ci",
     site: SiteConfig | None = None,
-    extra_channels: tuple[str, ...] = (),
+    extra_args: tuple[str, ...] = (),
 ) -> CiPlan:
     """The jobs of a selection and who needs whom. Refuses selections with refused variants (RefusedError)."""
     render_plan.require_buildable()
@@ -308,7 +309,7 @@ def ci_plan(
         magma_key[magma.id] = key
         jobs.append(Job(
             key=key, package=magma.id, kind="magma", platform=platform, accel=magma.cuda,
-            argv=magma_argv(magma, first, extra_channels), needs=(), after=None,
+            argv=magma_argv(magma, first, extra_args), needs=(), after=None,
             runner=per_accel.get(magma.cuda, base_runner),
             cache_prefix=f"sccache-{platform}-magma-{_accel_tag(magma.cuda)}-",
             image=image_of(magma.cuda)[0], cuda_home=image_of(magma.cuda)[1],
@@ -322,7 +323,7 @@ def ci_plan(
         after = seed.setdefault(request.accel, key)
         jobs.append(Job(
             key=key, package=variant.id, kind="pytorch", platform=platform, accel=request.accel,
-            argv=pytorch_argv(variant, extra_channels), needs=needs, after=None if after == key else after,
+            argv=pytorch_argv(variant, extra_args), needs=needs, after=None if after == key else after,
             runner=per_accel.get(request.accel, base_runner),
             cache_prefix=f"sccache-{platform}-pytorch-{_accel_tag(request.accel)}-",
             image=image_of(request.accel)[0], cuda_home=image_of(request.accel)[1],

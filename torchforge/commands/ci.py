@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from torchforge import config as site_config
-from torchforge.ci import Provider, ci_plan, render, write_file
+from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
     SourceOpt, selection_from_flags,
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
                      regenerate=regenerate_line(provider, given), site=site_config.load(config),
-                     extra_channels=tuple(channel or ()))
+                     extra_args=site_args(channel or (), str(config) if config else None))
         path = write_file(render(ci, provider), out_dir, provider, force=force)
         out.print(str(path))
         magma = sum(1 for job in ci.jobs if job.kind == "magma")
