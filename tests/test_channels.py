@@ -234,6 +234,8 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     assert "has no conda-build" in capsys.readouterr().err
     assert main(["build", *request, "--cuda", "cpu", "--engine", "rattler-build"]) == ExitCode.USAGE
     assert "--container runs conda-build" in capsys.readouterr().err
+    assert main(["build", *request, "--cuda", "cpu", "--platform", "win-64"]) == ExitCode.USAGE
+    assert "not win-64" in capsys.readouterr().err
     # a site names its own image for a CUDA version the data has none for
     config = tmp_path / "site.toml"
     config.write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\ncuda_home = "/usr/local/cuda-12.8"\n')

@@ -109,6 +109,9 @@ def register(app: typer.Typer) -> None:
         site = site_config.load(config)
         container_settings = None
         if container:
+            if selection.platform != "linux-64":
+                raise UsageError(f"--container builds linux-64 packages (the images are x86-64 Linux), not {selection.platform}",
+                                 "drop --container and build on a machine of that platform")
             chosen, why = _container_engine(engine)
             container_settings = containers.ContainerSettings(containers.find_tool(), site.images)
             containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
