@@ -300,3 +300,44 @@ def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypa
     assert job["variables"]["CUDA_HOME"] == "/usr/local/cuda-12.8"
     build = next(line for line in job["script"] if "torchforge build" in line)
     assert shlex.split(build)[-4:] == ["--config", "site.toml", "--out", "forge-channel"]
+
+
+def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_path: Path) -> None:
+    """A channel served over HTTP (a stand-in for a mirror) answers and solves; a closed port does not answer."""
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    from tests.stubchannel import make_stub_channel
+    from torchforge.channels import SiteChannels
+    from torchforge.config import SiteConfig
+    from torchforge.preflight import run_preflight
+    from torchforge.recipe import pytorch_context
+
+    selection_ = selection("2.9.0", "cpu", "3.11")
+    (variant,) = plan(selection_).variants
+    context = pytorch_context(variant)
+    make_stub_channel(tmp_path / "mirror", [*context.build_requirements, *context.host_requirements], runnable=False)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror"))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/conda"
+    try:
+        served = f"http://127.0.0.1:{server.server_address[1]}"
+        for urls, want in (((served,), "ok"), ((served, closed), "warn")):
+            site = SiteConfig(SiteChannels(replace=urls))
+            report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(),
+                                   out=tmp_path / "out", site=site, check_channels=True)
+            statuses = {c.name: (c.status.value, c.detail) for c in report.checks}
+            assert statuses[f"channel {served}"][0] == "ok"
+            assert statuses[f"requirements ({variant.id})"][0] == want, statuses
+        status, detail = statuses[f"channel {closed}"]
+        assert status == "fail" and detail.startswith("does not answer")
+    finally:
+        server.shutdown()
+        server.server_close()
