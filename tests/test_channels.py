@@ -133,12 +133,17 @@ def test_a_bad_site_config_is_a_usage_error(tmp_path: Path, capsys: pytest.Captu
     assert not (tmp_path / "out").exists()
 
 
-def test_the_data_rejects_a_rule_naming_an_unknown_channel() -> None:
+def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
     text = ('[meta]\nsource = "x"\n[channels.a]\nurl = "https://a"\n'
             '[[rules]]\nchannels = ["b"]\nsource = "x"\n')
     with pytest.raises(DataError, match="unknown channel 'b'"):
         parse_table(text)
     assert data_channels("magma", "2.5.1", None, "12.4", "linux-64") == ()
+    images = '[meta]\nsource = "x"\n[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n'
+    with pytest.raises(DataError, match="CUDA 99.9 is missing from cuda.toml"):
+        containers.parse_table(images)
+    with pytest.raises(DataError, match="cuda_home must be an absolute path"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('"/c"', '"c"'))
 
 
 # ---- --container ---------------------------------------------------------------------------------------------

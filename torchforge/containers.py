@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from torchforge import data as tables
 from torchforge.data import FrozenModel, Meta, data_text, parse_toml
 from torchforge.errors import DataError, ToolMissingError, UsageError
 from torchforge.proc import Command
@@ -42,9 +43,16 @@ class ImagesTable(FrozenModel):
 
 def parse_table(text: str, where: str = "torchforge/data/images.toml") -> ImagesTable:
     try:
-        return ImagesTable.model_validate(parse_toml(text, where))
+        table = ImagesTable.model_validate(parse_toml(text, where))
     except ValidationError as exc:
         raise DataError(f"{where} does not match its schema:\n{exc}") from exc
+    toolkits = tables.load().cuda.toolkits
+    for key, image in table.images.items():
+        if key != "cpu" and key not in toolkits:
+            raise DataError(f"{where} images.{key}: CUDA {key} is missing from cuda.toml")
+        if (key == "cpu") != (image.cuda_home == "") or (image.cuda_home and not image.cuda_home.startswith("/")):
+            raise DataError(f"{where} images.{key}: cuda_home must be an absolute path for CUDA and empty for cpu")
+    return table
 
 
 @cache
