@@ -231,6 +231,12 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(ToolMissingError, match="docker or podman"):
         containers.find_tool()
+    # a dry run needs no client: it prints the `docker run` line; a real build stops (exit 5)
+    out = str(tmp_path / "out")
+    assert main(["build", "--dry-run", "--container", "--cuda", "cpu", "--py", "3.12", "--out", out]) == 0
+    assert "[dry-run] docker run --rm" in capsys.readouterr().err
+    assert main(["build", "--container", "--cuda", "cpu", "--py", "3.12", "--out", out]) == ExitCode.TOOL_MISSING
+    assert "neither was found" in capsys.readouterr().err
     monkeypatch.setenv("PATH", str(only_podman))
     request = ["--dry-run", "--container", "--py", "3.12", "--out", str(tmp_path / "out")]
     assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8"]) == ExitCode.USAGE

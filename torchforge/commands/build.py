@@ -113,7 +113,9 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"--container builds linux-64 packages (the images are x86-64 Linux), not {selection.platform}",
                                  "drop --container and build on a machine of that platform")
             chosen, why = _container_engine(engine)
-            container_settings = containers.ContainerSettings(containers.find_tool(), site.images)
+            # A dry run only prints the command, so it needs no client here (it then prints `docker run`).
+            tool = containers.probe_tool() or ("docker" if dry_run else containers.find_tool())
+            container_settings = containers.ContainerSettings(tool, site.images)
             containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
         else:
             chosen, why = select_engine(engine, require_available=not dry_run)
