@@ -70,12 +70,13 @@ def test_plan_channels_per_era(tmp_path: Path, era: str) -> None:
         assert by_kind["magma"].channels == ()
 
 
-@pytest.mark.parametrize("era", ["1.8", "2.4", "2.6+-split-cuda"])
+@pytest.mark.parametrize("era", list(ERAS))
 def test_dry_run_commands_of_both_engines_carry_the_channels(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                              era: str) -> None:
-    (pytorch, accel, python, _), expected = ERAS[era]
+    (pytorch, accel, python, platform), expected = ERAS[era]
     out = tmp_path / "out"
-    request = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--out", str(out), "-c", "file:///srv/extra"]
+    request = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--platform", platform, "--out", str(out),
+               "-c", "file:///srv/extra"]
     code, lines, err = dry_run_lines(capsys, "--engine", "conda-build", *request)
     assert code == 0
     argv = shlex.split(lines[-1])
