@@ -582,7 +582,9 @@ def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> Comme
     # GitLab overwrites a cache key in place, so one key per (package, platform, CUDA) is reused by every
     # Python of that CUDA version; `when: always` keeps the objects of a failed or timed-out build.
     body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[CACHE_DIR + "/"], when="always")
-    body["script"] = [*_gitlab_install(plan, job.platform, with_cache=True), bindir + shlex.join(job.argv)]
+    # Some builder images keep nvcc out of PATH; the checks before the build look for it there, the recipes in CUDA_HOME.
+    toolkit = ['export PATH="$CUDA_HOME/bin:$PATH"'] if job.cuda_home else []
+    body["script"] = [*_gitlab_install(plan, job.platform, with_cache=True), *toolkit, bindir + shlex.join(job.argv)]
     body["after_script"] = [bindir + "sccache --show-stats"]
     body["artifacts"] = CommentedMap(paths=list(ARCHIVE_GLOBS), expire_in=f"{limits.artifact_days} days")
     return body
