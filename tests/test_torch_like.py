@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.stubchannel import make_stub_channel, recipe_requirements
+from torchforge import localchannel
 from torchforge.cli import main
 from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
@@ -72,6 +73,8 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     repodata = json.loads((built / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{STEM}.conda"]
     assert not list(built.glob(".staging-*"))
+    # The engine recorded the variant's settings in info/about.json, where the reuse check reads them.
+    assert json.loads(str(localchannel.about_extra(package)["torchforge_settings"])) == {"source": str(FIXTURE)}
     # The pipeline publishes only after torchforge.rpath.audit passed; check the RPATH the recipe set.
     from torchforge.rpath import Layout, audit
 
