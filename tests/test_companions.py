@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 import rattler
-from rattler import Gateway
+from rattler import Gateway, IndexJson
 
 from tests.pkgfactory import make_package
 from torchforge import data as tables
+from torchforge import localchannel
 from torchforge.cli import main
 from torchforge.companions import companions_for, pytorch_cuda
 from torchforge.localchannel import index
+from torchforge.pipeline import ensure_index_fields
+from torchforge.proc import Runner
 from torchforge.render import plan
 from torchforge.resolve import classify
 from torchforge.variant import Request, Selection
@@ -90,3 +93,21 @@ def test_py_rattler_solves_the_companions_with_pytorch_fixtures(channel: Path, t
     assert cuda["pytorch-mutex"] == "1.0-cuda" and cuda["pytorch-cuda"] == "12.4-7" and "libcublas" in cuda
     cpu = _solve([channel, extra], ["pytorch", "cpuonly"], cache)
     assert cpu["pytorch"] == "2.5.1-py3.12_cpu_0" and cpu["pytorch-mutex"] == "1.0-cpu" and cpu["cpuonly"] == "2.0-0"
+
+
+def test_built_companions_carry_upstreams_track_features(channel: Path) -> None:
+    # rattler-build names its own down-prioritising feature; the pipeline writes upstream's into index.json.
+    assert localchannel.info_json(channel / "noarch" / "cpuonly-2.0-0.conda", "index.json")["track_features"] == "cpuonly"
+    mutex_cpu = IndexJson.from_package_archive(channel / "noarch" / "pytorch-mutex-1.0-cpu.conda")
+    assert mutex_cpu.track_features == ["pytorch-mutex"] and mutex_cpu.build_number == 0
+    mutex_cuda = IndexJson.from_package_archive(channel / "noarch" / "pytorch-mutex-1.0-cuda.conda")
+    assert mutex_cuda.track_features == [] and mutex_cuda.build_number == 100
+
+
+def test_features_era_cpu_package_gets_the_cpuonly_feature(tmp_path: Path) -> None:
+    # A CPU pytorch of the features era (<= 1.9) built by an engine that cannot write `features`.
+    package = make_package(tmp_path, "pytorch", "1.7.1", "py3.8_cpu_0")
+    assert ensure_index_fields(package, (("features", "cpuonly"),), Runner()) == package
+    assert IndexJson.from_package_archive(package).features == "cpuonly"
+    # the payload and the rest of the metadata are untouched
+    assert str(IndexJson.from_package_archive(package).build) == "py3.8_cpu_0"

@@ -47,6 +47,9 @@ class Step:
     channels: tuple[str, ...] = ()
     accel: str = "cpu"  # "cpu" or CUDA X.Y: picks the build image with --container
     local_source: str | None = None  # a source tree on this machine (mounted into the container)
+    # info/index.json fields the package must carry that not every engine can write (rattler-build has no
+    # `features` and names its own track_features): set after the build when the engine left them out.
+    index_fields: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,19 +117,21 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
             needs: tuple[str, ...] = (), planned: str | None = None) -> None:
         found, stale = (None, "") if settings.force else _existing(stem, context.platform, settings, planned)
         local = context.source.location if context.source.kind == "path" else None
+        index_fields = (("features", " ".join(context.features)),) if context.features else ()
         steps.append(Step(kind, ident, stem, context.platform, context.python,
                           render_files(context, engine.recipe_format), context.script_env,
                           Action.REUSE if found else Action.BUILD, found or stale, needs,
-                          channels, context.cuda or "cpu", local))
+                          channels, context.cuda or "cpu", local, index_fields))
 
     if not settings.magma_only:
         # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
         # lack them: their recipes install no files and need no channel, so they come first and build in seconds.
         for companion in render_plan.companions:
             found, _ = (None, "") if settings.force else _existing(companion.filename_stem, companion.subdir, settings)
+            index_fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
             steps.append(Step("companion", companion.id, companion.filename_stem, companion.subdir, None,
                               companion_files(companion, engine.recipe_format), (),
-                              Action.REUSE if found else Action.BUILD, found or ""))
+                              Action.REUSE if found else Action.BUILD, found or "", index_fields=index_fields))
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
         add("magma", magma.id, magma.filename_stem, magma_context(magma, patch_names),
@@ -153,6 +158,37 @@ def _check_identity(artifact: Path, step: Step) -> None:
         )
 
 
+def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
+    """Compress an extracted package tree again under the archive's own name, replacing it atomically."""
+    from conda_package_handling import api as cph
+
+    files = sorted(str(f.relative_to(tree)) for f in tree.rglob("*") if f.is_file() or f.is_symlink())
+    out_dir = workdir / "out"
+    out_dir.mkdir()
+    cph.create(str(tree), files, artifact.name, out_folder=str(out_dir))
+    os.replace(out_dir / artifact.name, artifact)
+
+
+def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], runner: Runner) -> Path:
+    """Give the package's info/index.json the planned `fields` where the engine wrote other values."""
+    from rattler.package_streaming import extract
+
+    if not fields or runner.dry_run:
+        return artifact
+    index = localchannel.info_json(artifact, "index.json")
+    if all(index.get(name) == value for name, value in fields):
+        return artifact
+    with tempfile.TemporaryDirectory(prefix="torchforge-index-", dir=artifact.parent) as tmp:
+        tree = Path(tmp) / "pkg"
+        extract(str(artifact), str(tree))
+        index_file = tree / "info" / "index.json"
+        index = json.loads(index_file.read_text())
+        index.update(dict(fields))
+        index_file.write_text(json.dumps(index, indent=2, sort_keys=True))
+        _rearchive(tree, artifact, Path(tmp))
+    return artifact
+
+
 def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     """RPATH audit of the built package; when it flags something, fix the tree and rewrite the archive.
 
@@ -162,7 +198,6 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from conda_package_handling import api as cph
     from rattler.package_streaming import extract
 
     from torchforge.rpath import Layout, audit, fix_and_audit
@@ -182,11 +217,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
             entry["sha256"] = hashlib.sha256(data).hexdigest()
             entry["size_in_bytes"] = len(data)
         paths_file.write_text(json.dumps(paths, indent=2, sort_keys=True))
-        files = sorted(str(f.relative_to(tree)) for f in tree.rglob("*") if f.is_file() or f.is_symlink())
-        fixed_dir = Path(tmp) / "out"
-        fixed_dir.mkdir()
-        cph.create(str(tree), files, artifact.name, out_folder=str(fixed_dir))
-        os.replace(fixed_dir / artifact.name, artifact)
+        _rearchive(tree, artifact, Path(tmp))
     return artifact
 
 
@@ -271,6 +302,7 @@ class Pipeline:
                     f"see the log {log}",
                 )
             _check_identity(artifact, step)
+            artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
             artifact = _fix_and_audit(artifact, self.runner)
             published = localchannel.publish(artifact, out, step.subdir, replace=True)
             return StepResult(step, True, published, time.monotonic() - started, log=log)
