@@ -111,3 +111,21 @@ def test_features_era_cpu_package_gets_the_cpuonly_feature(tmp_path: Path) -> No
     assert IndexJson.from_package_archive(package).features == "cpuonly"
     # the payload and the rest of the metadata are untouched
     assert str(IndexJson.from_package_archive(package).build) == "py3.8_cpu_0"
+
+
+def test_companion_meta_yaml_carries_upstreams_definition(tmp_path: Path) -> None:
+    from ruamel.yaml import YAML
+
+    assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12", "--companions",
+                 "--out", str(tmp_path / "r")]) == 0
+    load = lambda folder: YAML(typ="safe").load((tmp_path / "r" / folder / "meta.yaml").read_text())  # noqa: E731
+    cuda_mutex = load("pytorch-mutex-1.0-cuda-noarch")
+    assert cuda_mutex["build"] == {"number": 100, "string": "cuda", "noarch": "generic",
+                                   "run_exports": ["pytorch-mutex ==1.0 cuda"]}
+    assert load("pytorch-mutex-1.0-cpu-noarch")["build"]["track_features"] == ["pytorch-mutex"]
+    cpuonly = load("cpuonly-2.0-0-noarch")
+    assert cpuonly["build"]["track_features"] == ["cpuonly"] and cpuonly["requirements"]["run"] == ["pytorch-mutex ==1.0 cpu"]
+    pytorch_cuda_meta = load("pytorch-cuda-12.4-7-linux_64")
+    assert pytorch_cuda_meta["package"] == {"name": "pytorch-cuda", "version": "12.4"}
+    assert "libnvjitlink >=12.4.127,<12.5.40" in pytorch_cuda_meta["requirements"]["run"]
+    assert not any(spec.endswith("-dev") or "-dev " in spec for spec in pytorch_cuda_meta["requirements"]["run"])
