@@ -15,9 +15,10 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from tests.stubchannel import make_stub_channel, recipe_requirements
+from torchforge.channels import SiteChannels
 from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, read_stats
 from torchforge.engines.rattler_build import RattlerBuildEngine
-from torchforge.pipeline import BuildSettings, Pipeline, StepResult, plan_steps
+from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.proc import Runner
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, plan, render_files
@@ -36,13 +37,18 @@ def selection(pythons: str, extra_env: tuple[tuple[str, str], ...] = ENV, source
                                 Options(source=str(source), extra_env=extra_env, **options))  # type: ignore[arg-type]
 
 
+def offline(out: Path, stubs: Path, **more: object) -> BuildSettings:
+    """Settings of a site without internet: the stand-in channel replaces every data channel."""
+    return BuildSettings(out=out, site_channels=SiteChannels(replace=(f"file://{stubs}",)), **more)  # type: ignore[arg-type]
+
+
 def build(out: Path, stubs: Path, pythons: str, *, use_cache: bool) -> list[StepResult]:
     engine = RattlerBuildEngine()
-    settings = BuildSettings(out=out, channels=(f"file://{stubs}",), use_cache=use_cache)
+    settings = offline(out, stubs, use_cache=use_cache)
     results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(pythons)), engine, settings))
     for result in results:
         assert result.ok, result.error + (result.log.read_text()[-3000:] if result.log else "")
-    return results
+    return [r for r in results if r.step.kind == "pytorch"]  # without companion metapackages, if any
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +70,9 @@ def cached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
 @pytest.fixture(scope="module")
 def uncached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("uncached") / "channel"
-    results = build(out, stubs, "3.11", use_cache=False)
-    assert results[0].cache is None
-    return out
+    (result,) = build(out, stubs, "3.11", use_cache=False)
+    assert result.cache is None and result.artifact is not None
+    return result.artifact
 
 
 def extract(package: Path, into: Path) -> Path:
@@ -154,11 +160,16 @@ def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
 
 def test_variants_that_differ_only_in_python_share_one_cache_and_no_cache_switches_it_off(tmp_path: Path) -> None:
     engine = RattlerBuildEngine()
-    steps = plan_steps(plan(selection("3.10,3.11,3.12")), engine, BuildSettings(out=tmp_path))
-    assert len({s.cache_key for s in steps}) == 1
+    def pytorch_steps(settings: BuildSettings, pythons: str) -> list[Step]:
+        return [s for s in plan_steps(plan(selection(pythons)), engine, settings) if s.kind == "pytorch"]
+
+    steps = pytorch_steps(BuildSettings(out=tmp_path), "3.10,3.11,3.12")
+    assert len({s.cache_key for s in steps}) == 1 and steps[0].cache_key is not None
     assert [s.cache_first for s in steps] == [None, steps[0].id, steps[0].id]
-    off = plan_steps(plan(selection("3.10,3.11")), engine, BuildSettings(out=tmp_path, use_cache=False))
-    assert [s.cache_key for s in off] == [None, None]
+    assert [s.cache_key for s in pytorch_steps(BuildSettings(out=tmp_path, use_cache=False), "3.10,3.11")] == [None, None]
+    # A compiler launcher of the user's own (their sccache) is left alone: no torchforge cache then.
+    own = BuildSettings(out=tmp_path, extra_env={"CMAKE_CXX_COMPILER_LAUNCHER": "sccache"})
+    assert [s.cache_key for s in pytorch_steps(own, "3.10,3.11")] == [None, None]
 
 
 @pytest.mark.slow
@@ -176,26 +187,29 @@ def test_the_second_python_compiles_only_its_binding(cached: tuple[Path, list[St
 
 @pytest.mark.slow
 def test_the_binding_is_really_compiled_per_python(cached: tuple[Path, list[StepResult]], tmp_path: Path) -> None:
-    out, _ = cached
-    for python in PYTHONS.split(","):
-        tree = extract(out / "linux-64" / f"pytorch-2.9.0-py{python}_cpu_0.conda", tmp_path / python)
+    _, results = cached
+    assert [r.step.python for r in results] == PYTHONS.split(",")
+    for result in results:
+        assert result.artifact is not None and f"py{result.step.python}_cpu" in result.artifact.name
+        tree = extract(result.artifact, tmp_path / str(result.step.python))
         (module,) = (tree / SITE / "torch").glob("_C*.so")
-        assert f"{python}\0".encode() in module.read_bytes()
+        assert f"{result.step.python}\0".encode() in module.read_bytes()
 
 
 @pytest.mark.slow
 def test_a_cached_build_has_the_payload_of_an_uncached_one(cached: tuple[Path, list[StepResult]], uncached: Path,
                                                            tmp_path: Path) -> None:
-    out, _ = cached
-    name = "pytorch-2.9.0-py3.11_cpu_0.conda"
-    warm = payload(extract(out / "linux-64" / name, tmp_path / "warm"))
-    cold = payload(extract(uncached / "linux-64" / name, tmp_path / "cold"))
+    _, (first_result, second_result) = cached
+    assert second_result.artifact is not None and first_result.artifact is not None
+    assert second_result.artifact.name == uncached.name  # the same package, py3.11
+    warm = payload(extract(second_result.artifact, tmp_path / "warm"))
+    cold = payload(extract(uncached, tmp_path / "cold"))
     assert sorted(warm) == sorted(cold)
     assert f"{SITE}/torch/lib/libtorch_heavy.so" in warm
     different = [rel for rel in warm if comparable(warm[rel], rel) != comparable(cold[rel], rel)]
     assert different == []
     # The objects the warm build took from the cache are the ones the first Python compiled.
-    first = payload(extract(out / "linux-64" / "pytorch-2.9.0-py3.10_cpu_0.conda", tmp_path / "first"))
+    first = payload(extract(first_result.artifact, tmp_path / "first"))
     library = f"{SITE}/torch/lib/libtorch_heavy.so"
     assert without_build_id(first[library]) == without_build_id(warm[library])
 
@@ -209,8 +223,9 @@ def test_conda_build_engine_reuses_the_objects_too(stubs: Path, tmp_path: Path) 
         pytest.skip("no conda-build: create .venv-conda as ../shared/vendor/README.md says")
     with vendored_conda.on_path(tmp_path):
         engine = CondaBuildEngine()
-        settings = BuildSettings(out=tmp_path / "channel", channels=(f"file://{stubs}",))
-        first, second = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
+        settings = offline(tmp_path / "channel", stubs)
+        results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
+    first, second = [r for r in results if r.step.kind == "pytorch"]
     assert first.ok and second.ok, first.error + second.error
     assert first.cache is not None and second.cache is not None and first.cache.hits == 0
     assert [Path(f).name for f in second.cache.missed_files] == ["module.cpp"]
@@ -225,8 +240,10 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
     import time
 
     out = tmp_path / "channel"
+    config = tmp_path / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
     argv = [sys.executable, "-m", "torchforge.cli", "build", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11",
-            "--source", str(FIXTURE), "--env", "TORCH_HEAVY_TUS=8", "--out", str(out), "--channel", f"file://{stubs}",
+            "--source", str(FIXTURE), "--env", "TORCH_HEAVY_TUS=8", "--out", str(out), "--config", str(config),
             "--skip-preflight", "--engine", "rattler-build"]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     def stored() -> int:  # ccache logs a call after storing its result
@@ -240,9 +257,10 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
     process.wait()
     assert not list(out.glob("linux-64/*.conda"))
     engine = RattlerBuildEngine()
-    settings = BuildSettings(out=out, channels=(f"file://{stubs}",))
+    settings = offline(out, stubs)
     sel = Selection.from_flags("2.9.0", "cpu", "3.11", None,
                                Options(source=str(FIXTURE), extra_env=(("TORCH_HEAVY_TUS", "8"),)))
-    (rerun,) = Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+    (rerun,) = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+                if r.step.kind == "pytorch"]
     assert rerun.ok, rerun.error
     assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill

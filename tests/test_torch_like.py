@@ -12,15 +12,18 @@ from pathlib import Path
 import pytest
 
 from tests.stubchannel import make_stub_channel, recipe_requirements
+from torchforge import localchannel
 from torchforge.cli import main
 from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, plan, render_files
-from torchforge.variant import Options, Selection
+from torchforge.resolve import classify
+from torchforge.variant import Options, Request, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 REQUEST = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11"]
-STEM = "pytorch-2.9.0-py3.11_cpu_0"
+# --source makes a custom build: its build string carries the hash of the settings (torchforge.resolve).
+STEM = "pytorch-2.9.0-" + str(classify(Request("2.9.0", "cpu", "3.11", "linux-64", Options(source=str(FIXTURE)))).build_string)
 
 
 def rendered_recipe() -> str:
@@ -37,11 +40,18 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return channel
 
 
+def offline_site(stubs: Path) -> Path:
+    """torchforge.toml of a site without internet: the stand-in channel replaces every data channel."""
+    config = stubs.parent / f"{stubs.name}-torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
+    return config
+
+
 @pytest.fixture(scope="module")
 def built(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     channel = tmp_path_factory.mktemp("forge") / "channel"
     code = main(["build", *REQUEST, "--source", str(FIXTURE), "--out", str(channel),
-                 "--channel", f"file://{stubs}", "--skip-preflight"])
+                 "--config", str(offline_site(stubs)), "--skip-preflight"])
     assert code == 0, (channel / "logs" / "pytorch-2.9.0-cpu-py311-linux_64.log").read_text()[-3000:]
     return channel
 
@@ -63,6 +73,8 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     repodata = json.loads((built / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{STEM}.conda"]
     assert not list(built.glob(".staging-*"))
+    # The engine recorded the variant's settings in info/about.json, where the reuse check reads them.
+    assert json.loads(str(localchannel.about_extra(package)["torchforge_settings"])) == {"source": str(FIXTURE)}
     # The pipeline publishes only after torchforge.rpath.audit passed; check the RPATH the recipe set.
     from torchforge.rpath import Layout, audit
 
@@ -90,6 +102,6 @@ def test_second_identical_build_reuses_the_package(built: Path, stubs: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     before = (built / "linux-64" / f"{STEM}.conda").stat().st_mtime_ns
     assert main(["build", *REQUEST, "--source", str(FIXTURE), "--out", str(built),
-                 "--channel", f"file://{stubs}", "--skip-preflight"]) == 0
+                 "--config", str(offline_site(stubs)), "--skip-preflight"]) == 0
     assert f"reuse {STEM}: already in" in capsys.readouterr().err
     assert (built / "linux-64" / f"{STEM}.conda").stat().st_mtime_ns == before

