@@ -4,6 +4,7 @@ torchforge.toml replacing them, `--container` command lines, and the CI files fo
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 from pathlib import Path
@@ -52,7 +53,10 @@ def selection(pytorch: str, accel: str, python: str, platform: str = "linux-64")
 def dry_run_lines(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
     code = main(["build", "--dry-run", *args])
     err = capsys.readouterr().err
-    return code, [line.removeprefix("[dry-run] ") for line in err.splitlines() if line.startswith("[dry-run]")], err
+    # Leading NAME=value words are the command's environment (the compile cache's CCACHE_CONFIGPATH and launchers).
+    lines = [re.sub(r"^(?:[A-Z_][A-Z0-9_]*=\S+ )+", "", line.removeprefix("[dry-run] "))
+             for line in err.splitlines() if line.startswith("[dry-run]")]
+    return code, lines, err
 
 
 def channel_flags(argv: list[str], flag: str) -> list[str]:

@@ -264,3 +264,24 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
                 if r.step.kind == "pytorch"]
     assert rerun.ok, rerun.error
     assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill
+
+
+def test_container_builds_get_the_cache_folder_and_the_ccache_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_channels import docker_run, dry_run_lines, executable
+
+    executable(tmp_path / "bin", "docker")  # a dry run only probes for the client
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for name in ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "out"
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12",
+                                     "--out", str(out))
+    assert code == 0, err
+    _, env, volumes, _, inner = docker_run(next(line for line in lines if "recipes/pytorch-2.5.1-cpu" in line))
+    ccache = find_ccache()
+    assert ccache is not None and env["CMAKE_CUDA_COMPILER_LAUNCHER"] == ccache
+    (cache_dir,) = [v.split(":")[0] for v in volumes if "/.cache/compile/pytorch-2.5.1-cpu-linux_64-" in v]
+    assert f"{cache_dir}:{cache_dir}" in volumes and f"{ccache}:{ccache}:ro" in volumes
+    assert env["CCACHE_CONFIGPATH"].startswith(str(out.resolve()))  # under the mounted output channel
+    assert "--croot" in inner and not out.exists()

@@ -139,15 +139,18 @@ class CompileCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.directory / "key.json", json.dumps({"key": self.key, "ccache": self.ccache}, indent=2) + "\n")
 
-    def build_env(self, base_dir: Path, stats_log: Path) -> dict[str, str]:
-        """Variables for one build: the launchers, and a ccache config of its own (cache, base_dir, stats)."""
+    def build_env(self, base_dir: Path, stats_log: Path, *, write: bool = True) -> dict[str, str]:
+        """Variables for one build: the launchers, and a ccache config of its own (cache, base_dir, stats),
+        written next to the stats log (not with write=False: a dry run prints the variables only)."""
         config = stats_log.with_suffix(".conf")
-        _write_atomic(config, "".join(f"{name} = {value}\n" for name, value in (
+        text = "".join(f"{name} = {value}\n" for name, value in (
             ("cache_dir", self.directory.resolve()),
             ("base_dir", base_dir.resolve()),
             ("hash_dir", "false"),
             ("compiler_check", "content"),
             ("max_size", MAX_SIZE),
             ("stats_log", stats_log.resolve()),
-        )))
+        ))
+        if write:
+            _write_atomic(config, text)
         return {CONFIG_VARIABLE: str(config.resolve()), **{name: self.ccache for name in LAUNCHER_VARIABLES}}

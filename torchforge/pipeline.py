@@ -345,7 +345,7 @@ class Pipeline:
                 self.on_event(f"compile cache {cache.directory} (base_dir {staging})")
             else:
                 cache.prepare()
-                environ.update(cache.build_env(staging, stats_log))
+            environ.update(cache.build_env(staging, stats_log, write=not self.runner.dry_run))
         job = BuildJob(recipe_dir, staging, channels, step.python,
                        script_env_values(step.script_env, environ), self.settings.test,
                        work_dir=staging / "work" if cache is not None else None)
