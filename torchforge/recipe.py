@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torchforge import __version__
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, Requirement, SourceEdit
-from torchforge.resolve import AppliedFix, MagmaPlan, Status, Variant
+from torchforge.resolve import AppliedFix, MagmaPlan, Status, Variant, bundle_rule, windows_magma
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
 BUILD_TOOL_VARIABLES = frozenset(
@@ -30,6 +31,16 @@ class Source:
     rev: str | None = None
     sha256: str | None = None
     patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BundledFile:
+    """One library (or glob) the build script copies into torch/lib: `dir_var` overrides `dir_default`."""
+
+    dir_var: str
+    dir_default: str
+    name: str
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,12 @@ class RecipeContext:
     warnings: tuple[str, ...] = ()
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
+    bundle_files: tuple[BundledFile, ...] = ()
+    bundle_dirs: tuple[tuple[str, str], ...] = ()  # (variable, default) of every directory bundled from
+    bundle_keep_names: tuple[str, ...] = ()  # shell `case` patterns of names not hash-renamed
+    bundle_source: str = ""
+    magma_win_version: str = ""
+    magma_win_url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -78,7 +95,9 @@ class RecipeContext:
         return bool(self.source_edits)
 
 
-def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool) -> bool:
+def _applies(requirement: Requirement, pytorch: str, python: str, platform: str, is_cuda: bool) -> bool:
+    if requirement.releases and not versions.matches(pytorch, requirement.releases):
+        return False
     if requirement.python and not versions.matches(python, requirement.python):
         return False
     if requirement.platforms is not None and platform not in requirement.platforms:
@@ -88,8 +107,8 @@ def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool
     return True
 
 
-def _select(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool) -> list[str]:
-    return [r.spec for r in requirements if _applies(r, python, platform, is_cuda)]
+def _select(requirements: tuple[Requirement, ...], pytorch: str, python: str, platform: str, is_cuda: bool) -> list[str]:
+    return [r.spec for r in requirements if _applies(r, pytorch, python, platform, is_cuda)]
 
 
 def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
@@ -114,9 +133,9 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     runtime = data.eras.runtime
     platform, python, cuda = request.platform, request.python, (request.accel if request.is_cuda else None)
     is_cuda = cuda is not None
-    build = _select(era.build, python, platform, is_cuda)
-    host = _select(era.host, python, platform, is_cuda)
-    run = _select(era.run, python, platform, is_cuda)
+    build = _select(era.build, request.pytorch, python, platform, is_cuda)
+    host = _select(era.host, request.pytorch, python, platform, is_cuda)
+    run = _select(era.run, request.pytorch, python, platform, is_cuda)
     warnings = list(variant.warnings)
     if not any(spec.split()[0] == "numpy" for spec in host):
         host.insert(1, "numpy")
@@ -139,8 +158,10 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         else:
             run.append(f"cuda-version >={cuda},<{toolkit.runtime_upper}")
             run.extend(runtime.split_packages)
-        if release.triton and platform != "win-64":
-            run.append(f"torchtriton =={release.triton}")
+        triton = release.triton_by_patch.get(request.pytorch, release.triton)
+        if triton and platform != "win-64" and (
+                release.triton_python is None or versions.matches(python, release.triton_python)):
+            run.append(f"torchtriton =={triton}")
     if release.selector == "mutex":
         run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
         run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
@@ -153,6 +174,8 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         install_command = install.setup_py_win if release.conda_official else install.pip_win
     else:
         install_command = install.setup_py if release.conda_official else install.pip
+    bundle = _bundle(data, variant, cuda)
+    magma_win = windows_magma(data, request, cuda)
     tag = f"v{request.pytorch}"
     source = resolve_source(request.options.source, data.pytorch.defaults.source_url, tag)
     return RecipeContext(
@@ -183,12 +206,36 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         home="https://pytorch.org/",
         warnings=tuple(warnings),
         fixes=_fix_notes(variant.fixes),
+        **bundle,
+        magma_win_version=magma_win.version if magma_win else "",
+        magma_win_url=magma_win.url.format(version=magma_win.version, cuda_nodot=versions.nodot(cuda or ""))
+        if magma_win else "",
         extra={
             "torchforge_variant": variant.id,
             "torchforge_status": variant.status.value,
             **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
         },
     )
+
+
+def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:
+    """The bundling step's context: the files to copy (with their directory variables), the names kept."""
+    rule = bundle_rule(data, variant.request, cuda)
+    if rule is None or cuda is None:
+        return {}
+    windows = variant.request.platform == "win-64"
+    dirs = data.bundle.win_dirs if windows else data.bundle.linux_dirs
+    files = tuple(
+        BundledFile(dirs[lib.dir].var, dirs[lib.dir].default,
+                    lib.name.format(cuda=cuda, cuda_major=cuda.split(".")[0]), lib.optional)
+        for lib in rule.libs
+    )
+    return {
+        "bundle_files": files,
+        "bundle_dirs": tuple(dict.fromkeys((f.dir_var, f.dir_default) for f in files)),
+        "bundle_keep_names": data.bundle.hash_exempt,
+        "bundle_source": rule.source,
+    }
 
 
 def _reads_itself(variant: Variant, name: str) -> bool:

@@ -11,7 +11,7 @@ from enum import Enum
 
 from torchforge import data as tables
 from torchforge import versions
-from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
+from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsMagma
 from torchforge.variant import Request, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
@@ -302,6 +302,12 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         if cudnn is None:
             check.refuse(f"no cuDNN version is known for CUDA {cuda}; choose a CUDA listed for PyTorch {release_key}: "
                          f"{', '.join(release.cuda) or 'cpu only'}")
+        elif not jetson and versions.parse(cudnn) >= versions.parse("8.3"):
+            rule = bundle_rule(data, request, cuda)
+            if rule is None or not any(lib.dir == "cudnn" for lib in rule.libs):
+                check.warn(f"cuDNN {cudnn} cannot be linked statically and no bundling rule covers PyTorch "
+                           f"{request.pytorch} with CUDA {cuda} on {request.platform}: libcudnn must come from "
+                           f"the environment, and the RPATH audit fails the package without it")
 
     # Host compiler.
     gcc = request.options.gcc
@@ -425,6 +431,39 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
     return arch_list
 
 
+def bundle_rule(data: Data, request: Request, cuda: str | None) -> BundleRule | None:
+    """The libraries upstream's recipe copied into torch/lib for this variant (bundle.toml), if any.
+
+    Jetson builds take cuDNN and CUPTI from JetPack on the device, so nothing is bundled there.
+    """
+    if cuda is None or request.options.jetson is not None:
+        return None
+    rules = data.bundle.win if request.platform == "win-64" else data.bundle.linux
+    for rule in rules:
+        if versions.matches(request.pytorch, rule.pytorch) and versions.matches(cuda, rule.cuda):
+            return rule
+    return None
+
+
+def _env_entry_applies(entry: BuildEnvEntry, request: Request, cuda: str | None) -> bool:
+    if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
+        return False
+    if entry.when == "linux" and not request.platform.startswith("linux"):
+        return False
+    if entry.pytorch and not versions.matches(request.pytorch, entry.pytorch):
+        return False
+    if entry.cuda and (cuda is None or not versions.matches(cuda, entry.cuda)):
+        return False
+    return not (entry.python and not versions.matches(request.python, entry.python))
+
+
+def windows_magma(data: Data, request: Request, cuda: str | None) -> WindowsMagma | None:
+    """The prebuilt MAGMA archive upstream's bld.bat linked, for a Windows CUDA variant of its releases."""
+    if cuda is None or request.platform != "win-64":
+        return None
+    return next((m for m in data.eras.windows_magma if versions.matches(request.pytorch, m.pytorch)), None)
+
+
 def _build_env(data: Data, request: Request, release: Release, cuda: str | None, cudnn: str | None,
                arch_list: str | None,
                jetson: tuple[str, JetsonDevice, JetPack] | None,
@@ -433,9 +472,7 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     is_linux = request.platform.startswith("linux")
     env: dict[str, str] = {}
     for entry in data.eras.build_env:
-        if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
-            continue
-        if entry.when == "linux" and not is_linux:
+        if not _env_entry_applies(entry, request, cuda):
             continue
         value = entry.value if is_linux else entry.win
         if value is not None:
@@ -445,12 +482,17 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     if cuda:
         assert arch_list is not None
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
-        # cuDNN >= 8.3 ships no single static archive (official-builds §1.7), so USE_STATIC_CUDNN must be 0.
-        static = release.static_cudnn and cudnn is not None and versions.parse(cudnn) < versions.parse("8.3")
+        # A bundled cuDNN is linked dynamically; otherwise the release's default, except that cuDNN >= 8.3
+        # ships no single static archive (official-builds §1.7).
+        rule = bundle_rule(data, request, cuda)
+        bundles_cudnn = rule is not None and any(lib.dir == "cudnn" for lib in rule.libs)
+        static = (release.static_cudnn and not bundles_cudnn and cudnn is not None
+                  and versions.parse(cudnn) < versions.parse("8.3"))
         env["USE_STATIC_CUDNN"] = "1" if static else "0"
-        if release.cusparselt:
+        if release.cusparselt and is_linux:
+            # upstream's bld.bat never set it (release/2.5:conda/pytorch-nightly/bld.bat)
             env["USE_CUSPARSELT"] = "1"
-        if request.platform != "linux-64" or jetson:
+        if jetson or (request.platform != "linux-64" and windows_magma(data, request, cuda) is None):
             env["USE_MAGMA"] = "0"
     if jetson:
         _, _, jetpack = jetson

@@ -9,11 +9,13 @@ export CMAKE_LIBRARY_PATH="$PREFIX/lib:$PREFIX/include"
 export PYTORCH_BUILD_VERSION="$PKG_VERSION"
 export PYTORCH_BUILD_NUMBER="$PKG_BUILDNUM"
 export TH_BINARY_BUILD=1
+export USE_LLVM="${USE_LLVM:-/opt/llvm_no_cxx11_abi}"
+export LLVM_DIR="$USE_LLVM/lib/cmake/llvm"
 export USE_NINJA=OFF
 export INSTALL_TEST=0
 export PACKAGE_TYPE=conda
 export MAX_JOBS="${MAX_JOBS:-$CPU_COUNT}"
-export USE_GLOO_WITH_OPENSSL=1
+export USE_GLOO_WITH_OPENSSL=0
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export USE_CUDA=1
 export TORCH_NVCC_FLAGS='-Xfatbin -compress-all'
@@ -25,6 +27,41 @@ export USE_STATIC_CUDNN=0
 export USE_CUSPARSELT=1
 
 "$PYTHON" setup.py install
+
+# Bundled libraries, as the official recipe did: each is copied into torch/lib, renamed
+# <stem>-<first 8 hex of sha256>.<rest> unless it is looked up by name, and every DT_NEEDED entry naming the
+# original is rewritten to the copy. The RPATH step below gives the copies $ORIGIN.
+# Source: release/2.4:conda/pytorch-nightly/build.sh:63-67; release/2.5:conda/pytorch-nightly/build.sh:63-67
+bundle_library() {
+  local var=$1 src=$2 name new so
+  if [ ! -e "$src" ]; then
+    echo "torchforge: $src not found; point $var at the directory that holds it" >&2
+    exit 1
+  fi
+  name=$(basename "$src")
+  case "$name" in
+    libcudnn*|libnvrtc-builtins.so) new=$name ;;
+    *) new="${name%%.*}-$(sha256sum "$src" | cut -c1-8).${name#*.}" ;;
+  esac
+  cp -L "$src" "$SP_DIR/torch/lib/$new"
+  echo "torchforge: bundled $src as torch/lib/$new"
+  if [ "$new" != "$name" ]; then
+    find "$SP_DIR/torch" -name '*.so*' -type f -print0 | while IFS= read -r -d '' so; do
+      if grep -qxF "$name" <<<"$(patchelf --print-needed "$so")"; then
+        patchelf --replace-needed "$name" "$new" "$so"
+      fi
+    done
+  fi
+}
+for src in "${CUDNN_LIB_DIR:-$CUDA_HOME/lib64}"/libcudnn*.so.9; do
+  bundle_library CUDNN_LIB_DIR "$src"
+done
+for src in "${CUPTI_LIB_DIR:-$CUDA_HOME/extras/CUPTI/lib64}"/libcupti.so.12; do
+  bundle_library CUPTI_LIB_DIR "$src"
+done
+for src in "${CUSPARSELT_LIB_DIR:-$CUDA_HOME/lib64}"/libcusparseLt.so.0; do
+  bundle_library CUSPARSELT_LIB_DIR "$src"
+done
 
 # RPATH, official rules (pytorch/builder conda build.sh): DT_RPATH (--force-rpath) so the environment's
 # lib/ is found before LD_LIBRARY_PATH; torchforge audits the result after the build.
