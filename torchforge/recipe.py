@@ -15,7 +15,16 @@ from torchforge import __version__
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, Requirement, SourceEdit
-from torchforge.resolve import AppliedFix, MagmaPlan, Status, Variant, bundle_rule, windows_magma
+from torchforge.resolve import (
+    AppliedFix,
+    BundledFile,
+    MagmaPlan,
+    Status,
+    Variant,
+    bundle_rule,
+    bundled_files,
+    windows_magma,
+)
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
 BUILD_TOOL_VARIABLES = frozenset(
@@ -31,16 +40,6 @@ class Source:
     rev: str | None = None
     sha256: str | None = None
     patches: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class BundledFile:
-    """One library (or glob) the build script copies into torch/lib: `dir_var` overrides `dir_default`."""
-
-    dir_var: str
-    dir_default: str
-    name: str
-    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,15 +220,9 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
 def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:
     """The bundling step's context: the files to copy (with their directory variables), the names kept."""
     rule = bundle_rule(data, variant.request, cuda)
-    if rule is None or cuda is None:
+    if rule is None:
         return {}
-    windows = variant.request.platform == "win-64"
-    dirs = data.bundle.win_dirs if windows else data.bundle.linux_dirs
-    files = tuple(
-        BundledFile(dirs[lib.dir].var, dirs[lib.dir].default,
-                    lib.name.format(cuda=cuda, cuda_major=cuda.split(".")[0]), lib.optional)
-        for lib in rule.libs
-    )
+    files = bundled_files(data, variant.request, cuda)
     return {
         "bundle_files": files,
         "bundle_dirs": tuple(dict.fromkeys((f.dir_var, f.dir_default) for f in files)),

@@ -445,6 +445,29 @@ def bundle_rule(data: Data, request: Request, cuda: str | None) -> BundleRule | 
     return None
 
 
+@dataclass(frozen=True)
+class BundledFile:
+    """One library (or glob) the build script copies into torch/lib: `dir_var` overrides `dir_default`."""
+
+    dir_var: str
+    dir_default: str  # in the platform's shell syntax ($CUDA_HOME/lib64, %CUDA_PATH%\bin)
+    name: str
+    optional: bool = False
+
+
+def bundled_files(data: Data, request: Request, cuda: str | None) -> tuple[BundledFile, ...]:
+    """The files the variant's bundling step copies, names with {cuda}/{cuda_major} filled in."""
+    rule = bundle_rule(data, request, cuda)
+    if rule is None or cuda is None:
+        return ()
+    dirs = data.bundle.win_dirs if request.platform == "win-64" else data.bundle.linux_dirs
+    return tuple(
+        BundledFile(dirs[lib.dir].var, dirs[lib.dir].default,
+                    lib.name.format(cuda=cuda, cuda_major=cuda.split(".")[0]), lib.optional)
+        for lib in rule.libs
+    )
+
+
 def _env_entry_applies(entry: BuildEnvEntry, request: Request, cuda: str | None) -> bool:
     if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
         return False
