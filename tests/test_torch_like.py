@@ -126,19 +126,23 @@ def cuda_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cuda_like_build.build(tmp_path_factory.mktemp("cuda_like"))
 
 
-@pytest.fixture(scope="module")
-def cuda_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    render_plan = plan(cuda_selection())
+def stub_channel_for(selection: Selection, channel: Path) -> Path:
+    """Stand-ins for every requirement of the selection's one pytorch recipe, plus its planned magma-cudaXYZ
+    package itself (build string "1"), so the pipeline reuses it instead of compiling MAGMA: these tests are
+    about the pytorch package."""
+    render_plan = plan(selection)
     (variant,) = render_plan.variants
-    (magma,) = render_plan.magma
     recipe = render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]
-    channel = tmp_path_factory.mktemp("cuda-stubs")
     make_stub_channel(channel, [*recipe_requirements(recipe), "pip"])
-    # The planned magma-cuda124 package itself (build string "1"), so the pipeline reuses it instead of
-    # compiling MAGMA: this test is about the pytorch package.
-    write_stub(Stub(magma.name, magma.version, magma.build_string), channel / "linux-64")
+    for magma in render_plan.magma:
+        write_stub(Stub(magma.name, magma.version, magma.build_string), channel / "linux-64")
     index(channel)
     return channel
+
+
+@pytest.fixture(scope="module")
+def cuda_stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return stub_channel_for(cuda_selection(), tmp_path_factory.mktemp("cuda-stubs"))
 
 
 @pytest.fixture()
@@ -208,3 +212,18 @@ def test_the_same_build_without_the_bundling_step_fails_the_audit(
     assert "unresolved libcudnn.so.9" in results[-1].error and "libcusparseLt.so.0" in results[-1].error
     assert "libcupti.so.12" not in results[-1].error
     assert not list((tmp_path / "channel" / "linux-64").glob("pytorch-*"))
+
+
+@pytest.mark.slow
+def test_a_bundled_cudnn_other_than_the_build_string_names_stops_the_build(
+        cuda_env: Path, tmp_path: Path) -> None:
+    # 2.9.0 with CUDA 12.8 names cuDNN 9.10.2 (py3.11_cuda12.8_cudnn9.10.2_0); the stand-in reports 9.1.0.
+    selection = Selection.from_flags("2.9.0", "12.8", "3.11", None, Options(source=str(FIXTURE)))
+    stubs = stub_channel_for(selection, tmp_path / "stubs")
+    out = tmp_path / "channel"
+    code = main(["build", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.11", "--source", str(FIXTURE),
+                 "--out", str(out), "--channel", f"file://{stubs}", "--skip-preflight"])
+    assert code != 0
+    log = (out / "logs" / "pytorch-2.9.0-cu128-py311-linux_64.log").read_text()
+    assert "the bundled cuDNN reports version 90100, the build string names 91002" in log
+    assert not list((out / "linux-64").glob("pytorch-*"))

@@ -220,6 +220,8 @@ class BundleTable(FrozenModel):
     meta: Meta
     hash_exempt: tuple[str, ...]  # shell `case` patterns of names kept as they are
     hash_exempt_source: str
+    cudnn_version_code: dict[str, tuple[int, int, int]]  # cuDNN major -> multipliers of major, minor, patch
+    cudnn_version_code_source: str
     linux_dirs: dict[str, BundleDir]
     win_dirs: dict[str, BundleDir]
     linux: tuple[BundleRule, ...]

@@ -81,6 +81,8 @@ class RecipeContext:
     bundle_dirs: tuple[tuple[str, str], ...] = ()  # (variable, default) of every directory bundled from
     bundle_keep_names: tuple[str, ...] = ()  # shell `case` patterns of names not hash-renamed
     bundle_source: str = ""
+    cudnn_library: str = ""  # a bundled cuDNN front-end library to ask for its version, and the answer expected
+    cudnn_version_code: int = 0
     magma_win_version: str = ""
     magma_win_url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
@@ -223,7 +225,16 @@ def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:
     if rule is None:
         return {}
     files = bundled_files(data, variant.request, cuda)
+    check: dict[str, Any] = {}
+    cudnn = variant.cudnn
+    if variant.request.platform != "win-64" and cudnn and any(f.name.startswith("libcudnn") for f in files):
+        major, minor, patch = (int(part) for part in cudnn.split(".")[:3])
+        multipliers = data.bundle.cudnn_version_code.get(str(major))
+        if multipliers:
+            check = {"cudnn_library": f"libcudnn.so.{major}",
+                     "cudnn_version_code": major * multipliers[0] + minor * multipliers[1] + patch * multipliers[2]}
     return {
+        **check,
         "bundle_files": files,
         "bundle_dirs": tuple(dict.fromkeys((f.dir_var, f.dir_default) for f in files)),
         "bundle_keep_names": data.bundle.hash_exempt,

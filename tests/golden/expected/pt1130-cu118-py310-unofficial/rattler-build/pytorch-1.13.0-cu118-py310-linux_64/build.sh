@@ -71,3 +71,19 @@ done
 find "$SP_DIR/torch/lib" -maxdepth 1 -name '*.so*' -type f -print0 | while IFS= read -r -d '' so; do
   patchelf --set-rpath '$ORIGIN:$ORIGIN/../../../..' --force-rpath "$so"
 done
+
+# The build string names cuDNN 8700 (cudnnGetVersion): the bundled copy must be that one
+# (read after the RPATH step, so its own sub-libraries resolve).
+"$PYTHON" - "$SP_DIR/torch/lib/libcudnn.so.8" 8700 <<'TORCHFORGE_CUDNN_CHECK'
+import ctypes, sys
+try:
+    library = ctypes.CDLL(sys.argv[1])
+except OSError as exc:  # nothing to compare on a machine where it cannot load; the audit still runs
+    print(f"torchforge: cannot load {sys.argv[1]} to read its version: {exc}", file=sys.stderr)
+    sys.exit(0)
+library.cudnnGetVersion.restype = ctypes.c_size_t
+found = library.cudnnGetVersion()
+if found != int(sys.argv[2]):
+    sys.exit(f"torchforge: the bundled cuDNN reports version {found}, the build string names {sys.argv[2]}; "
+             "point CUDNN_LIB_DIR at that cuDNN")
+TORCHFORGE_CUDNN_CHECK
