@@ -293,3 +293,31 @@ def test_every_table_value_cites_its_source() -> None:
                  *((name, source) for name, (_, source) in official.env.items())]
         for value, source in cited:
             assert re.search(r"(^B |^P |PyPI)", source) and re.search(r"[:@]\S*\d", source), (value, source)
+
+
+# ---- 2.6+ (wheels only upstream): the cuDNN the recipe bundles and names is the official wheel's pin ---------
+# (release, default CUDA of the PyPI wheel, nvidia-cudnn pin, nvidia-nccl pin), each from the Requires-Dist of
+# the PyPI wheel `torch==X` (manylinux x86_64, cp312), read with pip's metadata-only resolve (PEP 658). The CUDA
+# is the one its nvidia-cuda-runtime / cuda-toolkit pin names.
+WHEEL_PINS = (
+    ("2.6.0", "12.4", "9.1.0.70", "2.21.5"),
+    ("2.7.0", "12.6", "9.5.1.17", "2.26.2"),
+    ("2.8.0", "12.8", "9.10.2.21", "2.27.3"),
+    ("2.9.0", "12.8", "9.10.2.21", "2.27.5"),
+    ("2.10.0", "12.8", "9.10.2.21", "2.27.5"),
+    ("2.11.0", "13.0", "9.19.0.56", "2.28.9"),
+    ("2.12.0", "13.0", "9.20.0.48", "2.29.7"),
+    ("2.13.0", "13.0", "9.20.0.48", "2.29.7"),
+    ("2.14.0", "13.0", "9.24.0.43", "2.30.7"),
+)
+
+
+@pytest.mark.parametrize(("pytorch", "cuda", "cudnn", "nccl"), WHEEL_PINS, ids=[p[0] for p in WHEEL_PINS])
+def test_beyond_conda_the_bundled_cudnn_is_the_official_wheels_pin(pytorch: str, cuda: str, cudnn: str,
+                                                                   nccl: str) -> None:
+    variant = classify(Request(pytorch, cuda, "3.12", "linux-64"))
+    assert (variant.cudnn, variant.nccl) == (cudnn, nccl)
+    assert variant.build_string == f"py3.12_cuda{cuda}_cudnn{'.'.join(cudnn.split('.')[:3])}_0"
+    _, env, bundled = rendered(variant.request)
+    # bundled like 2.5 (README "Inside the package"); CUPTI comes from the cuda-cupti dependency
+    assert bundled == ["libcudnn*.so.9", "libcusparseLt.so.0"] and env["USE_STATIC_CUDNN"] == "0"
