@@ -21,7 +21,7 @@ from ruamel.yaml import YAML
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, render_files
 from torchforge.resolve import classify
-from torchforge.variant import Request
+from torchforge.variant import Options, Request
 
 M18 = "B main@8c82f759:conda/pytorch-nightly/meta.yaml"
 B = "B release/{}:conda/{}"
@@ -321,3 +321,13 @@ def test_beyond_conda_the_bundled_cudnn_is_the_official_wheels_pin(pytorch: str,
     _, env, bundled = rendered(variant.request)
     # bundled like 2.5 (README "Inside the package"); CUPTI comes from the cuda-cupti dependency
     assert bundled == ["libcudnn*.so.9", "libcusparseLt.so.0"] and env["USE_STATIC_CUDNN"] == "0"
+
+
+def test_jetson_builds_bundle_nothing_jetpack_provides_cudnn() -> None:
+    # Orin (JetPack 6.2) with 2.5.1: the linux rule would bundle cuDNN 9, CUPTI and cuSPARSELt. With --jetson
+    # given, or found from the Tegra-only arch 8.7 in --arch-list, nothing is copied in.
+    for options in (Options(jetson="orin"), Options(arch_list="8.7")):
+        request = Request("2.5.1", "12.6", "3.10", "linux-aarch64", options)
+        assert classify(request).jetson == "orin"
+        assert rendered(request)[2] == []
+    assert rendered(Request("2.5.1", "12.4", "3.10", "linux-aarch64"))[2]  # not Jetson: bundled as on linux-64

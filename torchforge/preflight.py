@@ -483,7 +483,8 @@ def _check_bundled(ctx: _Context) -> None:
         request = variant.request
         if variant.status is VariantStatus.REFUSED or not request.platform.startswith("linux"):
             continue
-        for file in bundled_files(data, request, request.accel if request.is_cuda else None):
+        cuda = request.accel if request.is_cuda and variant.jetson is None else None
+        for file in bundled_files(data, request, cuda):
             folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
             if (folder, file.name) in seen or file.optional:
                 continue

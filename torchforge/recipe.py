@@ -221,6 +221,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
 
 def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:
     """The bundling step's context: the files to copy (with their directory variables), the names kept."""
+    cuda = None if variant.jetson else cuda  # JetPack provides cuDNN and CUPTI on the device
     rule = bundle_rule(data, variant.request, cuda)
     if rule is None:
         return {}

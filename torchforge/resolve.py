@@ -432,11 +432,11 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
 
 
 def bundle_rule(data: Data, request: Request, cuda: str | None) -> BundleRule | None:
-    """The libraries upstream's recipe copied into torch/lib for this variant (bundle.toml), if any.
+    """The libraries upstream's recipe copied into torch/lib for this CUDA variant (bundle.toml), if any.
 
-    Jetson builds take cuDNN and CUPTI from JetPack on the device, so nothing is bundled there.
+    Callers pass cuda=None for Jetson builds: they take cuDNN and CUPTI from JetPack on the device.
     """
-    if cuda is None or request.options.jetson is not None:
+    if cuda is None:
         return None
     rules = data.bundle.win if request.platform == "win-64" else data.bundle.linux
     for rule in rules:
@@ -507,7 +507,7 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
         # A bundled cuDNN is linked dynamically; otherwise the release's default, except that cuDNN >= 8.3
         # ships no single static archive (official-builds §1.7).
-        rule = bundle_rule(data, request, cuda)
+        rule = bundle_rule(data, request, None if jetson else cuda)
         bundles_cudnn = rule is not None and any(lib.dir == "cudnn" for lib in rule.libs)
         static = (release.static_cudnn and not bundles_cudnn and cudnn is not None
                   and versions.parse(cudnn) < versions.parse("8.3"))
