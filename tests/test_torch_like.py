@@ -43,11 +43,18 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return channel
 
 
+def offline_site(stubs: Path) -> Path:
+    """torchforge.toml of a site without internet: the stand-in channel replaces every data channel."""
+    config = stubs.parent / f"{stubs.name}-torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
+    return config
+
+
 @pytest.fixture(scope="module")
 def built(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     channel = tmp_path_factory.mktemp("forge") / "channel"
     code = main(["build", *REQUEST, "--source", str(FIXTURE), "--out", str(channel),
-                 "--channel", f"file://{stubs}", "--skip-preflight"])
+                 "--config", str(offline_site(stubs)), "--skip-preflight"])
     assert code == 0, (channel / "logs" / "pytorch-2.9.0-cpu-py311-linux_64.log").read_text()[-3000:]
     return channel
 
@@ -96,7 +103,7 @@ def test_second_identical_build_reuses_the_package(built: Path, stubs: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     before = (built / "linux-64" / f"{STEM}.conda").stat().st_mtime_ns
     assert main(["build", *REQUEST, "--source", str(FIXTURE), "--out", str(built),
-                 "--channel", f"file://{stubs}", "--skip-preflight"]) == 0
+                 "--config", str(offline_site(stubs)), "--skip-preflight"]) == 0
     assert f"reuse {STEM}: already in" in capsys.readouterr().err
     assert (built / "linux-64" / f"{STEM}.conda").stat().st_mtime_ns == before
 
@@ -162,7 +169,8 @@ def test_cuda_variant_bundles_the_libraries_and_imports_with_empty_ld_library_pa
 
     out = tmp_path / "channel"
     code = main(["build", *CUDA_REQUEST, "--source", str(FIXTURE), "--out", str(out),
-                 "--channel", f"file://{cuda_stubs}", "--skip-preflight"])
+                 "--channel", f"file://{cuda_stubs}", "--config", str(offline_site(cuda_stubs)),
+                 "--skip-preflight"])
     assert code == 0, (out / "logs" / f"{CUDA_ID}.log").read_text()[-3000:]
     package = out / "linux-64" / f"{CUDA_STEM}.conda"
     report = audit(package, Layout.CONDA)
@@ -192,6 +200,7 @@ def test_cuda_variant_bundles_the_libraries_and_imports_with_empty_ld_library_pa
 @pytest.mark.slow
 def test_the_same_build_without_the_bundling_step_fails_the_audit(
         cuda_env: Path, cuda_stubs: Path, tmp_path: Path) -> None:
+    from torchforge.channels import SiteChannels
     from torchforge.engines import select_engine
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
     from torchforge.proc import Runner
@@ -199,7 +208,8 @@ def test_the_same_build_without_the_bundling_step_fails_the_audit(
     engine, _ = select_engine("rattler-build")
     # Without the recipe's import test (upstream built with --no-test, official-builds.md §1.6): the RPATH audit
     # alone has to stop the package.
-    settings = BuildSettings(out=tmp_path / "channel", channels=(f"file://{cuda_stubs}",), test=False)
+    settings = BuildSettings(out=tmp_path / "channel", channels=(f"file://{cuda_stubs}",), test=False,
+                             site_channels=SiteChannels(replace=(f"file://{cuda_stubs}",)))
     steps = plan_steps(plan(cuda_selection()), engine, settings)
     assert [s.kind for s in steps] == ["magma", "pytorch"] and steps[0].reason  # magma: reused from the stubs
     script = str(steps[1].files["build.sh"])
@@ -222,7 +232,8 @@ def test_a_bundled_cudnn_other_than_the_build_string_names_stops_the_build(
     stubs = stub_channel_for(selection, tmp_path / "stubs")
     out = tmp_path / "channel"
     code = main(["build", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.11", "--source", str(FIXTURE),
-                 "--out", str(out), "--channel", f"file://{stubs}", "--skip-preflight"])
+                 "--out", str(out), "--channel", f"file://{stubs}", "--config", str(offline_site(stubs)),
+                 "--skip-preflight"])
     assert code != 0
     log = (out / "logs" / "pytorch-2.9.0-cu128-py311-linux_64.log").read_text()
     assert "the bundled cuDNN reports version 90100, the build string names 91002" in log

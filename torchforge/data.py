@@ -106,12 +106,6 @@ class PytorchTable(FrozenModel):
 # ---- eras.toml -------------------------------------------------------------------------------------------
 
 
-def _specifier(value: str | None) -> str | None:
-    if value is not None and not versions.is_valid_specifier(value):
-        raise ValueError(f"not a PEP 440 specifier: {value!r}")
-    return value
-
-
 class Requirement(FrozenModel):
     spec: str
     python: str | None = None
@@ -121,7 +115,7 @@ class Requirement(FrozenModel):
     line: int | None = None  # line of the era's upstream file that states it
     added: str | None = None  # why torchforge adds a requirement upstream did not have
 
-    check_specifiers = field_validator("python", "releases")(_specifier)
+    check_specifiers = field_validator("python", "releases")(versions.checked_specifier)
 
 
 class Era(FrozenModel):
@@ -153,7 +147,7 @@ class BuildEnvEntry(FrozenModel):
     python: str | None = None
     source: str | None = None
 
-    check_specifiers = field_validator("pytorch", "cuda", "python")(_specifier)
+    check_specifiers = field_validator("pytorch", "cuda", "python")(versions.checked_specifier)
 
 
 class WindowsMagma(FrozenModel):
@@ -164,7 +158,7 @@ class WindowsMagma(FrozenModel):
     url: str  # {version} and {cuda_nodot} are filled in
     source: str
 
-    check_specifiers = field_validator("pytorch")(_specifier)
+    check_specifiers = field_validator("pytorch")(versions.checked_specifier)
 
 
 class InstallCommands(FrozenModel):
@@ -212,7 +206,7 @@ class BundleRule(FrozenModel):
     libs: tuple[BundledLibrary, ...]
     source: str
 
-    check_specifiers = field_validator("pytorch", "cuda")(_specifier)
+    check_specifiers = field_validator("pytorch", "cuda")(versions.checked_specifier)
 
 
 class BundleTable(FrozenModel):

@@ -83,9 +83,11 @@ def main() -> int:
     os.environ["CUDNN_LIB_DIR"] = str(args.cudnn_dir)
     os.environ["CUSPARSELT_LIB_DIR"] = str(args.cusparselt_dir)
     out = work / "channel"
+    site = work / "torchforge.toml"  # no internet there: the stand-in channel replaces every data channel
+    site.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
     code = torchforge(["build", "--pytorch", args.pytorch, "--cuda", args.cuda, "--py", python,
-                       "--source", str(fixture), "--out", str(out), "--channel", f"file://{stubs}",
-                       "--skip-preflight", "--keep-going"])
+                       "--source", str(fixture), "--out", str(out), "--config", str(site),
+                       "--channel", f"file://{stubs}", "--skip-preflight", "--keep-going"])
     report["build_exit_code"] = code
     log = out / "logs" / f"{variant.id}.log"
     report["build_log_tail"] = log.read_text()[-4000:] if log.is_file() else ""
