@@ -179,6 +179,8 @@ def _host_subdir() -> str | None:
         return {"x86_64": "linux-64", "amd64": "linux-64", "aarch64": "linux-aarch64", "arm64": "linux-aarch64"}.get(machine)
     if sys.platform == "win32" and machine in ("amd64", "x86_64"):
         return "win-64"
+    if sys.platform == "darwin":
+        return {"x86_64": "osx-64", "arm64": "osx-arm64"}.get(machine)
     return None
 
 
@@ -484,7 +486,7 @@ def _check_bundled(ctx: _Context) -> None:
     seen: set[tuple[str, str]] = set()
     for variant in ctx.variants:
         request = variant.request
-        if variant.status is VariantStatus.REFUSED or not request.platform.startswith("linux"):
+        if variant.status is VariantStatus.REFUSED or data.platform(request.platform).family != "linux":
             continue
         cuda = request.accel if request.is_cuda and variant.jetson is None else None
         for file in bundled_files(data, request, cuda):
