@@ -119,7 +119,8 @@ def test_second_identical_build_reuses_the_package(built: Path, stubs: Path,
 # renamed <stem>-<sha8>.<rest> with DT_NEEDED rewritten.
 
 CUDA_REQUEST = ["--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.11"]
-CUDA_STEM = "pytorch-2.5.1-py3.11_cuda12.4_cudnn9.1.0_0"
+# --source makes it a custom build (`_tf<hash>` before the build number); the rest is the official string.
+CUDA_STEM = "pytorch-2.5.1-" + str(classify(Request("2.5.1", "12.4", "3.11", "linux-64", Options(source=str(FIXTURE)))).build_string)
 CUDA_ID = "pytorch-2.5.1-cu124-py311-linux_64"
 
 
@@ -139,7 +140,7 @@ def cuda_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def stub_channel_for(selection: Selection, channel: Path) -> Path:
     """Stand-ins for every requirement of the selection's one pytorch recipe, plus its planned magma-cudaXYZ
-    package itself (build string "1"), so the pipeline reuses it instead of compiling MAGMA: these tests are
+    and pytorch-cuda packages themselves, so the pipeline reuses them instead of building them: these tests are
     about the pytorch package."""
     render_plan = plan(selection)
     (variant,) = render_plan.variants
@@ -147,6 +148,10 @@ def stub_channel_for(selection: Selection, channel: Path) -> Path:
     make_stub_channel(channel, [*recipe_requirements(recipe), "pip"])
     for magma in render_plan.magma:
         write_stub(Stub(magma.name, magma.version, magma.build_string), channel / "linux-64")
+    # pytorch-cuda too: torchforge's own would depend on NVIDIA's cuda-* packages, which no channel here has.
+    for companion in render_plan.companions:
+        if not companion.noarch:
+            write_stub(Stub(companion.name, companion.version, companion.build_string), channel / "linux-64")
     localchannel.index(channel)
     return channel
 
@@ -215,17 +220,17 @@ def test_the_same_build_without_the_bundling_step_fails_the_audit(
     settings = BuildSettings(out=tmp_path / "channel", channels=(f"file://{cuda_stubs}",), test=False,
                              site_channels=SiteChannels(replace=(f"file://{cuda_stubs}",)))
     steps = plan_steps(plan(cuda_selection()), engine, settings)
-    assert [s.kind for s in steps] == ["magma", "pytorch"] and steps[0].reason  # magma: reused from the stubs
-    script = str(steps[1].files["build.sh"])
+    pytorch = next(s for s in steps if s.kind == "pytorch")
+    script = str(pytorch.files["build.sh"])
     start, end = script.index("# Bundled libraries"), script.index("# RPATH, official rules")
-    without = dataclasses.replace(steps[1], files={**steps[1].files, "build.sh": script[:start] + script[end:]})
-    results = Pipeline(engine, Runner(), settings).run([steps[0], without])
+    without = dataclasses.replace(pytorch, files={**pytorch.files, "build.sh": script[:start] + script[end:]})
+    results = Pipeline(engine, Runner(), settings).run([without if s is pytorch else s for s in steps])
     assert not results[-1].ok
     # libcudnn.so.9 and libcusparseLt.so.0 are provided neither by the package nor by a dependency;
     # libcupti.so.12 is (pytorch-cuda pulls cuda-cupti, torchforge/data/rpath.toml).
     assert "unresolved libcudnn.so.9" in results[-1].error and "libcusparseLt.so.0" in results[-1].error
     assert "libcupti.so.12" not in results[-1].error
-    assert not list((tmp_path / "channel" / "linux-64").glob("pytorch-*"))
+    assert not list((tmp_path / "channel" / "linux-64").glob("pytorch-2.5.1-*"))
 
 
 @pytest.mark.slow
@@ -241,4 +246,4 @@ def test_a_bundled_cudnn_other_than_the_build_string_names_stops_the_build(
     assert code != 0
     log = (out / "logs" / "pytorch-2.9.0-cu128-py311-linux_64.log").read_text()
     assert "the bundled cuDNN reports version 90100, the build string names 91002" in log
-    assert not list((out / "linux-64").glob("pytorch-*"))
+    assert not list((out / "linux-64").glob("pytorch-2.9.0-*"))

@@ -50,6 +50,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cudnn-dir", type=Path, default=NVIDIA / "cudnn" / "lib")
     parser.add_argument("--cusparselt-dir", type=Path, default=NVIDIA / "cusparselt" / "lib")
+    parser.add_argument("--cupti-dir", type=Path, help="only for releases that bundle CUPTI (<= 2.5)")
     parser.add_argument("--pytorch", default="2.11.0")
     parser.add_argument("--cuda", default="13.0")
     parser.add_argument("--out", type=Path, default=Path("."))
@@ -78,10 +79,15 @@ def main() -> int:
     make_stub_channel(stubs, [*recipe_requirements(recipe), "pip"])
     for magma in render_plan.magma:  # reused, not compiled: this run is about the pytorch package
         write_stub(Stub(magma.name, magma.version, magma.build_string), stubs / "linux-64")
+    for companion in render_plan.companions:  # pytorch-cuda would need NVIDIA's cuda-* packages
+        if not companion.noarch:
+            write_stub(Stub(companion.name, companion.version, companion.build_string), stubs / "linux-64")
     index(stubs)
 
     os.environ["CUDNN_LIB_DIR"] = str(args.cudnn_dir)
     os.environ["CUSPARSELT_LIB_DIR"] = str(args.cusparselt_dir)
+    if args.cupti_dir:
+        os.environ["CUPTI_LIB_DIR"] = str(args.cupti_dir)
     out = work / "channel"
     site = work / "torchforge.toml"  # no internet there: the stand-in channel replaces every data channel
     site.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
