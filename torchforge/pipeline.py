@@ -19,7 +19,7 @@ from torchforge.engines import BuildJob, Engine, find_artifact, script_env_value
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import magma_context, pytorch_context
-from torchforge.render import RenderPlan, render_files, write_folders
+from torchforge.render import RenderPlan, patch_files, render_files, write_folders
 
 
 class Action(str, Enum):
@@ -51,7 +51,8 @@ class BuildSettings:
     keep_going: bool = False
     test: bool = True
     magma_only: bool = False
-    patches: tuple[Path, ...] = ()
+    patches: tuple[Path, ...] = ()  # pytorch recipes only
+    magma_patches: tuple[Path, ...] = ()  # magma-cudaXYZ recipes only
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -86,25 +87,24 @@ def _existing(stem: str, subdir: str, settings: BuildSettings) -> str | None:
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
     """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
     render_plan.require_buildable()
-    patch_names = tuple(p.name for p in settings.patches)
     steps: list[Step] = []
 
     def add(kind: str, ident: str, stem: str, subdir: str, python: str | None,
-            files: dict[str, str], script_env: tuple[str, ...], needs: tuple[str, ...] = ()) -> None:
+            files: dict[str, str | bytes], script_env: tuple[str, ...], needs: tuple[str, ...] = ()) -> None:
         found = None if settings.force else _existing(stem, subdir, settings)
         steps.append(Step(kind, ident, stem, subdir, python, files, script_env,
                           Action.REUSE if found else Action.BUILD, found or "", needs))
 
     for magma in render_plan.magma:
-        context = magma_context(magma, patch_names)
+        context = magma_context(magma, tuple(p.name for p in settings.magma_patches))
         add("magma", magma.id, magma.filename_stem, context.platform, None,
-            render_files(context, engine.recipe_format), context.script_env)
+            {**render_files(context, engine.recipe_format), **patch_files(settings.magma_patches)}, context.script_env)
     if settings.magma_only:
         return steps
     for variant in render_plan.variants:
-        context = pytorch_context(variant, patch_names)
+        context = pytorch_context(variant, tuple(p.name for p in settings.patches))
         add("pytorch", variant.id, variant.filename_stem, variant.request.platform, variant.request.python,
-            render_files(context, engine.recipe_format), context.script_env,
+            {**render_files(context, engine.recipe_format), **patch_files(settings.patches)}, context.script_env,
             (variant.magma.id,) if variant.magma else ())
     return steps
 

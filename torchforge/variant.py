@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from torchforge import data as tables
 from torchforge.errors import UsageError
+from torchforge.magmasource import MagmaSource
 from torchforge.versions import nodot
 
 CPU = "cpu"
@@ -30,7 +31,7 @@ class Options:
     extra_env: tuple[tuple[str, str], ...] = ()
     gcc: str | None = None
     source: str | None = None
-    magma_source: str | None = None
+    magma_source: MagmaSource | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
 )
 from torchforge.console import err, note, out, warn
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
-        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None,
+        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
         fmt: Annotated[str, typer.Option("--format", help="conda (packages in a channel) or wheel.")] = "conda",
         channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable).")] = None,
@@ -106,7 +106,8 @@ def register(app: typer.Typer) -> None:
             extra_env["MAX_JOBS"] = str(jobs)
         settings = BuildSettings(
             out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
-            magma_only=magma_only, patches=tuple(patch or ()), extra_env=extra_env,
+            magma_only=magma_only, patches=tuple(patch or ()), magma_patches=tuple(magma_patch or ()),
+            extra_env=extra_env,
         )
         steps = plan_steps(render_plan, chosen, settings)
         print_plan(steps)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.variant import Options, Selection, parse_env
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the data's default, 2.5.1).")]
@@ -20,8 +21,9 @@ JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile:
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build variable NAME=VALUE (repeatable), e.g. USE_NCCL=0.")]
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
-MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or a mirror of the release tarball.")]
-PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
+MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or tarball (its version is read from it), or a URL of the release tarball.")]
+PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file for the pytorch recipes (repeatable).")]
+MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
 
 
 def selection_from_flags(
@@ -46,6 +48,6 @@ def selection_from_flags(
         extra_env=parse_env(env or []),
         gcc=gcc,
         source=source,
-        magma_source=magma_source,
+        magma_source=inspect_magma_source(magma_source) if magma_source else None,
     )
     return Selection.from_flags(pytorch, cuda, python, platform, options)
