@@ -42,7 +42,7 @@ def nvcc_release() -> str | None:
 
 needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE, reason=f"needs nvcc {NVCC_RELEASE} on PATH")
 
-MAGMA_ARGS = ["--magma-only", "--pytorch", "2.9.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
+MAGMA_ARGS = ["--magma-only", "--pytorch", "2.13.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
               "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURE), "--skip-preflight"]
 
 
@@ -59,12 +59,12 @@ def built_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets(built_channel: Path, tmp_path: Path) -> None:
     import rattler
 
-    package = built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda"
+    package = built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda"
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
-    assert list(repodata["packages.conda"]) == ["magma-cuda130-2.6.1-1.conda"]
+    assert list(repodata["packages.conda"]) == ["magma-cuda130-2.10.0-0.conda"]
     assert not list(built_channel.glob(".staging-*")), "staging folders must not stay in the channel"
-    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.6.1"], platforms=["linux-64", "noarch"]))
+    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
     library = prefix / "lib" / "libmagma.a"
@@ -72,45 +72,47 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
     listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
     targets = sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")})
     assert targets == ["sm_80", "sm_90"]
-    log = (built_channel / "logs" / "magma-cuda130-2.6.1-linux_64.log").read_text()
-    assert "source edit ok: replace control/thread_queue.cpp (applied)" in log
-    assert "source edit ok: comment_lines CMake.src.cuda (applied)" in log
+    log = (built_channel / "logs" / "magma-cuda130-2.10.0-linux_64.log").read_text()
+    assert log.count("source edit ok: replace control/get_batched_crossover.cpp (applied) [magma-getrf-nbparam]") == 4
+    # only the library and its headers (with the generated one), static, as the official package
+    files = sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file() and "conda-meta" not in p.parts)
+    assert files == ["include/magma.h", "include/magma_config.h", "include/magma_types.h", "lib/libmagma.a"]
 
 
 @pytest.mark.slow
 def test_rerunning_the_same_request_reuses_the_package(built_channel: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns
+    before = (built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").stat().st_mtime_ns
     assert main(["build", *MAGMA_ARGS, "--out", str(built_channel)]) == 0
     captured = capsys.readouterr()
-    assert "reuse magma-cuda130-2.6.1-1: already in" in captured.err
-    assert (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns == before
+    assert "reuse magma-cuda130-2.10.0-0: already in" in captured.err
+    assert (built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").stat().st_mtime_ns == before
 
 
 @needs_nvcc
 def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     channel = tmp_path / "channel"
-    # magma-cuda124 checks that nvcc is CUDA 12.4, like upstream's build.sh; this machine has 13.0.
-    code = main(["build", "--magma-only", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12",
+    # magma-cuda126 checks that nvcc is CUDA 12.6, like upstream's build.sh; this machine has 13.0.
+    code = main(["build", "--magma-only", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12",
                  "--magma-source", str(FIXTURE), "--skip-preflight", "--out", str(channel)])
     assert code == 6
     err = capsys.readouterr().err
-    assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.4" in err
+    assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.6" in err
     assert not list(channel.glob("linux-64/*.conda"))
     assert not list(channel.glob(".staging-*"))
-    assert (channel / "logs" / "magma-cuda124-2.6.1-linux_64.log").is_file()
+    assert (channel / "logs" / "magma-cuda126-2.10.0-linux_64.log").is_file()
 
 
 def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """CUDA 12.4 magma fails (nvcc mismatch) so its pytorch is skipped; the cpu variant is still attempted."""
+    """CUDA 12.6 magma fails (nvcc mismatch) so its pytorch is skipped; the cpu variant is still attempted."""
     if nvcc_release() is None:
         pytest.skip("needs nvcc")
-    code = main(["build", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12", "--keep-going",
+    code = main(["build", "--pytorch", "2.13.0", "--cuda", "12.6,cpu", "--py", "3.12", "--keep-going",
                  "--magma-source", str(FIXTURE), "--source", str(tmp_path / "no-such-source"),
                  "--skip-preflight", "--out", str(tmp_path / "channel")])
     assert code == 6
     out = capsys.readouterr().out
-    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in out
-    assert "pytorch-2.5.1-py3.12_cpu_0" in out
+    assert "skipped: magma-cuda126-2.10.0-linux_64 failed" in out
+    assert "pytorch-2.13.0-py3.12_cpu_0" in out
 
 
 def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_path: Path,
