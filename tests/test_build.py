@@ -72,10 +72,13 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
     listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
     targets = sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")})
     assert targets == ["sm_80", "sm_90"]
+    ptx = subprocess.run([cuobjdump(), "--list-ptx", str(library)], capture_output=True, text=True, check=False)
+    assert "PTX file" not in ptx.stdout  # SASS only, as the official packages
     log = (built_channel / "logs" / "magma-cuda130-2.10.0-linux_64.log").read_text()
     assert log.count("source edit ok: replace control/get_batched_crossover.cpp (applied) [magma-getrf-nbparam]") == 4
     # only the library and its headers (with the generated one), static, as the official package
-    files = sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file() and "conda-meta" not in p.parts)
+    (record,) = prefix.glob("conda-meta/magma-cuda130-*.json")
+    files = sorted(json.loads(record.read_text())["files"])
     assert files == ["include/magma.h", "include/magma_config.h", "include/magma_types.h", "lib/libmagma.a"]
 
 
