@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit
 from torchforge import data as tables
 from torchforge.magmasource import MagmaSource, inspect
 from torchforge.recipe import magma_context
@@ -28,7 +29,6 @@ from torchforge.resolve import plan_magma
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = REPO.parent / "shared" / "sources"
 CUDA = "13.0"  # this machine's nvcc
-REAL_CUDA = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 needs_tools = pytest.mark.skipif(shutil.which("cmake") is None or not (REAL_CUDA / "bin" / "nvcc").exists(),
                                  reason="needs cmake and a CUDA toolkit with nvcc")
@@ -59,23 +59,7 @@ def stand_in_toolkit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This machine's CUDA toolkit with empty libcublas.so and libcusparse.so added (they are missing here)."""
     if not (REAL_CUDA / "bin" / "nvcc").exists():
         pytest.skip("needs a CUDA toolkit with nvcc")
-    root = tmp_path_factory.mktemp("cuda")
-    lib = root / "lib"
-    lib.mkdir()
-    for name in ("bin", "include", "nvvm"):
-        (root / name).symlink_to(REAL_CUDA / name)
-    for entry in (REAL_CUDA / "lib64").iterdir():
-        (lib / entry.name).symlink_to(entry)
-    stub = root / "stub.c"
-    stub.write_text("void torchforge_stand_in(void) {}\n")
-    for name in ("libcublas.so", "libcusparse.so"):
-        if not (lib / name).exists():
-            subprocess.run(["gcc", "-shared", "-fPIC", str(stub), "-o", str(lib / name)], check=True)
-    (root / "lib64").symlink_to("lib")
-    (root / "targets" / "x86_64-linux").mkdir(parents=True)
-    (root / "targets" / "x86_64-linux" / "include").symlink_to("../../include")
-    (root / "targets" / "x86_64-linux" / "lib").symlink_to("../../lib")
-    return root
+    return make_stand_in_toolkit(tmp_path_factory.mktemp("cuda") / "toolkit")
 
 
 def recipe_files(version: str, arch_list: str | None = None, source: MagmaSource | None = None) -> dict[str, str]:

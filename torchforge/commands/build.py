@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
         if not skip_preflight and not dry_run:
             # Check the machine before a multi-hour build: every problem at once, each with its fix.
             report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
-                                   out=out_dir)
+                                   out=out_dir, magma_only=magma_only)
             err.print(report_table(report))
             report.raise_if_failed()
             if report.max_jobs:

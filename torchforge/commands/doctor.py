@@ -27,13 +27,15 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS to check instead of the memory-based choice.")] = None,
         out_dir: Annotated[Path, typer.Option("--out", help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+        magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
     ) -> None:
-        """Check this machine for a build of the selection: engine, nvcc, host compiler, tools, disk, MAX_JOBS, source, driver.
+        """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk, MAX_JOBS, source, driver.
 
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
-        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir)
+        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
+                               magma_only=magma_only)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))
         else:
