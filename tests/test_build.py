@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.cuda_standin import make_stand_in_toolkit
 from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
@@ -79,7 +81,45 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
     # only the library and its headers (with the generated one), static, as the official package
     (record,) = prefix.glob("conda-meta/magma-cuda130-*.json")
     files = sorted(json.loads(record.read_text())["files"])
-    assert files == ["include/magma.h", "include/magma_config.h", "include/magma_types.h", "lib/libmagma.a"]
+    assert files == ["include/magma.h", "include/magma_config.h", "include/magma_types.h", "include/magma_v2.h",
+                     "lib/libmagma.a"]
+
+
+CONSUMER = Path(__file__).parent / "fixtures" / "magma_consumer"
+
+
+@pytest.fixture(scope="module")
+def installed_magma(built_channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import rattler
+
+    prefix = tmp_path_factory.mktemp("consumer") / "prefix"
+    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=prefix.parent / "cache", show_progress=False))
+    return prefix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("found_through", ["MAGMA_HOME", "CMAKE_PREFIX_PATH"])
+def test_a_cmake_consumer_finds_and_links_the_package_like_pytorch(installed_magma: Path, found_through: str,
+                                                                   tmp_path: Path) -> None:
+    """The installed package, found as PyTorch's FindMAGMA finds it, links with cuBLAS/cuSPARSE from a toolkit
+    (stand-ins here: this machine has none) and runs: recnb 16 shows the getrf_nbparam edit is in the library."""
+    toolkit = make_stand_in_toolkit(tmp_path / "cuda")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    configure = ["cmake", "-S", str(CONSUMER), "-B", str(tmp_path / "build"), f"-DCUDAToolkit_ROOT={toolkit}"]
+    if found_through == "MAGMA_HOME":
+        env["MAGMA_HOME"] = str(installed_magma)
+    else:
+        configure.append(f"-DCMAKE_PREFIX_PATH={installed_magma}")
+    result = subprocess.run(configure, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"MAGMA: {installed_magma}/lib/libmagma.a (headers {installed_magma}/include)" in result.stdout
+    build = subprocess.run(["nice", "cmake", "--build", str(tmp_path / "build")], env=env, capture_output=True,
+                           text=True, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(tmp_path / "build" / "magma_consumer")], env=env, capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 0 and "dgetrf batched nb 128 recnb 16" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.slow
