@@ -208,6 +208,7 @@ def test_rendered_cmake_configures_real_magma_261_for_sm90_only(
     # only the library is a target: no testers, lapacktest, tester or magma_sparse
     assert make_targets(tree / "build") - {"all", "clean", "depend", "edit_cache", "install", "install/local", "install/strip", "list_install_components",
                                            "rebuild_cache"} == {"lib", "magma"}
+    compile_gpu_check(tree, stand_in_toolkit, tmp_path)
 
 
 @needs_tools
@@ -235,3 +236,16 @@ def test_rendered_cmake_configures_real_magma_2100_for_sm90_only(
     assert "-- Generating done" in log
     cache = (tree / "build" / "CMakeCache.txt").read_text()
     assert "BUILD_SHARED_LIBS:BOOL=OFF" in cache
+    compile_gpu_check(tree, stand_in_toolkit, tmp_path)
+
+
+GPU_CHECK = REPO / "tests" / "gpu" / "magma_gpu_check.c"
+
+
+def compile_gpu_check(tree: Path, toolkit: Path, tmp_path: Path) -> None:
+    """tests/gpu/magma_gpu_check.c (run on a GPU machine by run_gpu_check.sh) compiles against this MAGMA's
+    headers and its configured magma_config.h, as an installed package lays them out."""
+    result = subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-DADD_", "-c", str(GPU_CHECK), "-o",
+                             str(tmp_path / "magma_gpu_check.o"), f"-I{tree / 'include'}", f"-I{tree / 'build' / 'include'}",
+                             f"-I{toolkit / 'include'}"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr

@@ -239,7 +239,8 @@ def _choose_magma(data: Data, release_key: str, release: Release, cuda: str, sou
         return None
     if not _magma_accepts(data, source.version, release_key):
         check.refuse(f"{where}, but PyTorch {release_key}'s source rejects MAGMA {source.version} "
-                     f"(needs PyTorch {data.magma.versions[source.version].pytorch}); pass a MAGMA {chosen} source")
+                     f"(it needs PyTorch {data.magma.versions[source.version].pytorch}); pass a MAGMA {chosen} source, or choose a "
+                     f"--pytorch release that accepts MAGMA {source.version}")
         return None
     check.not_official.append(f"MAGMA {source.version} from --magma-source instead of {chosen}")
     return source.version
