@@ -123,6 +123,26 @@ def test_a_cmake_consumer_finds_and_links_the_package_like_pytorch(installed_mag
 
 
 @pytest.mark.slow
+@needs_nvcc
+def test_a_local_tarball_source_is_pinned_by_its_own_checksum_and_builds(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+    import tarfile
+
+    tarball = tmp_path / "magma_like-2.10.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(FIXTURE, arcname="magma_like")
+    channel = tmp_path / "channel"
+    args = [arg if arg != str(FIXTURE) else str(tarball) for arg in MAGMA_ARGS]
+    assert main(["build", *args, "--out", str(channel)]) == 0
+    assert (channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").is_file()
+    assert "is not the MAGMA 2.10.0 release tarball" in capsys.readouterr().err
+    recipe = (channel / "recipes" / "magma-cuda130-2.10.0-linux_64" / "recipe.yaml").read_text()
+    assert f"url: {tarball.as_uri()}" in recipe
+    assert f"sha256: {hashlib.sha256(tarball.read_bytes()).hexdigest()}" in recipe
+
+
+@pytest.mark.slow
 def test_rerunning_the_same_request_reuses_the_package(built_channel: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = (built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").stat().st_mtime_ns
     assert main(["build", *MAGMA_ARGS, "--out", str(built_channel)]) == 0

@@ -91,6 +91,9 @@ def register(app: typer.Typer) -> None:
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")
+        for magma in render_plan.magma:
+            for message in magma.warnings:
+                warn(f"{magma.id}: {message}")
         chosen, why = select_engine(engine, require_available=not dry_run)
         err.print(why)
         extra_env: dict[str, str] = {}
