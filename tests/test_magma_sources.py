@@ -249,3 +249,18 @@ def compile_gpu_check(tree: Path, toolkit: Path, tmp_path: Path) -> None:
                              str(tmp_path / "magma_gpu_check.o"), f"-I{tree / 'include'}", f"-I{tree / 'build' / 'include'}",
                              f"-I{toolkit / 'include'}"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("pytorch", "version"), [("2.9.0", "2.6.1"), ("2.13.0", "2.6.1"), ("2.13.0", "2.10.0")])
+def test_a_real_tree_gives_the_package_its_own_version(pytorch: str, version: str, magma_trees: dict[str, Path]) -> None:
+    """The version comes from the tree, whatever the release would choose (2.13 prefers 2.10.0)."""
+    from torchforge.resolve import Status, classify
+    from torchforge.variant import Options, Request
+
+    options = Options(magma_source=inspect(str(magma_trees[version])))
+    variant = classify(Request(pytorch, CUDA, "3.12", "linux-64", options))
+    assert variant.status is not Status.REFUSED and variant.magma is not None
+    assert variant.magma.filename_stem.startswith(f"magma-cuda130-{version}-")
+    chosen_by_release = "2.10.0" if pytorch == "2.13.0" else "2.6.1"
+    assert (f"not official: MAGMA {version} from --magma-source instead of {chosen_by_release}" in variant.warnings) \
+        is (version != chosen_by_release)
