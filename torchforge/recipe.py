@@ -23,6 +23,16 @@ BUILD_TOOL_VARIABLES = frozenset(
 )
 
 
+# The official magma-cudaXYZ holds lib/libmagma.a and include/*.h only: no shared library, no magma_sparse, no
+# pkgconfig, no testers (official-builds.md §2.1-2.2).
+MAGMA_PACKAGE_CHECKS = (
+    'test ! -e "$PREFIX/lib/libmagma.so"',
+    'test ! -e "$PREFIX/lib/libmagma_sparse.a" && test ! -e "$PREFIX/lib/libmagma_sparse.so"',
+    'test ! -e "$PREFIX/lib/pkgconfig/magma.pc"',
+    'test ! -e "$PREFIX/bin"',
+)
+
+
 @dataclass(frozen=True)
 class Source:
     kind: str  # "git", "path" or "url"
@@ -66,6 +76,7 @@ class RecipeContext:
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
 
     @property
     def is_windows(self) -> bool:
@@ -246,6 +257,7 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
         warnings=plan.warnings,
         fixes=_fix_notes(plan.fixes),
         manual_patches=tuple(p for applied in plan.fixes for p in applied.fix.manual_patch),
+        package_checks=MAGMA_PACKAGE_CHECKS,
         extra={
             "torchforge_variant": plan.id,
             "sha256": plan.sha256,
