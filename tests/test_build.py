@@ -124,6 +124,22 @@ def test_a_cmake_consumer_finds_and_links_the_package_like_pytorch(installed_mag
 
 @pytest.mark.slow
 @needs_nvcc
+def test_ptx_is_added_only_for_an_arch_the_list_marks(tmp_path: Path) -> None:
+    args = [arg if arg != "8.0;9.0" else "8.0;9.0+PTX" for arg in MAGMA_ARGS]
+    channel = tmp_path / "channel"
+    assert main(["build", *args, "--out", str(channel)]) == 0
+    import rattler
+
+    records = asyncio.run(rattler.solve([str(channel)], ["magma-cuda130"], platforms=["linux-64", "noarch"]))
+    prefix = tmp_path / "prefix"
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    ptx = subprocess.run([cuobjdump(), "--list-ptx", str(prefix / "lib" / "libmagma.a")], capture_output=True,
+                         text=True, check=True).stdout
+    assert {line.rsplit(".", 2)[-2] for line in ptx.splitlines() if line.startswith("PTX file")} == {"sm_90"}
+
+
+@pytest.mark.slow
+@needs_nvcc
 def test_a_local_tarball_source_is_pinned_by_its_own_checksum_and_builds(tmp_path: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     import hashlib

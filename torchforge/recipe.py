@@ -228,7 +228,6 @@ def _edits(fixes: tuple[AppliedFix, ...]) -> tuple[SourceEdit, ...]:
 
 
 def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeContext:
-    gencode_flags = " ".join(f"-gencode arch=compute_{g},code=sm_{g}" for g in plan.gencode)
     return RecipeContext(
         kind="magma",
         variant_id=plan.id,
@@ -246,7 +245,7 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
             ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),
             ("MAX_JOBS", "${MAX_JOBS:-$CPU_COUNT}"),
             ("DESIRED_CUDA", plan.cuda),
-            ("CUDA_ARCH_LIST", gencode_flags),
+            ("CUDA_ARCH_LIST", plan.gencode_flags),
         ),
         source_edits=_edits(plan.fixes),
         cmake_options=plan.cmake_options,
@@ -261,7 +260,7 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
         extra={
             "torchforge_variant": plan.id,
             "sha256": plan.sha256,
-            "gencode": " ".join(f"sm_{g}" for g in plan.gencode),
+            "gencode": " ".join([*(f"sm_{g}" for g in plan.gencode), *(f"compute_{g}" for g in plan.ptx)]),
             "upstream_patches": " ".join(plan.upstream_patches),
             "source_edits": " ".join(applied.key for applied in plan.fixes if applied.fix.edits),
         },

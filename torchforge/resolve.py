@@ -46,6 +46,13 @@ class MagmaPlan:
     fixes: tuple[AppliedFix, ...]
     warnings: tuple[str, ...]
     source: MagmaSource | None = None  # --magma-source: a local tree or tarball, or a mirror of the release tarball
+    ptx: tuple[str, ...] = ()  # archs that also get PTX: only when --arch-list asks (X.Y+PTX)
+
+    @property
+    def gencode_flags(self) -> str:
+        """nvcc's -gencode list: SASS for every arch, PTX only where asked (official lists have none)."""
+        sass = [f"-gencode arch=compute_{g},code=sm_{g}" for g in self.gencode]
+        return " ".join([*sass, *(f"-gencode arch=compute_{g},code=compute_{g}" for g in self.ptx)])
 
     @property
     def upstream_patches(self) -> tuple[str, ...]:
@@ -144,17 +151,23 @@ def _applicable_fixes(data: Data, package: str, **conditions: str | None) -> tup
 
 
 def _gencode_from_arch_list(arch_list: str) -> tuple[str, ...]:
-    """'8.0;9.0+PTX' -> ('80', '90'): MAGMA carries SASS only, never PTX (official-builds §2.3)."""
+    """'8.0;9.0+PTX' -> ('80', '90'): the SASS targets (official-builds §2.3: the official lists carry no PTX)."""
     return tuple(dict.fromkeys(a.split("+")[0].replace(".", "") for a in arch_list.split(";") if a))
 
 
-def _cmake_options(data: Data, version: str, gencode: tuple[str, ...], fixes: tuple[AppliedFix, ...]) -> tuple[str, ...]:
+def _ptx_from_arch_list(arch_list: str | None) -> tuple[str, ...]:
+    """'8.0;9.0+PTX' -> ('90',): PTX only where the user asks for it."""
+    return tuple(a.split("+")[0].replace(".", "") for a in (arch_list or "").split(";") if a.endswith("+PTX"))
+
+
+def _cmake_options(data: Data, version: str, gencode: tuple[str, ...], ptx: tuple[str, ...],
+                   fixes: tuple[AppliedFix, ...]) -> tuple[str, ...]:
     """The package's cmake options, then its MAGMA generation's way of taking the gencode list, then fixes'."""
     style = data.magma.cmake_styles[data.magma.versions[version].cmake_style]
     values = {
         "{gencode_flags}": "$CUDA_ARCH_LIST",
         "{sm_targets}": " ".join(f"sm_{g}" for g in gencode),
-        "{cuda_architectures}": ";".join(f"{g}-real" for g in gencode),
+        "{cuda_architectures}": ";".join([*(f"{g}-real" for g in gencode), *(f"{g}-virtual" for g in ptx)]),
     }
     options = []
     for option in style.cmake_options:
@@ -205,7 +218,8 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         url=data.magma.package.url.format(version=version),
         sha256=magma_version.sha256,
         gencode=gencode,
-        cmake_options=_cmake_options(data, version, gencode, fixes),
+        ptx=_ptx_from_arch_list(arch_list),
+        cmake_options=_cmake_options(data, version, gencode, _ptx_from_arch_list(arch_list), fixes),
         fixes=fixes,
         warnings=tuple(warnings),
         source=source,
