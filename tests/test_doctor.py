@@ -10,13 +10,40 @@ from pathlib import Path
 import pytest
 
 from tests.cuda_standin import make_stand_in_toolkit
+from tests.stubchannel import make_stub_channel
 from tests.test_upload_helpers import cli
+from torchforge.recipe import pytorch_context
+from torchforge.render import plan
+from torchforge.variant import Options, Selection
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 NVCC_RELEASE = (
     subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.split("release ", 1)[1].split(",", 1)[0]
     if HAVE_NVCC else None
 )
+
+
+def requirements(pytorch: str, accel: str, python: str) -> list[str]:
+    """The build and host requirements of one variant's rendered recipe (what doctor solves)."""
+    (variant,) = plan(Selection.from_flags(pytorch, accel, python, None, Options())).variants
+    context = pytorch_context(variant)
+    return [*context.build_requirements, *context.host_requirements]
+
+
+def site_config(folder: Path, channel: Path) -> Path:
+    """A torchforge.toml that replaces every data channel with one local channel (an air-gapped site)."""
+    config = folder / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{channel}"]\n')
+    return config
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local channel with every build and host requirement of the variants below, and its config file."""
+    root = tmp_path_factory.mktemp("site")
+    make_stub_channel(root / "mirror", [*requirements("2.9.0", "13.0", "3.12"), *requirements("2.5.1", "11.8", "3.10")],
+                      runnable=False)
+    return site_config(root, root / "mirror")
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +54,9 @@ def full_toolkit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0" or Path("/usr/local/cuda/include/cublas_v2.h").exists(),
                     reason="needs the project's machines: CUDA 13.0 with nvcc but no cuBLAS")
-def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas() -> None:
+def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path) -> None:
     result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--magma-only",
-                 env={"CUDA_HOME": "/usr/local/cuda"})
+                 "--config", str(mirror), env={"CUDA_HOME": "/usr/local/cuda"})
     assert result.returncode == 9
     lines = [line for line in result.stdout.splitlines() if "cuBLAS (CUDA 13.0)" in line]
     assert lines and "fail" in lines[0] and "cublas_v2.h, libcublas.so" in result.stdout
@@ -39,8 +66,9 @@ def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas() -> None:
 
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 (the project's machines)")
-def test_doctor_passes_for_the_machines_cuda_with_its_libraries(full_toolkit: dict[str, str]) -> None:
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", env=full_toolkit)
+def test_doctor_passes_for_the_machines_cuda_with_its_libraries(mirror: Path, full_toolkit: dict[str, str]) -> None:
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--config", str(mirror),
+                 env=full_toolkit)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "cuBLAS (CUDA 13.0)" in result.stdout and "cuDNN (CUDA 13.0)" in result.stdout
     assert "nvcc (CUDA 13.0)" in result.stdout and "release 13.0" in result.stdout
@@ -48,21 +76,24 @@ def test_doctor_passes_for_the_machines_cuda_with_its_libraries(full_toolkit: di
 
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 and gcc > 11 (the project's machines)")
-def test_doctor_prints_every_problem_then_exits_9() -> None:
-    result = cli("doctor", "--cuda", "11.8", "--py", "3.10")
+def test_doctor_prints_every_problem_then_exits_9(mirror: Path) -> None:
+    result = cli("doctor", "--cuda", "11.8", "--py", "3.10", "--config", str(mirror))
     assert result.returncode == 9
     # the whole table first, both failures in it, then the error
     assert "nvcc (CUDA 11.8)" in result.stdout and "is CUDA 13.0" in result.stdout
     assert "host compiler (CUDA 11.8)" in result.stdout and "GCC <= 11" in result.stdout
     assert "cmake" in result.stdout and "disk" in result.stdout
     # every failure at once: this machine has no CUDA 11.8 toolkit, so its libraries are missing as well
-    assert "5 of" in result.stderr and "checks failed (nvcc (CUDA 11.8), host compiler (CUDA 11.8), cuBLAS (CUDA 11.8)" in result.stderr
+    assert "checks failed (nvcc (CUDA 11.8), host compiler (CUDA 11.8), cuBLAS (CUDA 11.8)" in result.stderr
+    # ... and names the image that has what this machine lacks
+    assert "image (CUDA 11.8)" in result.stdout and "pytorch/conda-builder:cuda11.8" in result.stdout
+    assert "--container" in result.stdout
 
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0")
-def test_doctor_json_and_jobs_override(full_toolkit: dict[str, str]) -> None:
+def test_doctor_json_and_jobs_override(mirror: Path, full_toolkit: dict[str, str]) -> None:
     result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--jobs", "3", "--json",
-                 env=full_toolkit)
+                 "--config", str(mirror), env=full_toolkit)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["max_jobs"] == 3
@@ -74,3 +105,37 @@ def test_doctor_rejects_an_unknown_engine_as_a_failed_check() -> None:
     result = cli("doctor", "--cuda", "cpu", "--engine", "make")
     assert result.returncode == 9
     assert "unknown engine 'make'" in result.stdout
+
+
+def test_doctor_names_the_requirement_a_channel_lacks(tmp_path: Path) -> None:
+    """A local channel with every requirement but pyyaml: the solve fails and doctor says which and where."""
+    wanted = requirements("2.9.0", "cpu", "3.11")
+    assert "pyyaml" in wanted
+    make_stub_channel(tmp_path / "mirror", [spec for spec in wanted if spec != "pyyaml"], runnable=False)
+    config = site_config(tmp_path, tmp_path / "mirror")
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
+                 "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 9, result.stderr
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks[f"channel file://{tmp_path / 'mirror'}"]["status"] == "ok"
+    row = checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]
+    assert row["status"] == "fail"
+    # (the output channel does not exist yet, so only the mirror is looked in)
+    assert row["detail"] == f"host: no package for pyyaml in file://{tmp_path / 'mirror'}"
+    # the same channel with pyyaml added solves
+    make_stub_channel(tmp_path / "mirror", ["pyyaml"], runnable=False)
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
+                 "--out", str(tmp_path / "out"), "--json")
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]["status"] == "ok", checks
+
+
+def test_doctor_fails_a_folder_that_is_not_an_indexed_channel(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    config = site_config(tmp_path, tmp_path / "empty")
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config), "--json")
+    assert result.returncode == 9
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    row = checks[f"channel file://{tmp_path / 'empty'}"]
+    assert row["status"] == "fail" and "no noarch/repodata.json" in row["detail"]
+    assert checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]["status"] == "warn"
