@@ -16,7 +16,9 @@ from tests.cuda_standin import make_stand_in_toolkit
 from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
-from torchforge.render import RecipeFormat
+from torchforge.magmasource import inspect
+from torchforge.render import RecipeFormat, plan
+from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "magma_like"
 NVCC_RELEASE = "13.0"  # the toolkit on this project's machines (nvcc 13.0 on PATH)
@@ -46,6 +48,11 @@ needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE, reason=f"needs n
 
 MAGMA_ARGS = ["--magma-only", "--pytorch", "2.13.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
               "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURE), "--skip-preflight"]
+# A custom gencode list and a source tree: the build string carries the hash of those settings. The fixture's
+# include/magma_types.h says 2.10.0, which PyTorch 2.13 accepts.
+_MAGMA = plan(Selection("2.13.0", (NVCC_RELEASE,), ("3.12",), "linux-64",
+                        Options(arch_list="8.0;9.0", magma_source=inspect(str(FIXTURE))))).magma[0]
+MAGMA_STEM = _MAGMA.filename_stem
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +68,10 @@ def built_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets(built_channel: Path, tmp_path: Path) -> None:
     import rattler
 
-    package = built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda"
+    package = built_channel / "linux-64" / f"{MAGMA_STEM}.conda"
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
-    assert list(repodata["packages.conda"]) == ["magma-cuda130-2.10.0-0.conda"]
+    assert list(repodata["packages.conda"]) == [f"{MAGMA_STEM}.conda"]
     assert not list(built_channel.glob(".staging-*")), "staging folders must not stay in the channel"
     records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
@@ -151,7 +158,8 @@ def test_a_local_tarball_source_is_pinned_by_its_own_checksum_and_builds(tmp_pat
     channel = tmp_path / "channel"
     args = [arg if arg != str(FIXTURE) else str(tarball) for arg in MAGMA_ARGS]
     assert main(["build", *args, "--out", str(channel)]) == 0
-    assert (channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").is_file()
+    # not the release tarball: a custom source, so the build string carries the settings' hash
+    assert len(list(channel.glob("linux-64/magma-cuda130-2.10.0-tf*_0.conda"))) == 1
     assert "is not the MAGMA 2.10.0 release tarball" in capsys.readouterr().err
     recipe = (channel / "recipes" / "magma-cuda130-2.10.0-linux_64" / "recipe.yaml").read_text()
     assert f"url: {tarball.as_uri()}" in recipe
@@ -160,11 +168,11 @@ def test_a_local_tarball_source_is_pinned_by_its_own_checksum_and_builds(tmp_pat
 
 @pytest.mark.slow
 def test_rerunning_the_same_request_reuses_the_package(built_channel: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = (built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").stat().st_mtime_ns
+    before = (built_channel / "linux-64" / f"{MAGMA_STEM}.conda").stat().st_mtime_ns
     assert main(["build", *MAGMA_ARGS, "--out", str(built_channel)]) == 0
     captured = capsys.readouterr()
-    assert "reuse magma-cuda130-2.10.0-0: already in" in captured.err
-    assert (built_channel / "linux-64" / "magma-cuda130-2.10.0-0.conda").stat().st_mtime_ns == before
+    assert f"reuse {MAGMA_STEM}: already in" in captured.err
+    assert (built_channel / "linux-64" / f"{MAGMA_STEM}.conda").stat().st_mtime_ns == before
 
 
 @needs_nvcc
@@ -191,7 +199,7 @@ def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, ca
     assert code == 6
     out = capsys.readouterr().out
     assert "skipped: magma-cuda126-2.10.0-linux_64 failed" in out
-    assert "pytorch-2.13.0-py3.12_cpu_0" in out
+    assert "pytorch-2.13.0-py3.12_cpu_tf" in out  # --source: a custom build string
 
 
 def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_path: Path,
@@ -202,7 +210,10 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     assert code == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("[dry-run]")]
-    assert len(lines) == 3  # one magma-cuda118, then pytorch for two Pythons
+    # the companions pytorch-mutex (cuda) and pytorch-cuda 11.8, one magma-cuda118, then pytorch for two Pythons
+    assert len(lines) == 5
+    assert "recipes/pytorch-mutex-1.0-cuda-noarch " in lines[0] and "recipes/pytorch-cuda-11.8-7-linux_64 " in lines[1]
+    lines = lines[2:]
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
                              f"{out}/.staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")

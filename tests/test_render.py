@@ -45,7 +45,8 @@ def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | 
         if not release.conda_official:
             continue
         cudas = ",".join([*(c for c, b in release.cuda.items() if b.conda), "cpu"])
-        selection = Selection.from_flags(f"{key}.0", cudas, release.python[1], None, Options())
+        version = (tables.load().pytorch.patch_releases.get(key) or (f"{key}.0",))[-1]
+        selection = Selection.from_flags(version, cudas, release.python[1], None, Options())
         folders.update(recipe_folders(plan(selection), fmt))
     return folders
 

@@ -32,6 +32,8 @@ class Options:
     gcc: str | None = None
     source: str | None = None
     magma_source: MagmaSource | None = None
+    patch_digests: tuple[str, ...] = ()  # sha256 of each --patch file (pytorch recipes), in order
+    magma_patch_digests: tuple[str, ...] = ()  # sha256 of each --magma-patch file, in order
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
-                                         env, gcc, source, magma_source)
+                                         env, gcc, source, magma_source, patch, magma_patch)
         if fmt == "wheel":
             wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
                                   jobs=jobs, force=force, on_event=note)
