@@ -99,7 +99,7 @@ def test_build_scripts_read_only_exported_tool_or_script_env_variables() -> None
             code = re.sub(r"'[^']*'", "", code)  # single-quoted text is not expanded ($ORIGIN)
             for variable in _VARIABLE.findall(code):
                 # loop variables and the bundling function's locals and parameters are set in the script itself
-                local = ("so", "nvcc_release", "src", "var", "name", "new")
+                local = ("so", "nvcc_release", "header", "src", "var", "name", "new")
                 assert variable in exported or variable in allowed or variable in local, (
                     f"{name}: build.sh reads ${variable}, which is neither exported before nor in script_env"
                 )
