@@ -18,6 +18,7 @@ from torchforge.preflight import (
     report_table, run_preflight,
 )
 from torchforge.proc import Runner
+from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 HAVE_GCC = shutil.which("gcc") is not None
@@ -30,6 +31,11 @@ def _release(output: str) -> str:
 
 NVCC_RELEASE = _release(subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout) if HAVE_NVCC else None
 GCC_MAJOR = int(subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout.split(".")[0]) if HAVE_GCC else None
+
+
+# The folders of the libraries CUDA recipes bundle point at stand-in files (tests/conftest.py), so the checks
+# other tests look at are not drowned by this machine's missing cuDNN; the bundled-library tests look at them.
+pytestmark = pytest.mark.usefixtures("bundled_libraries")
 
 
 def _preflight(cuda: str, *, pytorch: str = "2.9.0", python: str = "3.12", platform: str | None = None,
@@ -121,7 +127,7 @@ def test_cuda_11_8_reports_nvcc_mismatch_and_gcc_too_new_together() -> None:
     assert not report.ok
     # everything else was still checked
     assert {"cmake", "git", "patchelf", "disk", "MAX_JOBS", "source", "driver"} <= {c.name for c in report.checks}
-    with pytest.raises(PreflightError, match=r"2 of \d+ checks failed \(nvcc \(CUDA 11.8\), host compiler \(CUDA 11.8\)\)"):
+    with pytest.raises(PreflightError, match=r"checks failed \(nvcc \(CUDA 11.8\), host compiler \(CUDA 11.8\)"):
         report.raise_if_failed()
 
 
@@ -142,6 +148,43 @@ def test_a_missing_nvcc_is_reported_with_its_fix(tmp_path: Path, monkeypatch: py
     assert check.status is Level.FAIL and check.detail == "nvcc is not on PATH"
 
 
+# ---- CUDA libraries --------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAVE_NVCC or (REAL_CUDA / "include" / "cublas_v2.h").exists(),
+                    reason="needs a toolkit with nvcc but no cuBLAS (the project's machines)")
+def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_HOME", str(REAL_CUDA))
+    report = _preflight(NVCC_RELEASE or "")
+    cublas, cusparse = report.check(f"cuBLAS (CUDA {NVCC_RELEASE})"), report.check(f"cuSPARSE (CUDA {NVCC_RELEASE})")
+    assert cublas.status is Level.FAIL and f"not found in the toolkit at {REAL_CUDA}" in cublas.detail
+    assert "needed by magma and pytorch" in cublas.detail
+    dash = (NVCC_RELEASE or "").replace(".", "-")
+    assert f"libcublas-dev-{dash}" in (cublas.fix or "") and f"libcusparse-dev-{dash}" in (cusparse.fix or "")
+    cudnn = report.check(f"cuDNN (CUDA {NVCC_RELEASE})")
+    assert cudnn.status is Level.FAIL and "CUDNN_INCLUDE_DIR" in (cudnn.fix or "")
+    selection = selection_from_flags("2.9.0", NVCC_RELEASE, "3.12", None)
+    magma_only = run_preflight(selection, engine="auto", source=None, jobs=None, runner=Runner(),
+                               machine=BIG_MACHINE, magma_only=True)
+    assert not any(c.name.startswith("cuDNN") for c in magma_only.checks)  # MAGMA does not link cuDNN
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="needs nvcc")
+def test_a_complete_toolkit_and_cudnn_from_its_own_folders_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toolkit = make_stand_in_toolkit(tmp_path / "cuda")
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    cudnn = make_stand_in_toolkit(tmp_path / "cudnn-home", cudnn=True)  # cuDNN elsewhere, as PyTorch allows
+    monkeypatch.setenv("CUDNN_INCLUDE_DIR", str(cudnn / "include"))
+    monkeypatch.setenv("CUDNN_LIB_DIR", str(cudnn / "lib"))
+    report = _preflight(NVCC_RELEASE or "")
+    for name in ("cuBLAS", "cuSPARSE", "cuDNN"):
+        assert report.check(f"{name} (CUDA {NVCC_RELEASE})").status is Level.OK, report.check(f"{name} (CUDA {NVCC_RELEASE})")
+    monkeypatch.delenv("CUDNN_LIB_DIR")
+    assert report.check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.OK
+    if not Path("/usr/include/cudnn.h").exists():  # without CUDNN_LIB_DIR only the system folders are left
+        assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.FAIL
+
+
 # ---- tools -----------------------------------------------------------------------------------------------
 
 
@@ -151,6 +194,7 @@ def test_a_path_without_cmake_reports_cmake(tmp_path: Path, monkeypatch: pytest.
     bin_dir.mkdir()
     for tool in ("nvcc", "gcc", "git"):
         (bin_dir / tool).symlink_to(shutil.which(tool) or "")
+    monkeypatch.setenv("CUDA_HOME", str(make_stand_in_toolkit(tmp_path / "cuda", cudnn=True)))
     monkeypatch.setenv("PATH", str(bin_dir))
     report = _preflight(NVCC_RELEASE or "")
     cmake = report.check("cmake")
@@ -329,3 +373,30 @@ def test_report_table_has_one_row_per_check() -> None:
     table = report_table(report)
     assert table.row_count == len(report.checks)
     assert report.as_dict()["max_jobs"] == report.max_jobs
+
+
+# ---- bundled libraries -----------------------------------------------------------------------------------
+
+
+def test_bundled_libraries_found_in_their_folders(bundled_libraries: Path) -> None:
+    report = _preflight("12.4", pytorch="2.5.1")
+    checks = {c.name: c for c in report.checks if c.name.startswith("bundled ")}
+    assert list(checks) == ["bundled libcudnn*.so.9", "bundled libcupti.so.12", "bundled libcusparseLt.so.0"]
+    assert all(c.status is Level.OK and str(bundled_libraries) in c.detail for c in checks.values())
+
+
+def test_a_missing_bundled_library_fails_before_the_build_and_names_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "libcudnn.so.8").touch()  # cuDNN 8 where the 2.5 recipe bundles cuDNN 9
+    monkeypatch.setenv("CUDNN_LIB_DIR", str(tmp_path))
+    report = _preflight("12.4", pytorch="2.5.1")
+    check = report.check("bundled libcudnn*.so.9")
+    assert check.status is Level.FAIL and str(tmp_path) in check.detail and "CUDNN_LIB_DIR" in (check.fix or "")
+    assert report.check("bundled libcupti.so.12").status is Level.OK
+    with pytest.raises(PreflightError, match=r"bundled libcudnn\*\.so\.9"):
+        report.raise_if_failed()
+
+
+def test_cpu_and_static_cudnn_variants_bundle_nothing() -> None:
+    for report in (_preflight("cpu", pytorch="2.5.1"), _preflight("11.3", pytorch="1.10.2", python="3.9")):
+        assert not [c for c in report.checks if c.name.startswith("bundled ")]

@@ -27,8 +27,10 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
+from torchforge import data as tables
 from torchforge.recipe import RecipeContext
 
 # Compiler launchers CMake reads from the environment (CMake >= 3.17), for PyTorch and MAGMA alike.
@@ -53,6 +55,15 @@ def own_launcher(environ: Mapping[str, str]) -> str | None:
     return next((f"{name}={environ[name]}" for name in LAUNCHER_VARIABLES if environ.get(name)), None)
 
 
+@cache
+def python_dependent_env() -> frozenset[str]:
+    """Build variables whose value the data makes depend on the Python (a `python` condition in eras.toml
+    [[build_env]], e.g. USE_GLOO_WITH_OPENSSL off for 3.12). They stay out of the key: the Pythons of a
+    release share one cache, and ccache keeps apart the few objects such a variable changes (it hashes
+    each call's arguments and preprocessed source)."""
+    return frozenset(entry.name for entry in tables.load().eras.build_env if entry.python)
+
+
 def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
     """A readable, stable key for everything that changes the compiled objects, and nothing Python-only.
 
@@ -64,12 +75,11 @@ def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
         "kind": context.kind, "name": context.name, "version": context.version,
         "build_number": context.build_number, "platform": context.platform, "cuda": context.cuda,
         "source": [context.source.kind, context.source.location, context.source.rev, context.source.sha256],
-        "env": [list(pair) for pair in context.env],
+        "env": [list(pair) for pair in context.env if pair[0] not in python_dependent_env()],
         "source_edits": [repr(edit) for edit in context.source_edits],
         "patches": list(patch_digests),
         "install_command": context.install_command,
         "cmake_options": list(context.cmake_options), "gencode": list(context.gencode),
-        "gpu_target": context.gpu_target, "nvcc_flags": context.nvcc_flags,
     }
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
     accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"

@@ -92,6 +92,9 @@ class Release(FrozenModel):
     max_arch: str | None = None
     magma: str | None = None
     triton: str | None = None
+    triton_by_patch: dict[str, str] = {}
+    triton_python: str | None = None
+    triton_source: str | None = None
     cxx11_abi: bool = False
     cuda_tag: Literal["xy", "full"] = "xy"  # CUDA in the build string: X.Y, or (<= 1.7) the full toolkit version
     python_win: tuple[str, str] | None = None  # Windows Python range where it differed
@@ -124,14 +127,14 @@ class Requirement(FrozenModel):
     pytorch: str | None = None  # PEP 440 specifier on the PyTorch version, where a patch release changed a pin
     platforms: tuple[str, ...] | None = None
     accel: Literal["cuda", "cpu"] | None = None
+    line: int | None = None  # line of the era's upstream file that states it
+    added: str | None = None  # why torchforge adds a requirement upstream did not have
 
-    @field_validator("python", "pytorch")
-    @classmethod
-    def _python_is_specifier(cls, value: str | None) -> str | None:
-        return versions.checked_specifier(value)
+    check_specifiers = field_validator("python", "pytorch")(versions.checked_specifier)
 
 
 class Era(FrozenModel):
+    source: str | None = None  # upstream file (branch:path) the `line` numbers refer to
     build: tuple[Requirement, ...]
     host: tuple[Requirement, ...]
     run: tuple[Requirement, ...]
@@ -154,7 +157,23 @@ class BuildEnvEntry(FrozenModel):
     value: str
     win: str | None = None
     when: Literal["cuda", "cpu", "linux", "osx"] | None = None
-    pytorch: str | None = None  # PEP 440 specifier on the PyTorch version
+    pytorch: str | None = None  # PEP 440 specifiers: PyTorch X.Y.Z, CUDA X.Y, Python X.Y of the variant
+    cuda: str | None = None
+    python: str | None = None
+    source: str | None = None
+
+    check_specifiers = field_validator("pytorch", "cuda", "python")(versions.checked_specifier)
+
+
+class WindowsMagma(FrozenModel):
+    """The prebuilt MAGMA archive upstream's bld.bat linked (MAGMA_HOME)."""
+
+    pytorch: str
+    version: str
+    url: str  # {version} and {cuda_nodot} are filled in
+    source: str
+
+    check_specifiers = field_validator("pytorch")(versions.checked_specifier)
 
 
 class InstallCommands(FrozenModel):
@@ -178,6 +197,44 @@ class ErasTable(FrozenModel):
     build_env: tuple[BuildEnvEntry, ...]
     install: InstallCommands
     rpath: tuple[RpathRule, ...]
+    windows_magma: tuple[WindowsMagma, ...] = ()
+
+
+# ---- bundle.toml -----------------------------------------------------------------------------------------
+
+
+class BundleDir(FrozenModel):
+    var: str  # variable that overrides the directory (forwarded through script_env)
+    default: str  # the build image's directory, in the platform's shell syntax
+    source: str
+
+
+class BundledLibrary(FrozenModel):
+    dir: str  # key into the platform's [dirs]
+    name: str  # file name or glob; {cuda} = X.Y, {cuda_major} = X
+    optional: bool = False  # copied when present (upstream: `if exist`)
+
+
+class BundleRule(FrozenModel):
+    pytorch: str
+    cuda: str
+    libs: tuple[BundledLibrary, ...]
+    source: str
+
+    check_specifiers = field_validator("pytorch", "cuda")(versions.checked_specifier)
+
+
+class BundleTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    hash_exempt: tuple[str, ...]  # shell `case` patterns of names kept as they are
+    hash_exempt_source: str
+    cudnn_version_code: dict[str, tuple[int, int, int]]  # cuDNN major -> multipliers of major, minor, patch
+    cudnn_version_code_source: str
+    linux_dirs: dict[str, BundleDir]
+    win_dirs: dict[str, BundleDir]
+    linux: tuple[BundleRule, ...]
+    win: tuple[BundleRule, ...]
 
 
 # ---- magma.toml ------------------------------------------------------------------------------------------
@@ -187,12 +244,20 @@ class MagmaPackage(FrozenModel):
     name_prefix: str
     url: str
     cmake_options: tuple[str, ...]
-    nvcc_flags: str
+
+
+class CmakeStyle(FrozenModel):
+    """How the gencode list reaches one generation of MAGMA's CMake (placeholders filled per build)."""
+
+    cmake_options: tuple[str, ...]
 
 
 class MagmaVersion(FrozenModel):
     sha256: str
     build_number: int
+    build_number_known: bool = True  # False: no official package of this version, the number is conda's default
+    cmake_style: str
+    pytorch: str | None = None  # PyTorch releases whose source accepts this MAGMA (PEP 440); None: any
 
     @field_validator("sha256")
     @classmethod
@@ -206,6 +271,8 @@ class MagmaTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     package: MagmaPackage
+    preferred: tuple[str, ...]
+    cmake_styles: dict[str, CmakeStyle]
     versions: dict[str, MagmaVersion]
     gencode: dict[str, tuple[str, ...]]
     published: dict[str, tuple[str, ...]] = {}  # MAGMA version -> CUDA X.Y of the magma-cudaXYZ packages upstream published
@@ -215,13 +282,15 @@ class MagmaTable(FrozenModel):
 
 
 class SourceEdit(FrozenModel):
-    kind: Literal["replace", "insert_after", "comment_lines"]
+    kind: Literal["replace", "insert_after", "comment_lines", "comment_range"]
     file: str
     find: str
     replace: str | None = None
     text: str | None = None
     prefix: str | None = None
+    until: str | None = None  # comment_range: the last line of the range contains this
     required: bool = True
+    fix: str | None = None  # filled in by torchforge with the fix's key (messages name it); never in the data
 
 
 class Fix(FrozenModel):
@@ -236,6 +305,7 @@ class Fix(FrozenModel):
     edits: tuple[SourceEdit, ...] = ()
     cmake_options: tuple[str, ...] = ()
     manual_patch: tuple[str, ...] = ()
+    upstream_patch: str | None = None  # the official patch these edits reproduce (listed in the recipe)
 
 
 class FixesTable(FrozenModel):
@@ -339,6 +409,7 @@ class Data(FrozenModel):
     cuda: CudaTable
     pytorch: PytorchTable
     eras: ErasTable
+    bundle: BundleTable
     magma: MagmaTable
     fixes: FixesTable
     jetson: JetsonTable
@@ -357,6 +428,7 @@ _FILES: dict[str, type[BaseModel]] = {
     "cuda": CudaTable,
     "pytorch": PytorchTable,
     "eras": ErasTable,
+    "bundle": BundleTable,
     "magma": MagmaTable,
     "fixes": FixesTable,
     "jetson": JetsonTable,
@@ -434,6 +506,17 @@ def check_invariants(data: Data) -> list[str]:
                 for arch in value.split(";"):
                     if arch.split("+")[0] not in accepted:
                         problems.append(f"{where}.cuda.{cuda_key}.{field}: {arch} is outside what nvcc {cuda_key} accepts")
+    for era_key, era in data.eras.eras.items():
+        for section in ("build", "host", "run"):
+            for req in getattr(era, section):
+                if era.source and req.line is None and req.added is None:
+                    problems.append(f"eras.toml eras.{era_key}.{section} {req.spec!r} cites no line of {era.source} and gives no reason")
+    for platform_key in ("linux", "win"):
+        dirs = getattr(data.bundle, f"{platform_key}_dirs")
+        for rule in getattr(data.bundle, platform_key):
+            for lib in rule.libs:
+                if lib.dir not in dirs:
+                    problems.append(f"bundle.toml {platform_key} rule for PyTorch {rule.pytorch} names unknown dir {lib.dir!r}")
     for rel_key, patches in data.pytorch.patch_releases.items():
         if rel_key not in data.pytorch.releases:
             problems.append(f"pytorch.toml patch_releases.{rel_key} names an unknown release")
@@ -453,6 +536,14 @@ def check_invariants(data: Data) -> list[str]:
     for cuda_key in data.magma.gencode:
         if cuda_key not in toolkits:
             problems.append(f"magma.toml gencode.{cuda_key}: CUDA {cuda_key} missing from cuda.toml")
+    for version_key, magma in data.magma.versions.items():
+        if magma.cmake_style not in data.magma.cmake_styles:
+            problems.append(f"magma.toml versions.{version_key}.cmake_style names unknown style {magma.cmake_style!r}")
+        if magma.pytorch is not None and not versions.is_valid_specifier(magma.pytorch):
+            problems.append(f"magma.toml versions.{version_key}.pytorch is not a PEP 440 specifier")
+    for version_key in data.magma.preferred:
+        if version_key not in data.magma.versions:
+            problems.append(f"magma.toml preferred names MAGMA {version_key}, which has no versions entry")
     for device_key, device in data.jetson.devices.items():
         if device.jetpack not in data.jetson.jetpacks:
             problems.append(f"jetson.toml devices.{device_key}.jetpack names unknown JetPack {device.jetpack}")
@@ -472,9 +563,12 @@ def check_invariants(data: Data) -> list[str]:
             if device not in data.jetson.devices:
                 problems.append(f"fixes.toml fixes.{fix_key} names unknown Jetson device {device!r}")
         for edit in fix.edits:
-            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix}[edit.kind]
-            if needs is None:
+            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix,
+                     "comment_range": edit.prefix and edit.until}[edit.kind]
+            if not needs:
                 problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
+            if edit.fix is not None:
+                problems.append(f"fixes.toml fixes.{fix_key}: `fix` is set by torchforge, not in the data")
     if tuple(data.platforms.platforms) != PLATFORMS:
         problems.append(f"platforms.toml must describe exactly {', '.join(PLATFORMS)}, in that order")
     for cuda_key in data.companions.pytorch_cuda.versions:

@@ -9,17 +9,37 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torchforge import __version__
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, Requirement, SourceEdit
-from torchforge.resolve import AppliedFix, MagmaPlan, Status, Variant
+from torchforge.resolve import (
+    AppliedFix,
+    BundledFile,
+    MagmaPlan,
+    Status,
+    Variant,
+    bundle_rule,
+    bundled_files,
+    windows_magma,
+)
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
 BUILD_TOOL_VARIABLES = frozenset(
     {"PREFIX", "SP_DIR", "PYTHON", "PKG_VERSION", "PKG_BUILDNUM", "PKG_NAME", "RECIPE_DIR", "SRC_DIR",
      "CPU_COUNT", "LIBRARY_PREFIX", "BUILD_PREFIX"}
+)
+
+
+# The official magma-cudaXYZ holds lib/libmagma.a and include/*.h only: no shared library, no magma_sparse, no
+# pkgconfig, no testers (official-builds.md §2.1-2.2).
+MAGMA_PACKAGE_CHECKS = (
+    'test ! -e "$PREFIX/lib/libmagma.so"',
+    'test ! -e "$PREFIX/lib/libmagma_sparse.a" && test ! -e "$PREFIX/lib/libmagma_sparse.so"',
+    'test ! -e "$PREFIX/lib/pkgconfig/magma.pc"',
+    'test ! -e "$PREFIX/bin"',
 )
 
 
@@ -58,8 +78,6 @@ class RecipeContext:
     source_edits: tuple[SourceEdit, ...] = ()
     cmake_options: tuple[str, ...] = ()
     gencode: tuple[str, ...] = ()
-    gpu_target: str = ""
-    nvcc_flags: str = ""
     cuda: str | None = None
     summary: str = ""
     license: str = "BSD-3-Clause"
@@ -67,7 +85,16 @@ class RecipeContext:
     warnings: tuple[str, ...] = ()
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
+    bundle_files: tuple[BundledFile, ...] = ()
+    bundle_dirs: tuple[tuple[str, str], ...] = ()  # (variable, default) of every directory bundled from
+    bundle_keep_names: tuple[str, ...] = ()  # shell `case` patterns of names not hash-renamed
+    bundle_source: str = ""
+    cudnn_library: str = ""  # a bundled cuDNN front-end library to ask for its version, and the answer expected
+    cudnn_version_code: int = 0
+    magma_win_version: str = ""
+    magma_win_url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
 
     @property
     def is_windows(self) -> bool:
@@ -144,8 +171,10 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         else:
             run.append(f"cuda-version >={cuda},<{upper}")
             run.extend(runtime.split_packages)
-        if release.triton and not data.platform(platform).windows:
-            run.append(f"torchtriton =={release.triton}")
+        triton = release.triton_by_patch.get(request.pytorch, release.triton)
+        if triton and not data.platform(platform).windows and (
+                release.triton_python is None or versions.matches(python, release.triton_python)):
+            run.append(f"torchtriton =={triton}")
     facts = data.platform(platform)
     if release.selector == "mutex":
         # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).
@@ -156,12 +185,14 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     elif not is_cuda and facts.mutex:
         features.append("cpuonly")
     env_names = {name for name, _ in variant.env}
-    edits = tuple(edit for applied in variant.fixes for edit in applied.fix.edits)
+    edits = _edits(variant.fixes)
     install = data.eras.install
     if facts.windows:
         install_command = install.setup_py_win if release.conda_official else install.pip_win
     else:
         install_command = install.setup_py if release.conda_official else install.pip
+    bundle = _bundle(data, variant, cuda)
+    magma_win = windows_magma(data, request, cuda)
     tag = f"v{request.pytorch}"
     source = resolve_source(request.options.source, data.pytorch.defaults.source_url, tag)
     return RecipeContext(
@@ -192,6 +223,10 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         home="https://pytorch.org/",
         warnings=tuple(warnings),
         fixes=_fix_notes(variant.fixes),
+        **bundle,
+        magma_win_version=magma_win.version if magma_win else "",
+        magma_win_url=magma_win.url.format(version=magma_win.version, cuda_nodot=versions.nodot(cuda or ""))
+        if magma_win else "",
         extra={
             "torchforge_variant": variant.id,
             "torchforge_status": variant.status.value,
@@ -200,6 +235,31 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
             **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
         },
     )
+
+
+def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:
+    """The bundling step's context: the files to copy (with their directory variables), the names kept."""
+    cuda = None if variant.jetson else cuda  # JetPack provides cuDNN and CUPTI on the device
+    rule = bundle_rule(data, variant.request, cuda)
+    if rule is None:
+        return {}
+    files = bundled_files(data, variant.request, cuda)
+    check: dict[str, Any] = {}
+    cudnn = variant.cudnn
+    windows = data.platform(variant.request.platform).windows
+    if not windows and cudnn and any(f.name.startswith("libcudnn") for f in files):
+        major, minor, patch = (int(part) for part in cudnn.split(".")[:3])
+        multipliers = data.bundle.cudnn_version_code.get(str(major))
+        if multipliers:
+            check = {"cudnn_library": f"libcudnn.so.{major}",
+                     "cudnn_version_code": major * multipliers[0] + minor * multipliers[1] + patch * multipliers[2]}
+    return {
+        **check,
+        "bundle_files": files,
+        "bundle_dirs": tuple(dict.fromkeys((f.dir_var, f.dir_default) for f in files)),
+        "bundle_keep_names": data.bundle.hash_exempt,
+        "bundle_source": rule.source,
+    }
 
 
 def _reads_itself(variant: Variant, name: str) -> bool:
@@ -212,15 +272,24 @@ def _fix_notes(fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _magma_source(plan: MagmaPlan, patches: tuple[str, ...]) -> Source:
-    """The release tarball with its checksum; a mirror of it keeps the checksum, a local tree has none."""
-    if plan.source and os.path.isdir(plan.source):
-        return Source("path", str(Path(plan.source).resolve()), patches=patches)
-    return Source("url", plan.source or plan.url, sha256=plan.sha256, patches=patches)
+    """The release tarball with its checksum; a mirror URL keeps that checksum, a local tarball pins its own,
+    a local tree has none."""
+    source = plan.source
+    if source is None:
+        return Source("url", plan.url, sha256=plan.sha256, patches=patches)
+    if source.kind == "tree":
+        return Source("path", source.location, patches=patches)
+    if source.kind == "tarball":
+        return Source("url", Path(source.location).as_uri(), sha256=source.sha256, patches=patches)
+    return Source("url", source.location, sha256=plan.sha256, patches=patches)
+
+
+def _edits(fixes: tuple[AppliedFix, ...]) -> tuple[SourceEdit, ...]:
+    """Every fix's edits, each labelled with its fix so a failing edit names it."""
+    return tuple(edit.model_copy(update={"fix": applied.key}) for applied in fixes for edit in applied.fix.edits)
 
 
 def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeContext:
-    edits = tuple(edit for applied in plan.fixes for edit in applied.fix.edits)
-    gencode_flags = " ".join(f"-gencode arch=compute_{g},code=sm_{g}" for g in plan.gencode)
     return RecipeContext(
         kind="magma",
         variant_id=plan.id,
@@ -238,18 +307,24 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
             ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),
             ("MAX_JOBS", "${MAX_JOBS:-$CPU_COUNT}"),
             ("DESIRED_CUDA", plan.cuda),
-            ("CUDA_ARCH_LIST", gencode_flags),
+            ("CUDA_ARCH_LIST", plan.gencode_flags),
         ),
-        source_edits=edits,
+        source_edits=_edits(plan.fixes),
         cmake_options=plan.cmake_options,
         gencode=plan.gencode,
-        gpu_target=" ".join(f"sm_{g}" for g in plan.gencode),
-        nvcc_flags=plan.nvcc_flags,
         cuda=plan.cuda,
         summary="Matrix Algebra on GPU and Multicore Architectures, static library for PyTorch builds",
         home="https://icl.utk.edu/magma/",
         warnings=plan.warnings,
         fixes=_fix_notes(plan.fixes),
         manual_patches=tuple(p for applied in plan.fixes for p in applied.fix.manual_patch),
-        extra={"torchforge_variant": plan.id, "sha256": plan.sha256, "torchforge_settings": plan.settings},
+        package_checks=MAGMA_PACKAGE_CHECKS,
+        extra={
+            "torchforge_variant": plan.id,
+            "sha256": plan.sha256,
+            "torchforge_settings": plan.settings,
+            "gencode": " ".join([*(f"sm_{g}" for g in plan.gencode), *(f"compute_{g}" for g in plan.ptx)]),
+            "upstream_patches": " ".join(plan.upstream_patches),
+            "source_edits": " ".join(applied.key for applied in plan.fixes if applied.fix.edits),
+        },
     )
