@@ -11,7 +11,7 @@ from tests import tool_venvs
 from tests.fixtures.fake_anaconda_server import FakeAnacondaServer
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli
-from torchforge.upload import inspect_archive
+from torchforge.archives import inspect_archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.network_services]
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli, cli_env
-from torchforge.upload import ArchiveError, inspect_archive
+from torchforge.archives import ArchiveError, inspect_archive
 
 pytestmark = pytest.mark.slow
 
@@ -65,18 +65,26 @@ def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
     chan = tmp_path / "chan"
     assert cli("upload", "--from", str(out), "--to", chan.as_uri(), "--no-verify").returncode == 0
 
+    # The same bytes again (a rerun after an interruption): nothing to do, and the channel is verified.
     again = cli("upload", "--from", str(out), "--to", chan.as_uri())
-    assert again.returncode == 7
-    assert "hello-1.0-py3.11_cpu_0.conda already exists" in again.stderr
-    assert "--skip-existing" in again.stderr and "--force" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("identical") == 2
+    assert "verified: install from" in again.stdout
 
-    skipped = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--skip-existing")
-    assert skipped.returncode == 0, skipped.stderr
-    assert skipped.stdout.count("skipped") == 2
-
-    # A rebuilt package with the same name but other content: --force must replace it.
+    # A rebuilt package with the same name but other content: refused, kept, or replaced with --force.
     rebuilt = tmp_path / "rebuilt"
     new = make_package(rebuilt / "linux-64", name="hello", depends=["world"], payload_bytes=5000)
+    refused = cli("upload", str(new), "--to", chan.as_uri())
+    assert refused.returncode == 7
+    assert "hello-1.0-py3.11_cpu_0.conda already exists with other content" in refused.stderr
+    assert "--skip-existing" in refused.stderr and "--force" in refused.stderr
+
+    skipped = cli("upload", str(new), "--to", chan.as_uri(), "--skip-existing")
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.count("skipped") == 1
+    listed = _repodata_files(chan, "linux-64")["hello-1.0-py3.11_cpu_0.conda"]
+    assert listed["sha256"] != inspect_archive(new).sha256
+
     forced = cli("upload", str(new), "--to", chan.as_uri(), "--force")
     assert forced.returncode == 0, forced.stderr
     assert "replaced" in forced.stdout
@@ -125,7 +133,7 @@ CONCURRENT = """
 import sys
 from pathlib import Path
 from torchforge.localchannel import publish
-from torchforge.upload import inspect_archive
+from torchforge.archives import inspect_archive
 # Started together by the test; each publishes its packages one by one into the same channel.
 chan, files = Path(sys.argv[1]), sys.argv[2:]
 for f in files:

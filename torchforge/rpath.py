@@ -37,6 +37,7 @@ from pathlib import Path
 from torchforge.data import data_text, parse_toml
 from torchforge.elf import ElfInfo, ElfReadError, iter_tree, maybe_elf, read_elf
 from torchforge.errors import (
+    ArchiveError,
     AuditFailedError,
     ToolFailedError,
     ToolMissingError,
@@ -367,13 +368,25 @@ def unpacked(path: Path) -> Iterator[Path]:
         raise UsageError(f"{path} is not a package", "give a .conda, .tar.bz2 or .whl file, or a directory")
     with tempfile.TemporaryDirectory(prefix="torchforge-audit-") as tmp:
         dest = Path(tmp) / "pkg"
-        if name.endswith(".whl"):
-            extract_wheel(path, dest)
-        else:
-            from conda_package_handling import api as cph
+        try:
+            if name.endswith(".whl"):
+                extract_wheel(path, dest)
+            else:
+                from conda_package_handling import api as cph
 
-            cph.extract(str(path), dest_dir=str(dest))
+                cph.extract(str(path), dest_dir=str(dest))
+        except OSError as exc:
+            if exc.errno is None:  # zipfile, tarfile, zstd: not a system error but a damaged archive
+                raise _unreadable(path, exc) from exc
+            raise
+        except Exception as exc:  # zipfile, tarfile, zstd, bz2 and cph each raise their own types; EOFError too
+            raise _unreadable(path, exc) from exc
         yield dest
+
+
+def _unreadable(path: Path, exc: BaseException) -> ArchiveError:
+    return ArchiveError(f"{path} is not a readable archive ({type(exc).__name__}: {exc})",
+                        "rebuild it, or download it again if it was copied")
 
 
 def audit(path: Path, layout: Layout | None = None, *, nvidia_era: str = "cu12") -> AuditReport:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.errors import UsageError
+from torchforge.fileops import SCRATCH_PREFIX
 from torchforge.proc import Runner
 from torchforge.rpath import Layout, fix_and_audit
 from torchforge.wheelzip import extract_wheel
@@ -156,7 +157,7 @@ def repair(
         repaired = WheelName(name.name, version, name.python, name.abi, platform)
         out_dir.mkdir(parents=True, exist_ok=True)
         target = out_dir / repaired.filename
-        fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".whl", dir=out_dir)
+        fd, partial = tempfile.mkstemp(prefix=f"{SCRATCH_PREFIX}partial-", suffix=".whl", dir=out_dir)
         os.close(fd)
         try:
             _zip_tree(root, Path(partial), new_dist.name)

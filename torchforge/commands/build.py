@@ -16,7 +16,7 @@ from torchforge.commands.options import (
 )
 from torchforge.console import err, note, out, warn
 from torchforge.diagnose import explain_log
-from torchforge.engines import select_engine
+from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.preflight import report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
@@ -88,6 +88,9 @@ def register(app: typer.Typer) -> None:
                 out.print(str(wheel))
             return
         render_plan = plan(selection)
+        # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
+        # with or without --dry-run.
+        render_plan.require_buildable()
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")

@@ -15,6 +15,7 @@ from torchforge.commands.options import (
 from torchforge.console import out
 from torchforge.preflight import report_table, run_preflight
 from torchforge.proc import Runner
+from torchforge.render import plan
 
 
 def register(app: typer.Typer) -> None:
@@ -33,9 +34,11 @@ def register(app: typer.Typer) -> None:
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
-        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir)
+        render_plan = plan(selection)
+        report = run_preflight(render_plan, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))
         else:
             out.print(report_table(report))
+        render_plan.require_buildable()  # every check is shown first; a refused selection exits 4 everywhere
         report.raise_if_failed()

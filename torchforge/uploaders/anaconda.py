@@ -26,8 +26,10 @@ from pathlib import Path
 from torchforge.errors import ToolMissingError, UploadFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.targets import Credential, Target, find_token
-from torchforge.upload import Archive, AuthError, ExistingPolicy, ExistsError, Outcome, TransientError
-from torchforge.uploaders import Advance, Echo, PackageSpec
+from torchforge.archives import Archive
+from torchforge.uploaders.base import (
+    Advance, AuthError, Echo, ExistingPolicy, ExistsError, Outcome, PackageSpec, TransientError, with_retries,
+)
 
 DEFAULT_API_URL = "https://api.anaconda.org"
 CLIENT_TIMEOUT_S = 6 * 3600  # PyTorch archives are hundreds of MB on slow uplinks
@@ -197,8 +199,6 @@ class AnacondaUploader:
         return bool(dist) and dist.get("sha256") == archive.sha256 and dist.get("size") == archive.size  # type: ignore[union-attr]
 
     def verify(self, archives: Sequence[Archive]) -> list[str]:
-        from torchforge.upload import with_retries
-
         lines: list[str] = []
         for archive in archives:
             dist = with_retries(lambda a=archive: self._dist(a), f"check of {archive.filename}")

@@ -17,8 +17,10 @@ from collections.abc import Iterator, Sequence
 
 from torchforge.errors import UploadFailedError, UsageError
 from torchforge.targets import Credential, Target, find_token
-from torchforge.upload import Archive, AuthError, ExistingPolicy, ExistsError, Outcome, TransientError
-from torchforge.uploaders import Advance, Echo, PackageSpec
+from torchforge.archives import Archive
+from torchforge.uploaders.base import (
+    Advance, AuthError, Echo, ExistingPolicy, ExistsError, Outcome, PackageSpec, TransientError,
+)
 from torchforge.uploaders.rattler_check import check_channel
 
 CHUNK = 1 << 20

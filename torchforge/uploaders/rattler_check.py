@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchforge.errors import UploadFailedError
-from torchforge.upload import Archive
+from torchforge.archives import Archive
 
 if TYPE_CHECKING:
     from rattler import MatchSpec
