@@ -63,7 +63,7 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == ["magma-cuda130-2.6.1-1.conda"]
-    assert not list(built_channel.glob(".staging-*")), "staging folders must not stay in the channel"
+    assert not list(built_channel.glob(".torchforge-tmp-*")), "staging folders must not stay in the channel"
     records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.6.1"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
@@ -96,7 +96,7 @@ def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.4" in err
     assert not list(channel.glob("linux-64/*.conda"))
-    assert not list(channel.glob(".staging-*"))
+    assert not list(channel.glob(".torchforge-tmp-*"))
     assert (channel / "logs" / "magma-cuda124-2.6.1-linux_64.log").is_file()
 
 
@@ -123,7 +123,7 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     lines = [line for line in err.splitlines() if line.startswith("[dry-run]")]
     assert len(lines) == 3  # one magma-cuda118, then pytorch for two Pythons
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
-                             f"{out}/.staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
+                             f"{out}/.torchforge-tmp-staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")
     assert "--python 3.10" in lines[1] and "--python 3.11" in lines[2]
     assert not out.exists()

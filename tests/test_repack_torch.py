@@ -1,8 +1,7 @@
 """`torchforge repack` on the real torch 2.13.0 CPU wheel: audit, install with py-rattler, import.
 
-The wheel (190 MB) and a Python 3.11 venv with torch's pure-Python dependencies are cached under
-/work/main/.cache/torchforge-tests (gitignored); the repacked channel is built once per test session and
-shared by the xdist workers through a file lock.
+The wheel (190 MB, conftest's `torch_wheel`) and a Python 3.11 venv with torch's pure-Python dependencies
+are cached under .cache/torchforge-tests (gitignored); the repacked channel is built once per test session.
 """
 
 from __future__ import annotations
@@ -18,40 +17,16 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from tests.conftest import TORCH, cached
 from torchforge.elf import read_elf
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit, find_patchelf
 from torchforge.repack import repack
 
-TORCH = "2.13.0"
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "torchforge-tests"
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 IMPORT_DEPS = ("typing_extensions", "sympy", "networkx", "jinja2", "filelock", "fsspec", "numpy")
 
 pytestmark = pytest.mark.slow
-
-
-def _cached(name: str, build: object) -> Path:
-    target = CACHE / name
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(CACHE / f"{name}.lock")):
-        if not (target / ".complete").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir()
-            build(target)  # type: ignore[operator]
-            (target / ".complete").write_text("")
-    return target
-
-
-@pytest.fixture(scope="session")
-def torch_wheel() -> Path:
-    def download(dest: Path) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"torch=={TORCH}", "--no-deps", "-d", str(dest),
-                        "--quiet"], check=True)
-
-    wheels = sorted(_cached(f"torch-{TORCH}-wheel", download).glob("torch-*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +36,7 @@ def import_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(dest / "venv")], check=True)
         subprocess.run([str(dest / "venv/bin/python"), "-m", "pip", "install", "--quiet", *IMPORT_DEPS], check=True)
 
-    return _cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
+    return cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
 
 
 @pytest.fixture(scope="session")

@@ -62,7 +62,7 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     assert package.is_file()
     repodata = json.loads((built / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{STEM}.conda"]
-    assert not list(built.glob(".staging-*"))
+    assert not list(built.glob(".torchforge-tmp-*"))
     # The pipeline publishes only after torchforge.rpath.audit passed; check the RPATH the recipe set.
     from torchforge.rpath import Layout, audit
 

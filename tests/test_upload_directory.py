@@ -106,7 +106,7 @@ def test_corrupt_and_misplaced_archives_are_refused(tmp_path: Path) -> None:
     chan = tmp_path / "chan"
 
     for bad, words in [
-        (truncated, "is not a readable conda archive"),
+        (truncated, "is not a readable archive"),
         (misplaced, "is built for linux-64 but sits in osx-arm64/"),
         (renamed, "file name does not match its metadata"),
         (tmp_path / "missing-1.0-0.conda", "does not exist"),

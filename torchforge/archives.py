@@ -132,9 +132,8 @@ def inspect_archive(path: Path) -> Archive:
         index = _read_index_json(path)
     except ArchiveError:
         raise
-    except Exception as exc:  # zipfile, tarfile, bz2, zstd and rattler each raise their own types
-        raise ArchiveError(f"{path} is not a readable conda archive ({type(exc).__name__}: {exc})",
-                           "rebuild it, or re-download it if it was copied") from exc
+    except Exception as exc:  # zipfile, tarfile, bz2, zstd and json each raise their own types
+        raise ArchiveError.unreadable(path, exc) from exc
     missing = [key for key in ("name", "version", "build", "subdir") if not index.get(key)]
     if missing:
         raise ArchiveError(f"{path}: info/index.json lacks {', '.join(missing)}", "rebuild the package")

@@ -41,6 +41,13 @@ class UsageError(ForgeError):
 class ArchiveError(UsageError):
     """A package or wheel that cannot be used: unreadable, truncated, without metadata, or in the wrong folder."""
 
+    @classmethod
+    def unreadable(cls, path: object, exc: BaseException) -> ArchiveError:
+        """The one message for a damaged file, whichever reader (zip, tar, zstd, bz2, cph) noticed."""
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        return cls(f"{path} is not a readable archive ({type(exc).__name__}: {detail})",
+                   "it is damaged or truncated: rebuild it, or download it again")
+
 
 class DataError(ForgeError):
     """A data file is malformed or inconsistent (a bug in torchforge's tables, not in the request)."""

@@ -124,8 +124,7 @@ def read_wheel(wheel: Path) -> WheelMeta:
             except KeyError:
                 entry_points = ""
     except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, EOFError, zlib.error) as exc:
-        raise ArchiveError(f"{wheel} is not a readable wheel ({type(exc).__name__}: {exc})",
-                           "download it again: pip download torch==X.Y.Z --no-deps -d DIR") from exc
+        raise ArchiveError.unreadable(wheel, exc) from exc
     urls = headers.get_all("Project-URL") or []
     home = headers.get("Home-page") or next((u.split(",", 1)[1].strip() for u in urls if "," in u), "https://pytorch.org")
     return WheelMeta(

@@ -375,18 +375,15 @@ def unpacked(path: Path) -> Iterator[Path]:
                 from conda_package_handling import api as cph
 
                 cph.extract(str(path), dest_dir=str(dest))
+        except ArchiveError:
+            raise
         except OSError as exc:
             if exc.errno is None:  # zipfile, tarfile, zstd: not a system error but a damaged archive
-                raise _unreadable(path, exc) from exc
+                raise ArchiveError.unreadable(path, exc) from exc
             raise
         except Exception as exc:  # zipfile, tarfile, zstd, bz2 and cph each raise their own types; EOFError too
-            raise _unreadable(path, exc) from exc
+            raise ArchiveError.unreadable(path, exc) from exc
         yield dest
-
-
-def _unreadable(path: Path, exc: BaseException) -> ArchiveError:
-    return ArchiveError(f"{path} is not a readable archive ({type(exc).__name__}: {exc})",
-                        "rebuild it, or download it again if it was copied")
 
 
 def audit(path: Path, layout: Layout | None = None, *, nvidia_era: str = "cu12") -> AuditReport:

@@ -20,8 +20,7 @@ def extract_wheel(wheel: Path, dest: Path) -> None:
     try:
         _extract(wheel, dest)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ArchiveError(f"{wheel} is not a readable wheel ({type(exc).__name__}: {exc})",
-                           "download it again: pip download torch==X.Y.Z --no-deps -d DIR") from exc
+        raise ArchiveError.unreadable(wheel, exc) from exc
 
 
 def _extract(wheel: Path, dest: Path) -> None:
