@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.errors import UsageError
+from torchforge.fileops import check_dir
 
 
 class TargetKind(str, Enum):
@@ -226,6 +227,7 @@ def default_channels_dir() -> Path:
 
 def load_all(channels_dir: Path) -> dict[str, Target]:
     """Every named target in `channels_dir`, by name. A missing folder means no named targets."""
+    check_dir(channels_dir, "--channels-dir")
     if not channels_dir.is_dir():
         return {}
     return {path.stem: load_file(path) for path in sorted(channels_dir.glob("*.toml"))}

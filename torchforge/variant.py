@@ -112,8 +112,9 @@ class Selection:
         for flag, value in (("--pytorch", pytorch), ("--cuda", cuda), ("--py", python), ("--platform", platform)):
             if value is not None and not split_list(value):
                 raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out for the default")
-        for flag, value in (("--arch-list", options.arch_list), ("--jetson", options.jetson)):
-            if value is not None and not value.strip():
+        for flag, value in (("--arch-list", options.arch_list), ("--jetson", options.jetson),
+                            ("--source", options.source), ("--magma-source", options.magma_source)):
+            if value is not None and not value.strip(" ;,"):
                 raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out")
         if options.gcc is not None and not _GCC_VERSION.match(options.gcc):
             raise UsageError(f"--gcc expects a GCC version such as 12 or 11.4, got {options.gcc!r}", "for example --gcc 12")

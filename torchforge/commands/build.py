@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -20,9 +21,21 @@ from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.preflight import report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
 from torchforge.wheelbuild import build_wheels
+
+
+_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/label/[A-Za-z0-9._-]+)?$")
+
+
+def check_channel_arg(url: str) -> str:
+    """--channel takes what conda's -c takes: a URL, a local folder, or a channel name (conda-forge)."""
+    if url.strip() and ("://" in url or _CHANNEL_NAME.match(url) or Path(url).is_dir()):
+        return url
+    raise UsageError(f"--channel {url!r} is not a channel URL, folder or name",
+                     "for example --channel conda-forge, --channel https://my.mirror/conda-forge or --channel ./local")
 
 
 def print_plan(steps: list[Step]) -> None:
@@ -79,6 +92,9 @@ def register(app: typer.Typer) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
+        check_dir(out_dir, "--out")
+        for url in channel or ():
+            check_channel_arg(url)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source)
         if fmt == "wheel":

@@ -14,6 +14,8 @@ from torchforge.commands.options import (
     SourceOpt, selection_from_flags,
 )
 from torchforge.console import err, out
+from torchforge.errors import UsageError
+from torchforge.fileops import check_dir
 from torchforge.render import plan
 from torchforge.targets import resolve
 
@@ -47,6 +49,9 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option("--force", help="Replace a file there that torchforge did not write.")] = False,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
+        if requirement is not None and not requirement.strip():
+            raise UsageError("--requirement is empty", "give a pip requirement, e.g. torchforge==0.1.0, or leave it out")
+        check_dir(out_dir, "--out")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          None, source)
         # Resolve the target now: a typo fails here, not hours into a CI run.

@@ -14,6 +14,7 @@ from torchforge.commands.options import (
 )
 from torchforge.console import out
 from torchforge.preflight import report_table, run_preflight
+from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
 
@@ -34,6 +35,7 @@ def register(app: typer.Typer) -> None:
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
+        check_dir(out_dir, "--out")
         render_plan = plan(selection)
         report = run_preflight(render_plan, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir)
         if as_json:
