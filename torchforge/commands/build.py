@@ -13,7 +13,7 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaSourceOpt, PatchOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, note, out, warn
 from torchforge.diagnose import explain_log
@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
         fmt: Annotated[str, typer.Option("--format", help="conda (packages in a channel) or wheel.")] = "conda",
         channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable).")] = None,
-        out_dir: Annotated[Path, typer.Option("--out", help="Local channel receiving the packages.")] = Path("forge-channel"),
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Local channel receiving the packages.")] = Path("forge-channel"),
         jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS for the compilers (default: from memory and cores).")] = None,
         keep_going: Annotated[bool, typer.Option("--keep-going", help="Continue past a failed variant.")] = False,
         force: Annotated[bool, typer.Option("--force", help="Rebuild packages already in the channel.")] = False,

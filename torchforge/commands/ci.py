@@ -11,7 +11,7 @@ import typer
 from torchforge.ci import Provider, ci_plan, render, write_file
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, selection_from_flags,
+    SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, out
 from torchforge.errors import UsageError
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
     @app.command("ci")
     def ci(
         provider: Annotated[Provider, typer.Argument(help="Which CI system's file to write.")],
-        out_dir: Annotated[Path, typer.Option("--out", help="Repository root that receives .github/workflows/torchforge.yml or .gitlab-ci.yml.")],
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Repository root that receives .github/workflows/torchforge.yml or .gitlab-ci.yml.")],
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, source: SourceOpt = None,

@@ -10,7 +10,7 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, selection_from_flags,
+    SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.console import out
 from torchforge.preflight import report_table, run_preflight
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
         engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
         jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS to check instead of the memory-based choice.")] = None,
-        out_dir: Annotated[Path, typer.Option("--out", help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, tools, disk, MAX_JOBS, source, driver.

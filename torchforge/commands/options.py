@@ -24,6 +24,15 @@ MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGM
 PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
 
 
+def nonempty_path(value: str | Path) -> Path:
+    """Parser for folder options: `--out ''` would otherwise become Path('.') and write into the current folder."""
+    if isinstance(value, Path):  # a default
+        return value
+    if not value.strip():
+        raise typer.BadParameter("is empty; give a folder")
+    return Path(value)
+
+
 def selection_from_flags(
     pytorch: str | None,
     cuda: str | None,
