@@ -108,7 +108,9 @@ def _read_index_json(path: Path) -> dict[str, object]:
     if "info/index.json" not in meta:
         raise ArchiveError(f"{path}: no info/index.json inside", "this is not a conda package")
     if "info/paths.json" in meta:
-        listed = json.loads(meta["info/paths.json"]).get("paths", [])
+        # Files and links only: a "directory" entry (an empty folder) is not a tar member of its own name.
+        listed = [e for e in json.loads(meta["info/paths.json"]).get("paths", [])
+                  if e.get("path_type", "hardlink") in ("hardlink", "softlink")]
         missing = [e["_path"] for e in listed if e.get("_path") not in found]
         short = [e["_path"] for e in listed if e.get("_path") in found and e.get("path_type") == "hardlink"
                  and e.get("size_in_bytes") is not None and found[e["_path"]] not in (-1, e["size_in_bytes"])]

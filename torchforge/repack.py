@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import tarfile
 import tempfile
 import time
 import tomllib
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -249,8 +251,9 @@ class RepackResult:
     archive: Path
     size: int
     seconds: float
-    report: AuditReport
+    report: AuditReport | None  # None when the package was reused, not rebuilt
     depends: tuple[str, ...]
+    reused: bool = False
 
 
 def build_archive(
@@ -320,10 +323,20 @@ def repack(
     if not wheel.is_file():
         raise UsageError(f"{wheel} does not exist", "pip download torch==X.Y.Z --no-deps -d DIR")
     check_zstd_level(zstd_level)
-    read_wheel(wheel)  # a damaged wheel is refused before the channel is touched
+    meta = read_wheel(wheel)  # a damaged wheel is refused before the channel is touched
+    _check_crcs(wheel)
     start = time.perf_counter()
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
+    existing = channel / SUBDIR / f"pytorch-{meta.name.public_version}-{build_string(meta, build_number)}.conda"
+    if existing.is_file() and not replace:
+        # A rerun (after an interruption, or in CI) converges: the same wheel's package is reused, not rebuilt.
+        about = _about(existing)
+        if about.get("extra", {}).get("source_wheel_sha256") == _sha256(wheel)[0]:
+            return RepackResult(existing, existing.stat().st_size, time.perf_counter() - start, None,
+                                conda_depends(meta.requires, meta.python), reused=True)
+        raise UsageError(f"{existing} is already in the channel, repacked from another wheel",
+                         "pass --replace to overwrite it")
     # The work folder lives in the channel (same file system as the result) and is removed by the next run
     # if this one is killed.
     with fileops.scratch(channel, "repack") as work:
@@ -340,6 +353,35 @@ def repack(
         except localchannel.ArchiveExistsError as exc:
             raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
     return RepackResult(published, published.stat().st_size, time.perf_counter() - start, report, depends)
+
+
+def _check_crcs(wheel: Path) -> None:
+    """Every member's CRC (a few seconds for torch): a damaged download fails here, not after unpacking."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ArchiveError.unreadable(wheel, exc) from exc
+    if bad is not None:
+        raise ArchiveError.unreadable(wheel, ValueError(f"member {bad} fails its CRC check"))
+
+
+def _about(archive: Path) -> dict[str, Any]:
+    """info/about.json of a .conda ({} when it cannot be read: then it is not reused)."""
+    from backports import zstd
+
+    stem = localchannel.archive_stem(archive.name)
+    try:
+        with zipfile.ZipFile(archive) as zf, zf.open(f"info-{stem}.tar.zst") as raw, zstd.ZstdFile(raw) as stream, \
+                tarfile.open(fileobj=stream, mode="r|") as tf:
+            for member in tf:
+                fh = tf.extractfile(member) if member.name == "info/about.json" else None
+                if fh is not None:
+                    data = json.loads(fh.read())
+                    return data if isinstance(data, dict) else {}
+    except Exception:  # damaged or foreign: not ours to reuse
+        return {}
+    return {}
 
 
 def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:

@@ -116,4 +116,5 @@ def register(app: typer.Typer) -> None:
                     wheel, out_channel, Runner(), build_number=build_number, zstd_level=level, replace=replace,
                     on_step=lambda s: progress.update(task, description=f"{wheel.name}: {s}"),
                 )
-            out.print(f"{result.archive}  ({result.size / 1e6:.1f} MB, {result.seconds:.1f} s)", markup=False)
+            how = "reused: already repacked from this wheel" if result.reused else f"{result.seconds:.1f} s"
+            out.print(f"{result.archive}  ({result.size / 1e6:.1f} MB, {how})", markup=False)

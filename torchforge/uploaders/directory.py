@@ -62,7 +62,9 @@ class DirectoryUploader:
     def verify(self, archives: Sequence[Archive]) -> list[str]:
         lines: list[str] = []
         for label in self.target.labels:
-            lines += check_channel(self.label_dir(label).as_uri(), archives)
+            channel = self.label_dir(label)
+            with fileops.scratch(channel, "verify") as work:
+                lines += check_channel(channel.as_uri(), archives, work=work)
         return lines
 
     def _files(self, label: str, spec: PackageSpec | None) -> list[Path]:
