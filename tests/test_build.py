@@ -109,8 +109,13 @@ def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, ca
                  "--skip-preflight", "--out", str(tmp_path / "channel")])
     assert code == 6
     out = capsys.readouterr().out
-    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in out
-    assert "pytorch-2.5.1-py3.12_cpu_0" in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 4}
+    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in rows["pytorch-2.5.1-py3.12_cuda12.4_cudnn9.1.0_0"]
+    logs = tmp_path / "channel" / "logs"
+    assert not (logs / "pytorch-2.5.1-cu124-py312-linux_64.log").exists()  # waited: never started
+    # --keep-going: the cpu variant was still built, and failed on its own (the missing source), not skipped.
+    assert "skipped" not in rows["pytorch-2.5.1-py3.12_cpu_0"] and "exited with status 1" in rows["pytorch-2.5.1-py3.12_cpu_0"]
+    assert "no-such-source" in (logs / "pytorch-2.5.1-cpu-py312-linux_64.log").read_text()
 
 
 def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_path: Path,

@@ -198,3 +198,27 @@ def test_labels_and_promote(tmp_path: Path) -> None:
     missing = cli("promote", "--to", chan.as_uri(), "--from-label", "beta")
     assert missing.returncode == 2 and "label 'beta' does not exist" in missing.stderr
     assert "main, rc" in missing.stderr
+
+
+def test_a_big_package_streams_through_every_copy_and_hash_loop(big_package: Path, tmp_path: Path) -> None:
+    """300 MiB: the archive check (1 MiB reads of every inner stream and of the file for its hashes), the
+    copy into the channel (8 MiB chunks with progress) and the identical-file comparison all loop many times."""
+    import hashlib
+
+    from torchforge import localchannel
+
+    size = big_package.stat().st_size
+    assert size > 32 * max(localchannel.COPY_CHUNK, 1 << 20)
+    archive = inspect_archive(big_package)
+    whole = big_package.read_bytes()
+    assert (archive.sha256, archive.md5, archive.size) == (hashlib.sha256(whole).hexdigest(),
+                                                           hashlib.md5(whole).hexdigest(), size)
+    del whole
+    calls: list[int] = []
+    chan = tmp_path / "chan"
+    first = localchannel.publish(big_package, chan, "linux-64", progress=calls.append)
+    assert first.placed is localchannel.Placed.ADDED
+    assert sum(calls) == size and len(calls) == -(-size // localchannel.COPY_CHUNK)
+    assert _repodata_files(chan, "linux-64")[big_package.name]["sha256"] == archive.sha256
+    again = localchannel.publish(big_package, chan, "linux-64", progress=calls.append)
+    assert again.placed is localchannel.Placed.IDENTICAL and sum(calls) == size  # compared, not copied again
