@@ -470,6 +470,33 @@ def test_upload_killed_then_rerun_converges(point: str, tmp_path: Path) -> None:
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+@pytest.mark.slow
+def test_ctrl_c_is_a_message_and_exit_130_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pkg = make_package(out / "linux-64", name="hello", version="2.13.0", build="py3.11_cpu_0")
+    chan = tmp_path / "chan"
+    argv = ["upload", "--from", str(out), "--to", chan.as_uri()]
+    proc = _spawn(argv, tmp_path / "interrupted.log")
+    try:
+        deadline = time.monotonic() + 300
+        interrupt_point = published_unindexed(chan, pkg.name)  # the index runs in a child process then
+        while proc.poll() is None and not interrupt_point() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert proc.poll() is None, (tmp_path / "interrupted.log").read_text()
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        assert proc.wait(timeout=120) == int(ExitCode.INTERRUPTED)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = (tmp_path / "interrupted.log").read_text()
+    assert_clean(text)
+    assert "interrupted; rerun the same command to resume" in text and "aborted" not in text
+    assert not list(chan.glob(SCRATCH))  # an interrupted run cleans up after itself
+    rerun(argv)
+    assert_converged(chan, pkg.name)
+
+
 @pytest.fixture(scope="module")
 def python_stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A channel with a stand-in python, for solving a repacked package with its dependency."""

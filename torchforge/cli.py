@@ -74,11 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except typer.Abort as exc:
-        # click turns KeyboardInterrupt *and* EOFError into Abort; only the first is the user's Ctrl-C.
-        if isinstance(exc.__cause__, KeyboardInterrupt) or exc.__cause__ is None:
-            err.print("interrupted; rerun the same command to resume", markup=False)
-            return int(ExitCode.INTERRUPTED)
-        return _internal(exc.__cause__)
+        # typer turns an EOFError that escaped a command into Abort (once printed as "aborted", exit 130): a bug.
+        return _internal(exc.__cause__ or exc)
     except typer.TyperException as exc:  # usage errors (unknown option, bad value) from the vendored click
         show = getattr(exc, "show", None)
         if callable(show):
@@ -91,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.INTERRUPTED)
     except Exception as exc:  # a bug: one line, not a traceback, and how to get the details
         return _internal(exc)
+    if result == ExitCode.INTERRUPTED:
+        # typer turns Ctrl-C inside a command into this return value, silently; no command exits 130 itself.
+        err.print("interrupted; rerun the same command to resume", markup=False)
     return result if isinstance(result, int) else 0
 
 
