@@ -169,11 +169,18 @@ def write_stub(stub: Stub, out_dir: Path) -> Path:
         return Path(api.create(str(stage), members, filename, out_folder=str(out_dir), compression_level=1))
 
 
-def make_stub_channel(channel: Path, specs: list[str]) -> list[Path]:
-    """One stand-in per distinct (name, version, build) the specs ask for, in channel/linux-64, indexed."""
+def make_stub_channel(channel: Path, specs: list[str], *, runnable: bool = True) -> list[Path]:
+    """One stand-in per distinct (name, version, build) the specs ask for, in channel/linux-64, indexed.
+
+    `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
+    """
     seen: dict[tuple[str, str, str], Stub] = {}
     for spec in specs:
-        stub = stub_for(spec)
+        if runnable:
+            stub = stub_for(spec)
+        else:
+            name, version, build = stub_version(spec)
+            stub = Stub(name, version, build or "stub_0", files={f"share/stubs/{name}.txt": spec.encode() + b"\n"})
         seen.setdefault((stub.name, stub.version, stub.build), stub)
     written = [write_stub(stub, channel / SUBDIR) for stub in seen.values()]
     index(channel)

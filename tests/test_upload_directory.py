@@ -161,7 +161,7 @@ def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -
         assert returncode == 0, err
     listed = _repodata_files(chan, "linux-64")
     assert sorted(listed) == sorted(f"pkg{i}-1.0-py3.11_cpu_0.conda" for i in range(6))
-    assert not list((chan / "linux-64").glob(".partial-*"))
+    assert not list(chan.rglob(".torchforge-tmp-*"))  # no scratch or partial copy left by either writer
     from rattler import Gateway, solve
 
     records = asyncio.run(solve([chan.as_uri()], [f"pkg{i}" for i in range(6)],

@@ -58,7 +58,7 @@ def test_repair_tags_versions_records_and_installs(tmp_path: Path) -> None:
     repaired = repair(wheel, tmp_path / "out", Runner(), local="cpu", layout=Layout.WHEEL_BUNDLED)
     name = WheelName.parse(repaired.name)
     assert name.version == "1.0+cpu" and name.python == PYTAG and name.platform.startswith("manylinux_2_")
-    assert not any(p.name.startswith(".partial-") for p in repaired.parent.iterdir())
+    assert not any(p.name.startswith(".torchforge-tmp-") for p in repaired.parent.iterdir())
     with zipfile.ZipFile(repaired) as zf:
         names = zf.namelist()
         assert "hello-1.0+cpu.dist-info/RECORD" in names and not any(n.startswith("hello-1.0.dist-info") for n in names)
