@@ -27,7 +27,7 @@ import pytest
 from tests.pkgfactory import make_package
 from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_torch_like import FIXTURE as TORCH_LIKE, REQUEST as TORCH_LIKE_REQUEST, STEM as TORCH_LIKE_STEM
-from tests.test_torch_like import rendered_recipe
+from tests.test_torch_like import offline_site, rendered_recipe
 from tests.test_upload_helpers import ROOT, cli_env
 from torchforge import fileops, localchannel
 from torchforge.cli import main
@@ -518,7 +518,7 @@ def test_build_killed_then_rerun_converges(point: str, torch_like_stubs: Path, t
     out = tmp_path / "forge"
     filename = f"{TORCH_LIKE_STEM}.conda"
     argv = ["build", *TORCH_LIKE_REQUEST, "--source", str(TORCH_LIKE), "--out", str(out),
-            "--channel", torch_like_stubs.as_uri(), "--skip-preflight"]
+            "--config", str(offline_site(torch_like_stubs)), "--skip-preflight"]
     points = {
         # The engine has written into its staging folder (beyond the owner lock file).
         "during-engine": lambda: any(p.name != ".owner" for p in out.glob(f"{SCRATCH.rstrip('*')}staging-*/*")),
