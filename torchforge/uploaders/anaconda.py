@@ -151,11 +151,11 @@ class AnacondaUploader:
             self._had_transient.add(archive.filename)
             raise
         except ExistsError:
-            # An earlier attempt may have committed the file before its connection dropped: if the server's copy
-            # is exactly ours, that attempt succeeded.
-            if archive.filename in self._had_transient and self._remote_matches(archive):
+            # The server's copy may be exactly ours: sent by an earlier attempt whose connection dropped (that
+            # attempt succeeded), or by an interrupted run that is being rerun (nothing to do: it converges).
+            if self._remote_matches(archive):
                 advance(archive.size)
-                return Outcome.UPLOADED
+                return Outcome.UPLOADED if archive.filename in self._had_transient else Outcome.IDENTICAL
             raise
         if self.runner.dry_run:
             return Outcome.DRY_RUN
