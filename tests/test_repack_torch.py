@@ -10,8 +10,10 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,15 +41,50 @@ def import_python() -> Path:
     return cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
 
 
+def _killed_while_unpacking(wheel: Path, chan: Path) -> int:
+    """`torchforge repack` SIGKILLed once it has unpacked 100 MB of the wheel; returns the bytes it left."""
+    from tests.test_upload_helpers import ROOT, cli_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "torchforge.cli", "repack", str(wheel), "--out", str(chan)],
+                            env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def left() -> int:
+        return sum(f.stat().st_size for f in chan.glob(".torchforge-tmp-repack-*/**/*") if f.is_file())
+
+    try:
+        while proc.poll() is None and left() < 100e6:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the repack ended before the kill point"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return left()
+
+
 @pytest.fixture(scope="session")
 def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repacked channel, made the hard way: a first repack is SIGKILLed mid-unpack (as an OOM kill or a
+    cancelled CI job would), and the same repack then has to succeed and remove what the killed one left."""
     shared = tmp_path_factory.getbasetemp().parent / "repacked-torch"
     with FileLock(str(shared) + ".lock"):
-        if not (shared / ".complete").exists():
+        marker = shared / ".complete"
+        if not marker.exists() or not marker.read_text().strip():  # empty: made before the kill was part of it
             shutil.rmtree(shared, ignore_errors=True)
+            left = _killed_while_unpacking(torch_wheel, shared / "chan")
             repack(torch_wheel, shared / "chan", Runner())
-            (shared / ".complete").write_text("")
+            (shared / ".complete").write_text(str(left))
     return shared / "chan"
+
+
+def test_a_repack_killed_mid_unpack_left_scratch_that_the_rerun_removed(channel: Path) -> None:
+    left = int((channel.parent / ".complete").read_text())
+    assert left >= 100e6  # what the killed run left in the channel's scratch folder
+    assert not list(channel.glob(".torchforge-tmp-*"))
+    assert [p.name for p in channel.glob("linux-64/*.conda")] == [f"pytorch-{TORCH}-py{PY}_cpu_0.conda"]
 
 
 @pytest.fixture(scope="session")
