@@ -90,7 +90,7 @@ MALFORMED: list[tuple[str, int, str]] = [
     ("matrix --cuda 12", USAGE, "--cuda expects X.Y or cpu"),
     ("matrix --py ''", USAGE, "--py is empty"),
     ("matrix --py abc", USAGE, "--py expects X.Y"),
-    ("matrix --platform osx-64", USAGE, "unknown platform 'osx-64'"),
+    ("matrix --platform solaris-64", USAGE, "unknown platform 'solaris-64'"),
     ("matrix --platform ''", USAGE, "--platform is empty"),
     ("matrix --arch-list ';;'", USAGE, "--arch-list is empty"),
     ("matrix --arch-list abc --cuda 12.4 --py 3.12", REFUSED, "'abc' is not an arch value"),

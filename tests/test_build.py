@@ -14,7 +14,8 @@ import pytest
 from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
-from torchforge.render import RecipeFormat
+from torchforge.render import RecipeFormat, plan
+from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "magma_like"
 NVCC_RELEASE = "13.0"  # the toolkit on this project's machines (nvcc 13.0 on PATH)
@@ -44,6 +45,10 @@ needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE, reason=f"needs n
 
 MAGMA_ARGS = ["--magma-only", "--pytorch", "2.9.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
               "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURE), "--skip-preflight"]
+# A custom gencode list and source: the build string carries the hash of those settings.
+_MAGMA = plan(Selection("2.9.0", (NVCC_RELEASE,), ("3.12",), "linux-64",
+                        Options(arch_list="8.0;9.0", magma_source=str(FIXTURE)))).magma[0]
+MAGMA_STEM = _MAGMA.filename_stem
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +64,10 @@ def built_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets(built_channel: Path, tmp_path: Path) -> None:
     import rattler
 
-    package = built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda"
+    package = built_channel / "linux-64" / f"{MAGMA_STEM}.conda"
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
-    assert list(repodata["packages.conda"]) == ["magma-cuda130-2.6.1-1.conda"]
+    assert list(repodata["packages.conda"]) == [f"{MAGMA_STEM}.conda"]
     assert not list(built_channel.glob(".torchforge-tmp-*")), "staging folders must not stay in the channel"
     records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.6.1"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
@@ -79,11 +84,11 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
 
 @pytest.mark.slow
 def test_rerunning_the_same_request_reuses_the_package(built_channel: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns
+    before = (built_channel / "linux-64" / f"{MAGMA_STEM}.conda").stat().st_mtime_ns
     assert main(["build", *MAGMA_ARGS, "--out", str(built_channel)]) == 0
     captured = capsys.readouterr()
-    assert "reuse magma-cuda130-2.6.1-1: already in" in captured.err
-    assert (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns == before
+    assert f"reuse {MAGMA_STEM}: already in" in captured.err
+    assert (built_channel / "linux-64" / f"{MAGMA_STEM}.conda").stat().st_mtime_ns == before
 
 
 @needs_nvcc
@@ -110,11 +115,13 @@ def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, ca
     assert code == 6
     out = capsys.readouterr().out
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 4}
-    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in rows["pytorch-2.5.1-py3.12_cuda12.4_cudnn9.1.0_0"]
+    cuda = next(row for stem, row in rows.items() if stem.startswith("pytorch-2.5.1-py3.12_cuda12.4"))
+    cpu = next(row for stem, row in rows.items() if stem.startswith("pytorch-2.5.1-py3.12_cpu_tf"))  # --source: custom
+    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in cuda
     logs = tmp_path / "channel" / "logs"
     assert not (logs / "pytorch-2.5.1-cu124-py312-linux_64.log").exists()  # waited: never started
     # --keep-going: the cpu variant was still built, and failed on its own (the missing source), not skipped.
-    assert "skipped" not in rows["pytorch-2.5.1-py3.12_cpu_0"] and "exited with status 1" in rows["pytorch-2.5.1-py3.12_cpu_0"]
+    assert "skipped" not in cpu and "exited with status 1" in cpu
     assert "no-such-source" in (logs / "pytorch-2.5.1-cpu-py312-linux_64.log").read_text()
 
 
@@ -126,7 +133,10 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     assert code == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("[dry-run]")]
-    assert len(lines) == 3  # one magma-cuda118, then pytorch for two Pythons
+    # the companions pytorch-mutex (cuda) and pytorch-cuda 11.8, one magma-cuda118, then pytorch for two Pythons
+    assert len(lines) == 5
+    assert "recipes/pytorch-mutex-1.0-cuda-noarch " in lines[0] and "recipes/pytorch-cuda-11.8-7-linux_64 " in lines[1]
+    lines = lines[2:]
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
                              f"{out}/.torchforge-tmp-staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")

@@ -26,7 +26,7 @@ def test_matrix_json_lists_variants_and_magma(capsys: pytest.CaptureFixture[str]
 
 
 def test_matrix_shows_refused_variants_and_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["matrix", "--cuda", "12.4", "--py", "3.8,3.12"]) == 4
+    assert main(["matrix", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.8,3.12"]) == 4
     output = capsys.readouterr().out
     assert "refused" in output and "official" in output
 
@@ -45,7 +45,7 @@ def test_render_refusal_exit_code_and_message(tmp_path: Path, capsys: pytest.Cap
         (["--cuda", "eleven"], "--cuda expects X.Y or cpu"),
         (["--py", "3"], "--py expects X.Y"),
         (["--pytorch", "2.5"], "--pytorch expects a release version X.Y.Z"),
-        (["--platform", "osx-arm64"], "unknown platform 'osx-arm64'"),
+        (["--platform", "osx-32"], "unknown platform 'osx-32'"),
         (["--env", "USE NCCL"], "--env expects NAME=VALUE"),
     ],
 )

@@ -45,7 +45,8 @@ def _official_plans() -> list[RenderPlan]:
         if not release.conda_official:
             continue
         cudas = ",".join([*(c for c, b in release.cuda.items() if b.conda), "cpu"])
-        plans.append(plan(Selection.from_flags(f"{key}.0", cudas, release.python[1], None, Options())))
+        version = (tables.load().pytorch.patch_releases.get(key) or (f"{key}.0",))[-1]
+        plans.append(plan(Selection.from_flags(version, cudas, release.python[1], None, Options())))
     return plans
 
 

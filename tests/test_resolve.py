@@ -36,17 +36,17 @@ def test_arch_9_0_with_cuda_11_0_is_refused() -> None:
 def test_python_outside_the_release_range_is_refused_with_a_hint() -> None:
     text = refusals(Request("2.5.1", "12.4", "3.8", "linux-64"))
     assert "PyTorch 2.5 supports Python 3.9 to 3.12, not 3.8" in text
-    assert "PyTorch 1.8 to 2.4 support Python 3.8" in text
+    assert "PyTorch 1.4 to 2.4 support Python 3.8" in text
 
 
 def test_unknown_cuda_lists_the_known_ones() -> None:
     text = refusals(Request("2.5.1", "12.7", "3.12", "linux-64"))
-    assert "CUDA 12.7 is not a known toolkit; known: 10.1, 10.2, 11.0" in text and "12.8" in text
+    assert "CUDA 12.7 is not a known toolkit; known: 9.0, 9.2, 10.0, 10.1, 10.2, 11.0" in text and "12.8" in text
 
 
 def test_unknown_pytorch_lists_the_known_releases() -> None:
     text = refusals(Request("3.0.0", "cpu", "3.12", "linux-64"))
-    assert "PyTorch 3.0.0 is not in torchforge's data; known releases: 1.8, 1.9" in text
+    assert "PyTorch 3.0.0 is not in torchforge's data; known releases: 1.4, 1.5, 1.6, 1.7, 1.8, 1.9" in text
 
 
 def test_pytorch_2_refuses_cuda_10() -> None:

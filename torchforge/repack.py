@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import tarfile
 import tempfile
 import time
 import tomllib
@@ -25,7 +24,6 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -331,8 +329,7 @@ def repack(
     existing = channel / SUBDIR / f"pytorch-{meta.name.public_version}-{build_string(meta, build_number)}.conda"
     if existing.is_file() and not replace:
         # A rerun (after an interruption, or in CI) converges: the same wheel's package is reused, not rebuilt.
-        about = _about(existing)
-        if about.get("extra", {}).get("source_wheel_sha256") == _sha256(wheel)[0]:
+        if _source_wheel_sha256(existing) == _sha256(wheel)[0]:
             return RepackResult(existing, existing.stat().st_size, time.perf_counter() - start, None,
                                 conda_depends(meta.requires, meta.python), reused=True)
         raise UsageError(f"{existing} is already in the channel, repacked from another wheel",
@@ -366,22 +363,12 @@ def _check_crcs(wheel: Path) -> None:
         raise ArchiveError.unreadable(wheel, ValueError(f"member {bad} fails its CRC check"))
 
 
-def _about(archive: Path) -> dict[str, Any]:
-    """info/about.json of a .conda ({} when it cannot be read: then it is not reused)."""
-    from backports import zstd
-
-    stem = localchannel.archive_stem(archive.name)
+def _source_wheel_sha256(archive: Path) -> object:
+    """The sha256 of the wheel `archive` was repacked from (None when it cannot be read: then it is not reused)."""
     try:
-        with zipfile.ZipFile(archive) as zf, zf.open(f"info-{stem}.tar.zst") as raw, zstd.ZstdFile(raw) as stream, \
-                tarfile.open(fileobj=stream, mode="r|") as tf:
-            for member in tf:
-                fh = tf.extractfile(member) if member.name == "info/about.json" else None
-                if fh is not None:
-                    data = json.loads(fh.read())
-                    return data if isinstance(data, dict) else {}
+        return localchannel.about_extra(archive).get("source_wheel_sha256")
     except Exception:  # damaged or foreign: not ours to reuse
-        return {}
-    return {}
+        return None
 
 
 def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:

@@ -32,6 +32,7 @@ class Options:
     gcc: str | None = None
     source: str | None = None
     magma_source: str | None = None
+    patch_digests: tuple[str, ...] = ()  # sha256 of each --patch file, in order
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         for url in channel or ():
             check_channel_arg(url)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
-                                         env, gcc, source, magma_source)
+                                         env, gcc, source, magma_source, patch)
         if fmt == "wheel":
             wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
                                   jobs=jobs, force=force, on_event=note)
