@@ -572,3 +572,19 @@ def test_scratch_of_a_live_process_is_kept_and_of_a_killed_one_removed(tmp_path:
         if proc.stdout is not None:
             proc.stdout.close()
     assert not list(tmp_path.glob(SCRATCH))
+
+
+def test_taking_the_lock_repairs_an_index_that_disagrees_with_the_folder(tmp_path: Path) -> None:
+    """Both halves of a killed writer: an archive renamed in but not indexed, and one unlinked (promote --move,
+    unpublish) before the index dropped it. The next writer's lock puts repodata.json right."""
+    chan = tmp_path / "chan"
+    kept = localchannel.publish(make_package(tmp_path / "a" / "linux-64", name="kept"), chan, "linux-64").path
+    gone = localchannel.publish(make_package(tmp_path / "b" / "linux-64", name="gone"), chan, "linux-64").path
+    gone.unlink()
+    late = make_package(chan / "linux-64", name="late")  # complete, in place, not indexed
+    (chan / ".tmp").mkdir()  # index_fs's scratch, left by a killed index
+    assert set(_listed(chan)) == {kept.name, gone.name}
+    with localchannel.locked(chan):
+        pass
+    assert set(_listed(chan)) == {kept.name, late.name}
+    assert not (chan / ".tmp").exists()
