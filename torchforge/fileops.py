@@ -12,7 +12,9 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,14 +102,32 @@ def scratch(root: Path, purpose: str) -> Iterator[Path]:
     holds a lock on the folder's owner file, which the kernel releases however the process ends (SIGKILL
     included): that is how `clean_stale` tells a killed run's leftovers from a live run's work."""
     ensure_dir(root)
-    folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-", dir=root))
-    fd = os.open(folder / _OWNER, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
+    with deferred_interrupt():  # a Ctrl-C between creating the folder and locking it would strand it
+        folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-", dir=root))
+        fd = os.open(folder / _OWNER, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.close(fd)
+        with deferred_interrupt():  # a Ctrl-C during the cleanup waits until the folder is gone
+            shutil.rmtree(folder, ignore_errors=True)
+            os.close(fd)
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold back SIGINT (Ctrl-C) for the duration of a short step that must finish, then deliver it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals and may change their handlers
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending and callable(previous):
+            previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt here
 
 
 def _owned(folder: Path) -> bool:
