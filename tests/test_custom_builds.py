@@ -12,6 +12,7 @@ import pytest
 from tests.pkgfactory import make_package
 from torchforge.cli import main
 from torchforge.engines.rattler_build import RattlerBuildEngine
+from torchforge.magmasource import MagmaSource
 from torchforge.pipeline import Action, BuildSettings, plan_steps
 from torchforge.render import plan
 from torchforge.resolve import Status, classify
@@ -117,9 +118,14 @@ def test_reuse_check_compares_the_recorded_settings(tmp_path: Path) -> None:
 def test_a_custom_magma_never_takes_the_official_name() -> None:
     official = _variant().magma
     custom = _variant(arch_list="8.0;9.0").magma
-    mirrored = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source="/srv/magma-2.6.1"))).magma
+    tree = MagmaSource("tree", "/srv/magma-2.6.1", "2.6.1")  # a local tree may differ from the release tarball
+    mirrored = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source=tree))).magma
     assert official is not None and custom is not None and mirrored is not None
     assert official.build_string == "1" and official.status is Status.OFFICIAL
     assert custom.build_string.startswith("tf") and custom.build_string.endswith("_1")
     assert custom.status is Status.BUILDABLE and json.loads(custom.settings) == {"gencode": ["80", "90"]}
     assert len({official.build_string, custom.build_string, mirrored.build_string}) == 3
+    # a mirror URL of the release tarball is pinned to the release's sha256: the same package, the official name
+    url = MagmaSource("url", "https://mirror.example/magma-2.6.1.tar.gz")
+    via_mirror = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source=url))).magma
+    assert via_mirror is not None and via_mirror.build_string == "1" and via_mirror.status is Status.OFFICIAL

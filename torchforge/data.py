@@ -187,12 +187,20 @@ class MagmaPackage(FrozenModel):
     name_prefix: str
     url: str
     cmake_options: tuple[str, ...]
-    nvcc_flags: str
+
+
+class CmakeStyle(FrozenModel):
+    """How the gencode list reaches one generation of MAGMA's CMake (placeholders filled per build)."""
+
+    cmake_options: tuple[str, ...]
 
 
 class MagmaVersion(FrozenModel):
     sha256: str
     build_number: int
+    build_number_known: bool = True  # False: no official package of this version, the number is conda's default
+    cmake_style: str
+    pytorch: str | None = None  # PyTorch releases whose source accepts this MAGMA (PEP 440); None: any
 
     @field_validator("sha256")
     @classmethod
@@ -206,6 +214,8 @@ class MagmaTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     package: MagmaPackage
+    preferred: tuple[str, ...]
+    cmake_styles: dict[str, CmakeStyle]
     versions: dict[str, MagmaVersion]
     gencode: dict[str, tuple[str, ...]]
     published: dict[str, tuple[str, ...]] = {}  # MAGMA version -> CUDA X.Y of the magma-cudaXYZ packages upstream published
@@ -215,13 +225,15 @@ class MagmaTable(FrozenModel):
 
 
 class SourceEdit(FrozenModel):
-    kind: Literal["replace", "insert_after", "comment_lines"]
+    kind: Literal["replace", "insert_after", "comment_lines", "comment_range"]
     file: str
     find: str
     replace: str | None = None
     text: str | None = None
     prefix: str | None = None
+    until: str | None = None  # comment_range: the last line of the range contains this
     required: bool = True
+    fix: str | None = None  # filled in by torchforge with the fix's key (messages name it); never in the data
 
 
 class Fix(FrozenModel):
@@ -236,6 +248,7 @@ class Fix(FrozenModel):
     edits: tuple[SourceEdit, ...] = ()
     cmake_options: tuple[str, ...] = ()
     manual_patch: tuple[str, ...] = ()
+    upstream_patch: str | None = None  # the official patch these edits reproduce (listed in the recipe)
 
 
 class FixesTable(FrozenModel):
@@ -453,6 +466,14 @@ def check_invariants(data: Data) -> list[str]:
     for cuda_key in data.magma.gencode:
         if cuda_key not in toolkits:
             problems.append(f"magma.toml gencode.{cuda_key}: CUDA {cuda_key} missing from cuda.toml")
+    for version_key, magma in data.magma.versions.items():
+        if magma.cmake_style not in data.magma.cmake_styles:
+            problems.append(f"magma.toml versions.{version_key}.cmake_style names unknown style {magma.cmake_style!r}")
+        if magma.pytorch is not None and not versions.is_valid_specifier(magma.pytorch):
+            problems.append(f"magma.toml versions.{version_key}.pytorch is not a PEP 440 specifier")
+    for version_key in data.magma.preferred:
+        if version_key not in data.magma.versions:
+            problems.append(f"magma.toml preferred names MAGMA {version_key}, which has no versions entry")
     for device_key, device in data.jetson.devices.items():
         if device.jetpack not in data.jetson.jetpacks:
             problems.append(f"jetson.toml devices.{device_key}.jetpack names unknown JetPack {device.jetpack}")
@@ -472,9 +493,12 @@ def check_invariants(data: Data) -> list[str]:
             if device not in data.jetson.devices:
                 problems.append(f"fixes.toml fixes.{fix_key} names unknown Jetson device {device!r}")
         for edit in fix.edits:
-            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix}[edit.kind]
-            if needs is None:
+            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix,
+                     "comment_range": edit.prefix and edit.until}[edit.kind]
+            if not needs:
                 problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
+            if edit.fix is not None:
+                problems.append(f"fixes.toml fixes.{fix_key}: `fix` is set by torchforge, not in the data")
     if tuple(data.platforms.platforms) != PLATFORMS:
         problems.append(f"platforms.toml must describe exactly {', '.join(PLATFORMS)}, in that order")
     for cuda_key in data.companions.pytorch_cuda.versions:

@@ -21,7 +21,7 @@ from torchforge.engines import BuildJob, Engine, find_artifact, script_env_value
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RenderPlan, companion_files, render_files, write_folders
+from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
 
 
 class Action(str, Enum):
@@ -60,7 +60,8 @@ class BuildSettings:
     keep_going: bool = False
     test: bool = True
     magma_only: bool = False
-    patches: tuple[Path, ...] = ()
+    patches: tuple[Path, ...] = ()  # pytorch recipes only
+    magma_patches: tuple[Path, ...] = ()  # magma-cudaXYZ recipes only
     extra_env: Mapping[str, str] = field(default_factory=dict)
     site_channels: channel_data.SiteChannels = field(default_factory=channel_data.SiteChannels)
     container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
@@ -110,16 +111,18 @@ def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | No
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
     """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
     render_plan.require_buildable()
-    patch_names = tuple(p.name for p in settings.patches)
     steps: list[Step] = []
 
     def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
-            needs: tuple[str, ...] = (), planned: str | None = None) -> None:
+            patches: tuple[Path, ...] = (), needs: tuple[str, ...] = (), planned: str | None = None) -> None:
         found, stale = (None, "") if settings.force else _existing(stem, context.platform, settings, planned)
-        local = context.source.location if context.source.kind == "path" else None
+        location = context.source.location
+        # a local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build
+        local = location if context.source.kind == "path" else (
+            location.removeprefix("file://") if location.startswith("file://") else None)
         index_fields = (("features", " ".join(context.features)),) if context.features else ()
         steps.append(Step(kind, ident, stem, context.platform, context.python,
-                          render_files(context, engine.recipe_format), context.script_env,
+                          {**render_files(context, engine.recipe_format), **patch_files(patches)}, context.script_env,
                           Action.REUSE if found else Action.BUILD, found or stale, needs,
                           channels, context.cuda or "cpu", local, index_fields))
 
@@ -134,14 +137,15 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
                               Action.REUSE if found else Action.BUILD, found or "", index_fields=index_fields))
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
-        add("magma", magma.id, magma.filename_stem, magma_context(magma, patch_names),
-            channel_data.for_magma(magma, pytorch_version, settings.site_channels), planned=magma.settings)
+        add("magma", magma.id, magma.filename_stem, magma_context(magma, tuple(p.name for p in settings.magma_patches)),
+            channel_data.for_magma(magma, pytorch_version, settings.site_channels), settings.magma_patches,
+            planned=magma.settings)
     if settings.magma_only:
         return steps
     for variant in render_plan.variants:
-        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, patch_names),
-            channel_data.for_variant(variant, settings.site_channels), (variant.magma.id,) if variant.magma else (),
-            variant.settings)
+        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, tuple(p.name for p in settings.patches)),
+            channel_data.for_variant(variant, settings.site_channels), settings.patches,
+            (variant.magma.id,) if variant.magma else (), variant.settings)
     return steps
 
 

@@ -23,6 +23,16 @@ BUILD_TOOL_VARIABLES = frozenset(
 )
 
 
+# The official magma-cudaXYZ holds lib/libmagma.a and include/*.h only: no shared library, no magma_sparse, no
+# pkgconfig, no testers (official-builds.md §2.1-2.2).
+MAGMA_PACKAGE_CHECKS = (
+    'test ! -e "$PREFIX/lib/libmagma.so"',
+    'test ! -e "$PREFIX/lib/libmagma_sparse.a" && test ! -e "$PREFIX/lib/libmagma_sparse.so"',
+    'test ! -e "$PREFIX/lib/pkgconfig/magma.pc"',
+    'test ! -e "$PREFIX/bin"',
+)
+
+
 @dataclass(frozen=True)
 class Source:
     kind: str  # "git", "path" or "url"
@@ -58,8 +68,6 @@ class RecipeContext:
     source_edits: tuple[SourceEdit, ...] = ()
     cmake_options: tuple[str, ...] = ()
     gencode: tuple[str, ...] = ()
-    gpu_target: str = ""
-    nvcc_flags: str = ""
     cuda: str | None = None
     summary: str = ""
     license: str = "BSD-3-Clause"
@@ -68,6 +76,7 @@ class RecipeContext:
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
 
     @property
     def is_windows(self) -> bool:
@@ -156,7 +165,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     elif not is_cuda and facts.mutex:
         features.append("cpuonly")
     env_names = {name for name, _ in variant.env}
-    edits = tuple(edit for applied in variant.fixes for edit in applied.fix.edits)
+    edits = _edits(variant.fixes)
     install = data.eras.install
     if facts.windows:
         install_command = install.setup_py_win if release.conda_official else install.pip_win
@@ -212,15 +221,24 @@ def _fix_notes(fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _magma_source(plan: MagmaPlan, patches: tuple[str, ...]) -> Source:
-    """The release tarball with its checksum; a mirror of it keeps the checksum, a local tree has none."""
-    if plan.source and os.path.isdir(plan.source):
-        return Source("path", str(Path(plan.source).resolve()), patches=patches)
-    return Source("url", plan.source or plan.url, sha256=plan.sha256, patches=patches)
+    """The release tarball with its checksum; a mirror URL keeps that checksum, a local tarball pins its own,
+    a local tree has none."""
+    source = plan.source
+    if source is None:
+        return Source("url", plan.url, sha256=plan.sha256, patches=patches)
+    if source.kind == "tree":
+        return Source("path", source.location, patches=patches)
+    if source.kind == "tarball":
+        return Source("url", Path(source.location).as_uri(), sha256=source.sha256, patches=patches)
+    return Source("url", source.location, sha256=plan.sha256, patches=patches)
+
+
+def _edits(fixes: tuple[AppliedFix, ...]) -> tuple[SourceEdit, ...]:
+    """Every fix's edits, each labelled with its fix so a failing edit names it."""
+    return tuple(edit.model_copy(update={"fix": applied.key}) for applied in fixes for edit in applied.fix.edits)
 
 
 def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeContext:
-    edits = tuple(edit for applied in plan.fixes for edit in applied.fix.edits)
-    gencode_flags = " ".join(f"-gencode arch=compute_{g},code=sm_{g}" for g in plan.gencode)
     return RecipeContext(
         kind="magma",
         variant_id=plan.id,
@@ -238,18 +256,24 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
             ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),
             ("MAX_JOBS", "${MAX_JOBS:-$CPU_COUNT}"),
             ("DESIRED_CUDA", plan.cuda),
-            ("CUDA_ARCH_LIST", gencode_flags),
+            ("CUDA_ARCH_LIST", plan.gencode_flags),
         ),
-        source_edits=edits,
+        source_edits=_edits(plan.fixes),
         cmake_options=plan.cmake_options,
         gencode=plan.gencode,
-        gpu_target=" ".join(f"sm_{g}" for g in plan.gencode),
-        nvcc_flags=plan.nvcc_flags,
         cuda=plan.cuda,
         summary="Matrix Algebra on GPU and Multicore Architectures, static library for PyTorch builds",
         home="https://icl.utk.edu/magma/",
         warnings=plan.warnings,
         fixes=_fix_notes(plan.fixes),
         manual_patches=tuple(p for applied in plan.fixes for p in applied.fix.manual_patch),
-        extra={"torchforge_variant": plan.id, "sha256": plan.sha256, "torchforge_settings": plan.settings},
+        package_checks=MAGMA_PACKAGE_CHECKS,
+        extra={
+            "torchforge_variant": plan.id,
+            "sha256": plan.sha256,
+            "torchforge_settings": plan.settings,
+            "gencode": " ".join([*(f"sm_{g}" for g in plan.gencode), *(f"compute_{g}" for g in plan.ptx)]),
+            "upstream_patches": " ".join(plan.upstream_patches),
+            "source_edits": " ".join(applied.key for applied in plan.fixes if applied.fix.edits),
+        },
     )

@@ -152,22 +152,28 @@ def plan(selection: Selection) -> RenderPlan:
     return RenderPlan(variants, tuple(magma.values()), companions_for(variants))
 
 
-def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat,
-                   patches: Sequence[Path] = (), *, companions: bool = False) -> dict[str, dict[str, str | bytes]]:
+def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat, patches: Sequence[Path] = (),
+                   magma_patches: Sequence[Path] = (), *, companions: bool = False) -> dict[str, dict[str, str | bytes]]:
     """{folder name: {file name: content}} for every buildable variant and MAGMA package, MAGMA first (with
-    `companions`, the pytorch-mutex / cpuonly / pytorch-cuda recipes before them)."""
+    `companions`, the pytorch-mutex / cpuonly / pytorch-cuda recipes before them).
+
+    `patches` go into the pytorch recipes only, `magma_patches` into the magma-cudaXYZ recipes only."""
     render_plan.require_buildable()
-    patch_names = tuple(p.name for p in patches)
-    patch_files: dict[str, str | bytes] = {p.name: p.read_bytes() for p in patches}
     folders: dict[str, dict[str, str | bytes]] = {}
     if companions:
         for companion in render_plan.companions:
             folders[companion.id] = dict(companion_files(companion, fmt))
+    magma_names = tuple(p.name for p in magma_patches)
     for magma in render_plan.magma:
-        folders[magma.id] = {**render_files(magma_context(magma, patch_names), fmt), **patch_files}
+        folders[magma.id] = {**render_files(magma_context(magma, magma_names), fmt), **patch_files(magma_patches)}
+    names = tuple(p.name for p in patches)
     for variant in render_plan.variants:
-        folders[variant.id] = {**render_files(pytorch_context(variant, patch_names), fmt), **patch_files}
+        folders[variant.id] = {**render_files(pytorch_context(variant, names), fmt), **patch_files(patches)}
     return folders
+
+
+def patch_files(patches: Sequence[Path]) -> dict[str, str | bytes]:
+    return {p.name: p.read_bytes() for p in patches}
 
 
 def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, force: bool = False) -> list[Path]:
@@ -208,7 +214,8 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
 
 
 def render_selection(selection: Selection, out: Path, fmt: RecipeFormat, *, force: bool = False,
-                     patches: Iterable[Path] = (), companions: bool = False) -> tuple[RenderPlan, list[Path]]:
+                     patches: Iterable[Path] = (), magma_patches: Iterable[Path] = (),
+                     companions: bool = False) -> tuple[RenderPlan, list[Path]]:
     render_plan = plan(selection)
-    folders = recipe_folders(render_plan, fmt, tuple(patches), companions=companions)
+    folders = recipe_folders(render_plan, fmt, tuple(patches), tuple(magma_patches), companions=companions)
     return render_plan, write_folders(folders, out, force=force)

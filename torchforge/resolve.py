@@ -14,6 +14,7 @@ from enum import Enum
 from torchforge import data as tables
 from torchforge import platforms, versions
 from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
+from torchforge.magmasource import MagmaSource
 from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
@@ -44,16 +45,27 @@ class MagmaPlan:
     sha256: str
     gencode: tuple[str, ...]
     cmake_options: tuple[str, ...]
-    nvcc_flags: str
     fixes: tuple[AppliedFix, ...]
     warnings: tuple[str, ...]
-    source: str | None = None  # --magma-source: a local tree or a mirror of the release tarball
+    source: MagmaSource | None = None  # --magma-source: a local tree or tarball, or a mirror of the release tarball
     published: bool = False  # upstream published this magma-cudaXYZ version (magma.toml [published])
     settings: str = "{}"  # JSON of the options that change this binary (gencode, source, patches); "{}": none
+    ptx: tuple[str, ...] = ()  # archs that also get PTX: only when --arch-list asks (X.Y+PTX)
 
     @property
     def status(self) -> Status:
         return Status.OFFICIAL if self.published else Status.BUILDABLE
+
+    @property
+    def gencode_flags(self) -> str:
+        """nvcc's -gencode list: SASS for every arch, PTX only where asked (official lists have none)."""
+        sass = [f"-gencode arch=compute_{g},code=sm_{g}" for g in self.gencode]
+        return " ".join([*sass, *(f"-gencode arch=compute_{g},code=compute_{g}" for g in self.ptx)])
+
+    @property
+    def upstream_patches(self) -> tuple[str, ...]:
+        """The official patches whose changes this build makes (as torchforge's own source edits)."""
+        return tuple(a.fix.upstream_patch for a in self.fixes if a.fix.upstream_patch)
 
     @property
     def build_string(self) -> str:
@@ -153,12 +165,34 @@ def _applicable_fixes(data: Data, package: str, **conditions: str | None) -> tup
 
 
 def _gencode_from_arch_list(arch_list: str) -> tuple[str, ...]:
-    """'8.0;9.0+PTX' -> ('80', '90'): MAGMA carries SASS only, never PTX (official-builds §2.3)."""
+    """'8.0;9.0+PTX' -> ('80', '90'): the SASS targets (official-builds §2.3: the official lists carry no PTX)."""
     return tuple(dict.fromkeys(a.split("+")[0].replace(".", "") for a in arch_list.split(";") if a))
 
 
+def _ptx_from_arch_list(arch_list: str | None) -> tuple[str, ...]:
+    """'8.0;9.0+PTX' -> ('90',): PTX only where the user asks for it."""
+    return tuple(a.split("+")[0].replace(".", "") for a in (arch_list or "").split(";") if a.endswith("+PTX"))
+
+
+def _cmake_options(data: Data, version: str, gencode: tuple[str, ...], ptx: tuple[str, ...],
+                   fixes: tuple[AppliedFix, ...]) -> tuple[str, ...]:
+    """The package's cmake options, then its MAGMA generation's way of taking the gencode list, then fixes'."""
+    style = data.magma.cmake_styles[data.magma.versions[version].cmake_style]
+    values = {
+        "{gencode_flags}": "$CUDA_ARCH_LIST",
+        "{sm_targets}": " ".join(f"sm_{g}" for g in gencode),
+        "{cuda_architectures}": ";".join([*(f"{g}-real" for g in gencode), *(f"{g}-virtual" for g in ptx)]),
+    }
+    options = []
+    for option in style.cmake_options:
+        for placeholder, value in values.items():
+            option = option.replace(placeholder, value)
+        options.append(option)
+    return (*data.magma.package.cmake_options, *options, *(o for a in fixes for o in a.fix.cmake_options))
+
+
 def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: str | None = None,
-               source: str | None = None, patch_digests: tuple[str, ...] = ()) -> MagmaPlan:
+               source: MagmaSource | None = None, patch_digests: tuple[str, ...] = ()) -> MagmaPlan:
     warnings: list[str] = []
     magma_version = data.magma.versions[version]
     gencode = _gencode_from_arch_list(arch_list) if arch_list else data.magma.gencode.get(cuda)
@@ -173,11 +207,20 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         warnings.append(
             f"no official magma gencode list for CUDA {cuda}: using CUDA {source_cuda}'s, limited to what nvcc {cuda} accepts"
         )
+    if not magma_version.build_number_known:
+        warnings.append(f"no official magma-cudaXYZ {version} package is known: build number "
+                        f"{magma_version.build_number} is conda's default, not an upstream one")
+    if magma_version.cmake_style == "gpu-target":
+        warnings.append(f"MAGMA {version}: the official cmakelists.patch is not reproduced for this version (no {version} "
+                        "tree to check it against); its own GPU_TARGET table decides which arches get code")
+    if source is not None and source.kind == "tarball" and source.sha256 != magma_version.sha256:
+        warnings.append(f"--magma-source {source.location} is not the MAGMA {version} release tarball (sha256 "
+                        f"{source.sha256}, the release's is {magma_version.sha256}): the recipe pins the local file")
     custom: dict[str, object] = {}
     if arch_list:
-        custom["gencode"] = list(gencode)
-    if source:
-        custom["source"] = source
+        custom["gencode"] = [*gencode, *(f"{g}+PTX" for g in _ptx_from_arch_list(arch_list))]
+    if source is not None and _custom_source(source, magma_version.sha256):
+        custom["source"] = f"sha256:{source.sha256}" if source.sha256 else source.location
     if patch_digests:
         custom["patches"] = list(patch_digests)
     if custom:
@@ -189,9 +232,8 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
     for applied in fixes:
         if applied.fix.manual_patch:
             warnings.append(
-                f"{applied.key}: {applied.fix.reason}; add {', '.join(applied.fix.manual_patch)} with --patch"
+                f"{applied.key}: {applied.fix.reason}; add {', '.join(applied.fix.manual_patch)} with --magma-patch"
             )
-    cmake = tuple(data.magma.package.cmake_options) + tuple(o for a in fixes for o in a.fix.cmake_options)
     return MagmaPlan(
         id=magma_id(cuda, version, platform),
         name=f"{data.magma.package.name_prefix}{nodot(cuda)}",
@@ -202,14 +244,54 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         url=data.magma.package.url.format(version=version),
         sha256=magma_version.sha256,
         gencode=gencode,
-        cmake_options=cmake,
-        nvcc_flags=data.magma.package.nvcc_flags,
+        ptx=_ptx_from_arch_list(arch_list),
+        cmake_options=_cmake_options(data, version, gencode, _ptx_from_arch_list(arch_list), fixes),
         fixes=fixes,
         warnings=tuple(warnings),
         source=source,
         published=published and not custom,
         settings=json.dumps(custom, sort_keys=True),
     )
+
+
+def _custom_source(source: MagmaSource, release_sha256: str) -> bool:
+    """A source that may differ from the release tarball: a tree, or a local tarball with another checksum (a
+    mirror URL is pinned to the release's checksum, so it builds the same package)."""
+    return source.kind == "tree" or (source.kind == "tarball" and source.sha256 != release_sha256)
+
+
+def _magma_accepts(data: Data, magma: str, release_key: str) -> bool:
+    spec = data.magma.versions[magma].pytorch
+    return spec is None or versions.matches(release_key, spec)
+
+
+def _choose_magma(data: Data, release_key: str, release: Release, cuda: str, source: MagmaSource | None,
+                  check: _Checker) -> str | None:
+    """The MAGMA of the official build, else the first preferred one this PyTorch accepts; a local
+    --magma-source's own version wins when this PyTorch accepts it (a tree is never labelled another version)."""
+    build = release.cuda.get(cuda)
+    chosen = (build.magma if build else None) or release.magma
+    if chosen is None:
+        accepted = [v for v in data.magma.preferred if _magma_accepts(data, v, release_key)]
+        if not accepted:
+            check.refuse(f"no MAGMA in torchforge's data is accepted by PyTorch {release_key}")
+            return None
+        chosen = accepted[0]
+        check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {chosen}, the first of "
+                   f"magma.toml's preferred versions ({', '.join(data.magma.preferred)}) that its source accepts")
+    if source is None or source.version is None or source.version == chosen:
+        return chosen
+    where = f"--magma-source {source.location} is MAGMA {source.version} (its {'tree' if source.kind == 'tree' else 'tarball'}'s include/magma_types.h)"
+    if source.version not in data.magma.versions:
+        check.refuse(f"{where}, which torchforge's data does not know; known: {', '.join(data.magma.versions)}")
+        return None
+    if not _magma_accepts(data, source.version, release_key):
+        check.refuse(f"{where}, but PyTorch {release_key}'s source rejects MAGMA {source.version} "
+                     f"(it needs PyTorch {data.magma.versions[source.version].pytorch}); pass a MAGMA {chosen} source, or choose a "
+                     f"--pytorch release that accepts MAGMA {source.version}")
+        return None
+    check.not_official.append(f"MAGMA {source.version} from --magma-source instead of {chosen}")
+    return source.version
 
 
 def newest_cuda_major(release: Release) -> int | None:
@@ -479,14 +561,10 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         check.refuse(f"--env USE_MAGMA=1: torchforge has no magma-cuda package for {platform}"
                      f"{' Jetson builds' if jetson else ''}; drop it")
     elif cuda and facts.magma and not jetson:
-        magma_version = (build.magma if build else None) or release.magma
-        if magma_version is None:
-            magma_version = max(
-                {r.magma for r in data.pytorch.releases.values() if r.magma}, key=versions.parse
-            )
-            check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {magma_version}, the newest official one")
-        magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
-                           request.options.magma_source, request.options.patch_digests)
+        magma_version = _choose_magma(data, release_key, release, cuda, request.options.magma_source, check)
+        if magma_version is not None:
+            magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
+                               request.options.magma_source, request.options.magma_patch_digests)
     elif cuda and platform == "linux-aarch64" and not jetson:
         check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
 

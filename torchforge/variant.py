@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from torchforge import data as tables
 from torchforge.errors import UsageError
+from torchforge.magmasource import MagmaSource
 from torchforge.versions import nodot
 
 CPU = "cpu"
@@ -31,8 +32,9 @@ class Options:
     extra_env: tuple[tuple[str, str], ...] = ()
     gcc: str | None = None
     source: str | None = None
-    magma_source: str | None = None
-    patch_digests: tuple[str, ...] = ()  # sha256 of each --patch file, in order
+    magma_source: MagmaSource | None = None
+    patch_digests: tuple[str, ...] = ()  # sha256 of each --patch file (pytorch recipes), in order
+    magma_patch_digests: tuple[str, ...] = ()  # sha256 of each --magma-patch file, in order
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class Selection:
             if value is not None and not split_list(value):
                 raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out for the default")
         for flag, value in (("--arch-list", options.arch_list), ("--jetson", options.jetson),
-                            ("--source", options.source), ("--magma-source", options.magma_source)):
+                            ("--source", options.source)):
             if value is not None and not value.strip(" ;,"):
                 raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out")
         if options.gcc is not None and not _GCC_VERSION.match(options.gcc):

@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from torchforge.console import note
+from torchforge.errors import UsageError
+from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.resolve import default_release
 from torchforge.variant import Options, Selection, parse_env
 
@@ -24,11 +26,16 @@ JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile:
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build variable NAME=VALUE (repeatable), e.g. USE_NCCL=0.")]
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
-MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or a mirror of the release tarball.")]
+MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or tarball (its version is read from it), or a URL of the release tarball.")]
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]
-PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
+PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file for the pytorch recipes (repeatable).")]
+MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
+
+
+def _digests(patches: list[Path] | None) -> tuple[str, ...]:
+    return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
 
 
 def nonempty_path(value: str | Path) -> Path:
@@ -54,7 +61,10 @@ def selection_from_flags(
     source: str | None = None,
     magma_source: str | None = None,
     patches: list[Path] | None = None,
+    magma_patches: list[Path] | None = None,
 ) -> Selection:
+    if magma_source is not None and not magma_source.strip():  # '' would otherwise mean "the release tarball"
+        raise UsageError("--magma-source is empty", "give a MAGMA tree, tarball or URL, or leave --magma-source out")
     options = Options(
         arch_list=arch_list,
         build_number=build_number,
@@ -63,9 +73,10 @@ def selection_from_flags(
         extra_env=parse_env(env or []),
         gcc=gcc,
         source=source,
-        magma_source=magma_source,
+        magma_source=inspect_magma_source(magma_source) if magma_source else None,
         # Patches change the binary: their content (not their path) is part of the variant's settings.
-        patch_digests=tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ()),
+        patch_digests=_digests(patches),
+        magma_patch_digests=_digests(magma_patches),
     )
     selection = Selection.from_flags(pytorch, cuda, python, platform, options)
     if pytorch is None:

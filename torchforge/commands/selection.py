@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PatchOpt, MagmaSourceOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, out, warn
@@ -89,15 +89,15 @@ def register(app: typer.Typer) -> None:
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
-        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None,
+        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         gcc, source, magma_source, patch)
+                                         gcc, source, magma_source, patch, magma_patch)
         render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],
-                                                companions=companions)
+                                                magma_patches=magma_patch or [], companions=companions)
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")
