@@ -107,7 +107,9 @@ def test_build_scripts_read_only_exported_tool_or_script_env_variables() -> None
             code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
             code = re.sub(r"'[^']*'", "", code)  # single-quoted text is not expanded ($ORIGIN)
             for variable in _VARIABLE.findall(code):
-                assert variable in exported or variable in allowed or variable in ("so", "nvcc_release", "header"), (  # loop variables
+                # loop variables and the bundling function's locals and parameters are set in the script itself
+                local = ("so", "nvcc_release", "header", "src", "var", "name", "new")
+                assert variable in exported or variable in allowed or variable in local, (
                     f"{name}: build.sh reads ${variable}, which is neither exported before nor in script_env"
                 )
             match = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=", code)
@@ -224,10 +226,19 @@ def test_status_counts_over_the_default_selection() -> None:
     assert statuses == {Status.OFFICIAL}
 
 
-def test_win_recipe_has_bld_bat_and_no_magma() -> None:
+def test_win_recipe_has_bld_bat_windows_magma_and_bundled_dlls() -> None:
     folders = render_case(CASES["pt251-cu124-py312-win"], RecipeFormat.CONDA_BUILD)
-    assert list(folders) == ["pytorch-2.5.1-cu124-py312-win_64"]
+    assert list(folders) == ["pytorch-2.5.1-cu124-py312-win_64"]  # no magma-cudaXYZ package on Windows
     files = folders["pytorch-2.5.1-cu124-py312-win_64"]
     assert "bld.bat" in files and "build.sh" not in files
-    assert 'set "TORCH_CUDA_ARCH_LIST=5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0"' in str(files["bld.bat"])
+    bat = str(files["bld.bat"])
+    assert 'set "TORCH_CUDA_ARCH_LIST=5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0"' in bat
+    # release/2.5:conda/pytorch-nightly/bld.bat:52-56 linked MAGMA 2.5.4 and never set USE_CUSPARSELT
+    assert "https://s3.amazonaws.com/ossci-windows/magma_2.5.4_cuda124_release.7z" in bat
+    assert "USE_MAGMA" not in bat and "USE_CUSPARSELT" not in bat
+    # release/2.5:conda/pytorch-nightly/bld.bat:102-110: cuDNN, nvToolsExt, CUPTI and (if present) zlibwapi
+    copies = [line for line in bat.splitlines() if "copy /y" in line]
+    assert [re.search(r'copy /y "%\w+%\\([^"]+)"', c).group(1) for c in copies] == [  # type: ignore[union-attr]
+        "cudnn*64_*.dll*", "nvToolsExt64_*.dll*", "cupti64_*.dll*", "zlibwapi.dll"]
+    assert copies[-1].startswith('if exist "%ZLIB_BIN_DIR%')
     assert Request("2.5.1", "12.4", "3.12", "win-64").id == "pytorch-2.5.1-cu124-py312-win_64"
