@@ -247,7 +247,7 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
             "--skip-preflight", "--engine", "rattler-build"]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     def stored() -> int:  # ccache logs a call after storing its result
-        return sum(read_stats(log).misses for log in out.glob(".staging-*/ccache-stats.log"))
+        return sum(read_stats(log).misses for log in out.glob(".torchforge-tmp-staging-*/ccache-stats.log"))
 
     deadline = time.monotonic() + 600
     while stored() < 2 and process.poll() is None and time.monotonic() < deadline:

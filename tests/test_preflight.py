@@ -262,8 +262,13 @@ def test_memory_based_max_jobs_lands_in_the_report() -> None:
 
 
 def test_a_foreign_platform_fails_and_skips_the_gcc_check() -> None:
-    report = _preflight("cpu", pytorch="2.5.1", python="3.10", platform="win-64")
+    # A CUDA variant: on linux-64 the host compiler is checked against nvcc's limit; on win-64 (MSVC) it is not.
+    linux = _preflight("12.4", pytorch="2.5.1", python="3.12", platform="linux-64")
+    assert "host compiler (CUDA 12.4)" in {c.name for c in linux.checks}
+    report = _preflight("12.4", pytorch="2.5.1", python="3.12", platform="win-64")
     assert report.check("platform").status is Level.FAIL
+    assert "asked for win-64" in report.check("platform").detail
+    assert not [c.name for c in report.checks if c.name.startswith("host compiler")]
 
 
 def test_refused_variants_are_one_failed_row_among_all_checks() -> None:
@@ -371,8 +376,14 @@ def test_nvml_mismatch_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_report_table_has_one_row_per_check() -> None:
     report = _preflight("cpu", pytorch="2.5.1", python="3.10")
     table = report_table(report)
-    assert table.row_count == len(report.checks)
-    assert report.as_dict()["max_jobs"] == report.max_jobs
+    assert table.row_count == len(report.checks) > 5
+    columns = {column.header: list(column.cells) for column in table.columns}
+    # Row i is check i: its name, its status word and its detail, in that order.
+    assert columns["check"] == [c.name for c in report.checks]
+    assert [cell.split("]")[1].split("[")[0] for cell in columns["status"]] == [c.status.value for c in report.checks]
+    assert columns["detail"] == [c.detail for c in report.checks]
+    assert columns["what would work"] == [c.fix or "" for c in report.checks]
+    assert f"MAX_JOBS {report.max_jobs}" in str(table.title)
 
 
 # ---- bundled libraries -----------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ import pytest
 from rattler_build import Stage0Recipe
 from ruamel.yaml import YAML
 
-from tests.golden.regenerate import EXPECTED, cases, render_case
+from tests.golden.regenerate import EXPECTED, case_plan, cases, render_case
 from torchforge import data as tables
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import BUILD_TOOL_VARIABLES
-from torchforge.render import RecipeFormat, plan, recipe_folders, render_selection, write_folders
+from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders, render_selection, write_folders
 from torchforge.resolve import Status
 from torchforge.variant import Options, Request, Selection
 
@@ -38,29 +38,38 @@ def test_golden(case: str, fmt: RecipeFormat) -> None:
             assert content == (expected_root / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
 
 
-def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+def _official_plans() -> list[RenderPlan]:
     """Every official variant in the data (all releases x CUDA x Python), one Python per release to stay fast."""
-    folders: dict[str, dict[str, str | bytes]] = {}
+    plans = []
     for key, release in tables.load().pytorch.releases.items():
         if not release.conda_official:
             continue
         cudas = ",".join([*(c for c, b in release.cuda.items() if b.conda), "cpu"])
         version = (tables.load().pytorch.patch_releases.get(key) or (f"{key}.0",))[-1]
-        selection = Selection.from_flags(version, cudas, release.python[1], None, Options())
-        folders.update(recipe_folders(plan(selection), fmt))
+        plans.append(plan(Selection.from_flags(version, cudas, release.python[1], None, Options())))
+    return plans
+
+
+def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+    folders: dict[str, dict[str, str | bytes]] = {}
+    for render_plan in _official_plans():
+        folders.update(recipe_folders(render_plan, fmt))
     return folders
 
 
 def test_every_rendered_recipe_yaml_parses_with_rattler_build() -> None:
-    folders = _official_selection_folders(RecipeFormat.RATTLER_BUILD)
-    for case in CASES.values():
-        folders.update(render_case(case, RecipeFormat.RATTLER_BUILD))
-    assert len(folders) > 40
-    for name, files in folders.items():
-        recipe = Stage0Recipe.from_yaml(str(files["recipe.yaml"]))
-        rendered = recipe.render()[0].recipe.to_dict()
-        assert rendered["build"]["string"], name
-        assert rendered["package"]["name"] in ("pytorch",) or rendered["package"]["name"].startswith("magma-cuda")
+    """rattler-build itself reads each recipe and arrives at exactly the planned name-version-build."""
+    checked = 0
+    for render_plan in [*_official_plans(), *(case_plan(c) for c in CASES.values())]:
+        planned = {m.id: m.filename_stem for m in render_plan.magma}
+        planned.update({v.id: v.filename_stem for v in render_plan.variants})
+        for name, files in recipe_folders(render_plan, RecipeFormat.RATTLER_BUILD).items():
+            recipe = Stage0Recipe.from_yaml(str(files["recipe.yaml"]))
+            rendered = recipe.render()[0].recipe.to_dict()
+            package = rendered["package"]
+            assert f"{package['name']}-{package['version']}-{rendered['build']['string']}" == planned[name], name
+            checked += 1
+    assert checked > 40
 
 
 def test_meta_yaml_is_plain_yaml_with_the_official_fields() -> None:

@@ -77,7 +77,7 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     assert package.is_file()
     repodata = json.loads((built / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{STEM}.conda"]
-    assert not list(built.glob(".staging-*"))
+    assert not list(built.glob(".torchforge-tmp-*"))
     # The engine recorded the variant's settings in info/about.json, where the reuse check reads them.
     assert json.loads(str(localchannel.about_extra(package)["torchforge_settings"])) == {"source": str(FIXTURE)}
     # The pipeline publishes only after torchforge.rpath.audit passed; check the RPATH the recipe set.
@@ -210,7 +210,7 @@ def test_cuda_variant_bundles_the_libraries_and_imports_with_empty_ld_library_pa
 def test_the_same_build_without_the_bundling_step_fails_the_audit(
         cuda_env: Path, cuda_stubs: Path, tmp_path: Path) -> None:
     from torchforge.channels import SiteChannels
-    from torchforge.engines import select_engine
+    from torchforge.engines.choice import select_engine
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
     from torchforge.proc import Runner
 

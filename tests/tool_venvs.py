@@ -20,6 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS: dict[str, tuple[str, ...]] = {
     "anaconda": ("anaconda-client==1.16.0",),
     "quetz": ("quetz-server==0.10.4", "fastapi==0.104.1"),
+    # The vendored conda + conda-build (../shared/vendor/README.md: the wheels, the rattler solver, lief); the
+    # versions are the ones that built the compile-cache tests here.
+    "conda": (*(str(w) for w in sorted((ROOT.parent / "shared" / "vendor").glob("*.whl"))),
+              "conda-rattler-solver==0.2.0", "py-rattler-build==0.73.0", "lief==1.0.0", "conda-package-handling==2.6.0", "conda-index==0.13.0"),
 }
 READY = ".torchforge-ready"
 INSTALL_TIMEOUT_S = 900

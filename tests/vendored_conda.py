@@ -15,9 +15,15 @@ VENV_CONDA = Path(__file__).resolve().parent.parent / ".venv-conda"
 
 
 def available() -> bool:
+    """conda-build is on PATH, or `.venv-conda` exists or can be created from ../shared/vendor (tool_venvs)."""
+    from tests.tool_venvs import ensure
     from torchforge.engines.conda_build import CondaBuildEngine
 
-    return CondaBuildEngine().available() or (VENV_CONDA / "bin" / "conda-build").is_file()
+    if CondaBuildEngine().available():
+        return True
+    if not (VENV_CONDA / "bin" / "conda-build").is_file() and any((VENV_CONDA.parent.parent / "shared" / "vendor").glob("*.whl")):
+        ensure("conda")
+    return (VENV_CONDA / "bin" / "conda-build").is_file()
 
 
 @contextmanager
