@@ -37,7 +37,7 @@ def _env() -> tuple[tuple[str, str], ...]:
 
 def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
     from torchforge.channels import SiteChannels
-    from torchforge.engines import select_engine
+    from torchforge.engines.choice import select_engine
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
     from torchforge.proc import Runner
     from torchforge.render import plan
