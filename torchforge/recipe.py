@@ -7,6 +7,7 @@ exactly one variant, so the two formats differ only in syntax and neither needs 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,9 @@ BUILD_TOOL_VARIABLES = frozenset(
     {"PREFIX", "SP_DIR", "PYTHON", "PKG_VERSION", "PKG_BUILDNUM", "PKG_NAME", "RECIPE_DIR", "SRC_DIR",
      "CPU_COUNT", "LIBRARY_PREFIX", "BUILD_PREFIX"}
 )
+
+
+_SPEC_VERSION = re.compile(r"\d+(?:\.\d+)*")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,21 @@ class RecipeContext:
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def numpy_variant(self) -> str | None:
+        """conda_build_config.yaml's `numpy`: the version of the host numpy spec (`numpy ==2.0.1` -> 2.0.1).
+
+        conda-build reads this variant key whenever host needs numpy and warns when it is missing; the explicit
+        host spec still decides what is installed. An unpinned numpy has no version to give.
+        """
+        for spec in self.host_requirements:
+            fields = spec.split()
+            if fields[0] == "numpy" and len(fields) > 1:
+                found = _SPEC_VERSION.search(fields[1])
+                if found:
+                    return found.group(0)
+        return None
 
     @property
     def is_windows(self) -> bool:

@@ -51,20 +51,23 @@ def select_engine(name: str, *, require_available: bool = True) -> tuple[Engine,
 
     A dry run may name an engine this machine lacks: it only prints the commands.
     """
-    from torchforge.engines.conda_build import CondaBuildEngine
+    from torchforge.engines.conda_build import CondaBuildEngine, probe
     from torchforge.engines.rattler_build import RattlerBuildEngine
 
     engines: dict[str, Engine] = {"conda-build": CondaBuildEngine(), "rattler-build": RattlerBuildEngine()}
     if name == "auto":
-        if engines["conda-build"].available():
-            return engines["conda-build"], "using conda-build (`conda build` is on PATH)"
-        return engines["rattler-build"], "using the embedded rattler-build engine (no `conda` with conda-build on PATH)"
+        # The same probe as `torchforge doctor`: `conda build --version` must run, not only `conda` be on PATH.
+        found = probe()
+        if found.usable:
+            return engines["conda-build"], f"using conda-build {found.version} (`conda build --version` runs)"
+        return engines["rattler-build"], f"using the embedded rattler-build engine ({found.reason})"
     if name not in engines:
         raise UsageError(f"unknown engine {name!r}", "use auto, conda-build or rattler-build")
     engine = engines[name]
     if require_available and not engine.available():
+        why = f": {probe().reason}" if name == "conda-build" else ""
         raise ToolMissingError(
-            f"the {name} engine is not available here",
+            f"the {name} engine is not available here{why}",
             "install conda-build into a conda base environment, or use --engine rattler-build (embedded)",
         )
     return engine, f"using {name} (--engine)"
