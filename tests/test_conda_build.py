@@ -1,0 +1,341 @@
+"""The real conda-build (tests/condabuild.py: the machine's conda, or conda 26.7.1 + conda-build 26.7.1 from
+../shared/vendor): `conda render` accepts every recipe torchforge writes and computes the planned build string;
+`torchforge build --engine conda-build` builds the magma_like and torch_like fixtures (cpu, and CUDA against the
+magma it has just built), the pipeline checks, audits and publishes them, and a real `conda create --offline`
+installs them into environments where the fixture imports and runs. `--engine auto` and `doctor` read one probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from tests.condabuild import HOW_TO_GET_ONE, CondaTool, find_conda_tool, run_conda
+from tests.golden.regenerate import EXPECTED, cases
+from tests.stubchannel import make_stub_channel, recipe_requirements
+from tests.test_build import cuobjdump, nvcc_release
+from tests.test_upload_helpers import cli
+from torchforge.cli import main
+from torchforge.diagnose import explain_log
+from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders, write_folders
+from torchforge.rpath import Layout, audit
+from torchforge.variant import Options, Selection
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NVCC_RELEASE = "13.0"
+SUBDIRS = ("linux-64", "win-64", "linux-aarch64")
+
+# A wide matrix rendered fresh (the goldens add 11 more recipes): five eras from 1.9 to 2.7, cpu and CUDA 11.1 to
+# 12.8, Python 3.8 to 3.13, linux-64, win-64 and linux-aarch64 (server and Jetson), official and buildable.
+FRESH = (
+    ("1.9.0", "11.1,cpu", "3.9", None, None),
+    ("1.12.1", "11.3,cpu", "3.10", None, None),
+    ("2.0.1", "11.8", "3.9", None, None),
+    ("2.1.2", "12.1,cpu", "3.11", "win-64", None),
+    ("2.4.1", "12.4", "3.12", "linux-aarch64", None),
+    ("2.7.1", "12.8", "3.13", None, None),
+    ("2.0.1", "11.8", "3.8", "linux-aarch64", "xavier"),
+)
+
+
+@dataclass(frozen=True)
+class Planned:
+    folder: str  # the recipe folder (variant or magma id)
+    stem: str  # name-version-build torchforge planned
+    subdir: str
+    golden: str | None  # the golden case whose files on disk are rendered, None for a fresh recipe
+
+
+def _planned(render_plan: RenderPlan, golden: str | None) -> list[Planned]:
+    found = [Planned(m.id, m.filename_stem, "linux-64", golden) for m in render_plan.magma]
+    return found + [Planned(v.id, v.filename_stem, v.request.platform, golden) for v in render_plan.variants]
+
+
+def _fresh_plans() -> list[RenderPlan]:
+    return [plan(Selection.from_flags(pt, cuda, py, platform, Options(jetson=jetson)))
+            for pt, cuda, py, platform, jetson in FRESH]
+
+
+def _golden_plans() -> dict[str, RenderPlan]:
+    return {name: plan(Selection.from_flags(case["pytorch"], case["cuda"], case["python"], case.get("platform"),
+                                            Options(jetson=case.get("jetson"), arch_list=case.get("arch_list"))))
+            for name, case in cases().items()}
+
+
+RECIPES = [p for name, rp in _golden_plans().items() for p in _planned(rp, name)] + \
+          [p for rp in _fresh_plans() for p in _planned(rp, None)]
+
+
+# ---- the tool ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def conda_tool() -> CondaTool:
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    return tool
+
+
+@pytest.fixture
+def conda_env(conda_tool: CondaTool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This test's process environment set for conda (torchforge's runner passes it to `conda build`)."""
+    env = conda_tool.env(tmp_path / "conda")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+# ---- conda render ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def render_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(folder of the fresh recipes, a channel of metadata-only stand-ins for every recipe's requirements,
+    conda's scratch folder for the renders of this worker).
+
+    The renders share one package cache: it can only hold packages of that one stand-in channel, so nothing
+    stale can leak into a solve, and extracting the stand-ins again for every recipe doubles the time."""
+    root = tmp_path_factory.mktemp("render")
+    for render_plan in _fresh_plans():
+        write_folders(recipe_folders(render_plan, RecipeFormat.CONDA_BUILD), root / "fresh")
+    specs = {"pip"}  # real conda makes every python depend on pip (add_pip_as_python_dependency)
+    for meta in [*(root / "fresh").glob("*/meta.yaml"), *EXPECTED.glob("*/conda-build/*/meta.yaml")]:
+        specs.update(recipe_requirements(meta.read_text()))
+    make_stub_channel(root / "stubs", sorted(specs), SUBDIRS, runnable=False)
+    return root / "fresh", root / "stubs", root / "conda"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES, ids=[f"{r.golden or 'fresh'}-{r.folder}" for r in RECIPES])
+def test_conda_render_accepts_the_recipe_and_computes_the_planned_build_string(
+        recipe: Planned, conda_tool: CondaTool, render_inputs: tuple[Path, Path, Path]) -> None:
+    fresh, stubs, scratch = render_inputs
+    folder = EXPECTED / recipe.golden / "conda-build" / recipe.folder if recipe.golden else fresh / recipe.folder
+    assert (folder / "meta.yaml").is_file()
+    # --output: the package path conda-build would write, after solving build and host (it fails when it cannot).
+    result = run_conda(conda_tool, scratch, "render", str(folder), "--override-channels", "-c", f"file://{stubs}",
+                       "--output")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    package = Path(result.stdout.strip().splitlines()[-1])
+    assert (package.parent.name, package.name.removesuffix(".conda").removesuffix(".tar.bz2")) == \
+        (recipe.subdir, recipe.stem)
+
+
+def test_the_render_matrix_is_wide() -> None:
+    assert len(RECIPES) == 25 and {r.subdir for r in RECIPES} == set(SUBDIRS)
+    builds = [r.stem.rsplit("-", 1)[1] for r in RECIPES if r.stem.startswith("pytorch-")]
+    assert any("_cpu_" in b for b in builds) and any("_cuda" in b for b in builds)
+    assert len({r.stem.split("-")[1] for r in RECIPES if r.stem.startswith("pytorch-")}) >= 8
+
+
+# ---- torchforge build --engine conda-build ------------------------------------------------------------------
+
+BUILD_ARGS = ["--engine", "conda-build", "--pytorch", "2.9.0", "--cuda", f"{NVCC_RELEASE},cpu", "--py", "3.11",
+              "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURES / "magma_like"),
+              "--source", str(FIXTURES / "torch_like"), "--skip-preflight"]
+MAGMA = "magma-cuda130-2.6.1-1"
+CPU = "pytorch-2.9.0-py3.11_cpu_0"
+CUDA = "pytorch-2.9.0-py3.11_cuda13.0_cudnn9.13.0_0"
+
+
+@dataclass(frozen=True)
+class Forge:
+    out: Path  # the output channel
+    stubs: Path  # stand-ins for every requirement except magma (which must come from `out`)
+    tool: CondaTool
+    code: int
+    stderr: str
+
+
+def _stub_specs() -> list[str]:
+    selection = Selection.from_flags("2.9.0", f"{NVCC_RELEASE},cpu", "3.11", None,
+                                     Options(arch_list="8.0;9.0", source=str(FIXTURES / "torch_like")))
+    folders = recipe_folders(plan(selection), RecipeFormat.CONDA_BUILD)
+    specs = {"pip"}
+    for files in folders.values():
+        specs.update(s for s in recipe_requirements(str(files["meta.yaml"])) if not s.startswith("magma-"))
+    return sorted(specs)
+
+
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder both xdist workers of this run see (the build is made once and read by both)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if worker_id != "master" else base
+
+
+@pytest.fixture(scope="session")
+def forge(conda_tool: CondaTool, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Forge:
+    if nvcc_release() != NVCC_RELEASE:
+        pytest.skip(f"needs nvcc {NVCC_RELEASE} on PATH (the magma_like fixture is compiled for sm_80 and sm_90)")
+    root = _shared_dir(tmp_path_factory, worker_id) / "conda-build-forge"
+    root.mkdir(exist_ok=True)
+    with FileLock(str(root / ".lock"), timeout=1800):
+        done = root / "result.json"
+        if not done.is_file():
+            make_stub_channel(root / "stubs", _stub_specs())
+            # A new process, as a user runs it; its stderr (plan, results) is kept for the tests.
+            result = cli("build", *BUILD_ARGS, "--channel", f"file://{root / 'stubs'}", "--out", str(root / "out"),
+                         env=conda_tool.env(root / "conda"), timeout=1800)
+            done.write_text(json.dumps({"code": result.returncode, "stderr": result.stderr}))
+    recorded = json.loads(done.read_text())
+    return Forge(root / "out", root / "stubs", conda_tool, recorded["code"], recorded["stderr"])
+
+
+def _log(forge: Forge, variant: str) -> str:
+    return (forge.out / "logs" / f"{variant}.log").read_text()
+
+
+def _create(forge: Forge, scratch: Path, spec: str) -> Path:
+    """A real `conda create --offline` from the output channel and the stand-ins; returns the prefix."""
+    prefix = scratch / "env"
+    result = run_conda(forge.tool, scratch / "conda", "create", "--offline", "--yes", "--quiet", "-p", str(prefix),
+                       "--override-channels", "-c", f"file://{forge.out}", "-c", f"file://{forge.stubs}", spec)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return prefix
+
+
+@pytest.mark.slow
+def test_the_build_publishes_magma_then_both_pytorch_variants_checked_and_audited(forge: Forge) -> None:
+    assert forge.code == 0, forge.stderr[-3000:]
+    assert "using conda-build (--engine)" in forge.stderr
+    repodata = json.loads((forge.out / "linux-64" / "repodata.json").read_text())
+    assert sorted(repodata["packages.conda"]) == sorted(f"{stem}.conda" for stem in (MAGMA, CPU, CUDA))
+    assert not list(forge.out.glob(".staging-*"))
+    for stem in (MAGMA, CPU, CUDA):
+        report = audit(forge.out / "linux-64" / f"{stem}.conda", Layout.CONDA)
+        assert report.ok, report.findings
+    for variant in ("pytorch-2.9.0-cpu-py311-linux_64", "pytorch-2.9.0-cu130-py311-linux_64"):
+        log = _log(forge, variant)
+        assert "$ conda build " in log and "TEST END" in log  # conda-build's own test phase ran `import torch`
+        # conda_build_config.yaml gives numpy, so conda-build does not fall back to its default.
+        assert "variant is still conda-build's default" not in log
+
+
+@pytest.mark.slow
+def test_the_cuda_build_used_the_magma_it_had_just_built(forge: Forge) -> None:
+    log = _log(forge, "pytorch-2.9.0-cu130-py311-linux_64")
+    host = log[log.index("## Package Plan ##"):]
+    magma_line = next(line for line in host.splitlines() if line.strip().startswith("magma-cuda130"))
+    assert "2.6.1-1" in magma_line and forge.out.name in magma_line
+
+
+@pytest.mark.slow
+def test_magma_like_installs_with_conda_create_and_holds_exactly_the_asked_sm_targets(forge: Forge,
+                                                                                        tmp_path: Path) -> None:
+    prefix = _create(forge, tmp_path, "magma-cuda130 ==2.6.1")
+    library = prefix / "lib" / "libmagma.a"
+    assert library.is_file() and (prefix / "include" / "magma.h").is_file()
+    listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True,
+                             check=True).stdout
+    assert sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}) == \
+        ["sm_80", "sm_90"]
+    assert "source edit ok: replace control/thread_queue.cpp (applied)" in _log(forge, "magma-cuda130-2.6.1-linux_64")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", [CPU, CUDA], ids=["cpu", "cuda"])
+def test_torch_like_installs_with_conda_create_imports_and_runs(forge: Forge, stem: str, tmp_path: Path) -> None:
+    name, version, build = stem.split("-")
+    prefix = _create(forge, tmp_path, f"{name} =={version} {build}")
+    meta = json.loads((prefix / "conda-meta" / f"{stem}.json").read_text())
+    assert meta["build"] == build and meta["channel"].startswith(f"file://{forge.out}/")
+    # Nothing on LD_LIBRARY_PATH: the extension finds torch/lib through the RPATH the recipe set.
+    result = subprocess.run([str(prefix / "bin" / "python"), "-c",
+                             "import torch; print(torch.ones_sum(3), torch.__version__, torch.__file__)"],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    value, got_version, location = result.stdout.split()
+    assert (float(value), got_version) == (3.0, version)
+    assert Path(location).is_relative_to(prefix)
+
+
+@pytest.mark.slow
+def test_a_rerun_with_conda_build_reuses_every_package(forge: Forge, conda_env: dict[str, str], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(forge.out, out)  # copy2 keeps the times; the shared channel stays untouched
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "linux-64").glob("*.conda")}
+    assert main(["build", *BUILD_ARGS, "--channel", f"file://{forge.stubs}", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    for stem in (MAGMA, CPU, CUDA):
+        assert f"reuse {stem}: already in" in err
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "linux-64").glob("*.conda")} == before
+
+
+@pytest.mark.slow
+def test_a_failing_conda_build_publishes_nothing_leaves_no_staging_and_is_explained(
+        conda_tool: CondaTool, conda_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if nvcc_release() != NVCC_RELEASE:
+        pytest.skip(f"needs nvcc {NVCC_RELEASE} on PATH")
+    out = tmp_path / "out"
+    # magma-cuda124 checks that nvcc is CUDA 12.4, like upstream's build.sh; this machine has 13.0.
+    code = main(["build", "--engine", "conda-build", "--magma-only", "--pytorch", "2.5.1", "--cuda", "12.4",
+                 "--py", "3.12", "--magma-source", str(FIXTURES / "magma_like"), "--skip-preflight",
+                 "--out", str(out)])
+    assert code == 6
+    err = capsys.readouterr().err
+    assert f"is CUDA {NVCC_RELEASE}, this recipe is for CUDA 12.4" in err
+    assert not list(out.glob("*/*.conda")) and not list(out.glob("*/*.tar.bz2"))
+    assert not list(out.glob(".staging-*"))
+    log = out / "logs" / "magma-cuda124-2.6.1-linux_64.log"
+    assert "$ conda build " in log.read_text()
+    assert [d.id for d in explain_log(log)] == ["recipe-nvcc-mismatch"]
+
+
+# ---- one probe for --engine auto and doctor ------------------------------------------------------------------
+
+
+def _engine_row(doctor_stdout: str) -> dict[str, str]:
+    report = json.loads(doctor_stdout)
+    return next(c for c in report["checks"] if c["name"] == "engine")
+
+
+DOCTOR = ("doctor", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.11", "--json")
+DRY_BUILD = ("build", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.11", "--dry-run")
+
+
+@pytest.mark.slow
+def test_auto_and_doctor_both_pick_the_conda_build_that_runs(conda_env: dict[str, str], tmp_path: Path) -> None:
+    doctor = cli(*DOCTOR, "--out", str(tmp_path / "out"), env=conda_env)
+    row = _engine_row(doctor.stdout)
+    assert row["status"] == "ok" and row["detail"].startswith("conda-build ") and "auto" in row["detail"]
+    version = row["detail"].split()[1]
+    build = cli(*DRY_BUILD, "--out", str(tmp_path / "out"), env=conda_env)
+    assert build.returncode == 0, build.stderr
+    assert f"using conda-build {version} (`conda build --version` runs)" in build.stderr
+    assert "[dry-run] conda build " in build.stderr
+
+
+BROKEN_CONDAS = {
+    # a conda whose Python environment was removed: the interpreter line points nowhere
+    "bad-interpreter": "#!/nonexistent/envs/base/bin/python\nprint('never')\n",
+    # a conda that starts and fails (half-removed install, broken condarc)
+    "fails": "#!/bin/sh\necho 'CondaError: cannot read /opt/conda/.condarc' >&2\nexit 1\n",
+}
+
+
+@pytest.mark.parametrize("script", list(BROKEN_CONDAS.values()), ids=list(BROKEN_CONDAS))
+def test_a_conda_on_path_that_does_not_run_is_reported_and_the_embedded_engine_is_used(
+        script: str, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "conda").write_text(script)
+    (bin_dir / "conda").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    doctor = cli(*DOCTOR, "--out", str(tmp_path / "out"), env=env)
+    row = _engine_row(doctor.stdout)
+    assert row["status"] == "warn" and row["detail"].startswith("embedded rattler-build ")
+    assert f"`conda` at {bin_dir / 'conda'} is on PATH but" in row["detail"]
+    build = cli(*DRY_BUILD, "--out", str(tmp_path / "out"), env=env)
+    assert build.returncode == 0, build.stderr
+    assert f"using the embedded rattler-build engine (`conda` at {bin_dir / 'conda'} is on PATH but" in build.stderr
+    assert "torchforge.engines.rattler_worker" in build.stderr and "[dry-run] conda build" not in build.stderr
+    forced = cli(*DRY_BUILD[:-1], "--engine", "conda-build", "--out", str(tmp_path / "out"), env=env)
+    assert forced.returncode == 5 and "is on PATH but" in forced.stderr
