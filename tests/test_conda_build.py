@@ -315,15 +315,17 @@ def test_auto_and_doctor_both_pick_the_conda_build_that_runs(conda_env: dict[str
 
 BROKEN_CONDAS = {
     # a conda whose Python environment was removed: the interpreter line points nowhere
-    "bad-interpreter": "#!/nonexistent/envs/base/bin/python\nprint('never')\n",
+    "bad-interpreter": ("#!/nonexistent/envs/base/bin/python\nprint('never')\n",
+                        "does not start: its interpreter /nonexistent/envs/base/bin/python does not exist"),
     # a conda that starts and fails (half-removed install, broken condarc)
-    "fails": "#!/bin/sh\necho 'CondaError: cannot read /opt/conda/.condarc' >&2\nexit 1\n",
+    "fails": ("#!/bin/sh\necho 'CondaError: cannot read /opt/conda/.condarc' >&2\nexit 1\n",
+              "`conda build --version` exited with status 1: CondaError: cannot read /opt/conda/.condarc"),
 }
 
 
-@pytest.mark.parametrize("script", list(BROKEN_CONDAS.values()), ids=list(BROKEN_CONDAS))
+@pytest.mark.parametrize(("script", "why"), list(BROKEN_CONDAS.values()), ids=list(BROKEN_CONDAS))
 def test_a_conda_on_path_that_does_not_run_is_reported_and_the_embedded_engine_is_used(
-        script: str, tmp_path: Path) -> None:
+        script: str, why: str, tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "conda").write_text(script)
@@ -332,10 +334,11 @@ def test_a_conda_on_path_that_does_not_run_is_reported_and_the_embedded_engine_i
     doctor = cli(*DOCTOR, "--out", str(tmp_path / "out"), env=env)
     row = _engine_row(doctor.stdout)
     assert row["status"] == "warn" and row["detail"].startswith("embedded rattler-build ")
-    assert f"`conda` at {bin_dir / 'conda'} is on PATH but" in row["detail"]
+    assert f"`conda` at {bin_dir / 'conda'} is on PATH but {why}" in row["detail"]
     build = cli(*DRY_BUILD, "--out", str(tmp_path / "out"), env=env)
     assert build.returncode == 0, build.stderr
-    assert f"using the embedded rattler-build engine (`conda` at {bin_dir / 'conda'} is on PATH but" in build.stderr
+    assert f"using the embedded rattler-build engine (`conda` at {bin_dir / 'conda'} is on PATH but {why}" \
+        in build.stderr
     assert "torchforge.engines.rattler_worker" in build.stderr and "[dry-run] conda build" not in build.stderr
     forced = cli(*DRY_BUILD[:-1], "--engine", "conda-build", "--out", str(tmp_path / "out"), env=env)
     assert forced.returncode == 5 and "is on PATH but" in forced.stderr

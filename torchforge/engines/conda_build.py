@@ -63,7 +63,8 @@ def _run_probe(conda: str) -> CondaBuildProbe:
     try:
         result = Runner().run(Command(argv=PROBE_ARGV), check=False, timeout=PROBE_TIMEOUT_S)
     except ForgeError as exc:
-        return CondaBuildProbe(conda, problem=f"`conda` at {conda} is on PATH but does not start: {exc.message}")
+        return CondaBuildProbe(conda, problem=f"`conda` at {conda} is on PATH but does not start: "
+                                              f"{_missing_interpreter(conda) or exc.message}")
     lines = [line.strip() for line in result.output.splitlines() if line.strip()]
     if result.returncode != 0:
         last = f": {lines[-1][:200]}" if lines else ""
@@ -72,6 +73,19 @@ def _run_probe(conda: str) -> CondaBuildProbe:
                            f"{result.returncode}{last}")
     found = _VERSION.search(result.output)
     return CondaBuildProbe(conda, found.group(1) if found else (lines[-1] if lines else "unknown"))
+
+
+def _missing_interpreter(path: str) -> str | None:
+    """The usual cause of a conda that exists but cannot start: its environment (the #! interpreter) is gone."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    if words and not os.path.exists(words[0]):
+        return f"its interpreter {words[0]} does not exist (was its environment removed?)"
+    return None
 
 
 class CondaBuildEngine:
