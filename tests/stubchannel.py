@@ -175,9 +175,12 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
         return Path(api.create(str(stage), members, filename, out_folder=str(out_dir), compression_level=1))
 
 
-def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,),
+def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,), *,
                       runnable: bool = True) -> list[Path]:
-    """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed."""
+    """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed.
+
+    `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
+    """
     seen: dict[tuple[str, str, str], Stub] = {}
     for spec in specs:
         stub = stub_for(spec, runnable)

@@ -126,6 +126,8 @@ def test_job_graph(tmp_path: Path, provider: Provider) -> None:
     doc = load(emit(provider, tmp_path))
     graph, commands = github_graph(doc) if provider is Provider.GITHUB else gitlab_graph(doc)
     upload = "upload to anaconda://my-org" if provider is Provider.GITHUB else "upload"
+    # GitHub runs the build in the CUDA image through docker on the runner; a GitLab job runs in the image itself.
+    in_image = ["--container"] if provider is Provider.GITHUB else []
     assert set(graph) == set(MAGMA.values()) | set(PYTORCH.values()) | {upload}
     for magma in MAGMA.values():
         assert graph[magma] == set()  # magma jobs start at once, one per CUDA version
@@ -135,11 +137,11 @@ def test_job_graph(tmp_path: Path, provider: Provider) -> None:
         assert graph[variant] == expected
         assert shlex.split(commands[variant]) == [
             "torchforge", "build", "--pytorch", "2.5.1", "--cuda", cuda, "--py", py, "--platform", "linux-64",
-            "--out", "forge-channel"]
+            "--out", "forge-channel", *in_image]
     for cuda, magma in MAGMA.items():
         assert shlex.split(commands[magma]) == [
             "torchforge", "build", "--magma-only", "--pytorch", "2.5.1", "--cuda", cuda, "--platform", "linux-64",
-            "--out", "forge-channel"]
+            "--out", "forge-channel", *in_image]
     assert graph[upload] == set(MAGMA.values()) | set(PYTORCH.values())
     assert shlex.split(commands[upload]) == [
         "torchforge", "upload", "--from", "forge-channel", "--to", "anaconda://my-org", "--skip-existing"]
@@ -255,6 +257,9 @@ LINT_CASES = {
     "golden": SELECTION,
     "cpu-and-cuda-no-upload": ("--cuda", "cpu,12.4", "--py", "3.9,3.13"),
     "windows": ("--cuda", "cpu,12.4", "--py", "3.11", "--platform", "win-64", "--upload-to", "file:///srv/channel"),
+    # the oldest era's image and channels, and a release after 2.5 with an extra channel for every build
+    "era-1.8": ("--pytorch", "1.8.1", "--cuda", "11.1,cpu", "--py", "3.9"),
+    "after-2.5-with-channel": ("--pytorch", "2.6.0", "--cuda", "11.8", "--py", "3.12", "-c", "file:///srv/extra"),
     "options": ("--cuda", "12.4", "--py", "3.12", "--arch-list", "8.0;9.0", "--build-number", "2", "--debug",
                 "--env", "USE_NCCL=0", "--env", "NOTE=two words", "--upload-to", "quetz+https://q.example/ch"),
 }

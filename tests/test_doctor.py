@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from tests.stubchannel import make_stub_channel
 from tests.test_upload_helpers import cli
+from torchforge.recipe import pytorch_context
+from torchforge.render import plan
+from torchforge.variant import Options, Selection
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 NVCC_RELEASE = (
@@ -17,28 +22,55 @@ NVCC_RELEASE = (
 )
 
 
+def requirements(pytorch: str, accel: str, python: str) -> list[str]:
+    """The build and host requirements of one variant's rendered recipe (what doctor solves)."""
+    (variant,) = plan(Selection.from_flags(pytorch, accel, python, None, Options())).variants
+    context = pytorch_context(variant)
+    return [*context.build_requirements, *context.host_requirements]
+
+
+def site_config(folder: Path, channel: Path) -> Path:
+    """A torchforge.toml that replaces every data channel with one local channel (an air-gapped site)."""
+    config = folder / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{channel}"]\n')
+    return config
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local channel with every build and host requirement of the variants below, and its config file."""
+    root = tmp_path_factory.mktemp("site")
+    make_stub_channel(root / "mirror", [*requirements("2.9.0", "13.0", "3.12"), *requirements("2.5.1", "11.8", "3.10")],
+                      runnable=False)
+    return site_config(root, root / "mirror")
+
+
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 (the project's machines)")
-def test_doctor_passes_for_the_machines_cuda() -> None:
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12")
+def test_doctor_passes_for_the_machines_cuda(mirror: Path) -> None:
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--config", str(mirror))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "nvcc (CUDA 13.0)" in result.stdout and "release 13.0" in result.stdout
     assert "MAX_JOBS" in result.stdout
 
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 and gcc > 11 (the project's machines)")
-def test_doctor_prints_every_problem_then_exits_9() -> None:
-    result = cli("doctor", "--cuda", "11.8", "--py", "3.10")
+def test_doctor_prints_every_problem_then_exits_9(mirror: Path) -> None:
+    result = cli("doctor", "--cuda", "11.8", "--py", "3.10", "--config", str(mirror))
     assert result.returncode == 9
     # the whole table first, both failures in it, then the error
     assert "nvcc (CUDA 11.8)" in result.stdout and "is CUDA 13.0" in result.stdout
     assert "host compiler (CUDA 11.8)" in result.stdout and "GCC <= 11" in result.stdout
     assert "cmake" in result.stdout and "disk" in result.stdout
     assert "2 of" in result.stderr and "checks failed" in result.stderr
+    # ... and names the image that has what this machine lacks
+    assert "image (CUDA 11.8)" in result.stdout and "pytorch/conda-builder:cuda11.8" in result.stdout
+    assert "--container" in result.stdout
 
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0")
-def test_doctor_json_and_jobs_override() -> None:
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--jobs", "3", "--json")
+def test_doctor_json_and_jobs_override(mirror: Path) -> None:
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--jobs", "3", "--json",
+                 "--config", str(mirror))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["max_jobs"] == 3
@@ -50,3 +82,37 @@ def test_doctor_rejects_an_unknown_engine_as_a_failed_check() -> None:
     result = cli("doctor", "--cuda", "cpu", "--engine", "make")
     assert result.returncode == 9
     assert "unknown engine 'make'" in result.stdout
+
+
+def test_doctor_names_the_requirement_a_channel_lacks(tmp_path: Path) -> None:
+    """A local channel with every requirement but pyyaml: the solve fails and doctor says which and where."""
+    wanted = requirements("2.9.0", "cpu", "3.11")
+    assert "pyyaml" in wanted
+    make_stub_channel(tmp_path / "mirror", [spec for spec in wanted if spec != "pyyaml"], runnable=False)
+    config = site_config(tmp_path, tmp_path / "mirror")
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
+                 "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 9, result.stderr
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks[f"channel file://{tmp_path / 'mirror'}"]["status"] == "ok"
+    row = checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]
+    assert row["status"] == "fail"
+    # (the output channel does not exist yet, so only the mirror is looked in)
+    assert row["detail"] == f"host: no package for pyyaml in file://{tmp_path / 'mirror'}"
+    # the same channel with pyyaml added solves
+    make_stub_channel(tmp_path / "mirror", ["pyyaml"], runnable=False)
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
+                 "--out", str(tmp_path / "out"), "--json")
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]["status"] == "ok", checks
+
+
+def test_doctor_fails_a_folder_that_is_not_an_indexed_channel(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    config = site_config(tmp_path, tmp_path / "empty")
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config), "--json")
+    assert result.returncode == 9
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    row = checks[f"channel file://{tmp_path / 'empty'}"]
+    assert row["status"] == "fail" and "no noarch/repodata.json" in row["detail"]
+    assert checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]["status"] == "warn"

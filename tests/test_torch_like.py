@@ -37,11 +37,18 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return channel
 
 
+def offline_site(stubs: Path) -> Path:
+    """torchforge.toml of a site without internet: the stand-in channel replaces every data channel."""
+    config = stubs.parent / f"{stubs.name}-torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
+    return config
+
+
 @pytest.fixture(scope="module")
 def built(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     channel = tmp_path_factory.mktemp("forge") / "channel"
     code = main(["build", *REQUEST, "--source", str(FIXTURE), "--out", str(channel),
-                 "--channel", f"file://{stubs}", "--skip-preflight"])
+                 "--config", str(offline_site(stubs)), "--skip-preflight"])
     assert code == 0, (channel / "logs" / "pytorch-2.9.0-cpu-py311-linux_64.log").read_text()[-3000:]
     return channel
 
@@ -90,6 +97,6 @@ def test_second_identical_build_reuses_the_package(built: Path, stubs: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     before = (built / "linux-64" / f"{STEM}.conda").stat().st_mtime_ns
     assert main(["build", *REQUEST, "--source", str(FIXTURE), "--out", str(built),
-                 "--channel", f"file://{stubs}", "--skip-preflight"]) == 0
+                 "--config", str(offline_site(stubs)), "--skip-preflight"]) == 0
     assert f"reuse {STEM}: already in" in capsys.readouterr().err
     assert (built / "linux-64" / f"{STEM}.conda").stat().st_mtime_ns == before

@@ -31,6 +31,9 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
 from torchforge import __version__
+from torchforge import channels as channel_data
+from torchforge.config import SiteConfig
+from torchforge.containers import require_image
 from torchforge.data import FrozenModel, data_text
 from torchforge.errors import DataError, UsageError
 from torchforge.render import RenderPlan
@@ -153,6 +156,11 @@ class Job:
     after: str | None
     runner: tuple[str, ...]
     cache_prefix: str  # per package kind, platform and CUDA version
+    # The build image of the job's CUDA version (linux-64; None elsewhere): GitLab runs the job in it
+    # (`image:`), GitHub runs `torchforge build --container` with it on the runner (see `_github_build_job`).
+    image: str | None = None
+    cuda_home: str = ""
+    channels: tuple[str, ...] = ()  # after forge-channel/ and the --channel ones; shown above each job
 
     @property
     def selectors(self) -> tuple[str, ...]:
@@ -224,14 +232,19 @@ def _accel_tag(accel: str) -> str:
     return CPU if accel == CPU else f"cu{nodot(accel)}"
 
 
-def magma_argv(magma: MagmaPlan, variant: Variant) -> tuple[str, ...]:
+def site_args(channels: Sequence[str], config: str | None) -> tuple[str, ...]:
+    """The --channel and --config flags every build job passes on (a config path is relative to the repository root)."""
+    return (*(arg for url in channels for arg in ("--channel", url)), *(("--config", config) if config else ()))
+
+
+def magma_argv(magma: MagmaPlan, variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]:
     # --pytorch picks the MAGMA release the PyTorch release was built with; --platform the subdir.
     request = variant.request
     return ("torchforge", "build", "--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda,
-            "--platform", request.platform, "--out", CHANNEL_DIR)
+            "--platform", request.platform, *extra, "--out", CHANNEL_DIR)
 
 
-def pytorch_argv(variant: Variant) -> tuple[str, ...]:
+def pytorch_argv(variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]:
     """The `torchforge build` command for exactly this variant: the selection flags that made it, one value each."""
     request = variant.request
     options = request.options
@@ -249,6 +262,7 @@ def pytorch_argv(variant: Variant) -> tuple[str, ...]:
         argv += ["--env", f"{name}={value}"]
     if options.source:
         argv += ["--source", options.source]
+    argv += extra
     argv += ["--out", CHANNEL_DIR]
     return tuple(argv)
 
@@ -262,6 +276,8 @@ def ci_plan(
     upload_to: Target | None = None,
     requirement: str | None = None,
     regenerate: str = "torchforge ci",
+    site: SiteConfig | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> CiPlan:
     """The jobs of a selection and who needs whom. Refuses selections with refused variants (RefusedError)."""
     render_plan.require_buildable()
@@ -278,6 +294,13 @@ def ci_plan(
         raise UsageError(f"--requirement {requirement!r} is not a pip requirement torchforge writes into a job",
                          "for example torchforge==0.1.0 or git+https://example.org/torchforge.git@v0.1.0")
 
+    site = site or SiteConfig()
+    images = {accel: require_image(accel, site.images) for accel in accels} if platform == "linux-64" else {}
+
+    def image_of(accel: str) -> tuple[str | None, str]:
+        image = images.get(accel)
+        return (image.image, image.cuda_home) if image else (None, "")
+
     jobs: list[Job] = []
     magma_key: dict[str, str] = {}
     for magma in render_plan.magma:
@@ -286,9 +309,11 @@ def ci_plan(
         magma_key[magma.id] = key
         jobs.append(Job(
             key=key, package=magma.id, kind="magma", platform=platform, accel=magma.cuda,
-            argv=magma_argv(magma, first), needs=(), after=None,
+            argv=magma_argv(magma, first, extra_args), needs=(), after=None,
             runner=per_accel.get(magma.cuda, base_runner),
             cache_prefix=f"sccache-{platform}-magma-{_accel_tag(magma.cuda)}-",
+            image=image_of(magma.cuda)[0], cuda_home=image_of(magma.cuda)[1],
+            channels=channel_data.for_magma(magma, first.request.pytorch, site.channels),
         ))
     seed: dict[str, str] = {}
     for variant in render_plan.variants:
@@ -298,9 +323,11 @@ def ci_plan(
         after = seed.setdefault(request.accel, key)
         jobs.append(Job(
             key=key, package=variant.id, kind="pytorch", platform=platform, accel=request.accel,
-            argv=pytorch_argv(variant), needs=needs, after=None if after == key else after,
+            argv=pytorch_argv(variant, extra_args), needs=needs, after=None if after == key else after,
             runner=per_accel.get(request.accel, base_runner),
             cache_prefix=f"sccache-{platform}-pytorch-{_accel_tag(request.accel)}-",
+            image=image_of(request.accel)[0], cuda_home=image_of(request.accel)[1],
+            channels=channel_data.for_variant(variant, site.channels),
         ))
     # A magma job runs when it is chosen and when any pytorch job that needs it is chosen.
     run_selectors: dict[str, tuple[str, ...]] = {}
@@ -334,13 +361,26 @@ def _cache_env() -> dict[str, str]:
     }
 
 
+def _note_channels(parent: CommentedMap, job: Job, *, indent: int, key: str | None = None) -> None:
+    """A comment above the job naming the channels its build uses after forge-channel/ (and any --channel)."""
+    text = "channels: " + (" ".join(job.channels) if job.channels else "none besides forge-channel/")
+    if job.image:
+        text += f"\nimage: {job.image}"
+    parent.yaml_set_comment_before_after_key(key or job.key, before=text, indent=indent)
+
+
 def _header(plan: CiPlan, provider: Provider) -> str:
     lines = [
         f"{HEADER_MARK} {__version__}; regenerate instead of editing:",
         f"  {plan.regenerate}",
         "Each build job runs `torchforge build` with the variant's exact flags (the same command builds it locally).",
         f"Packages travel between jobs as artifacts into the local channel {CHANNEL_DIR}/ (archives only).",
+        "Channels come from torchforge's data per PyTorch era, or from torchforge.toml at the repository root.",
     ]
+    if any(job.image for job in plan.jobs):
+        lines.append("Linux builds run in their CUDA version's image: " + (
+            "`torchforge build --container` needs docker or podman on the runner."
+            if provider is Provider.GITHUB else "the runner needs the docker executor."))
     if plan.upload is not None and plan.upload.token_vars:
         names = ", ".join(plan.upload.token_vars)
         if provider is Provider.GITHUB:
@@ -418,7 +458,10 @@ def _github_build_job(plan: CiPlan, job: Job) -> CommentedMap:
                                   {"name": f"packages-{need}", "path": CHANNEL_DIR}))
     steps += [
         _action_step("Restore the compile cache", "cache-restore", {**cache_with, "restore-keys": job.cache_prefix}),
-        _step(f"Build {job.package}", shlex.join(job.argv)),
+        # In the CUDA version's image through the runner's docker: GitHub's JavaScript actions (checkout, cache,
+        # artifacts) need glibc 2.28 and cannot run inside the CentOS 7 builder images as a `container:` job
+        # (actions/checkout#1590), so only the build itself runs in the image.
+        _step(f"Build {job.package}", shlex.join([*job.argv, "--container"] if job.image else job.argv)),
         _step("Compile cache statistics", "sccache --show-stats", when="${{ always() }}"),
         # Saved even when the build fails or times out: the next attempt resumes from the objects compiled so far.
         _action_step("Save the compile cache", "cache-save", cache_with, when="${{ always() }}"),
@@ -488,6 +531,7 @@ def github_workflow(plan: CiPlan) -> CommentedMap:
     jobs = CommentedMap()
     for job in plan.jobs:
         jobs[job.key] = _github_build_job(plan, job)
+        _note_channels(jobs, job, indent=2)
     if plan.upload is not None:
         jobs["upload"] = _github_upload_job(plan, plan.upload)
     doc["jobs"] = jobs
@@ -528,11 +572,19 @@ def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> Comme
         needs.append(CommentedMap(job=names[job.after], artifacts=False, optional=True))
     body["needs"] = needs
     body["rules"] = [CommentedMap({"if": _gitlab_rule(plan.run_selectors[job.key])})]
-    body["variables"] = CommentedMap({"SCCACHE_DIR": "$CI_PROJECT_DIR/" + CACHE_DIR, **_cache_env()})
+    if job.image:
+        # The job runs in the CUDA version's build image (toolkit, cuDNN, NCCL, compiler, conda-build).
+        body["image"] = job.image
+    variables = {"SCCACHE_DIR": "$CI_PROJECT_DIR/" + CACHE_DIR, **_cache_env()}
+    if job.cuda_home:
+        variables["CUDA_HOME"] = job.cuda_home
+    body["variables"] = CommentedMap(variables)
     # GitLab overwrites a cache key in place, so one key per (package, platform, CUDA) is reused by every
     # Python of that CUDA version; `when: always` keeps the objects of a failed or timed-out build.
     body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[CACHE_DIR + "/"], when="always")
-    body["script"] = [*_gitlab_install(plan, job.platform, with_cache=True), bindir + shlex.join(job.argv)]
+    # Some builder images keep nvcc out of PATH; the checks before the build look for it there, the recipes in CUDA_HOME.
+    toolkit = ['export PATH="$CUDA_HOME/bin:$PATH"'] if job.cuda_home else []
+    body["script"] = [*_gitlab_install(plan, job.platform, with_cache=True), *toolkit, bindir + shlex.join(job.argv)]
     body["after_script"] = [bindir + "sccache --show-stats"]
     body["artifacts"] = CommentedMap(paths=list(ARCHIVE_GLOBS), expire_in=f"{limits.artifact_days} days")
     return body
@@ -578,6 +630,7 @@ def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     doc["stages"] = stages
     for job in plan.jobs:
         doc[names[job.key]] = _gitlab_build_job(plan, job, names)
+        _note_channels(doc, job, indent=0, key=names[job.key])
     if plan.upload is not None:
         doc["upload"] = _gitlab_upload_job(plan, plan.upload, names)
     doc.yaml_set_start_comment(_header(plan, Provider.GITLAB))

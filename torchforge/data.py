@@ -112,9 +112,7 @@ class Requirement(FrozenModel):
     @field_validator("python")
     @classmethod
     def _python_is_specifier(cls, value: str | None) -> str | None:
-        if value is not None and not versions.is_valid_specifier(value):
-            raise ValueError(f"not a PEP 440 specifier: {value!r}")
-        return value
+        return versions.checked_specifier(value)
 
 
 class Era(FrozenModel):

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from torchforge import localchannel
+from torchforge import channels as channel_data
+from torchforge import containers, localchannel
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
-from torchforge.recipe import magma_context, pytorch_context
+from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, render_files, write_folders
 
 
@@ -41,6 +42,10 @@ class Step:
     action: Action
     reason: str = ""
     needs: tuple[str, ...] = ()  # ids of steps that must succeed first (pytorch needs its magma)
+    # The data's (or the site's) channels of this package; the output channel and --channel ones go first.
+    channels: tuple[str, ...] = ()
+    accel: str = "cpu"  # "cpu" or CUDA X.Y: picks the build image with --container
+    local_source: str | None = None  # a source tree on this machine (mounted into the container)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class BuildSettings:
     magma_only: bool = False
     patches: tuple[Path, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    site_channels: channel_data.SiteChannels = field(default_factory=channel_data.SiteChannels)
+    container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
 
 
 @dataclass(frozen=True)
@@ -89,23 +96,24 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     patch_names = tuple(p.name for p in settings.patches)
     steps: list[Step] = []
 
-    def add(kind: str, ident: str, stem: str, subdir: str, python: str | None,
-            files: dict[str, str], script_env: tuple[str, ...], needs: tuple[str, ...] = ()) -> None:
-        found = None if settings.force else _existing(stem, subdir, settings)
-        steps.append(Step(kind, ident, stem, subdir, python, files, script_env,
-                          Action.REUSE if found else Action.BUILD, found or "", needs))
+    def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
+            needs: tuple[str, ...] = ()) -> None:
+        found = None if settings.force else _existing(stem, context.platform, settings)
+        local = context.source.location if context.source.kind == "path" else None
+        steps.append(Step(kind, ident, stem, context.platform, context.python,
+                          render_files(context, engine.recipe_format), context.script_env,
+                          Action.REUSE if found else Action.BUILD, found or "", needs,
+                          channels, context.cuda or "cpu", local))
 
+    pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
-        context = magma_context(magma, patch_names)
-        add("magma", magma.id, magma.filename_stem, context.platform, None,
-            render_files(context, engine.recipe_format), context.script_env)
+        add("magma", magma.id, magma.filename_stem, magma_context(magma, patch_names),
+            channel_data.for_magma(magma, pytorch_version, settings.site_channels))
     if settings.magma_only:
         return steps
     for variant in render_plan.variants:
-        context = pytorch_context(variant, patch_names)
-        add("pytorch", variant.id, variant.filename_stem, variant.request.platform, variant.request.python,
-            render_files(context, engine.recipe_format), context.script_env,
-            (variant.magma.id,) if variant.magma else ())
+        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, patch_names),
+            channel_data.for_variant(variant, settings.site_channels), (variant.magma.id,) if variant.magma else ())
     return steps
 
 
@@ -217,14 +225,19 @@ class Pipeline:
             staging = Path(tempfile.mkdtemp(prefix=f".staging-{step.id}-", dir=out))
         else:
             staging = out / f".staging-{step.id}"
-        channels = (f"file://{out.resolve()}", *self.settings.channels)
+        channels = channel_data.build_channels(out, self.settings.channels, step.channels)
         environ = {**os.environ, **self.settings.extra_env}
         job = BuildJob(recipe_dir, staging, channels, step.python,
                        script_env_values(step.script_env, environ), self.settings.test)
         self.on_event(f"build {step.stem} ({self.engine.name}); log: {log}")
         try:
-            self.runner.run(self.engine.command(job), log_file=None if self.runner.dry_run else log,
-                            on_line=self.on_line)
+            command = self.engine.command(job)
+            if self.settings.container is not None:
+                cache = [Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else []
+                command = containers.wrap(
+                    command, accel=step.accel, settings=self.settings.container, writable=[out, *cache],
+                    readonly=[Path(step.local_source)] if step.local_source else [], channels=channels)
+            self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)
             artifact = find_artifact(staging, step.subdir, step.stem)

@@ -27,7 +27,10 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.table import Table
 
+from torchforge import channelcheck
 from torchforge import data as tables
+from torchforge.config import SiteConfig
+from torchforge.containers import ContainerSettings, image_for, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_toml
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -517,6 +520,40 @@ def _check_driver(ctx: _Context) -> None:
                     "or with a kernel driver branch it does not support (error 803). Building itself does not need the driver")
 
 
+def _check_container(ctx: _Context, container: ContainerSettings) -> None:
+    if not container.tool:
+        ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
+                "install docker or podman, or build without --container on a machine with the CUDA toolkit")
+    else:
+        ctx.add("container tool", Level.OK, f"{container.tool} (the engine that runs the images is not contacted here)")
+    for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
+        name = f"image ({'cpu' if accel == 'cpu' else 'CUDA ' + accel})"
+        try:
+            image = require_image(accel, container.images)
+        except ForgeError as exc:
+            ctx.add(name, Level.FAIL, exc.message, exc.hint)
+            continue
+        ctx.add(name, Level.OK, f"{image.image} via {container.tool}: {image.provides}")
+
+
+def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
+    """Where this machine lacks a variant's nvcc or host compiler, name the image that has them."""
+    images = site.images if site else {}
+    for cuda in ctx.cuda_versions:
+        failed = [c.name for c in ctx.checks if c.status is Level.FAIL
+                  and c.name in (f"nvcc (CUDA {cuda})", f"host compiler (CUDA {cuda})")]
+        if not failed:
+            continue
+        image = image_for(cuda, images)
+        if image is None:
+            ctx.add(f"image (CUDA {cuda})", Level.WARN, f"no build image with a source is known for CUDA {cuda}",
+                    f"install the toolkit here, or name an image in torchforge.toml [images.\"{cuda}\"]")
+        else:
+            ctx.add(f"image (CUDA {cuda})", Level.OK, f"{image.image} provides what {' and '.join(failed)} lack: {image.provides}",
+                    "torchforge build --container (docker or podman)" + ("" if image.conda_build else
+                                                                          "; this image needs conda-build added"))
+
+
 def _variants(selection_or_variants: Selection | RenderPlan | Sequence[Variant]) -> tuple[Variant, ...]:
     if isinstance(selection_or_variants, Selection):
         return plan(selection_or_variants).variants
@@ -534,22 +571,39 @@ def run_preflight(
     runner: Runner,
     out: Path | None = None,
     machine: Machine | None = None,
+    site: SiteConfig | None = None,
+    extra_channels: tuple[str, ...] = (),
+    container: ContainerSettings | None = None,
+    check_channels: bool = False,
 ) -> PreflightReport:
     """Run every check and return them all; `report.raise_if_failed()` turns failures into a PreflightError.
 
     `out` is the output channel folder (its file system gets the disk check; default: the current folder).
     `machine` overrides the probed cores/memory/platform (tests, or planning for another machine).
+    `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
+    `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
     """
     table = load_table()
     ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
     _check_variants(ctx)
     _check_platform(ctx)
-    resolved = _check_engine(ctx, engine)
-    _check_nvcc(ctx)
-    _check_host_compiler(ctx)
+    if container is not None:
+        # The toolkit, cuDNN, NCCL and host compiler are the image's, not this machine's.
+        resolved = "conda-build"
+        _check_container(ctx, container)
+    else:
+        resolved = _check_engine(ctx, engine)
+        _check_nvcc(ctx)
+        _check_host_compiler(ctx)
+        _suggest_images(ctx, site)
     _check_tools(ctx, table)
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
     _check_source(ctx, source)
     _check_driver(ctx)
+    if check_channels:
+        site = site or SiteConfig()
+        buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]
+        for finding in channelcheck.check(buildable, out=out or Path.cwd(), extra=extra_channels, site=site.channels):
+            ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
     return PreflightReport(tuple(ctx.checks), max_jobs, resolved)

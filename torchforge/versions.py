@@ -46,6 +46,13 @@ def is_valid_specifier(specifier: str) -> bool:
     return True
 
 
+def checked_specifier(value: str | None) -> str | None:
+    """`value` unchanged when it is None or a PEP 440 specifier; ValueError otherwise (for pydantic validators)."""
+    if value is not None and not is_valid_specifier(value):
+        raise ValueError(f"not a PEP 440 specifier: {value!r}")
+    return value
+
+
 def is_valid_version(text: str) -> bool:
     try:
         Version(text)

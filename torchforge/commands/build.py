@@ -12,11 +12,13 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaSourceOpt, PatchOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
 )
+from torchforge import config as site_config
+from torchforge import containers
 from torchforge.console import err, note, out, warn
 from torchforge.diagnose import explain_log
-from torchforge.engines import select_engine
+from torchforge.engines import Engine, select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.preflight import report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
@@ -25,13 +27,14 @@ from torchforge.render import plan
 from torchforge.wheelbuild import build_wheels
 
 
-def print_plan(steps: list[Step]) -> None:
+def print_plan(steps: list[Step], extra: tuple[str, ...] = ()) -> None:
     table = Table(title="build plan (in order)")
-    for column in ("#", "package", "action", "why / needs"):
+    for column in ("#", "package", "action", "why / needs", "channels (after the output channel)"):
         table.add_column(column, overflow="fold")
     for number, step in enumerate(steps, 1):
         action = "[green]reuse[/]" if step.action is Action.REUSE else "[cyan]build[/]"
-        table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs))
+        table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs),
+                      "\n".join((*extra, *step.channels)) or "-")
     err.print(table)
 
 
@@ -57,6 +60,16 @@ def _explain(result: StepResult) -> None:
         err.print(f"  fix: {diagnosis.fix}", markup=False)
 
 
+def _container_engine(engine: str) -> tuple[Engine, str]:
+    """The engine inside the images: conda-build, which they carry, as the official builds used it there."""
+    if engine == "rattler-build":
+        raise UsageError("--container runs conda-build inside the build images; the embedded rattler-build engine lives "
+                         "in torchforge's own Python, which the images do not have",
+                         "drop --engine rattler-build (auto and conda-build both work with --container)")
+    chosen, _ = select_engine("conda-build", require_available=False)
+    return chosen, "using conda-build inside the build image (--container)"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("build")
     def build(
@@ -75,6 +88,8 @@ def register(app: typer.Typer) -> None:
         no_test: Annotated[bool, typer.Option("--no-test", help="Skip the recipes' test sections.")] = False,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Build only the magma-cudaXYZ packages.")] = False,
         skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Do not check the machine first.")] = False,
+        container: Annotated[bool, typer.Option("--container", help="Run each build in its CUDA version's image (docker or podman).")] = False,
+        config: ConfigOpt = None,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
@@ -91,13 +106,28 @@ def register(app: typer.Typer) -> None:
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")
-        chosen, why = select_engine(engine, require_available=not dry_run)
+        site = site_config.load(config)
+        container_settings = None
+        if container:
+            if selection.platform != "linux-64":
+                raise UsageError(f"--container builds linux-64 packages (the images are x86-64 Linux), not {selection.platform}",
+                                 "drop --container and build on a machine of that platform")
+            chosen, why = _container_engine(engine)
+            # A dry run only prints the command, so it needs no client here (it then prints `docker run`).
+            tool = containers.probe_tool() or ("docker" if dry_run else containers.find_tool())
+            container_settings = containers.ContainerSettings(tool, site.images)
+            containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
+        else:
+            chosen, why = select_engine(engine, require_available=not dry_run)
         err.print(why)
+        if site.path is not None:
+            err.print(f"channels and images from {site.path}")
         extra_env: dict[str, str] = {}
         if not skip_preflight and not dry_run:
             # Check the machine before a multi-hour build: every problem at once, each with its fix.
             report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
-                                   out=out_dir)
+                                   out=out_dir, site=site, extra_channels=tuple(channel or ()),
+                                   container=container_settings, check_channels=True)
             err.print(report_table(report))
             report.raise_if_failed()
             if report.max_jobs:
@@ -107,9 +137,10 @@ def register(app: typer.Typer) -> None:
         settings = BuildSettings(
             out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
             magma_only=magma_only, patches=tuple(patch or ()), extra_env=extra_env,
+            site_channels=site.channels, container=container_settings,
         )
         steps = plan_steps(render_plan, chosen, settings)
-        print_plan(steps)
+        print_plan(steps, settings.channels)
         runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
         status = Text("")
         with Live(status, console=err, transient=True, refresh_per_second=4, redirect_stdout=False) as live:

@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
-from torchforge.ci import Provider, ci_plan, render, write_file
+from torchforge import config as site_config
+from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
     SourceOpt, selection_from_flags,
 )
 from torchforge.console import err, out
@@ -45,6 +46,9 @@ def register(app: typer.Typer) -> None:
         requirement: Annotated[str | None, typer.Option(
             "--requirement", help="pip requirement that installs torchforge in each job (default: this version).")] = None,
         force: Annotated[bool, typer.Option("--force", help="Replace a file there that torchforge did not write.")] = False,
+        channel: Annotated[list[str] | None, typer.Option(
+            "--channel", "-c", help="Extra channel URL for every build job (repeatable), as for build.")] = None,
+        config: ConfigOpt = None,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
@@ -63,10 +67,14 @@ def register(app: typer.Typer) -> None:
         ]
         given += [(flag, value) for flag, value, present in optional if present]
         given += [("--env", pair) for pair in env or []]
+        given += [("--channel", url) for url in channel or []]
+        if config is not None:
+            given.append(("--config", str(config)))
         given.append(("--out", "."))
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
-                     regenerate=regenerate_line(provider, given))
+                     regenerate=regenerate_line(provider, given), site=site_config.load(config),
+                     extra_args=site_args(channel or (), str(config) if config else None))
         path = write_file(render(ci, provider), out_dir, provider, force=force)
         out.print(str(path))
         magma = sum(1 for job in ci.jobs if job.kind == "magma")

@@ -9,9 +9,11 @@ from typing import Annotated
 import typer
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
     SourceOpt, selection_from_flags,
 )
+from torchforge import config as site_config
+from torchforge import containers
 from torchforge.console import out
 from torchforge.preflight import report_table, run_preflight
 from torchforge.proc import Runner
@@ -27,13 +29,20 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS to check instead of the memory-based choice.")] = None,
         out_dir: Annotated[Path, typer.Option("--out", help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+        channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable), as for build.")] = None,
+        container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
+        config: ConfigOpt = None,
     ) -> None:
-        """Check this machine for a build of the selection: engine, nvcc, host compiler, tools, disk, MAX_JOBS, source, driver.
+        """Check this machine for a build of the selection: engine, nvcc, host compiler, tools, disk, MAX_JOBS, source, driver,
+        that every channel answers and that each variant's build and host requirements solve from them.
 
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
-        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir)
+        site = site_config.load(config)
+        settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
+        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
+                               site=site, extra_channels=tuple(channel or ()), container=settings, check_channels=True)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))
         else:

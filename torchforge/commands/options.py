@@ -21,6 +21,9 @@ EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build var
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
 MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or a mirror of the release tarball.")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", exists=True, dir_okay=False,
+    help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]
 PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
 
 

@@ -1,0 +1,355 @@
+"""Channels and build images: the channels of the plan per era, the exact commands of both engines, a site's
+torchforge.toml replacing them, `--container` command lines, and the CI files for one variant of each era."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from torchforge import containers
+from torchforge.channels import data_channels, parse_table
+from torchforge.ci import Provider
+from torchforge.cli import main
+from torchforge.errors import DataError, ExitCode, ToolMissingError
+from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+from torchforge.engines.conda_build import CondaBuildEngine
+from torchforge.proc import Runner
+from torchforge.render import plan
+from torchforge.variant import Options, Selection
+
+PYTORCH = "https://conda.anaconda.org/pytorch"
+NVIDIA = "https://conda.anaconda.org/nvidia"
+FORGE = "https://conda.anaconda.org/conda-forge"
+MAIN = "https://repo.anaconda.com/pkgs/main"
+R = "https://repo.anaconda.com/pkgs/r"
+MSYS2 = "https://repo.anaconda.com/pkgs/msys2"
+
+# One variant of each recipe era (eras.toml) and of the releases after 2.5, with the channels of its solve:
+# the official build's `-c pytorch` then the image's defaults, `-c nvidia` for pytorch-cuda, conda-forge where
+# the official scripts added it, and conda-forge's CUDA packages for 2.6+.
+ERAS = {
+    "1.8": (("1.8.1", "11.1", "3.9", "linux-64"), (PYTORCH, FORGE, MAIN, R)),
+    "1.9": (("1.10.2", "11.3", "3.9", "linux-64"), (PYTORCH, MAIN, R)),
+    "1.11": (("1.12.1", "11.6", "3.10", "linux-64"), (PYTORCH, FORGE, MAIN, R)),
+    "2.0": (("2.1.2", "12.1", "3.11", "linux-64"), (PYTORCH, NVIDIA, MAIN, R)),
+    "2.4": (("2.5.1", "12.4", "3.12", "linux-64"), (PYTORCH, NVIDIA, MAIN, R)),
+    "2.4-cpu-win": (("2.5.1", "cpu", "3.12", "win-64"), (PYTORCH, MAIN, R, MSYS2)),
+    "2.6+-pytorch-cuda": (("2.6.0", "11.8", "3.12", "linux-64"), (FORGE, PYTORCH, NVIDIA)),
+    "2.6+-split-cuda": (("2.9.0", "12.8", "3.12", "linux-64"), (FORGE, PYTORCH)),
+    "2.6+-cpu": (("2.9.0", "cpu", "3.12", "linux-64"), (FORGE, PYTORCH)),
+}
+
+
+def selection(pytorch: str, accel: str, python: str, platform: str = "linux-64") -> Selection:
+    return Selection.from_flags(pytorch, accel, python, platform, Options())
+
+
+def dry_run_lines(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:
+    code = main(["build", "--dry-run", *args])
+    err = capsys.readouterr().err
+    return code, [line.removeprefix("[dry-run] ") for line in err.splitlines() if line.startswith("[dry-run]")], err
+
+
+def channel_flags(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == flag]
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_plan_channels_per_era(tmp_path: Path, era: str) -> None:
+    (pytorch, accel, python, platform), expected = ERAS[era]
+    steps = plan_steps(plan(selection(pytorch, accel, python, platform)), CondaBuildEngine(),
+                       BuildSettings(out=tmp_path))
+    by_kind = {step.kind: step for step in steps}
+    assert by_kind["pytorch"].channels == expected
+    if "magma" in by_kind:  # magma-cudaXYZ has no requirements: nothing to solve, no channel
+        assert by_kind["magma"].channels == ()
+
+
+@pytest.mark.parametrize("era", list(ERAS))
+def test_dry_run_commands_of_both_engines_carry_the_channels(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             era: str) -> None:
+    (pytorch, accel, python, platform), expected = ERAS[era]
+    out = tmp_path / "out"
+    request = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--platform", platform, "--out", str(out),
+               "-c", "file:///srv/extra"]
+    code, lines, err = dry_run_lines(capsys, "--engine", "conda-build", *request)
+    assert code == 0
+    argv = shlex.split(lines[-1])
+    assert argv[:2] == ["conda", "build"]
+    # the output channel first, then --channel, then the era's channels; nothing from a .condarc
+    assert channel_flags(argv, "-c") == [f"file://{out.resolve()}", "file:///srv/extra", *expected]
+    assert "--override-channels" in argv
+    for url in expected:
+        assert url in err  # the plan table shows them
+    code, lines, _ = dry_run_lines(capsys, "--engine", "rattler-build", *request)
+    assert code == 0
+    argv = shlex.split(lines[-1])
+    assert argv[1:3] == ["-m", "torchforge.engines.rattler_worker"]
+    assert channel_flags(argv, "--channel") == [f"file://{out.resolve()}", "file:///srv/extra", *expected]
+    assert not out.exists()
+
+
+def test_site_config_replaces_or_mirrors_the_channels(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    request = ["--engine", "conda-build", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--out", str(out)]
+    config = tmp_path / "site.toml"
+    config.write_text('[channels]\nreplace = ["https://mirror.example/main", "file:///srv/pytorch"]\n')
+    code, lines, _ = dry_run_lines(capsys, *request, "--config", str(config))
+    assert code == 0
+    assert channel_flags(shlex.split(lines[-1]), "-c") == [
+        f"file://{out.resolve()}", "https://mirror.example/main", "file:///srv/pytorch"]
+    # ./torchforge.toml is read without --config; mirrors rewrite URL prefixes (the longest prefix wins)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "torchforge.toml").write_text(
+        '[channels.mirrors]\n"https://conda.anaconda.org/" = "https://mirror.example/conda/"\n'
+        '"https://conda.anaconda.org/nvidia" = "file:///srv/nvidia"\n'
+        '"https://repo.anaconda.com/pkgs/" = "https://mirror.example/anaconda/"\n')
+    code, lines, err = dry_run_lines(capsys, *request)
+    assert code == 0
+    assert f"from {tmp_path / 'torchforge.toml'}" in err
+    assert channel_flags(shlex.split(lines[-1]), "-c") == [
+        f"file://{out.resolve()}", "https://mirror.example/conda/pytorch", "file:///srv/nvidia",
+        "https://mirror.example/anaconda/main", "https://mirror.example/anaconda/r"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[channels]\nreplce = ["https://x/y"]\n', "unknown key"),
+    ('[channels]\nreplace = ["relative/folder"]\n', "neither a URL nor an absolute path"),
+    ('[channels\n', "not valid TOML"),
+])
+def test_a_bad_site_config_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                            message: str) -> None:
+    config = tmp_path / "torchforge.toml"
+    config.write_text(text)
+    code = main(["build", "--dry-run", "--cuda", "cpu", "--py", "3.12", "--config", str(config),
+                 "--out", str(tmp_path / "out")])
+    assert code == ExitCode.USAGE
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
+    text = ('[meta]\nsource = "x"\n[channels.a]\nurl = "https://a"\n'
+            '[[rules]]\nchannels = ["b"]\nsource = "x"\n')
+    with pytest.raises(DataError, match="unknown channel 'b'"):
+        parse_table(text)
+    assert data_channels("magma", "2.5.1", None, "12.4", "linux-64") == ()
+    images = '[meta]\nsource = "x"\n[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n'
+    with pytest.raises(DataError, match="CUDA 99.9 is missing from cuda.toml"):
+        containers.parse_table(images)
+    with pytest.raises(DataError, match="cuda_home must be an absolute path"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('"/c"', '"c"'))
+
+
+# ---- --container ---------------------------------------------------------------------------------------------
+
+
+def executable(folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\nexit 1\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def docker_run(line: str) -> tuple[list[str], dict[str, str], list[str], str, list[str]]:
+    """(options, --env values, --volume values, image, command inside) of one printed `docker run` line."""
+    argv = shlex.split(line)
+    assert argv[1:3] == ["run", "--rm"], argv
+    env: dict[str, str] = {}
+    volumes: list[str] = []
+    i = 3
+    while argv[i].startswith("--"):
+        if argv[i] == "--env":
+            name, _, value = argv[i + 1].partition("=")
+            env[name] = value
+        elif argv[i] == "--volume":
+            volumes.append(argv[i + 1])
+        i += 2
+    return argv[:i], env, volumes, argv[i], argv[i + 1:]
+
+
+def test_container_dry_run_for_a_cuda_and_a_cpu_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = tmp_path / "bin"
+    docker = executable(tools, "docker")
+    launcher = executable(tools, "sccache")
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_HOME", "/host/cuda-13.0")  # the host's toolkit must not leak into the image
+    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CMAKE_CXX_COMPILER_LAUNCHER", "sccache")
+    source = tmp_path / "pytorch-src"
+    source.mkdir()
+    out = tmp_path / "out"
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12",
+                                     "--source", str(source), "--out", str(out))
+    assert code == 0, err
+    assert "conda-build inside the build image" in err
+    assert len(lines) == 3  # magma-cuda124, pytorch cu124, pytorch cpu
+    user = f"{os.getuid()}:{os.getgid()}"
+    for line, image, cuda_home in ((lines[1], "pytorch/conda-builder:cuda12.4", "/usr/local/cuda-12.4"),
+                                   (lines[2], "pytorch/conda-builder:cpu", None)):
+        options, env, volumes, got_image, inner = docker_run(line)
+        assert options[0] == str(docker)
+        assert options[options.index("--user") + 1] == user
+        assert got_image == image
+        assert env.get("CUDA_HOME") == cuda_home and env["HOME"] == "/tmp"
+        assert env["SCCACHE_DIR"] == str(tmp_path / "cache") and env["CMAKE_CXX_COMPILER_LAUNCHER"] == "sccache"
+        # same paths inside: the output channel and the cache writable, the source read-only, the launcher as a tool
+        assert volumes == [f"{out.resolve()}:{out.resolve()}", f"{tmp_path / 'cache'}:{tmp_path / 'cache'}",
+                           f"{launcher}:/usr/local/bin/sccache:ro", f"{source}:{source}:ro"]
+        assert inner[:2] == ["conda", "build"] and inner[2] == str(out / "recipes" / line.split("recipes/")[1].split()[0])
+        assert "--override-channels" in inner
+    assert "/host/cuda-13.0" not in "\n".join(lines)
+    assert docker_run(lines[0])[3] == "pytorch/conda-builder:cuda12.4"  # magma builds in the same image
+    assert not out.exists()
+
+
+def test_container_commands_go_through_the_runner(tmp_path: Path) -> None:
+    settings = BuildSettings(out=tmp_path / "out", container=containers.ContainerSettings("/usr/bin/podman", uid=1000, gid=1000))
+    render_plan = plan(selection("2.5.1", "cpu", "3.11"))
+    steps = plan_steps(render_plan, CondaBuildEngine(), settings)
+    runner = Runner(dry_run=True)
+    results = Pipeline(CondaBuildEngine(), runner, settings).run(steps)
+    assert [r.ok for r in results] == [True]
+    (command,) = runner.history
+    assert command.argv[:5] == ("/usr/bin/podman", "run", "--rm", "--user", "1000:1000")
+    assert "pytorch/conda-builder:cpu" in command.argv and command.env == {}
+
+
+def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    only_podman = tmp_path / "podman-only"
+    podman = executable(only_podman, "podman")
+    monkeypatch.setenv("PATH", str(only_podman))
+    assert containers.find_tool() == str(podman)
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(ToolMissingError, match="docker or podman"):
+        containers.find_tool()
+    # a dry run needs no client: it prints the `docker run` line; a real build stops (exit 5)
+    out = str(tmp_path / "out")
+    assert main(["build", "--dry-run", "--container", "--cuda", "cpu", "--py", "3.12", "--out", out]) == 0
+    assert "[dry-run] docker run --rm" in capsys.readouterr().err
+    assert main(["build", "--container", "--cuda", "cpu", "--py", "3.12", "--out", out]) == ExitCode.TOOL_MISSING
+    assert "neither was found" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(only_podman))
+    request = ["--dry-run", "--container", "--py", "3.12", "--out", str(tmp_path / "out")]
+    assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8"]) == ExitCode.USAGE
+    assert "no build image is known for CUDA 12.8" in capsys.readouterr().err
+    assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.6"]) == ExitCode.TOOL_MISSING
+    assert "has no conda-build" in capsys.readouterr().err
+    assert main(["build", *request, "--cuda", "cpu", "--engine", "rattler-build"]) == ExitCode.USAGE
+    assert "--container runs conda-build" in capsys.readouterr().err
+    assert main(["build", *request, "--cuda", "cpu", "--platform", "win-64"]) == ExitCode.USAGE
+    assert "not win-64" in capsys.readouterr().err
+    # a site names its own image for a CUDA version the data has none for
+    config = tmp_path / "site.toml"
+    config.write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\ncuda_home = "/usr/local/cuda-12.8"\n')
+    code = main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8", "--config", str(config)])
+    assert code == 0
+    assert "registry.example/builder:cuda12.8 conda build" in capsys.readouterr().err
+
+
+# ---- CI -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("era", ["1.8", "2.4", "2.6+-pytorch-cuda", "2.6+-cpu"])
+def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: str) -> None:
+    (pytorch, accel, python, _), expected = ERAS[era]
+    image = containers.image_for(accel)
+    assert image is not None
+    args = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "-c", "file:///srv/extra", "--out", str(tmp_path)]
+    assert main(["ci", "github", *args]) == 0
+    assert main(["ci", "gitlab", *args]) == 0
+    github_text = (tmp_path / Provider.GITHUB.path).read_text()
+    github = YAML(typ="safe").load(github_text)
+    gitlab_text = (tmp_path / Provider.GITLAB.path).read_text()
+    gitlab = YAML(typ="safe").load(gitlab_text)
+    (variant,) = plan(selection(pytorch, accel, python)).variants
+    job = next(body for body in github["jobs"].values() if body.get("name") == variant.id)
+    (build,) = [s["run"] for s in job["steps"] if s.get("run", "").startswith("torchforge build")]
+    argv = shlex.split(build)
+    # GitHub: the runner's docker runs the build in the image; GitLab: the job runs in it
+    assert argv[-1] == "--container" and channel_flags(argv, "--channel") == ["file:///srv/extra"]
+    assert gitlab[variant.id]["image"] == image.image
+    assert gitlab[variant.id]["variables"].get("CUDA_HOME", "") == image.cuda_home
+    assert "--channel file:///srv/extra" in " ".join(gitlab[variant.id]["script"])
+    # each job's channels are named above it: the list the build's plan uses
+    for text in (github_text, gitlab_text):
+        assert f"# channels: {' '.join(expected)}\n" in text and f"# image: {image.image}\n" in text
+
+
+def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Path) -> None:
+    from torchforge.preflight import run_preflight
+
+    selection_ = selection("2.5.1", "11.8,12.8", "3.10")
+    report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(), out=tmp_path,
+                           container=containers.ContainerSettings(""))
+    statuses = {c.name: c.status.value for c in report.checks}
+    assert statuses["container tool"] == "fail"
+    assert statuses["image (CUDA 11.8)"] == "ok" and statuses["image (CUDA 12.8)"] == "fail"
+    # nvcc and the host compiler are the image's: not checked on this machine
+    assert not any(name.startswith(("nvcc", "host compiler")) for name in statuses)
+    assert report.engine == "conda-build"
+
+
+def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("site.toml").write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\n'
+                                 'cuda_home = "/usr/local/cuda-12.8"\n')
+    args = ["--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--out", "."]
+    assert main(["ci", "gitlab", *args]) == ExitCode.USAGE  # no image with a source for 12.8
+    assert main(["ci", "gitlab", *args, "--config", "site.toml"]) == 0
+    doc = YAML(typ="safe").load(Path(".gitlab-ci.yml").read_text())
+    job = doc["pytorch-2.9.0-cu128-py312-linux_64"]
+    assert job["image"] == "registry.example/builder:cuda12.8"
+    assert job["variables"]["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    build = next(line for line in job["script"] if "torchforge build" in line)
+    assert shlex.split(build)[-4:] == ["--config", "site.toml", "--out", "forge-channel"]
+
+
+def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_path: Path) -> None:
+    """A channel served over HTTP (a stand-in for a mirror) answers and solves; a closed port does not answer."""
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    from tests.stubchannel import make_stub_channel
+    from torchforge.channels import SiteChannels
+    from torchforge.config import SiteConfig
+    from torchforge.preflight import run_preflight
+    from torchforge.recipe import pytorch_context
+
+    selection_ = selection("2.9.0", "cpu", "3.11")
+    (variant,) = plan(selection_).variants
+    context = pytorch_context(variant)
+    make_stub_channel(tmp_path / "mirror", [*context.build_requirements, *context.host_requirements], runnable=False)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "mirror"))
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/conda"
+    try:
+        served = f"http://127.0.0.1:{server.server_address[1]}"
+        for urls, want in (((served,), "ok"), ((served, closed), "warn")):
+            site = SiteConfig(SiteChannels(replace=urls))
+            report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(),
+                                   out=tmp_path / "out", site=site, check_channels=True)
+            statuses = {c.name: (c.status.value, c.detail) for c in report.checks}
+            assert statuses[f"channel {served}"][0] == "ok"
+            assert statuses[f"requirements ({variant.id})"][0] == want, statuses
+        status, detail = statuses[f"channel {closed}"]
+        assert status == "fail" and detail.startswith("does not answer")
+    finally:
+        server.shutdown()
+        server.server_close()

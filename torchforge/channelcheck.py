@@ -1,0 +1,135 @@
+"""Doctor's channel checks: each channel of the plan answers (or is a local folder with an index), and the
+build and host requirements of each planned pytorch recipe solve from them (py-rattler, nothing is built).
+
+When a solve fails, every requirement without a matching package in those channels is named, with the
+channels it was looked for in; when each has candidates but they conflict, the solver's own message is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchforge import channels as channel_data
+from torchforge.recipe import pytorch_context
+from torchforge.resolve import Variant
+
+_MAX_SOLVER_TEXT = 400
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    status: str  # "ok", "warn" or "fail" (preflight.Level values)
+    detail: str
+    fix: str | None = None
+
+
+def _local_dir(url: str) -> Path | None:
+    if url.startswith("file://"):
+        return Path(url[len("file://"):])
+    if "://" not in url:
+        return Path(url)
+    return None
+
+
+def _problem(url: str, platform: str, gateway: object) -> str | None:
+    """Why `url` cannot serve repodata for `platform` (None: it answers)."""
+    import rattler
+    from rattler.exceptions import FetchRepoDataError, GatewayError
+
+    local = _local_dir(url)
+    if local is not None:
+        if not local.is_dir():
+            return f"the folder {local} does not exist"
+        if not (local / "noarch" / "repodata.json").is_file():
+            return f"{local} has no noarch/repodata.json (not an indexed channel)"
+        return None
+    try:
+        asyncio.run(gateway.query([rattler.Channel(url)], [platform, "noarch"], ["python"], recursive=False))  # type: ignore[attr-defined]
+    except (FetchRepoDataError, GatewayError, OSError) as exc:
+        return f"does not answer: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return None
+
+
+def _missing(specs: Sequence[str], urls: Sequence[str], platform: str, gateway: object) -> list[str]:
+    """The specs no record in `urls` matches."""
+    import rattler
+
+    missing: list[str] = []
+    channels = [rattler.Channel(u) for u in urls]
+    for spec in specs:
+        match = rattler.MatchSpec(spec)
+        found = asyncio.run(gateway.query(channels, [platform, "noarch"], [match], recursive=False))  # type: ignore[attr-defined]
+        if not any(match.matches(record) for records in found for record in records):
+            missing.append(spec)
+    return missing
+
+
+def _solve(specs: Sequence[str], urls: Sequence[str], platform: str, gateway: object) -> str | None:
+    import rattler
+    from rattler.exceptions import SolverError
+
+    try:
+        asyncio.run(rattler.solve([rattler.Channel(u) for u in urls], list(specs), gateway=gateway,  # type: ignore[arg-type]
+                                  platforms=[platform, "noarch"], virtual_packages=rattler.VirtualPackage.detect()))
+    except SolverError as exc:
+        text = " ".join(str(exc).split())
+        return text[:_MAX_SOLVER_TEXT] + ("..." if len(text) > _MAX_SOLVER_TEXT else "")
+    return None
+
+
+def check(variants: Sequence[Variant], *, out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
+          cache_dir: Path | None = None) -> list[Finding]:
+    """One finding per channel of the plan, then one per pytorch variant's requirements."""
+    from rattler import Gateway
+
+    findings: list[Finding] = []
+    with tempfile.TemporaryDirectory(prefix="torchforge-repodata-") as tmp:
+        gateway = Gateway(cache_dir=cache_dir or Path(tmp))
+        out_url = f"file://{out.resolve()}"
+        plans = [(v, channel_data.build_channels(out, extra, channel_data.for_variant(v, site))) for v in variants]
+        answering: dict[str, str | None] = {}
+        for variant, urls in plans:
+            for url in urls:
+                if url == out_url or url in answering:
+                    continue  # the output channel is created and indexed by the build itself
+                problem = _problem(url, variant.request.platform, gateway)
+                answering[url] = problem
+                if problem is None:
+                    findings.append(Finding(f"channel {url}", "ok", "answers"))
+                else:
+                    findings.append(Finding(
+                        f"channel {url}", "fail", problem,
+                        "check the network or proxy, or name a reachable mirror in torchforge.toml [channels] "
+                        "(replace or mirrors); a local channel needs an index (`torchforge upload --to file://...` writes one)"))
+        for variant, urls in plans:
+            down = [u for u in urls if answering.get(u)]
+            name = f"requirements ({variant.id})"
+            if down:
+                findings.append(Finding(name, "warn", f"not solved: {', '.join(down)} did not answer"))
+                continue
+            usable = [u for u in urls if u != out_url or (out / "noarch" / "repodata.json").is_file()]
+            context = pytorch_context(variant)
+            # magma-cudaXYZ is built by the plan itself before pytorch; it is not looked for here.
+            planned = variant.magma.name if variant.magma is not None else None
+            problems: list[str] = []
+            for section, specs in (("build", context.build_requirements), ("host", context.host_requirements)):
+                wanted = [s for s in specs if s.split()[0] != planned]
+                failure = _solve(wanted, usable, variant.request.platform, gateway)
+                if failure is None:
+                    continue
+                missing = _missing(wanted, usable, variant.request.platform, gateway)
+                if missing:
+                    problems.append(f"{section}: no package for {', '.join(missing)} in {', '.join(usable)}")
+                else:
+                    problems.append(f"{section}: {failure}")
+            if problems:
+                findings.append(Finding(name, "fail", "; ".join(problems),
+                                        "add a channel that has them (--channel, or torchforge.toml [channels])"))
+            else:
+                findings.append(Finding(name, "ok", f"build and host requirements solve from {len(usable)} channel(s)"))
+    return findings

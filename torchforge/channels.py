@@ -1,0 +1,137 @@
+"""Which channels a recipe's requirements come from: torchforge/data/channels.toml, then a site's torchforge.toml.
+
+`for_variant` / `for_magma` give the data's channels of one package (after the output channel and the
+--channel ones, which the pipeline puts first). A site config (`SiteConfig`, read by torchforge/config.py)
+replaces them or rewrites URL prefixes to mirrors, in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError, field_validator
+
+from torchforge import versions
+from torchforge.data import FrozenModel, Meta, data_text, parse_toml
+from torchforge.errors import DataError
+from torchforge.resolve import MagmaPlan, Variant
+
+
+class Channel(FrozenModel):
+    url: str
+    platforms: tuple[str, ...] | None = None
+
+
+class Rule(FrozenModel):
+    package: Literal["pytorch", "magma"] = "pytorch"
+    pytorch: str | None = None
+    python: str | None = None
+    cuda: str | None = None
+    accel: Literal["cuda", "cpu"] | None = None
+    platforms: tuple[str, ...] | None = None
+    channels: tuple[str, ...]
+    source: str
+
+    @field_validator("pytorch", "python", "cuda")
+    @classmethod
+    def _specifier(cls, value: str | None) -> str | None:
+        return versions.checked_specifier(value)
+
+
+class ChannelsTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    channels: dict[str, Channel]
+    rules: tuple[Rule, ...]
+
+
+def parse_table(text: str, where: str = "torchforge/data/channels.toml") -> ChannelsTable:
+    try:
+        table = ChannelsTable.model_validate(parse_toml(text, where))
+    except ValidationError as exc:
+        raise DataError(f"{where} does not match its schema:\n{exc}") from exc
+    for number, rule in enumerate(table.rules, 1):
+        for name in rule.channels:
+            if name not in table.channels:
+                raise DataError(f"{where} rule {number} names unknown channel {name!r}",
+                                f"known channels: {', '.join(table.channels)}")
+    return table
+
+
+@cache
+def load_table() -> ChannelsTable:
+    return parse_table(data_text("channels"))
+
+
+@dataclass(frozen=True)
+class SiteChannels:
+    """The [channels] of a torchforge.toml: `replace` stands for every data channel; `mirrors` rewrites URL prefixes."""
+
+    replace: tuple[str, ...] | None = None
+    mirrors: Mapping[str, str] = field(default_factory=dict)
+    where: str = ""
+
+    def apply(self, urls: tuple[str, ...]) -> tuple[str, ...]:
+        chosen = self.replace if self.replace is not None else urls
+        return tuple(self._mirror(url) for url in chosen)
+
+    def _mirror(self, url: str) -> str:
+        # The longest matching prefix wins, so a mirror of one channel can override a mirror of its host.
+        for prefix in sorted(self.mirrors, key=len, reverse=True):
+            if url.startswith(prefix):
+                return self.mirrors[prefix] + url[len(prefix):]
+        return url
+
+
+def _matches(rule: Rule, package: str, pytorch: str, python: str | None, accel: str, platform: str) -> bool:
+    if rule.package != package:
+        return False
+    if rule.platforms is not None and platform not in rule.platforms:
+        return False
+    if rule.accel is not None and (rule.accel == "cuda") != (accel != "cpu"):
+        return False
+    if rule.pytorch is not None and not versions.matches(pytorch, rule.pytorch):
+        return False
+    if rule.python is not None and (python is None or not versions.matches(python, rule.python)):
+        return False
+    if rule.cuda is not None and (accel == "cpu" or not versions.matches(accel, rule.cuda)):
+        return False
+    return True
+
+
+def data_channels(package: str, pytorch: str, python: str | None, accel: str, platform: str,
+                  table: ChannelsTable | None = None) -> tuple[str, ...]:
+    """The data's channel URLs of one package, in rule order, each once."""
+    table = table or load_table()
+    urls: list[str] = []
+    for rule in table.rules:
+        if not _matches(rule, package, pytorch, python, accel, platform):
+            continue
+        for name in rule.channels:
+            channel = table.channels[name]
+            if channel.platforms is not None and platform not in channel.platforms:
+                continue
+            if channel.url not in urls:
+                urls.append(channel.url)
+    return tuple(urls)
+
+
+def for_variant(variant: Variant, site: SiteChannels | None = None) -> tuple[str, ...]:
+    request = variant.request
+    urls = data_channels("pytorch", request.pytorch, request.python, request.accel, request.platform)
+    return (site or SiteChannels()).apply(urls)
+
+
+def for_magma(magma: MagmaPlan, pytorch: str, site: SiteChannels | None = None) -> tuple[str, ...]:
+    urls = data_channels("magma", pytorch, None, magma.cuda, "linux-64")
+    return (site or SiteChannels()).apply(urls)
+
+
+def build_channels(out: Path, extra: tuple[str, ...], data: tuple[str, ...]) -> tuple[str, ...]:
+    """Every channel of one build, in priority order: the output channel, --channel ones, the package's own."""
+    ordered = [f"file://{out.resolve()}", *extra, *data]
+    return tuple(dict.fromkeys(ordered))

@@ -1,0 +1,93 @@
+"""A site's torchforge.toml: the channels and build images of this site (mirrors, air-gapped installs).
+
+Found as `--config PATH`, else `./torchforge.toml` in the current folder; none means the data's defaults.
+
+    [channels]
+    replace = ["https://mirror.example/conda/main", "file:///srv/conda/pytorch"]   # instead of every data channel
+    mirrors = { "https://conda.anaconda.org/" = "https://mirror.example/conda/" }  # URL prefix -> mirror prefix
+
+    [images."11.8"]
+    image = "registry.example/pytorch/conda-builder:cuda11.8"
+    cuda_home = "/usr/local/cuda-11.8"
+    conda_build = true
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from torchforge.channels import SiteChannels
+from torchforge.containers import Image
+from torchforge.errors import UsageError
+
+FILE_NAME = "torchforge.toml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Channels(_Strict):
+    replace: tuple[str, ...] | None = None
+    mirrors: dict[str, str] = {}
+
+
+class _Image(_Strict):
+    image: str
+    cuda_home: str = ""
+    provides: str = "named in torchforge.toml"
+    conda_build: bool = True
+
+
+class _File(_Strict):
+    channels: _Channels = _Channels()
+    images: dict[str, _Image] = {}
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    channels: SiteChannels = field(default_factory=SiteChannels)
+    images: dict[str, Image] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _check_url(url: str, where: str) -> str:
+    if "://" in url or Path(url).is_absolute():
+        return url
+    raise UsageError(f"{where}: {url!r} is neither a URL nor an absolute path",
+                     "write https://host/channel, file:///abs/path or /abs/path")
+
+
+def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
+    """The site config of `--config PATH`, else ./torchforge.toml, else the data's defaults."""
+    if path is None:
+        candidate = (cwd or Path.cwd()) / FILE_NAME
+        if not candidate.is_file():
+            return SiteConfig()
+        path = candidate
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read the config file {path}: {exc.strerror}", "pass an existing file to --config") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path} is not valid TOML: {exc}", "fix the file; the message gives the position") from exc
+    try:
+        spec = _File.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: " + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
+        raise UsageError(f"{path} is not a valid torchforge config: {problems}",
+                         "allowed: [channels] replace, mirrors; [images.\"X.Y\"] image, cuda_home, provides, conda_build") from exc
+    where = str(path)
+    replace = tuple(_check_url(u, f"{where} [channels] replace") for u in spec.channels.replace) \
+        if spec.channels.replace is not None else None
+    mirrors = {prefix: _check_url(target, f"{where} [channels] mirrors") for prefix, target in spec.channels.mirrors.items()}
+    images = {key: Image(image=i.image, cuda_home=i.cuda_home, provides=i.provides, conda_build=i.conda_build,
+                         source=where) for key, i in spec.images.items()}
+    return SiteConfig(SiteChannels(replace, mirrors, where), images, path)
