@@ -20,6 +20,7 @@ from tests.condabuild import HOW_TO_GET_ONE, CondaTool, find_conda_tool, run_con
 from tests.golden.regenerate import EXPECTED, cases
 from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_build import cuobjdump, nvcc_release
+from tests.test_torch_like import offline_site
 from tests.test_upload_helpers import cli
 from torchforge.cli import main
 from torchforge.diagnose import explain_log
@@ -181,7 +182,7 @@ def forge(conda_tool: CondaTool, tmp_path_factory: pytest.TempPathFactory, worke
         if not done.is_file():
             make_stub_channel(root / "stubs", _stub_specs())
             # A new process, as a user runs it; its stderr (plan, results) is kept for the tests.
-            result = cli("build", *BUILD_ARGS, "--channel", f"file://{root / 'stubs'}", "--out", str(root / "out"),
+            result = cli("build", *BUILD_ARGS, "--config", str(offline_site(root / "stubs")), "--out", str(root / "out"),
                          env=conda_tool.env(root / "conda"), timeout=1800)
             done.write_text(json.dumps({"code": result.returncode, "stderr": result.stderr}))
     recorded = json.loads(done.read_text())
@@ -262,7 +263,7 @@ def test_a_rerun_with_conda_build_reuses_every_package(forge: Forge, conda_env: 
     out = tmp_path / "out"
     shutil.copytree(forge.out, out)  # copy2 keeps the times; the shared channel stays untouched
     before = {p.name: p.stat().st_mtime_ns for p in (out / "linux-64").glob("*.conda")}
-    assert main(["build", *BUILD_ARGS, "--channel", f"file://{forge.stubs}", "--out", str(out)]) == 0
+    assert main(["build", *BUILD_ARGS, "--config", str(offline_site(forge.stubs)), "--out", str(out)]) == 0
     err = capsys.readouterr().err
     for stem in (MAGMA, CPU, CUDA):
         assert f"reuse {stem}: already in" in err
@@ -275,10 +276,12 @@ def test_a_failing_conda_build_publishes_nothing_leaves_no_staging_and_is_explai
     if nvcc_release() != NVCC_RELEASE:
         pytest.skip(f"needs nvcc {NVCC_RELEASE} on PATH")
     out = tmp_path / "out"
+    site = tmp_path / "torchforge.toml"
+    site.write_text("[channels]\nreplace = []\n")  # offline: magma needs no channel
     # magma-cuda124 checks that nvcc is CUDA 12.4, like upstream's build.sh; this machine has 13.0.
     code = main(["build", "--engine", "conda-build", "--magma-only", "--pytorch", "2.5.1", "--cuda", "12.4",
                  "--py", "3.12", "--magma-source", str(FIXTURES / "magma_like"), "--skip-preflight",
-                 "--out", str(out)])
+                 "--config", str(site), "--out", str(out)])
     assert code == 6
     err = capsys.readouterr().err
     assert f"is CUDA {NVCC_RELEASE}, this recipe is for CUDA 12.4" in err
