@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from tests.condabuild import HOW_TO_GET_ONE, CondaTool, find_conda_tool, run_conda
 from tests.golden.regenerate import EXPECTED, cases
@@ -32,7 +30,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 NVCC_RELEASE = "13.0"
 SUBDIRS = ("linux-64", "win-64", "linux-aarch64")
 
-# A wide matrix rendered fresh (the goldens add 11 more recipes): five eras from 1.9 to 2.7, cpu and CUDA 11.1 to
+# A wide matrix rendered fresh (the goldens add 11 more recipes): releases 1.9 to 2.7, cpu and CUDA 11.1 to
 # 12.8, Python 3.8 to 3.13, linux-64, win-64 and linux-aarch64 (server and Jetson), official and buildable.
 FRESH = (
     ("1.9.0", "11.1,cpu", "3.9", None, None),
@@ -93,54 +91,14 @@ def conda_env(conda_tool: CondaTool, tmp_path: Path, monkeypatch: pytest.MonkeyP
     return env
 
 
-# ---- conda render ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def render_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """(folder of the fresh recipes, a channel of metadata-only stand-ins for every recipe's requirements,
-    conda's scratch folder for the renders of this worker).
-
-    The renders share one package cache: it can only hold packages of that one stand-in channel, so nothing
-    stale can leak into a solve, and extracting the stand-ins again for every recipe doubles the time."""
-    root = tmp_path_factory.mktemp("render")
-    for render_plan in _fresh_plans():
-        write_folders(recipe_folders(render_plan, RecipeFormat.CONDA_BUILD), root / "fresh")
-    specs = {"pip"}  # real conda makes every python depend on pip (add_pip_as_python_dependency)
-    for meta in [*(root / "fresh").glob("*/meta.yaml"), *EXPECTED.glob("*/conda-build/*/meta.yaml")]:
-        specs.update(recipe_requirements(meta.read_text()))
-    make_stub_channel(root / "stubs", sorted(specs), SUBDIRS, runnable=False)
-    return root / "fresh", root / "stubs", root / "conda"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("recipe", RECIPES, ids=[f"{r.golden or 'fresh'}-{r.folder}" for r in RECIPES])
-def test_conda_render_accepts_the_recipe_and_computes_the_planned_build_string(
-        recipe: Planned, conda_tool: CondaTool, render_inputs: tuple[Path, Path, Path]) -> None:
-    fresh, stubs, scratch = render_inputs
-    folder = EXPECTED / recipe.golden / "conda-build" / recipe.folder if recipe.golden else fresh / recipe.folder
-    assert (folder / "meta.yaml").is_file()
-    # --output: the package path conda-build would write, after solving build and host (it fails when it cannot).
-    result = run_conda(conda_tool, scratch, "render", str(folder), "--override-channels", "-c", f"file://{stubs}",
-                       "--output")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    package = Path(result.stdout.strip().splitlines()[-1])
-    assert (package.parent.name, package.name.removesuffix(".conda").removesuffix(".tar.bz2")) == \
-        (recipe.subdir, recipe.stem)
-
-
-def test_the_render_matrix_is_wide() -> None:
-    assert len(RECIPES) == 25 and {r.subdir for r in RECIPES} == set(SUBDIRS)
-    builds = [r.stem.rsplit("-", 1)[1] for r in RECIPES if r.stem.startswith("pytorch-")]
-    assert any("_cpu_" in b for b in builds) and any("_cuda" in b for b in builds)
-    assert len({r.stem.split("-")[1] for r in RECIPES if r.stem.startswith("pytorch-")}) >= 8
-
-
 # ---- torchforge build --engine conda-build ------------------------------------------------------------------
+# Two independent builds (no shared state, so xdist may run them side by side): CUDA (magma_like, then torch_like
+# against that magma) and cpu (torch_like, then the rerun). Each one is a chain of checks on the same build.
 
-BUILD_ARGS = ["--engine", "conda-build", "--pytorch", "2.9.0", "--cuda", f"{NVCC_RELEASE},cpu", "--py", "3.11",
-              "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURES / "magma_like"),
-              "--source", str(FIXTURES / "torch_like"), "--skip-preflight"]
+COMMON = ["--engine", "conda-build", "--pytorch", "2.9.0", "--py", "3.11", "--source", str(FIXTURES / "torch_like"),
+          "--skip-preflight"]
+CUDA_ARGS = [*COMMON, "--cuda", NVCC_RELEASE, "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURES / "magma_like")]
+CPU_ARGS = [*COMMON, "--cuda", "cpu"]
 MAGMA = "magma-cuda130-2.6.1-1"
 CPU = "pytorch-2.9.0-py3.11_cpu_0"
 CUDA = "pytorch-2.9.0-py3.11_cuda13.0_cudnn9.13.0_0"
@@ -151,42 +109,38 @@ class Forge:
     out: Path  # the output channel
     stubs: Path  # stand-ins for every requirement except magma (which must come from `out`)
     tool: CondaTool
-    code: int
-    stderr: str
+    site: Path  # torchforge.toml: the stand-ins replace every data channel (no network here)
 
 
-def _stub_specs() -> list[str]:
-    selection = Selection.from_flags("2.9.0", f"{NVCC_RELEASE},cpu", "3.11", None,
+def _forge(tool: CondaTool, root: Path, args: list[str]) -> Forge:
+    """`torchforge build ARGS` in a new process, as a user runs it, against stand-ins for its requirements."""
+    selection = Selection.from_flags("2.9.0", args[args.index("--cuda") + 1], "3.11", None,
                                      Options(arch_list="8.0;9.0", source=str(FIXTURES / "torch_like")))
-    folders = recipe_folders(plan(selection), RecipeFormat.CONDA_BUILD)
-    specs = {"pip"}
-    for files in folders.values():
+    specs = {"pip"}  # real conda makes every python depend on pip
+    for files in recipe_folders(plan(selection), RecipeFormat.CONDA_BUILD).values():
         specs.update(s for s in recipe_requirements(str(files["meta.yaml"])) if not s.startswith("magma-"))
-    return sorted(specs)
+    make_stub_channel(root / "stubs", sorted(specs))
+    forge = Forge(root / "out", root / "stubs", tool, offline_site(root / "stubs"))
+    result = cli("build", *args, "--config", str(forge.site), "--out", str(forge.out), env=tool.env(root / "conda"),
+                 timeout=1800)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "using conda-build (--engine)" in result.stderr
+    assert not list(forge.out.glob(".staging-*"))
+    return forge
 
 
-def _shared_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """A folder both xdist workers of this run see (the build is made once and read by both)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if worker_id != "master" else base
-
-
-@pytest.fixture(scope="session")
-def forge(conda_tool: CondaTool, tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Forge:
-    if nvcc_release() != NVCC_RELEASE:
-        pytest.skip(f"needs nvcc {NVCC_RELEASE} on PATH (the magma_like fixture is compiled for sm_80 and sm_90)")
-    root = _shared_dir(tmp_path_factory, worker_id) / "conda-build-forge"
-    root.mkdir(exist_ok=True)
-    with FileLock(str(root / ".lock"), timeout=1800):
-        done = root / "result.json"
-        if not done.is_file():
-            make_stub_channel(root / "stubs", _stub_specs())
-            # A new process, as a user runs it; its stderr (plan, results) is kept for the tests.
-            result = cli("build", *BUILD_ARGS, "--config", str(offline_site(root / "stubs")), "--out", str(root / "out"),
-                         env=conda_tool.env(root / "conda"), timeout=1800)
-            done.write_text(json.dumps({"code": result.returncode, "stderr": result.stderr}))
-    recorded = json.loads(done.read_text())
-    return Forge(root / "out", root / "stubs", conda_tool, recorded["code"], recorded["stderr"])
+def _published(forge: Forge, stems: tuple[str, ...], variants: tuple[str, ...]) -> None:
+    """Exactly the planned packages are in the channel, RPATH-clean, built by conda-build with its test phase."""
+    repodata = json.loads((forge.out / "linux-64" / "repodata.json").read_text())
+    assert sorted(repodata["packages.conda"]) == sorted(f"{stem}.conda" for stem in stems)
+    for stem in stems:
+        report = audit(forge.out / "linux-64" / f"{stem}.conda", Layout.CONDA)
+        assert report.ok, report.findings
+    for variant in variants:
+        log = _log(forge, variant)
+        assert "$ conda build " in log and "TEST END" in log  # conda-build's own test phase ran `import torch`
+        # conda_build_config.yaml gives numpy, so conda-build does not fall back to its default.
+        assert "variant is still conda-build's default" not in log
 
 
 def _log(forge: Forge, variant: str) -> str:
@@ -202,51 +156,11 @@ def _create(forge: Forge, scratch: Path, spec: str) -> Path:
     return prefix
 
 
-@pytest.mark.slow
-def test_the_build_publishes_magma_then_both_pytorch_variants_checked_and_audited(forge: Forge) -> None:
-    assert forge.code == 0, forge.stderr[-3000:]
-    assert "using conda-build (--engine)" in forge.stderr
-    repodata = json.loads((forge.out / "linux-64" / "repodata.json").read_text())
-    assert sorted(repodata["packages.conda"]) == sorted(f"{stem}.conda" for stem in (MAGMA, CPU, CUDA))
-    assert not list(forge.out.glob(".staging-*"))
-    for stem in (MAGMA, CPU, CUDA):
-        report = audit(forge.out / "linux-64" / f"{stem}.conda", Layout.CONDA)
-        assert report.ok, report.findings
-    for variant in ("pytorch-2.9.0-cpu-py311-linux_64", "pytorch-2.9.0-cu130-py311-linux_64"):
-        log = _log(forge, variant)
-        assert "$ conda build " in log and "TEST END" in log  # conda-build's own test phase ran `import torch`
-        # conda_build_config.yaml gives numpy, so conda-build does not fall back to its default.
-        assert "variant is still conda-build's default" not in log
-
-
-@pytest.mark.slow
-def test_the_cuda_build_used_the_magma_it_had_just_built(forge: Forge) -> None:
-    log = _log(forge, "pytorch-2.9.0-cu130-py311-linux_64")
-    host = log[log.index("## Package Plan ##"):]
-    magma_line = next(line for line in host.splitlines() if line.strip().startswith("magma-cuda130"))
-    assert "2.6.1-1" in magma_line and forge.out.name in magma_line
-
-
-@pytest.mark.slow
-def test_magma_like_installs_with_conda_create_and_holds_exactly_the_asked_sm_targets(forge: Forge,
-                                                                                        tmp_path: Path) -> None:
-    prefix = _create(forge, tmp_path, "magma-cuda130 ==2.6.1")
-    library = prefix / "lib" / "libmagma.a"
-    assert library.is_file() and (prefix / "include" / "magma.h").is_file()
-    listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True,
-                             check=True).stdout
-    assert sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}) == \
-        ["sm_80", "sm_90"]
-    assert "source edit ok: replace control/thread_queue.cpp (applied)" in _log(forge, "magma-cuda130-2.6.1-linux_64")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("stem", [CPU, CUDA], ids=["cpu", "cuda"])
-def test_torch_like_installs_with_conda_create_imports_and_runs(forge: Forge, stem: str, tmp_path: Path) -> None:
+def _imports_and_runs(forge: Forge, scratch: Path, stem: str) -> None:
     name, version, build = stem.split("-")
-    prefix = _create(forge, tmp_path, f"{name} =={version} {build}")
+    prefix = _create(forge, scratch, f"{name} =={version} {build}")
     meta = json.loads((prefix / "conda-meta" / f"{stem}.json").read_text())
-    assert meta["build"] == build and meta["channel"].startswith(f"file://{forge.out}/")
+    assert meta["channel"].startswith(f"file://{forge.out}/")
     # Nothing on LD_LIBRARY_PATH: the extension finds torch/lib through the RPATH the recipe set.
     result = subprocess.run([str(prefix / "bin" / "python"), "-c",
                              "import torch; print(torch.ones_sum(3), torch.__version__, torch.__file__)"],
@@ -257,24 +171,49 @@ def test_torch_like_installs_with_conda_create_imports_and_runs(forge: Forge, st
     assert Path(location).is_relative_to(prefix)
 
 
+needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE,
+                                reason=f"needs nvcc {NVCC_RELEASE} on PATH (magma_like is compiled for sm_80 and sm_90)")
+
+
+@needs_nvcc
 @pytest.mark.slow
-def test_a_rerun_with_conda_build_reuses_every_package(forge: Forge, conda_env: dict[str, str], tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "out"
-    shutil.copytree(forge.out, out)  # copy2 keeps the times; the shared channel stays untouched
-    before = {p.name: p.stat().st_mtime_ns for p in (out / "linux-64").glob("*.conda")}
-    assert main(["build", *BUILD_ARGS, "--config", str(offline_site(forge.stubs)), "--out", str(out)]) == 0
-    err = capsys.readouterr().err
-    for stem in (MAGMA, CPU, CUDA):
-        assert f"reuse {stem}: already in" in err
-    assert {p.name: p.stat().st_mtime_ns for p in (out / "linux-64").glob("*.conda")} == before
+def test_cuda_magma_like_then_torch_like_against_it_built_published_installed_and_run(
+        conda_tool: CondaTool, tmp_path: Path) -> None:
+    forge = _forge(conda_tool, tmp_path / "forge", CUDA_ARGS)
+    _published(forge, (MAGMA, CUDA), ("pytorch-2.9.0-cu130-py311-linux_64",))
+    # The pytorch build's host environment took magma-cuda130 from the output channel, just built.
+    log = _log(forge, "pytorch-2.9.0-cu130-py311-linux_64")
+    host = log[log.index("## Package Plan ##"):]
+    magma_line = next(line for line in host.splitlines() if line.strip().startswith("magma-cuda130"))
+    assert "2.6.1-1" in magma_line and forge.out.name in magma_line
+    assert "source edit ok: replace control/thread_queue.cpp (applied)" in _log(forge, "magma-cuda130-2.6.1-linux_64")
+    prefix = _create(forge, tmp_path / "magma-env", "magma-cuda130 ==2.6.1")
+    library = prefix / "lib" / "libmagma.a"
+    assert library.is_file() and (prefix / "include" / "magma.h").is_file()
+    listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True,
+                             check=True).stdout
+    assert sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}) == \
+        ["sm_80", "sm_90"]
+    _imports_and_runs(forge, tmp_path / "torch-env", CUDA)
 
 
+@pytest.mark.slow
+def test_cpu_torch_like_built_published_installed_and_run_then_a_rerun_reuses_it(
+        conda_tool: CondaTool, conda_env: dict[str, str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    forge = _forge(conda_tool, tmp_path / "forge", CPU_ARGS)
+    _published(forge, (CPU,), ("pytorch-2.9.0-cpu-py311-linux_64",))
+    _imports_and_runs(forge, tmp_path / "torch-env", CPU)
+    before = (forge.out / "linux-64" / f"{CPU}.conda").stat().st_mtime_ns
+    assert main(["build", *CPU_ARGS, "--config", str(forge.site), "--out", str(forge.out)]) == 0
+    assert f"reuse {CPU}: already in" in capsys.readouterr().err
+    assert (forge.out / "linux-64" / f"{CPU}.conda").stat().st_mtime_ns == before
+
+
+@needs_nvcc
 @pytest.mark.slow
 def test_a_failing_conda_build_publishes_nothing_leaves_no_staging_and_is_explained(
         conda_tool: CondaTool, conda_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if nvcc_release() != NVCC_RELEASE:
-        pytest.skip(f"needs nvcc {NVCC_RELEASE} on PATH")
     out = tmp_path / "out"
     site = tmp_path / "torchforge.toml"
     site.write_text("[channels]\nreplace = []\n")  # offline: magma needs no channel
@@ -345,3 +284,46 @@ def test_a_conda_on_path_that_does_not_run_is_reported_and_the_embedded_engine_i
     assert "torchforge.engines.rattler_worker" in build.stderr and "[dry-run] conda build" not in build.stderr
     forced = cli(*DRY_BUILD[:-1], "--engine", "conda-build", "--out", str(tmp_path / "out"), env=env)
     assert forced.returncode == 5 and "is on PATH but" in forced.stderr
+
+
+# ---- conda render ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def render_inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(folder of the fresh recipes, a channel of metadata-only stand-ins for every recipe's requirements,
+    conda's scratch folder for the renders of this worker).
+
+    The renders share one package cache: it can only hold packages of that one stand-in channel, so nothing
+    stale can leak into a solve, and extracting the stand-ins again for every recipe doubles the time."""
+    root = tmp_path_factory.mktemp("render")
+    for render_plan in _fresh_plans():
+        write_folders(recipe_folders(render_plan, RecipeFormat.CONDA_BUILD), root / "fresh")
+    specs = {"pip"}  # real conda makes every python depend on pip (add_pip_as_python_dependency)
+    for meta in [*(root / "fresh").glob("*/meta.yaml"), *EXPECTED.glob("*/conda-build/*/meta.yaml")]:
+        specs.update(recipe_requirements(meta.read_text()))
+    make_stub_channel(root / "stubs", sorted(specs), SUBDIRS, runnable=False)
+    return root / "fresh", root / "stubs", root / "conda"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES, ids=[f"{r.golden or 'fresh'}-{r.folder}" for r in RECIPES])
+def test_conda_render_accepts_the_recipe_and_computes_the_planned_build_string(
+        recipe: Planned, conda_tool: CondaTool, render_inputs: tuple[Path, Path, Path]) -> None:
+    fresh, stubs, scratch = render_inputs
+    folder = EXPECTED / recipe.golden / "conda-build" / recipe.folder if recipe.golden else fresh / recipe.folder
+    assert (folder / "meta.yaml").is_file()
+    # --output: the package path conda-build would write, after solving build and host (it fails when it cannot).
+    result = run_conda(conda_tool, scratch, "render", str(folder), "--override-channels", "-c", f"file://{stubs}",
+                       "--output")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    package = Path(result.stdout.strip().splitlines()[-1])
+    assert (package.parent.name, package.name.removesuffix(".conda").removesuffix(".tar.bz2")) == \
+        (recipe.subdir, recipe.stem)
+
+
+def test_the_render_matrix_is_wide() -> None:
+    assert len(RECIPES) == 25 and {r.subdir for r in RECIPES} == set(SUBDIRS)
+    builds = [r.stem.rsplit("-", 1)[1] for r in RECIPES if r.stem.startswith("pytorch-")]
+    assert any("_cpu_" in b for b in builds) and any("_cuda" in b for b in builds)
+    assert len({r.stem.split("-")[1] for r in RECIPES if r.stem.startswith("pytorch-")}) >= 8
