@@ -3,8 +3,9 @@
 anaconda-client pins click exactly and quetz-server needs an old fastapi, so each lives in its own venv
 next to the repository (`.venv-anaconda`, `.venv-quetz`, gitignored). conda and conda-build are not on PyPI:
 `.venv-conda` installs the upstream releases as wheels from ../shared/vendor (its README says how they run
-offline) and gets a `conda` shim (`conda_shim_dir()`), since the `conda` script pip writes refuses to run. They are created on first use and
-reused afterwards; a file lock makes the two pytest-xdist workers wait for one creator instead of racing.
+offline) and gets a `conda` shim (`conda_shim_dir()`), since the `conda` script pip writes refuses to run.
+They are created on first use and reused afterwards; a file lock makes the two pytest-xdist workers wait for
+one creator instead of racing.
 Run `python -m tests.tool_venvs` to create them ahead of a test run.
 """
 
@@ -82,4 +83,7 @@ def ensure(tool: str) -> Path:
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(TOOLS):
+        if name == "conda" and not vendored_conda_present():
+            print(name, f"skipped: no conda wheels in {VENDOR}")
+            continue
         print(name, ensure(name))
