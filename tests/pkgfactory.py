@@ -25,6 +25,7 @@ def make_package(
     depends: Sequence[str] = (),
     fmt: str = ".conda",
     payload_bytes: int = 0,
+    about_extra: dict[str, object] | None = None,
 ) -> Path:
     """Build `<name>-<version>-<build><fmt>` in `out_dir` and return its path.
 
@@ -32,7 +33,7 @@ def make_package(
     """
     out_dir = out_dir.resolve()  # .tar.bz2 creation chdirs into the stage: the output must be absolute
     with tempfile.TemporaryDirectory(prefix="pkgfactory-") as tmp:
-        return _make(Path(tmp), out_dir, name, version, build, subdir, depends, fmt, payload_bytes)
+        return _make(Path(tmp), out_dir, name, version, build, subdir, depends, fmt, payload_bytes, about_extra)
 
 
 def _make(
@@ -45,6 +46,7 @@ def _make(
     depends: Sequence[str],
     fmt: str,
     payload_bytes: int,
+    about_extra: dict[str, object] | None = None,
 ) -> Path:
     (stage / "info").mkdir(parents=True, exist_ok=True)
     (stage / "share" / name).mkdir(parents=True, exist_ok=True)
@@ -84,6 +86,9 @@ def _make(
     (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
     (stage / "info" / "files").write_text("\n".join(files) + "\n")
     members = [*files, "info/index.json", "info/paths.json", "info/files"]
+    if about_extra is not None:
+        (stage / "info" / "about.json").write_text(json.dumps({"extra": about_extra}))
+        members.append("info/about.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     filename = f"{name}-{version}-{build}{fmt}"
     (out_dir / filename).unlink(missing_ok=True)

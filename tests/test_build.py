@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.cuda_standin import make_stand_in_toolkit
 from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
-from torchforge.render import RecipeFormat
+from torchforge.magmasource import inspect
+from torchforge.render import RecipeFormat, plan
+from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "magma_like"
 NVCC_RELEASE = "13.0"  # the toolkit on this project's machines (nvcc 13.0 on PATH)
@@ -42,8 +46,13 @@ def nvcc_release() -> str | None:
 
 needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE, reason=f"needs nvcc {NVCC_RELEASE} on PATH")
 
-MAGMA_ARGS = ["--magma-only", "--pytorch", "2.9.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
+MAGMA_ARGS = ["--magma-only", "--pytorch", "2.13.0", "--cuda", NVCC_RELEASE, "--py", "3.12",
               "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURE), "--skip-preflight"]
+# A custom gencode list and a source tree: the build string carries the hash of those settings. The fixture's
+# include/magma_types.h says 2.10.0, which PyTorch 2.13 accepts.
+_MAGMA = plan(Selection("2.13.0", (NVCC_RELEASE,), ("3.12",), "linux-64",
+                        Options(arch_list="8.0;9.0", magma_source=inspect(str(FIXTURE))))).magma[0]
+MAGMA_STEM = _MAGMA.filename_stem
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +68,12 @@ def built_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets(built_channel: Path, tmp_path: Path) -> None:
     import rattler
 
-    package = built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda"
+    package = built_channel / "linux-64" / f"{MAGMA_STEM}.conda"
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
-    assert list(repodata["packages.conda"]) == ["magma-cuda130-2.6.1-1.conda"]
+    assert list(repodata["packages.conda"]) == [f"{MAGMA_STEM}.conda"]
     assert not list(built_channel.glob(".staging-*")), "staging folders must not stay in the channel"
-    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.6.1"], platforms=["linux-64", "noarch"]))
+    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
     library = prefix / "lib" / "libmagma.a"
@@ -72,45 +81,125 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
     listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
     targets = sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")})
     assert targets == ["sm_80", "sm_90"]
-    log = (built_channel / "logs" / "magma-cuda130-2.6.1-linux_64.log").read_text()
-    assert "source edit ok: replace control/thread_queue.cpp (applied)" in log
-    assert "source edit ok: comment_lines CMake.src.cuda (applied)" in log
+    ptx = subprocess.run([cuobjdump(), "--list-ptx", str(library)], capture_output=True, text=True, check=False)
+    assert "PTX file" not in ptx.stdout  # SASS only, as the official packages
+    log = (built_channel / "logs" / "magma-cuda130-2.10.0-linux_64.log").read_text()
+    assert log.count("source edit ok: replace control/get_batched_crossover.cpp (applied) [magma-getrf-nbparam]") == 4
+    # only the library and its headers (with the generated one), static, as the official package
+    (record,) = prefix.glob("conda-meta/magma-cuda130-*.json")
+    files = sorted(json.loads(record.read_text())["files"])
+    assert files == ["include/magma.h", "include/magma_config.h", "include/magma_types.h", "include/magma_v2.h",
+                     "lib/libmagma.a"]
+
+
+CONSUMER = Path(__file__).parent / "fixtures" / "magma_consumer"
+
+
+@pytest.fixture(scope="module")
+def installed_magma(built_channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import rattler
+
+    prefix = tmp_path_factory.mktemp("consumer") / "prefix"
+    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=prefix.parent / "cache", show_progress=False))
+    return prefix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("found_through", ["MAGMA_HOME", "CMAKE_PREFIX_PATH"])
+def test_a_cmake_consumer_finds_and_links_the_package_like_pytorch(installed_magma: Path, found_through: str,
+                                                                   tmp_path: Path) -> None:
+    """The installed package, found as PyTorch's FindMAGMA finds it, links with cuBLAS/cuSPARSE from a toolkit
+    (stand-ins here: this machine has none) and runs: recnb 16 shows the getrf_nbparam edit is in the library."""
+    toolkit = make_stand_in_toolkit(tmp_path / "cuda")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    configure = ["cmake", "-S", str(CONSUMER), "-B", str(tmp_path / "build"), f"-DCUDAToolkit_ROOT={toolkit}"]
+    if found_through == "MAGMA_HOME":
+        env["MAGMA_HOME"] = str(installed_magma)
+    else:
+        configure.append(f"-DCMAKE_PREFIX_PATH={installed_magma}")
+    result = subprocess.run(configure, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"MAGMA: {installed_magma}/lib/libmagma.a (headers {installed_magma}/include)" in result.stdout
+    build = subprocess.run(["nice", "cmake", "--build", str(tmp_path / "build")], env=env, capture_output=True,
+                           text=True, check=False)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(tmp_path / "build" / "magma_consumer")], env=env, capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 0 and "dgetrf batched nb 128 recnb 16" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_ptx_is_added_only_for_an_arch_the_list_marks(tmp_path: Path) -> None:
+    args = [arg if arg != "8.0;9.0" else "8.0;9.0+PTX" for arg in MAGMA_ARGS]
+    channel = tmp_path / "channel"
+    assert main(["build", *args, "--out", str(channel)]) == 0
+    import rattler
+
+    records = asyncio.run(rattler.solve([str(channel)], ["magma-cuda130"], platforms=["linux-64", "noarch"]))
+    prefix = tmp_path / "prefix"
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    ptx = subprocess.run([cuobjdump(), "--list-ptx", str(prefix / "lib" / "libmagma.a")], capture_output=True,
+                         text=True, check=True).stdout
+    assert {line.rsplit(".", 2)[-2] for line in ptx.splitlines() if line.startswith("PTX file")} == {"sm_90"}
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_a_local_tarball_source_is_pinned_by_its_own_checksum_and_builds(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import hashlib
+    import tarfile
+
+    tarball = tmp_path / "magma_like-2.10.0.tar.gz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(FIXTURE, arcname="magma_like")
+    channel = tmp_path / "channel"
+    args = [arg if arg != str(FIXTURE) else str(tarball) for arg in MAGMA_ARGS]
+    assert main(["build", *args, "--out", str(channel)]) == 0
+    # not the release tarball: a custom source, so the build string carries the settings' hash
+    assert len(list(channel.glob("linux-64/magma-cuda130-2.10.0-tf*_0.conda"))) == 1
+    assert "is not the MAGMA 2.10.0 release tarball" in capsys.readouterr().err
+    recipe = (channel / "recipes" / "magma-cuda130-2.10.0-linux_64" / "recipe.yaml").read_text()
+    assert f"url: {tarball.as_uri()}" in recipe
+    assert f"sha256: {hashlib.sha256(tarball.read_bytes()).hexdigest()}" in recipe
 
 
 @pytest.mark.slow
 def test_rerunning_the_same_request_reuses_the_package(built_channel: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns
+    before = (built_channel / "linux-64" / f"{MAGMA_STEM}.conda").stat().st_mtime_ns
     assert main(["build", *MAGMA_ARGS, "--out", str(built_channel)]) == 0
     captured = capsys.readouterr()
-    assert "reuse magma-cuda130-2.6.1-1: already in" in captured.err
-    assert (built_channel / "linux-64" / "magma-cuda130-2.6.1-1.conda").stat().st_mtime_ns == before
+    assert f"reuse {MAGMA_STEM}: already in" in captured.err
+    assert (built_channel / "linux-64" / f"{MAGMA_STEM}.conda").stat().st_mtime_ns == before
 
 
 @needs_nvcc
 def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     channel = tmp_path / "channel"
-    # magma-cuda124 checks that nvcc is CUDA 12.4, like upstream's build.sh; this machine has 13.0.
-    code = main(["build", "--magma-only", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12",
+    # magma-cuda126 checks that nvcc is CUDA 12.6, like upstream's build.sh; this machine has 13.0.
+    code = main(["build", "--magma-only", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12",
                  "--magma-source", str(FIXTURE), "--skip-preflight", "--out", str(channel)])
     assert code == 6
     err = capsys.readouterr().err
-    assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.4" in err
+    assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.6" in err
     assert not list(channel.glob("linux-64/*.conda"))
     assert not list(channel.glob(".staging-*"))
-    assert (channel / "logs" / "magma-cuda124-2.6.1-linux_64.log").is_file()
+    assert (channel / "logs" / "magma-cuda126-2.10.0-linux_64.log").is_file()
 
 
 def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """CUDA 12.4 magma fails (nvcc mismatch) so its pytorch is skipped; the cpu variant is still attempted."""
+    """CUDA 12.6 magma fails (nvcc mismatch) so its pytorch is skipped; the cpu variant is still attempted."""
     if nvcc_release() is None:
         pytest.skip("needs nvcc")
-    code = main(["build", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12", "--keep-going",
+    code = main(["build", "--pytorch", "2.13.0", "--cuda", "12.6,cpu", "--py", "3.12", "--keep-going",
                  "--magma-source", str(FIXTURE), "--source", str(tmp_path / "no-such-source"),
                  "--skip-preflight", "--out", str(tmp_path / "channel")])
     assert code == 6
     out = capsys.readouterr().out
-    assert "skipped: magma-cuda124-2.6.1-linux_64 failed" in out
-    assert "pytorch-2.5.1-py3.12_cpu_0" in out
+    assert "skipped: magma-cuda126-2.10.0-linux_64 failed" in out
+    assert "pytorch-2.13.0-py3.12_cpu_tf" in out  # --source: a custom build string
 
 
 def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_path: Path,
@@ -121,7 +210,10 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     assert code == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("[dry-run]")]
-    assert len(lines) == 3  # one magma-cuda118, then pytorch for two Pythons
+    # the companions pytorch-mutex (cuda) and pytorch-cuda 11.8, one magma-cuda118, then pytorch for two Pythons
+    assert len(lines) == 5
+    assert "recipes/pytorch-mutex-1.0-cuda-noarch " in lines[0] and "recipes/pytorch-cuda-11.8-7-linux_64 " in lines[1]
+    lines = lines[2:]
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
                              f"{out}/.staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")

@@ -191,7 +191,10 @@ def test_container_dry_run_for_a_cuda_and_a_cpu_variant(tmp_path: Path, capsys: 
                                      "--source", str(source), "--out", str(out))
     assert code == 0, err
     assert "conda-build inside the build image" in err
-    assert len(lines) == 3  # magma-cuda124, pytorch cu124, pytorch cpu
+    # the companions (pytorch-mutex cuda, pytorch-cuda 12.4, pytorch-mutex cpu, cpuonly), then magma-cuda124,
+    # pytorch cu124, pytorch cpu
+    assert len(lines) == 7
+    lines = lines[4:]
     user = f"{os.getuid()}:{os.getgid()}"
     for line, image, cuda_home in ((lines[1], "pytorch/conda-builder:cuda12.4", "/usr/local/cuda-12.4"),
                                    (lines[2], "pytorch/conda-builder:cpu", None)):
@@ -217,8 +220,9 @@ def test_container_commands_go_through_the_runner(tmp_path: Path) -> None:
     steps = plan_steps(render_plan, CondaBuildEngine(), settings)
     runner = Runner(dry_run=True)
     results = Pipeline(CondaBuildEngine(), runner, settings).run(steps)
-    assert [r.ok for r in results] == [True]
-    (command,) = runner.history
+    assert [r.step.kind for r in results] == ["companion", "companion", "pytorch"]  # pytorch-mutex cpu, cpuonly
+    assert all(r.ok for r in results)
+    command = runner.history[-1]
     assert command.argv[:5] == ("/usr/bin/podman", "run", "--rm", "--user", "1000:1000")
     assert "pytorch/conda-builder:cpu" in command.argv and command.env == {}
 

@@ -26,7 +26,7 @@ def test_matrix_json_lists_variants_and_magma(capsys: pytest.CaptureFixture[str]
 
 
 def test_matrix_shows_refused_variants_and_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["matrix", "--cuda", "12.4", "--py", "3.8,3.12"]) == 4
+    assert main(["matrix", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.8,3.12"]) == 4
     output = capsys.readouterr().out
     assert "refused" in output and "official" in output
 
@@ -45,7 +45,7 @@ def test_render_refusal_exit_code_and_message(tmp_path: Path, capsys: pytest.Cap
         (["--cuda", "eleven"], "--cuda expects X.Y or cpu"),
         (["--py", "3"], "--py expects X.Y"),
         (["--pytorch", "2.5"], "--pytorch expects a release version X.Y.Z"),
-        (["--platform", "osx-arm64"], "unknown platform 'osx-arm64'"),
+        (["--platform", "osx-32"], "unknown platform 'osx-32'"),
         (["--env", "USE NCCL"], "--env expects NAME=VALUE"),
     ],
 )
@@ -71,3 +71,47 @@ def test_error_text_with_brackets_is_printed_verbatim(tmp_path: Path, capsys: py
     (out / "pytorch-2.5.1-cpu-py311-linux_64").mkdir(parents=True)
     assert main(["render", "--cuda", "cpu", "--py", "3.11", "--out", str(out)]) == 2
     assert f"already exist in {out}" in capsys.readouterr().err
+
+
+MAGMA_LIKE = Path(__file__).parent / "fixtures" / "magma_like"  # its include/magma_types.h says 2.10.0
+
+
+def test_a_magma_source_of_a_version_the_pytorch_release_rejects_is_refused(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["render", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--magma-source", str(MAGMA_LIKE),
+                 "--out", str(tmp_path / "out")])
+    assert code == 4
+    err = capsys.readouterr().err
+    assert f"--magma-source {MAGMA_LIKE} is MAGMA 2.10.0 (its tree's include/magma_types.h)" in err
+    assert "PyTorch 2.9's source rejects MAGMA 2.10.0" in err and "pass a MAGMA 2.6.1 source" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-magma", "no-version"])
+def test_a_magma_source_whose_version_cannot_be_read_is_a_usage_error(kind: str, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "magma"
+    if kind != "missing":
+        (source / "include").mkdir(parents=True)
+    if kind == "no-version":
+        (source / "include" / "magma_types.h").write_text("#define MAGMA_VERSION_MAJOR 2\n")
+    code = main(["render", "--pytorch", "2.9.0", "--cuda", "13.0", "--magma-source", str(source), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    expected = {"missing": "does not exist", "not-magma": "has no include/magma_types.h: it is not a MAGMA source tree",
+                "no-version": "does not define MAGMA_VERSION_MAJOR, _MINOR and _MICRO"}[kind]
+    assert expected in err
+
+
+def test_magma_patches_go_to_magma_recipes_only(tmp_path: Path) -> None:
+    patch, magma_patch = tmp_path / "torch-fix.patch", tmp_path / "magma-fix.patch"
+    patch.write_text("--- a/setup.py\n+++ b/setup.py\n")
+    magma_patch.write_text("--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n")
+    out = tmp_path / "out"
+    assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--patch", str(patch),
+                 "--magma-patch", str(magma_patch), "--out", str(out)]) == 0
+    magma, torch = out / "magma-cuda124-2.6.1-linux_64", out / "pytorch-2.5.1-cu124-py312-linux_64"
+    assert sorted(p.name for p in magma.glob("*.patch")) == ["magma-fix.patch"]
+    assert sorted(p.name for p in torch.glob("*.patch")) == ["torch-fix.patch"]
+    assert "magma-fix.patch" in (magma / "meta.yaml").read_text() and "torch-fix" not in (magma / "meta.yaml").read_text()
+    assert "magma-fix" not in (torch / "meta.yaml").read_text()

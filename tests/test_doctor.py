@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cuda_standin import make_stand_in_toolkit
 from tests.stubchannel import make_stub_channel
 from tests.test_upload_helpers import cli
 from torchforge.recipe import pytorch_context
@@ -45,10 +46,31 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site_config(root, root / "mirror")
 
 
+@pytest.fixture(scope="module")
+def full_toolkit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The machine's CUDA 13.0 plus stand-in cuBLAS, cuSPARSE and cuDNN: what a complete toolkit looks like."""
+    return {"CUDA_HOME": str(make_stand_in_toolkit(tmp_path_factory.mktemp("cuda") / "toolkit", cudnn=True))}
+
+
+@pytest.mark.skipif(NVCC_RELEASE != "13.0" or Path("/usr/local/cuda/include/cublas_v2.h").exists(),
+                    reason="needs the project's machines: CUDA 13.0 with nvcc but no cuBLAS")
+def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path) -> None:
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--magma-only",
+                 "--config", str(mirror), env={"CUDA_HOME": "/usr/local/cuda"})
+    assert result.returncode == 9
+    lines = [line for line in result.stdout.splitlines() if "cuBLAS (CUDA 13.0)" in line]
+    assert lines and "fail" in lines[0] and "cublas_v2.h, libcublas.so" in result.stdout
+    assert "libcublas-dev-13-0" in result.stdout and "libcusparse-dev-13-0" in result.stdout
+    assert "cuDNN" not in result.stdout  # --magma-only: MAGMA does not link cuDNN
+    assert "checks failed (cuBLAS (CUDA 13.0), cuSPARSE (CUDA 13.0))" in result.stderr
+
+
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 (the project's machines)")
-def test_doctor_passes_for_the_machines_cuda(mirror: Path) -> None:
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--config", str(mirror))
+def test_doctor_passes_for_the_machines_cuda_with_its_libraries(mirror: Path, full_toolkit: dict[str, str]) -> None:
+    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--config", str(mirror),
+                 env=full_toolkit)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "cuBLAS (CUDA 13.0)" in result.stdout and "cuDNN (CUDA 13.0)" in result.stdout
     assert "nvcc (CUDA 13.0)" in result.stdout and "release 13.0" in result.stdout
     assert "MAX_JOBS" in result.stdout
 
@@ -61,16 +83,17 @@ def test_doctor_prints_every_problem_then_exits_9(mirror: Path) -> None:
     assert "nvcc (CUDA 11.8)" in result.stdout and "is CUDA 13.0" in result.stdout
     assert "host compiler (CUDA 11.8)" in result.stdout and "GCC <= 11" in result.stdout
     assert "cmake" in result.stdout and "disk" in result.stdout
-    assert "2 of" in result.stderr and "checks failed" in result.stderr
+    # every failure at once: this machine has no CUDA 11.8 toolkit, so its libraries are missing as well
+    assert "checks failed (nvcc (CUDA 11.8), host compiler (CUDA 11.8), cuBLAS (CUDA 11.8)" in result.stderr
     # ... and names the image that has what this machine lacks
     assert "image (CUDA 11.8)" in result.stdout and "pytorch/conda-builder:cuda11.8" in result.stdout
     assert "--container" in result.stdout
 
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0")
-def test_doctor_json_and_jobs_override(mirror: Path) -> None:
+def test_doctor_json_and_jobs_override(mirror: Path, full_toolkit: dict[str, str]) -> None:
     result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--jobs", "3", "--json",
-                 "--config", str(mirror))
+                 "--config", str(mirror), env=full_toolkit)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["max_jobs"] == 3

@@ -18,6 +18,7 @@ from torchforge.preflight import (
     report_table, run_preflight,
 )
 from torchforge.proc import Runner
+from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 HAVE_GCC = shutil.which("gcc") is not None
@@ -121,7 +122,7 @@ def test_cuda_11_8_reports_nvcc_mismatch_and_gcc_too_new_together() -> None:
     assert not report.ok
     # everything else was still checked
     assert {"cmake", "git", "patchelf", "disk", "MAX_JOBS", "source", "driver"} <= {c.name for c in report.checks}
-    with pytest.raises(PreflightError, match=r"2 of \d+ checks failed \(nvcc \(CUDA 11.8\), host compiler \(CUDA 11.8\)\)"):
+    with pytest.raises(PreflightError, match=r"checks failed \(nvcc \(CUDA 11.8\), host compiler \(CUDA 11.8\)"):
         report.raise_if_failed()
 
 
@@ -142,6 +143,43 @@ def test_a_missing_nvcc_is_reported_with_its_fix(tmp_path: Path, monkeypatch: py
     assert check.status is Level.FAIL and check.detail == "nvcc is not on PATH"
 
 
+# ---- CUDA libraries --------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAVE_NVCC or (REAL_CUDA / "include" / "cublas_v2.h").exists(),
+                    reason="needs a toolkit with nvcc but no cuBLAS (the project's machines)")
+def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_HOME", str(REAL_CUDA))
+    report = _preflight(NVCC_RELEASE or "")
+    cublas, cusparse = report.check(f"cuBLAS (CUDA {NVCC_RELEASE})"), report.check(f"cuSPARSE (CUDA {NVCC_RELEASE})")
+    assert cublas.status is Level.FAIL and f"not found in the toolkit at {REAL_CUDA}" in cublas.detail
+    assert "needed by magma and pytorch" in cublas.detail
+    dash = (NVCC_RELEASE or "").replace(".", "-")
+    assert f"libcublas-dev-{dash}" in (cublas.fix or "") and f"libcusparse-dev-{dash}" in (cusparse.fix or "")
+    cudnn = report.check(f"cuDNN (CUDA {NVCC_RELEASE})")
+    assert cudnn.status is Level.FAIL and "CUDNN_INCLUDE_DIR" in (cudnn.fix or "")
+    selection = selection_from_flags("2.9.0", NVCC_RELEASE, "3.12", None)
+    magma_only = run_preflight(selection, engine="auto", source=None, jobs=None, runner=Runner(),
+                               machine=BIG_MACHINE, magma_only=True)
+    assert not any(c.name.startswith("cuDNN") for c in magma_only.checks)  # MAGMA does not link cuDNN
+
+
+@pytest.mark.skipif(not HAVE_NVCC, reason="needs nvcc")
+def test_a_complete_toolkit_and_cudnn_from_its_own_folders_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toolkit = make_stand_in_toolkit(tmp_path / "cuda")
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    cudnn = make_stand_in_toolkit(tmp_path / "cudnn-home", cudnn=True)  # cuDNN elsewhere, as PyTorch allows
+    monkeypatch.setenv("CUDNN_INCLUDE_DIR", str(cudnn / "include"))
+    monkeypatch.setenv("CUDNN_LIB_DIR", str(cudnn / "lib"))
+    report = _preflight(NVCC_RELEASE or "")
+    for name in ("cuBLAS", "cuSPARSE", "cuDNN"):
+        assert report.check(f"{name} (CUDA {NVCC_RELEASE})").status is Level.OK, report.check(f"{name} (CUDA {NVCC_RELEASE})")
+    monkeypatch.delenv("CUDNN_LIB_DIR")
+    assert report.check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.OK
+    if not Path("/usr/include/cudnn.h").exists():  # without CUDNN_LIB_DIR only the system folders are left
+        assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.FAIL
+
+
 # ---- tools -----------------------------------------------------------------------------------------------
 
 
@@ -151,6 +189,7 @@ def test_a_path_without_cmake_reports_cmake(tmp_path: Path, monkeypatch: pytest.
     bin_dir.mkdir()
     for tool in ("nvcc", "gcc", "git"):
         (bin_dir / tool).symlink_to(shutil.which(tool) or "")
+    monkeypatch.setenv("CUDA_HOME", str(make_stand_in_toolkit(tmp_path / "cuda", cudnn=True)))
     monkeypatch.setenv("PATH", str(bin_dir))
     report = _preflight(NVCC_RELEASE or "")
     cmake = report.check("cmake")

@@ -45,7 +45,8 @@ def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | 
         if not release.conda_official:
             continue
         cudas = ",".join([*(c for c, b in release.cuda.items() if b.conda), "cpu"])
-        selection = Selection.from_flags(f"{key}.0", cudas, release.python[1], None, Options())
+        version = (tables.load().pytorch.patch_releases.get(key) or (f"{key}.0",))[-1]
+        selection = Selection.from_flags(version, cudas, release.python[1], None, Options())
         folders.update(recipe_folders(plan(selection), fmt))
     return folders
 
@@ -97,7 +98,7 @@ def test_build_scripts_read_only_exported_tool_or_script_env_variables() -> None
             code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
             code = re.sub(r"'[^']*'", "", code)  # single-quoted text is not expanded ($ORIGIN)
             for variable in _VARIABLE.findall(code):
-                assert variable in exported or variable in allowed or variable in ("so", "nvcc_release"), (
+                assert variable in exported or variable in allowed or variable in ("so", "nvcc_release", "header"), (  # loop variables
                     f"{name}: build.sh reads ${variable}, which is neither exported before nor in script_env"
                 )
             match = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=", code)

@@ -36,17 +36,17 @@ def test_arch_9_0_with_cuda_11_0_is_refused() -> None:
 def test_python_outside_the_release_range_is_refused_with_a_hint() -> None:
     text = refusals(Request("2.5.1", "12.4", "3.8", "linux-64"))
     assert "PyTorch 2.5 supports Python 3.9 to 3.12, not 3.8" in text
-    assert "PyTorch 1.8 to 2.4 support Python 3.8" in text
+    assert "PyTorch 1.4 to 2.4 support Python 3.8" in text
 
 
 def test_unknown_cuda_lists_the_known_ones() -> None:
     text = refusals(Request("2.5.1", "12.7", "3.12", "linux-64"))
-    assert "CUDA 12.7 is not a known toolkit; known: 10.1, 10.2, 11.0" in text and "12.8" in text
+    assert "CUDA 12.7 is not a known toolkit; known: 9.0, 9.2, 10.0, 10.1, 10.2, 11.0" in text and "12.8" in text
 
 
 def test_unknown_pytorch_lists_the_known_releases() -> None:
     text = refusals(Request("3.0.0", "cpu", "3.12", "linux-64"))
-    assert "PyTorch 3.0.0 is not in torchforge's data; known releases: 1.8, 1.9" in text
+    assert "PyTorch 3.0.0 is not in torchforge's data; known releases: 1.4, 1.5, 1.6, 1.7, 1.8, 1.9" in text
 
 
 def test_pytorch_2_refuses_cuda_10() -> None:
@@ -163,9 +163,19 @@ def test_magma_gencode_for_a_cuda_without_an_official_list_is_derived_and_warned
     magma = plan_magma(tables.load(), "13.1", "2.6.1", "linux-64")
     assert magma.gencode == ("80", "86", "90", "100", "120")
     assert any("no official magma gencode list for CUDA 13.1" in w for w in magma.warnings)
-    assert any("cuda13.patch" in w for w in magma.warnings)
-    assert "-DCMAKE_CXX_STANDARD=17" in magma.cmake_options
+    # CUDA 13 with MAGMA 2.6.1: the cuda13 edit comes with the other official changes, nothing left to the user
+    assert "cuda13.patch" in magma.upstream_patches and not any("--magma-patch" in w for w in magma.warnings)
+    assert "-DGPU_TARGET=All" in magma.cmake_options and "-DCUDA_ARCH_LIST=$CUDA_ARCH_LIST" in magma.cmake_options
 
 
 def test_cuda_without_any_known_cudnn_is_refused() -> None:
     assert "no cuDNN version is known for CUDA 13.1" in refusals(Request("2.9.0", "13.1", "3.12", "linux-64"))
+
+
+def test_magma_gets_ptx_only_where_the_arch_list_asks() -> None:
+    data = tables.load()
+    official = plan_magma(data, "12.8", "2.6.1", "linux-64")
+    assert "code=compute_" not in official.gencode_flags  # the official lists are SASS only
+    asked = plan_magma(data, "13.0", "2.10.0", "linux-64", "8.0;9.0+PTX")
+    assert asked.gencode_flags.endswith("-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=80-real;90-real;90-virtual" in asked.cmake_options

@@ -12,15 +12,18 @@ from pathlib import Path
 import pytest
 
 from tests.stubchannel import make_stub_channel, recipe_requirements
+from torchforge import localchannel
 from torchforge.cli import main
 from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, plan, render_files
-from torchforge.variant import Options, Selection
+from torchforge.resolve import classify
+from torchforge.variant import Options, Request, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 REQUEST = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11"]
-STEM = "pytorch-2.9.0-py3.11_cpu_0"
+# --source makes a custom build: its build string carries the hash of the settings (torchforge.resolve).
+STEM = "pytorch-2.9.0-" + str(classify(Request("2.9.0", "cpu", "3.11", "linux-64", Options(source=str(FIXTURE)))).build_string)
 
 
 def rendered_recipe() -> str:
@@ -70,6 +73,8 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     repodata = json.loads((built / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{STEM}.conda"]
     assert not list(built.glob(".staging-*"))
+    # The engine recorded the variant's settings in info/about.json, where the reuse check reads them.
+    assert json.loads(str(localchannel.about_extra(package)["torchforge_settings"])) == {"source": str(FIXTURE)}
     # The pipeline publishes only after torchforge.rpath.audit passed; check the RPATH the recipe set.
     from torchforge.rpath import Layout, audit
 

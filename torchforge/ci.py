@@ -30,7 +30,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from torchforge import __version__
+from torchforge import __version__, platforms
 from torchforge import channels as channel_data
 from torchforge.config import SiteConfig
 from torchforge.containers import require_image
@@ -543,7 +543,7 @@ def github_workflow(plan: CiPlan) -> CommentedMap:
 
 
 def _gitlab_bin(platform: str) -> str:
-    return ".torchforge-venv/Scripts/" if platform == "win-64" else ".torchforge-venv/bin/"
+    return ".torchforge-venv/Scripts/" if platforms.get(platform).facts.windows else ".torchforge-venv/bin/"
 
 
 def _gitlab_install(plan: CiPlan, platform: str, *, with_cache: bool) -> list[str]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from torchforge import versions
 from torchforge.errors import DataError
 
-PLATFORMS = ("linux-64", "linux-aarch64", "win-64")
+PLATFORMS = ("linux-64", "linux-aarch64", "win-64", "osx-64", "osx-arm64")
 
 
 class FrozenModel(BaseModel):
@@ -64,11 +64,22 @@ class CudaBuild(FrozenModel):
     conda_arch: str | None = None
     conda_arch_win: str | None = None
     wheel_arch: str | None = None
+    runtime_upper: str | None = None  # overrides cuda.toml's bound where the release's scripts used another
+    conda_platforms: tuple[str, ...] | None = None  # subdirs of the official conda build (None: linux-64 and win-64)
+
+
+class PatchFacts(FrozenModel):
+    """Where one patch release differs from its X.Y table."""
+
+    python: tuple[str, str] | None = None
+    cudnn: dict[str, str] = {}
+    conda_official: bool | None = None  # overrides the release's flag (1.8.2 lived on the pytorch-lts channel)
 
 
 class Release(FrozenModel):
     python: tuple[str, str]
     python_experimental: tuple[str, ...] = ()
+    conda_experimental: tuple[str, ...] = ()  # experimental Pythons that still got official conda packages
     cxx_standard: int
     min_gcc: str | None = None
     min_cuda: str | None = None
@@ -82,6 +93,9 @@ class Release(FrozenModel):
     magma: str | None = None
     triton: str | None = None
     cxx11_abi: bool = False
+    cuda_tag: Literal["xy", "full"] = "xy"  # CUDA in the build string: X.Y, or (<= 1.7) the full toolkit version
+    python_win: tuple[str, str] | None = None  # Windows Python range where it differed
+    patch: dict[str, PatchFacts] = {}
     cuda: dict[str, CudaBuild] = {}
 
 
@@ -98,6 +112,7 @@ class PytorchTable(FrozenModel):
     meta: Meta
     defaults: Defaults
     releases: dict[str, Release]
+    patch_releases: dict[str, tuple[str, ...]] = {}
 
 
 # ---- eras.toml -------------------------------------------------------------------------------------------
@@ -106,10 +121,11 @@ class PytorchTable(FrozenModel):
 class Requirement(FrozenModel):
     spec: str
     python: str | None = None
+    pytorch: str | None = None  # PEP 440 specifier on the PyTorch version, where a patch release changed a pin
     platforms: tuple[str, ...] | None = None
     accel: Literal["cuda", "cpu"] | None = None
 
-    @field_validator("python")
+    @field_validator("python", "pytorch")
     @classmethod
     def _python_is_specifier(cls, value: str | None) -> str | None:
         return versions.checked_specifier(value)
@@ -137,7 +153,8 @@ class BuildEnvEntry(FrozenModel):
     name: str
     value: str
     win: str | None = None
-    when: Literal["cuda", "cpu", "linux"] | None = None
+    when: Literal["cuda", "cpu", "linux", "osx"] | None = None
+    pytorch: str | None = None  # PEP 440 specifier on the PyTorch version
 
 
 class InstallCommands(FrozenModel):
@@ -170,12 +187,20 @@ class MagmaPackage(FrozenModel):
     name_prefix: str
     url: str
     cmake_options: tuple[str, ...]
-    nvcc_flags: str
+
+
+class CmakeStyle(FrozenModel):
+    """How the gencode list reaches one generation of MAGMA's CMake (placeholders filled per build)."""
+
+    cmake_options: tuple[str, ...]
 
 
 class MagmaVersion(FrozenModel):
     sha256: str
     build_number: int
+    build_number_known: bool = True  # False: no official package of this version, the number is conda's default
+    cmake_style: str
+    pytorch: str | None = None  # PyTorch releases whose source accepts this MAGMA (PEP 440); None: any
 
     @field_validator("sha256")
     @classmethod
@@ -189,21 +214,26 @@ class MagmaTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     package: MagmaPackage
+    preferred: tuple[str, ...]
+    cmake_styles: dict[str, CmakeStyle]
     versions: dict[str, MagmaVersion]
     gencode: dict[str, tuple[str, ...]]
+    published: dict[str, tuple[str, ...]] = {}  # MAGMA version -> CUDA X.Y of the magma-cudaXYZ packages upstream published
 
 
 # ---- fixes.toml ------------------------------------------------------------------------------------------
 
 
 class SourceEdit(FrozenModel):
-    kind: Literal["replace", "insert_after", "comment_lines"]
+    kind: Literal["replace", "insert_after", "comment_lines", "comment_range"]
     file: str
     find: str
     replace: str | None = None
     text: str | None = None
     prefix: str | None = None
+    until: str | None = None  # comment_range: the last line of the range contains this
     required: bool = True
+    fix: str | None = None  # filled in by torchforge with the fix's key (messages name it); never in the data
 
 
 class Fix(FrozenModel):
@@ -218,6 +248,7 @@ class Fix(FrozenModel):
     edits: tuple[SourceEdit, ...] = ()
     cmake_options: tuple[str, ...] = ()
     manual_patch: tuple[str, ...] = ()
+    upstream_patch: str | None = None  # the official patch these edits reproduce (listed in the recipe)
 
 
 class FixesTable(FrozenModel):
@@ -253,6 +284,70 @@ class JetsonTable(FrozenModel):
     build_env: dict[str, str]
 
 
+# ---- platforms.toml --------------------------------------------------------------------------------------
+
+
+class PlatformFacts(FrozenModel):
+    conda_pytorch: str
+    cuda: bool
+    magma: bool
+    build_string: Literal["accel", "number"]
+    mutex: bool
+    rpath: bool
+    windows: bool
+    family: Literal["linux", "win", "osx"]
+
+    @field_validator("conda_pytorch")
+    @classmethod
+    def _is_specifier(cls, value: str) -> str:
+        if value and not versions.is_valid_specifier(value):
+            raise ValueError(f"not a PEP 440 specifier: {value!r}")
+        return value
+
+    def conda_official(self, release_key: str) -> bool:
+        return bool(self.conda_pytorch) and versions.matches(release_key, self.conda_pytorch)
+
+
+class PlatformsTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    platforms: dict[str, PlatformFacts]
+
+
+# ---- companions.toml -------------------------------------------------------------------------------------
+
+
+class MutexFacts(FrozenModel):
+    name: str
+    version: str
+    build_number: int
+    cuda_build_offset: int
+
+
+class CpuonlyFacts(FrozenModel):
+    build_number: int
+    run: tuple[str, ...]
+
+
+class PytorchCudaVersion(FrozenModel):
+    build_number: int
+    run: tuple[str, ...]
+    run_win: tuple[str, ...]
+
+
+class PytorchCudaFacts(FrozenModel):
+    platforms: tuple[str, ...]
+    versions: dict[str, PytorchCudaVersion]
+
+
+class CompanionsTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    mutex: MutexFacts
+    cpuonly: dict[str, CpuonlyFacts]
+    pytorch_cuda: PytorchCudaFacts
+
+
 class Data(FrozenModel):
     cuda: CudaTable
     pytorch: PytorchTable
@@ -260,6 +355,11 @@ class Data(FrozenModel):
     magma: MagmaTable
     fixes: FixesTable
     jetson: JetsonTable
+    platforms: PlatformsTable
+    companions: CompanionsTable
+
+    def platform(self, name: str) -> PlatformFacts:
+        return self.platforms.platforms[name]
 
     def arch_set(self, cuda: str) -> tuple[str, ...] | None:
         key = self.cuda.toolkits[cuda].arch_set
@@ -273,6 +373,8 @@ _FILES: dict[str, type[BaseModel]] = {
     "magma": MagmaTable,
     "fixes": FixesTable,
     "jetson": JetsonTable,
+    "platforms": PlatformsTable,
+    "companions": CompanionsTable,
 }
 
 
@@ -345,9 +447,33 @@ def check_invariants(data: Data) -> list[str]:
                 for arch in value.split(";"):
                     if arch.split("+")[0] not in accepted:
                         problems.append(f"{where}.cuda.{cuda_key}.{field}: {arch} is outside what nvcc {cuda_key} accepts")
+    for rel_key, patches in data.pytorch.patch_releases.items():
+        if rel_key not in data.pytorch.releases:
+            problems.append(f"pytorch.toml patch_releases.{rel_key} names an unknown release")
+        problems.extend(f"pytorch.toml patch_releases.{rel_key}: {p} is not a {rel_key}.Z release"
+                        for p in patches if versions.minor(p) != rel_key)
+    for rel_key, release in data.pytorch.releases.items():
+        listed = data.pytorch.patch_releases.get(rel_key, ())
+        problems.extend(f"pytorch.toml releases.{rel_key}.patch.{p} is not listed in patch_releases.{rel_key}"
+                        for p in release.patch if p not in listed)
+        problems.extend(f"pytorch.toml releases.{rel_key}.patch.{p}.cudnn.{c}: no CUDA {c} build in the release"
+                        for p, facts in release.patch.items() for c in facts.cudnn if c not in release.cuda)
+    for magma_version, cudas in data.magma.published.items():
+        if magma_version not in data.magma.versions:
+            problems.append(f"magma.toml published.{magma_version}: no checksum for MAGMA {magma_version}")
+        problems.extend(f"magma.toml published.{magma_version}: CUDA {c} missing from cuda.toml"
+                        for c in cudas if c not in toolkits)
     for cuda_key in data.magma.gencode:
         if cuda_key not in toolkits:
             problems.append(f"magma.toml gencode.{cuda_key}: CUDA {cuda_key} missing from cuda.toml")
+    for version_key, magma in data.magma.versions.items():
+        if magma.cmake_style not in data.magma.cmake_styles:
+            problems.append(f"magma.toml versions.{version_key}.cmake_style names unknown style {magma.cmake_style!r}")
+        if magma.pytorch is not None and not versions.is_valid_specifier(magma.pytorch):
+            problems.append(f"magma.toml versions.{version_key}.pytorch is not a PEP 440 specifier")
+    for version_key in data.magma.preferred:
+        if version_key not in data.magma.versions:
+            problems.append(f"magma.toml preferred names MAGMA {version_key}, which has no versions entry")
     for device_key, device in data.jetson.devices.items():
         if device.jetpack not in data.jetson.jetpacks:
             problems.append(f"jetson.toml devices.{device_key}.jetpack names unknown JetPack {device.jetpack}")
@@ -367,9 +493,20 @@ def check_invariants(data: Data) -> list[str]:
             if device not in data.jetson.devices:
                 problems.append(f"fixes.toml fixes.{fix_key} names unknown Jetson device {device!r}")
         for edit in fix.edits:
-            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix}[edit.kind]
-            if needs is None:
+            needs = {"replace": edit.replace, "insert_after": edit.text, "comment_lines": edit.prefix,
+                     "comment_range": edit.prefix and edit.until}[edit.kind]
+            if not needs:
                 problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
+            if edit.fix is not None:
+                problems.append(f"fixes.toml fixes.{fix_key}: `fix` is set by torchforge, not in the data")
+    if tuple(data.platforms.platforms) != PLATFORMS:
+        problems.append(f"platforms.toml must describe exactly {', '.join(PLATFORMS)}, in that order")
+    for cuda_key in data.companions.pytorch_cuda.versions:
+        if cuda_key not in data.eras.runtime.pytorch_cuda_versions:
+            problems.append(f"companions.toml pytorch_cuda.versions.{cuda_key} is not in eras.toml runtime.pytorch_cuda_versions")
+    for cuda_key in data.eras.runtime.pytorch_cuda_versions:
+        if cuda_key not in data.companions.pytorch_cuda.versions:
+            problems.append(f"eras.toml runtime.pytorch_cuda_versions names {cuda_key}, which companions.toml does not define")
     defaults = data.pytorch.defaults
     if versions.minor(defaults.pytorch) not in data.pytorch.releases:
         problems.append(f"pytorch.toml defaults.pytorch {defaults.pytorch} is not a known release")

@@ -7,6 +7,7 @@ py-rattler's `index_fs`, so the result is readable by conda, mamba, pixi and py-
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -81,6 +82,24 @@ def find(channel: Path, subdir: str, stem: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def info_json(archive: Path, name: str) -> dict[str, object]:
+    """info/<name> (a JSON file) of a .conda or .tar.bz2, {} when absent. Streams only the info/ part."""
+    from conda_package_streaming.package_streaming import stream_conda_info
+
+    for tar, member in stream_conda_info(str(archive)):
+        if member.name == f"info/{name}":
+            handle = tar.extractfile(member)
+            value = json.loads(handle.read()) if handle else {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def about_extra(archive: Path) -> dict[str, object]:
+    """The `extra` table of an archive's info/about.json ({} when absent)."""
+    extra = info_json(archive, "about.json").get("extra", {})
+    return extra if isinstance(extra, dict) else {}
 
 
 def publish(

@@ -5,6 +5,7 @@ complete, checked packages.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -20,7 +21,7 @@ from torchforge.engines import BuildJob, Engine, find_artifact, script_env_value
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RenderPlan, render_files, write_folders
+from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
 
 
 class Action(str, Enum):
@@ -32,7 +33,7 @@ class Action(str, Enum):
 class Step:
     """One package of the plan: built, or reused from the output channel or a --channel."""
 
-    kind: str  # "magma" or "pytorch"
+    kind: str  # "companion", "magma" or "pytorch"
     id: str
     stem: str  # name-version-build, exactly the file name the engine must produce
     subdir: str
@@ -46,6 +47,9 @@ class Step:
     channels: tuple[str, ...] = ()
     accel: str = "cpu"  # "cpu" or CUDA X.Y: picks the build image with --container
     local_source: str | None = None  # a source tree on this machine (mounted into the container)
+    # info/index.json fields the package must carry that not every engine can write (rattler-build has no
+    # `features` and names its own track_features): set after the build when the engine left them out.
+    index_fields: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ class BuildSettings:
     keep_going: bool = False
     test: bool = True
     magma_only: bool = False
-    patches: tuple[Path, ...] = ()
+    patches: tuple[Path, ...] = ()  # pytorch recipes only
+    magma_patches: tuple[Path, ...] = ()  # magma-cudaXYZ recipes only
     extra_env: Mapping[str, str] = field(default_factory=dict)
     site_channels: channel_data.SiteChannels = field(default_factory=channel_data.SiteChannels)
     container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
@@ -80,40 +85,67 @@ def _local_channel_dir(url: str) -> Path | None:
     return None
 
 
-def _existing(stem: str, subdir: str, settings: BuildSettings) -> str | None:
-    if localchannel.find(settings.out, subdir, stem):
-        return f"already in {settings.out}"
-    for url in settings.channels:
-        directory = _local_channel_dir(url)
-        if directory is not None and localchannel.find(directory, subdir, stem):
-            return f"found in {url}"
-    return None
+def _same_settings(archive: Path, planned: str | None) -> bool:
+    """A package is reused only when it was built with the planned settings (recorded in about.json extra)."""
+    if planned is None:
+        return True
+    recorded = localchannel.about_extra(archive).get("torchforge_settings", "{}")
+    return json.loads(str(recorded)) == json.loads(planned)
+
+
+def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | None = None) -> tuple[str | None, str]:
+    """(why it can be reused, or None; why an existing package of that name cannot)."""
+    stale = ""
+    places = [(settings.out, f"already in {settings.out}")]
+    places += [(d, f"found in {url}") for url in settings.channels if (d := _local_channel_dir(url)) is not None]
+    for directory, reason in places:
+        archive = localchannel.find(directory, subdir, stem)
+        if archive is None:
+            continue
+        if _same_settings(archive, planned):
+            return reason, ""
+        stale = f"{archive} was built with other settings; rebuilding"
+    return None, stale
 
 
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
     """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
     render_plan.require_buildable()
-    patch_names = tuple(p.name for p in settings.patches)
     steps: list[Step] = []
 
     def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
-            needs: tuple[str, ...] = ()) -> None:
-        found = None if settings.force else _existing(stem, context.platform, settings)
-        local = context.source.location if context.source.kind == "path" else None
+            patches: tuple[Path, ...] = (), needs: tuple[str, ...] = (), planned: str | None = None) -> None:
+        found, stale = (None, "") if settings.force else _existing(stem, context.platform, settings, planned)
+        location = context.source.location
+        # a local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build
+        local = location if context.source.kind == "path" else (
+            location.removeprefix("file://") if location.startswith("file://") else None)
+        index_fields = (("features", " ".join(context.features)),) if context.features else ()
         steps.append(Step(kind, ident, stem, context.platform, context.python,
-                          render_files(context, engine.recipe_format), context.script_env,
-                          Action.REUSE if found else Action.BUILD, found or "", needs,
-                          channels, context.cuda or "cpu", local))
+                          {**render_files(context, engine.recipe_format), **patch_files(patches)}, context.script_env,
+                          Action.REUSE if found else Action.BUILD, found or stale, needs,
+                          channels, context.cuda or "cpu", local, index_fields))
 
+    if not settings.magma_only:
+        # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
+        # lack them: their recipes install no files and need no channel, so they come first and build in seconds.
+        for companion in render_plan.companions:
+            found, _ = (None, "") if settings.force else _existing(companion.filename_stem, companion.subdir, settings)
+            index_fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
+            steps.append(Step("companion", companion.id, companion.filename_stem, companion.subdir, None,
+                              companion_files(companion, engine.recipe_format), (),
+                              Action.REUSE if found else Action.BUILD, found or "", index_fields=index_fields))
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
-        add("magma", magma.id, magma.filename_stem, magma_context(magma, patch_names),
-            channel_data.for_magma(magma, pytorch_version, settings.site_channels))
+        add("magma", magma.id, magma.filename_stem, magma_context(magma, tuple(p.name for p in settings.magma_patches)),
+            channel_data.for_magma(magma, pytorch_version, settings.site_channels), settings.magma_patches,
+            planned=magma.settings)
     if settings.magma_only:
         return steps
     for variant in render_plan.variants:
-        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, patch_names),
-            channel_data.for_variant(variant, settings.site_channels), (variant.magma.id,) if variant.magma else ())
+        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, tuple(p.name for p in settings.patches)),
+            channel_data.for_variant(variant, settings.site_channels), settings.patches,
+            (variant.magma.id,) if variant.magma else (), variant.settings)
     return steps
 
 
@@ -130,6 +162,37 @@ def _check_identity(artifact: Path, step: Step) -> None:
         )
 
 
+def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
+    """Compress an extracted package tree again under the archive's own name, replacing it atomically."""
+    from conda_package_handling import api as cph
+
+    files = sorted(str(f.relative_to(tree)) for f in tree.rglob("*") if f.is_file() or f.is_symlink())
+    out_dir = workdir / "out"
+    out_dir.mkdir()
+    cph.create(str(tree), files, artifact.name, out_folder=str(out_dir))
+    os.replace(out_dir / artifact.name, artifact)
+
+
+def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], runner: Runner) -> Path:
+    """Give the package's info/index.json the planned `fields` where the engine wrote other values."""
+    from rattler.package_streaming import extract
+
+    if not fields or runner.dry_run:
+        return artifact
+    index = localchannel.info_json(artifact, "index.json")
+    if all(index.get(name) == value for name, value in fields):
+        return artifact
+    with tempfile.TemporaryDirectory(prefix="torchforge-index-", dir=artifact.parent) as tmp:
+        tree = Path(tmp) / "pkg"
+        extract(str(artifact), str(tree))
+        index_file = tree / "info" / "index.json"
+        index = json.loads(index_file.read_text())
+        index.update(dict(fields))
+        index_file.write_text(json.dumps(index, indent=2, sort_keys=True))
+        _rearchive(tree, artifact, Path(tmp))
+    return artifact
+
+
 def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     """RPATH audit of the built package; when it flags something, fix the tree and rewrite the archive.
 
@@ -139,7 +202,6 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from conda_package_handling import api as cph
     from rattler.package_streaming import extract
 
     from torchforge.rpath import Layout, audit, fix_and_audit
@@ -159,11 +221,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
             entry["sha256"] = hashlib.sha256(data).hexdigest()
             entry["size_in_bytes"] = len(data)
         paths_file.write_text(json.dumps(paths, indent=2, sort_keys=True))
-        files = sorted(str(f.relative_to(tree)) for f in tree.rglob("*") if f.is_file() or f.is_symlink())
-        fixed_dir = Path(tmp) / "out"
-        fixed_dir.mkdir()
-        cph.create(str(tree), files, artifact.name, out_folder=str(fixed_dir))
-        os.replace(fixed_dir / artifact.name, artifact)
+        _rearchive(tree, artifact, Path(tmp))
     return artifact
 
 
@@ -248,6 +306,7 @@ class Pipeline:
                     f"see the log {log}",
                 )
             _check_identity(artifact, step)
+            artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
             artifact = _fix_and_audit(artifact, self.runner)
             published = localchannel.publish(artifact, out, step.subdir, replace=True)
             return StepResult(step, True, published, time.monotonic() - started, log=log)

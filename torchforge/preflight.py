@@ -3,7 +3,7 @@
 `run_preflight(plan_or_selection, engine=..., source=..., jobs=..., runner=...)` returns a `PreflightReport`;
 it never raises for a failed check (the caller prints the whole table first, then `report.raise_if_failed()`).
 Checks: the selection itself (refused variants), platform, build engine and version, nvcc == requested CUDA,
-host compiler within that CUDA's limit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
+host compiler within that CUDA's limit, cuBLAS/cuSPARSE (and cuDNN for pytorch) in that CUDA's toolkit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
 source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).
 
 Thresholds live in torchforge/data/preflight.toml and version facts in cuda.toml; this module holds no numbers.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationError
 from rich.table import Table
@@ -69,12 +70,24 @@ class Tool(FrozenModel):
     fix: str
 
 
+class CudaLibrary(FrozenModel):
+    headers: tuple[str, ...]
+    libraries: tuple[str, ...]  # file name prefixes: libcublas.so matches libcublas.so.13 too
+    needed_by: tuple[Literal["magma", "pytorch"], ...]
+    include_env: tuple[str, ...] = ()
+    library_env: tuple[str, ...] = ()
+    system_include: tuple[str, ...] = ()
+    system_library: tuple[str, ...] = ()
+    fix: str
+
+
 class PreflightTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     jobs: Jobs
     disk: Disk
     tools: dict[str, Tool]
+    cuda_libraries: dict[str, CudaLibrary] = {}
 
 
 def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> PreflightTable:
@@ -179,6 +192,8 @@ def _host_subdir() -> str | None:
         return {"x86_64": "linux-64", "amd64": "linux-64", "aarch64": "linux-aarch64", "arm64": "linux-aarch64"}.get(machine)
     if sys.platform == "win32" and machine in ("amd64", "x86_64"):
         return "win-64"
+    if sys.platform == "darwin":
+        return {"x86_64": "osx-64", "arm64": "osx-arm64"}.get(machine)
     return None
 
 
@@ -358,6 +373,62 @@ def _check_host_compiler(ctx: _Context) -> None:
                     "-allow-unsupported-compiler exists but is unsupported")
         else:
             ctx.add(name, Level.OK, f"{compiler} {version} (CUDA {cuda} accepts GCC <= {limit})")
+
+
+def cuda_root(cuda: str, environ: dict[str, str] | None = None) -> Path:
+    """The toolkit a build of `cuda` uses: $CUDA_HOME, else /usr/local/cuda-X.Y, else /usr/local/cuda."""
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get("CUDA_HOME"):
+        return Path(environ["CUDA_HOME"])
+    versioned = Path(f"/usr/local/cuda-{cuda}")
+    return versioned if versioned.is_dir() else Path("/usr/local/cuda")
+
+
+def _found(folders: Sequence[Path], names: Sequence[str], *, prefix: bool) -> list[str]:
+    """The names (of `names`) missing from every folder; prefix: a file name that starts with it counts."""
+    missing = []
+    for name in names:
+        hit = any((folder / name).exists() if not prefix else
+                  folder.is_dir() and any(p.name.startswith(name) for p in folder.iterdir())
+                  for folder in folders)
+        if not hit:
+            missing.append(name)
+    return missing
+
+
+def _check_cuda_libraries(ctx: _Context, table: PreflightTable, magma_only: bool) -> None:
+    """cuBLAS, cuSPARSE (MAGMA and PyTorch) and cuDNN (PyTorch) of each requested CUDA: nvcc alone builds nothing."""
+    if not any(p.startswith("linux") for p in ctx.platforms):
+        return
+    for cuda in ctx.cuda_versions:
+        variants = [v for v in ctx.variants if v.request.accel == cuda]
+        packages = {"magma"} if any(v.magma for v in variants) else set()
+        if not magma_only:
+            packages.add("pytorch")
+        cudnn = next((v.cudnn for v in variants if v.cudnn), None)
+        root = cuda_root(cuda)
+        arch_dirs = [root / "targets" / t for t in ("x86_64-linux", "sbsa-linux", "aarch64-linux")]
+        for name, library in table.cuda_libraries.items():
+            if not packages & set(library.needed_by):
+                continue
+            includes = [root / "include", *(d / "include" for d in arch_dirs),
+                        *(Path(os.environ[e]) for e in library.include_env if os.environ.get(e)),
+                        *(Path(p) for p in library.system_include)]
+            libs = [root / "lib64", root / "lib", *(d / "lib" for d in arch_dirs),
+                    *(Path(os.environ[e]) for e in library.library_env if os.environ.get(e)),
+                    *(Path(p) for p in library.system_library)]
+            missing = _found(includes, library.headers, prefix=False) + _found(libs, library.libraries, prefix=True)
+            check = f"{name} (CUDA {cuda})"
+            if missing:
+                major = cuda.split(".")[0]
+                fix = library.fix.format(cuda=cuda, cuda_dash=cuda.replace(".", "-"), cuda_major=major,
+                                         cudnn=cudnn or f"for CUDA {major}")
+                ctx.add(check, Level.FAIL, f"{', '.join(missing)} not found in the toolkit at {root}"
+                        + (" or the system folders" if library.system_include else "")
+                        + f" (needed by {' and '.join(sorted(packages & set(library.needed_by)))})", fix)
+            else:
+                ctx.add(check, Level.OK, f"{', '.join((*library.headers, *library.libraries))} in {root}"
+                        + (" (or the system folders)" if library.system_include else ""))
 
 
 def _check_tools(ctx: _Context, table: PreflightTable) -> None:
@@ -575,6 +646,7 @@ def run_preflight(
     extra_channels: tuple[str, ...] = (),
     container: ContainerSettings | None = None,
     check_channels: bool = False,
+    magma_only: bool = False,
 ) -> PreflightReport:
     """Run every check and return them all; `report.raise_if_failed()` turns failures into a PreflightError.
 
@@ -582,6 +654,7 @@ def run_preflight(
     `machine` overrides the probed cores/memory/platform (tests, or planning for another machine).
     `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
     `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
+    `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN needed).
     """
     table = load_table()
     ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
@@ -595,6 +668,7 @@ def run_preflight(
         resolved = _check_engine(ctx, engine)
         _check_nvcc(ctx)
         _check_host_compiler(ctx)
+        _check_cuda_libraries(ctx, table, magma_only)
         _suggest_images(ctx, site)
     _check_tools(ctx, table)
     _check_disk(ctx, out or Path.cwd(), table)

@@ -26,6 +26,15 @@ BUILD_TOOL_VARIABLES = frozenset(
 
 _SPEC_VERSION = re.compile(r"\d+(?:\.\d+)*")
 
+# The official magma-cudaXYZ holds lib/libmagma.a and include/*.h only: no shared library, no magma_sparse, no
+# pkgconfig, no testers (official-builds.md §2.1-2.2).
+MAGMA_PACKAGE_CHECKS = (
+    'test ! -e "$PREFIX/lib/libmagma.so"',
+    'test ! -e "$PREFIX/lib/libmagma_sparse.a" && test ! -e "$PREFIX/lib/libmagma_sparse.so"',
+    'test ! -e "$PREFIX/lib/pkgconfig/magma.pc"',
+    'test ! -e "$PREFIX/bin"',
+)
+
 
 @dataclass(frozen=True)
 class Source:
@@ -62,8 +71,6 @@ class RecipeContext:
     source_edits: tuple[SourceEdit, ...] = ()
     cmake_options: tuple[str, ...] = ()
     gencode: tuple[str, ...] = ()
-    gpu_target: str = ""
-    nvcc_flags: str = ""
     cuda: str | None = None
     summary: str = ""
     license: str = "BSD-3-Clause"
@@ -72,6 +79,7 @@ class RecipeContext:
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
 
     @property
     def numpy_variant(self) -> str | None:
@@ -90,15 +98,17 @@ class RecipeContext:
 
     @property
     def is_windows(self) -> bool:
-        return self.platform == "win-64"
+        return tables.load().platform(self.platform).windows
 
     @property
     def has_source_edits(self) -> bool:
         return bool(self.source_edits)
 
 
-def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool) -> bool:
+def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool, pytorch: str | None = None) -> bool:
     if requirement.python and not versions.matches(python, requirement.python):
+        return False
+    if requirement.pytorch and (pytorch is None or not versions.matches(pytorch, requirement.pytorch)):
         return False
     if requirement.platforms is not None and platform not in requirement.platforms:
         return False
@@ -107,8 +117,9 @@ def _applies(requirement: Requirement, python: str, platform: str, is_cuda: bool
     return True
 
 
-def _select(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool) -> list[str]:
-    return [r.spec for r in requirements if _applies(r, python, platform, is_cuda)]
+def _select(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool,
+            pytorch: str | None = None) -> list[str]:
+    return [r.spec for r in requirements if _applies(r, python, platform, is_cuda, pytorch)]
 
 
 def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
@@ -133,9 +144,9 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     runtime = data.eras.runtime
     platform, python, cuda = request.platform, request.python, (request.accel if request.is_cuda else None)
     is_cuda = cuda is not None
-    build = _select(era.build, python, platform, is_cuda)
-    host = _select(era.host, python, platform, is_cuda)
-    run = _select(era.run, python, platform, is_cuda)
+    build = _select(era.build, python, platform, is_cuda, request.pytorch)
+    host = _select(era.host, python, platform, is_cuda, request.pytorch)
+    run = _select(era.run, python, platform, is_cuda, request.pytorch)
     warnings = list(variant.warnings)
     if not any(spec.split()[0] == "numpy" for spec in host):
         host.insert(1, "numpy")
@@ -149,26 +160,32 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     if is_cuda:
         assert cuda is not None
         toolkit = data.cuda.toolkits[cuda]
+        cuda_build = release.cuda.get(cuda)
+        upper = (cuda_build.runtime_upper if cuda_build else None) or toolkit.runtime_upper
         if variant.jetson is not None:
             warnings.append("the CUDA runtime comes from JetPack on the device: no conda CUDA runtime dependency")
         elif release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
-            run.append(f"pytorch-cuda >={cuda},<{toolkit.runtime_upper}")
+            run.append(f"pytorch-cuda >={cuda},<{upper}")
         elif release.cuda_runtime == "cudatoolkit":
-            run.append(f"cudatoolkit >={cuda},<{toolkit.runtime_upper}")
+            run.append(f"cudatoolkit >={cuda},<{upper}")
         else:
-            run.append(f"cuda-version >={cuda},<{toolkit.runtime_upper}")
+            run.append(f"cuda-version >={cuda},<{upper}")
             run.extend(runtime.split_packages)
-        if release.triton and platform != "win-64":
+        if release.triton and not data.platform(platform).windows:
             run.append(f"torchtriton =={release.triton}")
+    facts = data.platform(platform)
     if release.selector == "mutex":
-        run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
-        run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
-    elif not is_cuda:
+        # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).
+        if facts.mutex:
+            run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
+        if facts.mutex or not is_cuda:
+            run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
+    elif not is_cuda and facts.mutex:
         features.append("cpuonly")
     env_names = {name for name, _ in variant.env}
-    edits = tuple(edit for applied in variant.fixes for edit in applied.fix.edits)
+    edits = _edits(variant.fixes)
     install = data.eras.install
-    if platform == "win-64":
+    if facts.windows:
         install_command = install.setup_py_win if release.conda_official else install.pip_win
     else:
         install_command = install.setup_py if release.conda_official else install.pip
@@ -195,7 +212,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         features=tuple(features),
         test_imports=("torch",),
         install_command=install_command,
-        rpath_rules=tuple((rule.dir, rule.rpath) for rule in data.eras.rpath) if platform != "win-64" else (),
+        rpath_rules=tuple((rule.dir, rule.rpath) for rule in data.eras.rpath) if facts.rpath else (),
         source_edits=edits,
         cuda=cuda,
         summary="PyTorch: tensors and dynamic neural networks in Python with strong GPU acceleration",
@@ -205,6 +222,8 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         extra={
             "torchforge_variant": variant.id,
             "torchforge_status": variant.status.value,
+            # Every option that changed the binary; the reuse check compares it with the planned settings.
+            "torchforge_settings": variant.settings,
             **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
         },
     )
@@ -220,19 +239,28 @@ def _fix_notes(fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _magma_source(plan: MagmaPlan, patches: tuple[str, ...]) -> Source:
-    """The release tarball with its checksum; a mirror of it keeps the checksum, a local tree has none."""
-    if plan.source and os.path.isdir(plan.source):
-        return Source("path", str(Path(plan.source).resolve()), patches=patches)
-    return Source("url", plan.source or plan.url, sha256=plan.sha256, patches=patches)
+    """The release tarball with its checksum; a mirror URL keeps that checksum, a local tarball pins its own,
+    a local tree has none."""
+    source = plan.source
+    if source is None:
+        return Source("url", plan.url, sha256=plan.sha256, patches=patches)
+    if source.kind == "tree":
+        return Source("path", source.location, patches=patches)
+    if source.kind == "tarball":
+        return Source("url", Path(source.location).as_uri(), sha256=source.sha256, patches=patches)
+    return Source("url", source.location, sha256=plan.sha256, patches=patches)
+
+
+def _edits(fixes: tuple[AppliedFix, ...]) -> tuple[SourceEdit, ...]:
+    """Every fix's edits, each labelled with its fix so a failing edit names it."""
+    return tuple(edit.model_copy(update={"fix": applied.key}) for applied in fixes for edit in applied.fix.edits)
 
 
 def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeContext:
-    edits = tuple(edit for applied in plan.fixes for edit in applied.fix.edits)
-    gencode_flags = " ".join(f"-gencode arch=compute_{g},code=sm_{g}" for g in plan.gencode)
     return RecipeContext(
         kind="magma",
         variant_id=plan.id,
-        status=Status.OFFICIAL.value,
+        status=plan.status.value,
         header=f"Rendered by torchforge {__version__} for {plan.id}. Re-render instead of editing.",
         name=plan.name,
         version=plan.version,
@@ -246,18 +274,24 @@ def magma_context(plan: MagmaPlan, patches: tuple[str, ...] = ()) -> RecipeConte
             ("CUDA_HOME", "${CUDA_HOME:-/usr/local/cuda}"),
             ("MAX_JOBS", "${MAX_JOBS:-$CPU_COUNT}"),
             ("DESIRED_CUDA", plan.cuda),
-            ("CUDA_ARCH_LIST", gencode_flags),
+            ("CUDA_ARCH_LIST", plan.gencode_flags),
         ),
-        source_edits=edits,
+        source_edits=_edits(plan.fixes),
         cmake_options=plan.cmake_options,
         gencode=plan.gencode,
-        gpu_target=" ".join(f"sm_{g}" for g in plan.gencode),
-        nvcc_flags=plan.nvcc_flags,
         cuda=plan.cuda,
         summary="Matrix Algebra on GPU and Multicore Architectures, static library for PyTorch builds",
         home="https://icl.utk.edu/magma/",
         warnings=plan.warnings,
         fixes=_fix_notes(plan.fixes),
         manual_patches=tuple(p for applied in plan.fixes for p in applied.fix.manual_patch),
-        extra={"torchforge_variant": plan.id, "sha256": plan.sha256},
+        package_checks=MAGMA_PACKAGE_CHECKS,
+        extra={
+            "torchforge_variant": plan.id,
+            "sha256": plan.sha256,
+            "torchforge_settings": plan.settings,
+            "gencode": " ".join([*(f"sm_{g}" for g in plan.gencode), *(f"compute_{g}" for g in plan.ptx)]),
+            "upstream_patches": " ".join(plan.upstream_patches),
+            "source_edits": " ".join(applied.key for applied in plan.fixes if applied.fix.edits),
+        },
     )

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import jinja2
 
+from torchforge import __version__, platforms
+from torchforge.companions import CompanionPlan, companions_for
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.resolve import MagmaPlan, Status, Variant, classify
@@ -97,7 +99,7 @@ def _render(template: str, context: RecipeContext, **extra: object) -> str:
 
 def render_files(context: RecipeContext, fmt: RecipeFormat) -> dict[str, str]:
     """The files of one recipe folder (text), for one format."""
-    script = "bld.bat" if context.is_windows else "build.sh"
+    script = platforms.get(context.platform).script
     files: dict[str, str] = {script: _render(f"{context.kind}/{script}.j2", context)}
     if fmt is RecipeFormat.CONDA_BUILD:
         files["meta.yaml"] = _render(f"{context.kind}/meta.yaml.j2", context)
@@ -113,12 +115,22 @@ def render_files(context: RecipeContext, fmt: RecipeFormat) -> dict[str, str]:
     return files
 
 
+def companion_files(companion: CompanionPlan, fmt: RecipeFormat) -> dict[str, str]:
+    """The recipe of one metapackage (no build script: it installs no files)."""
+    fields = {f.name: getattr(companion, f.name) for f in dataclasses.fields(companion)}
+    fields.update(noarch=companion.noarch, summary=companion.summary,
+                  header=f"Rendered by torchforge {__version__} for {companion.id}. Re-render instead of editing.")
+    name = "meta.yaml" if fmt is RecipeFormat.CONDA_BUILD else "recipe.yaml"
+    return {name: _environment().get_template(f"companion/{name}.j2").render(**fields)}
+
+
 @dataclass(frozen=True)
 class RenderPlan:
     """Every variant of a selection, classified, with the MAGMA packages they need (once per CUDA)."""
 
     variants: tuple[Variant, ...]
     magma: tuple[MagmaPlan, ...]
+    companions: tuple[CompanionPlan, ...] = ()  # pytorch-mutex, cpuonly, pytorch-cuda the variants need
 
     @property
     def refused(self) -> tuple[Variant, ...]:
@@ -140,21 +152,31 @@ def plan(selection: Selection) -> RenderPlan:
     for variant in variants:
         if variant.magma is not None:
             magma.setdefault(variant.magma.id, variant.magma)
-    return RenderPlan(variants, tuple(magma.values()))
+    return RenderPlan(variants, tuple(magma.values()), companions_for(variants))
 
 
-def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat,
-                   patches: Sequence[Path] = ()) -> dict[str, dict[str, str | bytes]]:
-    """{folder name: {file name: content}} for every buildable variant and MAGMA package, MAGMA first."""
+def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat, patches: Sequence[Path] = (),
+                   magma_patches: Sequence[Path] = (), *, companions: bool = False) -> dict[str, dict[str, str | bytes]]:
+    """{folder name: {file name: content}} for every buildable variant and MAGMA package, MAGMA first (with
+    `companions`, the pytorch-mutex / cpuonly / pytorch-cuda recipes before them).
+
+    `patches` go into the pytorch recipes only, `magma_patches` into the magma-cudaXYZ recipes only."""
     render_plan.require_buildable()
-    patch_names = tuple(p.name for p in patches)
-    patch_files: dict[str, str | bytes] = {p.name: p.read_bytes() for p in patches}
     folders: dict[str, dict[str, str | bytes]] = {}
+    if companions:
+        for companion in render_plan.companions:
+            folders[companion.id] = dict(companion_files(companion, fmt))
+    magma_names = tuple(p.name for p in magma_patches)
     for magma in render_plan.magma:
-        folders[magma.id] = {**render_files(magma_context(magma, patch_names), fmt), **patch_files}
+        folders[magma.id] = {**render_files(magma_context(magma, magma_names), fmt), **patch_files(magma_patches)}
+    names = tuple(p.name for p in patches)
     for variant in render_plan.variants:
-        folders[variant.id] = {**render_files(pytorch_context(variant, patch_names), fmt), **patch_files}
+        folders[variant.id] = {**render_files(pytorch_context(variant, names), fmt), **patch_files(patches)}
     return folders
+
+
+def patch_files(patches: Sequence[Path]) -> dict[str, str | bytes]:
+    return {p.name: p.read_bytes() for p in patches}
 
 
 def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, force: bool = False) -> list[Path]:
@@ -196,7 +218,8 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
 
 
 def render_selection(selection: Selection, out: Path, fmt: RecipeFormat, *, force: bool = False,
-                     patches: Iterable[Path] = ()) -> tuple[RenderPlan, list[Path]]:
+                     patches: Iterable[Path] = (), magma_patches: Iterable[Path] = (),
+                     companions: bool = False) -> tuple[RenderPlan, list[Path]]:
     render_plan = plan(selection)
-    folders = recipe_folders(render_plan, fmt, tuple(patches))
+    folders = recipe_folders(render_plan, fmt, tuple(patches), tuple(magma_patches), companions=companions)
     return render_plan, write_folders(folders, out, force=force)

@@ -6,13 +6,16 @@ why a buildable variant is not an official one. Nothing here writes files or run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from torchforge import data as tables
-from torchforge import versions
+from torchforge import platforms, versions
 from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
-from torchforge.variant import Request, magma_id
+from torchforge.magmasource import MagmaSource
+from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
 
@@ -42,15 +45,34 @@ class MagmaPlan:
     sha256: str
     gencode: tuple[str, ...]
     cmake_options: tuple[str, ...]
-    nvcc_flags: str
     fixes: tuple[AppliedFix, ...]
     warnings: tuple[str, ...]
-    source: str | None = None  # --magma-source: a local tree or a mirror of the release tarball
+    source: MagmaSource | None = None  # --magma-source: a local tree or tarball, or a mirror of the release tarball
+    published: bool = False  # upstream published this magma-cudaXYZ version (magma.toml [published])
+    settings: str = "{}"  # JSON of the options that change this binary (gencode, source, patches); "{}": none
+    ptx: tuple[str, ...] = ()  # archs that also get PTX: only when --arch-list asks (X.Y+PTX)
+
+    @property
+    def status(self) -> Status:
+        return Status.OFFICIAL if self.published else Status.BUILDABLE
+
+    @property
+    def gencode_flags(self) -> str:
+        """nvcc's -gencode list: SASS for every arch, PTX only where asked (official lists have none)."""
+        sass = [f"-gencode arch=compute_{g},code=sm_{g}" for g in self.gencode]
+        return " ".join([*sass, *(f"-gencode arch=compute_{g},code=compute_{g}" for g in self.ptx)])
+
+    @property
+    def upstream_patches(self) -> tuple[str, ...]:
+        """The official patches whose changes this build makes (as torchforge's own source edits)."""
+        return tuple(a.fix.upstream_patch for a in self.fixes if a.fix.upstream_patch)
 
     @property
     def build_string(self) -> str:
-        # No requirements, so conda-build's default build string is the build number (official-builds §2.1).
-        return str(self.build_number)
+        # No requirements, so conda-build's default build string is the build number (official-builds §2.1);
+        # a custom build carries the hash of its settings so it never takes an official package's name.
+        custom = settings_hash(json.loads(self.settings))
+        return f"tf{custom}_{self.build_number}" if custom else str(self.build_number)
 
     @property
     def filename_stem(self) -> str:
@@ -73,6 +95,7 @@ class Variant:
     jetson: str | None = None
     fixes: tuple[AppliedFix, ...] = ()
     env: tuple[tuple[str, str], ...] = field(default=())
+    settings: str = "{}"  # JSON of every option that changes the binary ("{}": none); recorded in the package
 
     @property
     def id(self) -> str:
@@ -84,20 +107,23 @@ class Variant:
 
 
 def build_string(python: str, cuda: str | None, cudnn: str | None, number: int, platform: str,
-                 *, debug: bool = False) -> str:
+                 *, debug: bool = False, custom: str | None = None, accel_part: bool = True) -> str:
     """The official build string (official-builds §1.3).
 
     CUDA: py3.8_cuda11.1_cudnn8.0.5_0 (cuDNN from the library file name: three parts on Linux, the DLL
     major on Windows). CPU: py3.11_cpu_0. For PyTorch <= 1.7 pass the three-part CUDA version
     (py3.8_cuda11.0.221_cudnn8.0.5_0); torchforge's data starts at 1.8. Debug builds are torchforge's own
-    and carry `_debug` so they never collide with a release build.
+    and carry `_debug` so they never collide with a release build. Any other custom build (`custom`: the short
+    hash of its settings) carries `_tf<hash>` before the build number: it can never be taken for an official
+    package, and two custom builds with different settings never share a name.
     """
-    debug_part = "_debug" if debug else ""
+    debug_part = ("_debug" if debug else "") + (f"_tf{custom}" if custom else "")
+    if not accel_part:  # macOS: py3.10_0 (official-builds §1.3)
+        return f"py{python}{debug_part}_{number}"
     if cuda is None:
         return f"py{python}_cpu{debug_part}_{number}"
     assert cudnn is not None
-    cudnn_part = cudnn.split(".")[0] if platform == "win-64" else ".".join(cudnn.split(".")[:3])
-    return f"py{python}_cuda{cuda}_cudnn{cudnn_part}{debug_part}_{number}"
+    return f"py{python}_cuda{cuda}_cudnn{platforms.get(platform).cudnn_tag(cudnn)}{debug_part}_{number}"
 
 
 def _nearest_release_value(data: Data, release_key: str, cuda: str, attr: str) -> tuple[str, str] | None:
@@ -139,12 +165,34 @@ def _applicable_fixes(data: Data, package: str, **conditions: str | None) -> tup
 
 
 def _gencode_from_arch_list(arch_list: str) -> tuple[str, ...]:
-    """'8.0;9.0+PTX' -> ('80', '90'): MAGMA carries SASS only, never PTX (official-builds §2.3)."""
+    """'8.0;9.0+PTX' -> ('80', '90'): the SASS targets (official-builds §2.3: the official lists carry no PTX)."""
     return tuple(dict.fromkeys(a.split("+")[0].replace(".", "") for a in arch_list.split(";") if a))
 
 
+def _ptx_from_arch_list(arch_list: str | None) -> tuple[str, ...]:
+    """'8.0;9.0+PTX' -> ('90',): PTX only where the user asks for it."""
+    return tuple(a.split("+")[0].replace(".", "") for a in (arch_list or "").split(";") if a.endswith("+PTX"))
+
+
+def _cmake_options(data: Data, version: str, gencode: tuple[str, ...], ptx: tuple[str, ...],
+                   fixes: tuple[AppliedFix, ...]) -> tuple[str, ...]:
+    """The package's cmake options, then its MAGMA generation's way of taking the gencode list, then fixes'."""
+    style = data.magma.cmake_styles[data.magma.versions[version].cmake_style]
+    values = {
+        "{gencode_flags}": "$CUDA_ARCH_LIST",
+        "{sm_targets}": " ".join(f"sm_{g}" for g in gencode),
+        "{cuda_architectures}": ";".join([*(f"{g}-real" for g in gencode), *(f"{g}-virtual" for g in ptx)]),
+    }
+    options = []
+    for option in style.cmake_options:
+        for placeholder, value in values.items():
+            option = option.replace(placeholder, value)
+        options.append(option)
+    return (*data.magma.package.cmake_options, *options, *(o for a in fixes for o in a.fix.cmake_options))
+
+
 def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: str | None = None,
-               source: str | None = None) -> MagmaPlan:
+               source: MagmaSource | None = None, patch_digests: tuple[str, ...] = ()) -> MagmaPlan:
     warnings: list[str] = []
     magma_version = data.magma.versions[version]
     gencode = _gencode_from_arch_list(arch_list) if arch_list else data.magma.gencode.get(cuda)
@@ -159,13 +207,33 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         warnings.append(
             f"no official magma gencode list for CUDA {cuda}: using CUDA {source_cuda}'s, limited to what nvcc {cuda} accepts"
         )
+    if not magma_version.build_number_known:
+        warnings.append(f"no official magma-cudaXYZ {version} package is known: build number "
+                        f"{magma_version.build_number} is conda's default, not an upstream one")
+    if magma_version.cmake_style == "gpu-target":
+        warnings.append(f"MAGMA {version}: the official cmakelists.patch is not reproduced for this version (no {version} "
+                        "tree to check it against); its own GPU_TARGET table decides which arches get code")
+    if source is not None and source.kind == "tarball" and source.sha256 != magma_version.sha256:
+        warnings.append(f"--magma-source {source.location} is not the MAGMA {version} release tarball (sha256 "
+                        f"{source.sha256}, the release's is {magma_version.sha256}): the recipe pins the local file")
+    custom: dict[str, object] = {}
+    if arch_list:
+        custom["gencode"] = [*gencode, *(f"{g}+PTX" for g in _ptx_from_arch_list(arch_list))]
+    if source is not None and _custom_source(source, magma_version.sha256):
+        custom["source"] = f"sha256:{source.sha256}" if source.sha256 else source.location
+    if patch_digests:
+        custom["patches"] = list(patch_digests)
+    if custom:
+        warnings.append(f"not official: custom {', '.join(custom)}")
+    published = cuda in data.magma.published.get(version, ())
+    if not published:
+        warnings.append(f"not official: {data.magma.package.name_prefix}{nodot(cuda)} {version} was never published upstream")
     fixes = _applicable_fixes(data, "magma", pytorch=None, cuda=cuda, magma=version, jetson=None)
     for applied in fixes:
         if applied.fix.manual_patch:
             warnings.append(
-                f"{applied.key}: {applied.fix.reason}; add {', '.join(applied.fix.manual_patch)} with --patch"
+                f"{applied.key}: {applied.fix.reason}; add {', '.join(applied.fix.manual_patch)} with --magma-patch"
             )
-    cmake = tuple(data.magma.package.cmake_options) + tuple(o for a in fixes for o in a.fix.cmake_options)
     return MagmaPlan(
         id=magma_id(cuda, version, platform),
         name=f"{data.magma.package.name_prefix}{nodot(cuda)}",
@@ -176,12 +244,60 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         url=data.magma.package.url.format(version=version),
         sha256=magma_version.sha256,
         gencode=gencode,
-        cmake_options=cmake,
-        nvcc_flags=data.magma.package.nvcc_flags,
+        ptx=_ptx_from_arch_list(arch_list),
+        cmake_options=_cmake_options(data, version, gencode, _ptx_from_arch_list(arch_list), fixes),
         fixes=fixes,
         warnings=tuple(warnings),
         source=source,
+        published=published and not custom,
+        settings=json.dumps(custom, sort_keys=True),
     )
+
+
+def _custom_source(source: MagmaSource, release_sha256: str) -> bool:
+    """A source that may differ from the release tarball: a tree, or a local tarball with another checksum (a
+    mirror URL is pinned to the release's checksum, so it builds the same package)."""
+    return source.kind == "tree" or (source.kind == "tarball" and source.sha256 != release_sha256)
+
+
+def _magma_accepts(data: Data, magma: str, release_key: str) -> bool:
+    spec = data.magma.versions[magma].pytorch
+    return spec is None or versions.matches(release_key, spec)
+
+
+def _choose_magma(data: Data, release_key: str, release: Release, cuda: str, source: MagmaSource | None,
+                  check: _Checker) -> str | None:
+    """The MAGMA of the official build, else the first preferred one this PyTorch accepts; a local
+    --magma-source's own version wins when this PyTorch accepts it (a tree is never labelled another version)."""
+    build = release.cuda.get(cuda)
+    chosen = (build.magma if build else None) or release.magma
+    if chosen is None:
+        accepted = [v for v in data.magma.preferred if _magma_accepts(data, v, release_key)]
+        if not accepted:
+            check.refuse(f"no MAGMA in torchforge's data is accepted by PyTorch {release_key}")
+            return None
+        chosen = accepted[0]
+        check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {chosen}, the first of "
+                   f"magma.toml's preferred versions ({', '.join(data.magma.preferred)}) that its source accepts")
+    if source is None or source.version is None or source.version == chosen:
+        return chosen
+    where = f"--magma-source {source.location} is MAGMA {source.version} (its {'tree' if source.kind == 'tree' else 'tarball'}'s include/magma_types.h)"
+    if source.version not in data.magma.versions:
+        check.refuse(f"{where}, which torchforge's data does not know; known: {', '.join(data.magma.versions)}")
+        return None
+    if not _magma_accepts(data, source.version, release_key):
+        check.refuse(f"{where}, but PyTorch {release_key}'s source rejects MAGMA {source.version} "
+                     f"(it needs PyTorch {data.magma.versions[source.version].pytorch}); pass a MAGMA {chosen} source, or choose a "
+                     f"--pytorch release that accepts MAGMA {source.version}")
+        return None
+    check.not_official.append(f"MAGMA {source.version} from --magma-source instead of {chosen}")
+    return source.version
+
+
+def newest_cuda_major(release: Release) -> int | None:
+    """The newest CUDA major the release was built with upstream: its sources predate any newer one."""
+    majors = [versions.parse(c).major for c in release.cuda]
+    return max(majors) if majors else None
 
 
 def _python_hint(data: Data, python: str) -> str:
@@ -231,14 +347,78 @@ def _jetson_device(data: Data, request: Request, check: _Checker) -> tuple[str, 
     return key, device, data.jetson.jetpacks[device.jetpack]
 
 
+# Variables torchforge itself sets or checks: from --env they are validated like the options they stand for.
+_SWITCHES = ("USE_CUDA", "USE_MAGMA", "DEBUG")
+_OPTION_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "DEBUG")  # --arch-list and --debug
+
+
+def _apply_env_options(request: Request, check: _Checker) -> Request:
+    """--env TORCH_CUDA_ARCH_LIST / DEBUG act as --arch-list / --debug; USE_CUDA / USE_MAGMA must agree with the
+    variant. Returns the request with the options the environment implies."""
+    env = dict(request.options.extra_env)
+    options = request.options
+    for name in _SWITCHES:
+        if name in env and env[name] not in ("0", "1"):
+            check.refuse(f"--env {name}={env[name]}: torchforge reads {name} as 0 or 1")
+    arch = env.get("TORCH_CUDA_ARCH_LIST")
+    if arch is not None:
+        if options.arch_list is not None and options.arch_list != arch:
+            check.refuse(f"--arch-list {options.arch_list!r} and --env TORCH_CUDA_ARCH_LIST={arch!r} disagree; give one")
+        options = replace(options, arch_list=arch)
+    if env.get("DEBUG") == "1":
+        options = replace(options, debug=True)
+    if env.get("USE_CUDA") == "0" and request.is_cuda:
+        check.refuse(f"--env USE_CUDA=0 makes a CPU build of a CUDA {request.accel} variant; use --cuda cpu instead")
+    if env.get("USE_CUDA") == "1" and not request.is_cuda:
+        check.refuse("--env USE_CUDA=1 on a cpu variant; choose a CUDA version with --cuda X.Y instead")
+    return replace(request, options=options)
+
+
+def variant_settings(request: Request) -> dict[str, object]:
+    """Every option of `request` that changes the binary; empty for a build with upstream's settings."""
+    options = request.options
+    settings: dict[str, object] = {}
+    if options.arch_list:
+        settings["arch_list"] = options.arch_list
+    # Variables that stand for an option count once, as that option: both doors give the same package.
+    env = {name: value for name, value in sorted(options.extra_env) if name not in _OPTION_VARIABLES}
+    if env:
+        settings["env"] = env
+    if options.patch_digests:
+        settings["patches"] = list(options.patch_digests)
+    if options.debug:
+        settings["debug"] = True
+    if options.source:
+        settings["source"] = options.source
+    return settings
+
+
+def settings_hash(settings: dict[str, object]) -> str | None:
+    if not settings:
+        return None
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+
 def classify(request: Request, data: Data | None = None) -> Variant:
     data = data or tables.load()
     check = _Checker(data, request)
+    request = _apply_env_options(request, check)
     release_key = minor(request.pytorch)
     release: Release | None = data.pytorch.releases.get(release_key)
     if release is None:
         known = ", ".join(data.pytorch.releases)
-        check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
+        oldest = min(data.pytorch.releases, key=versions.parse)
+        if versions.is_valid_version(release_key) and versions.parse(release_key) < versions.parse(oldest):
+            check.refuse(f"PyTorch {request.pytorch} predates torchforge's data (its oldest release is {oldest}: "
+                         f"the recipes, pins and build strings of older releases are not known); known releases: {known}")
+        else:
+            check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
+        jetson_limit = _jetson_limit_hint(data, request)
+        if jetson_limit:
+            check.refuse(jetson_limit)
+    elif request.pytorch not in data.pytorch.patch_releases.get(release_key, (request.pytorch,)):
+        check.refuse(f"PyTorch {request.pytorch} was never released; {release_key} had "
+                     f"{', '.join(data.pytorch.patch_releases[release_key])}")
     cuda = request.accel if request.is_cuda else None
     toolkit = data.cuda.toolkits.get(cuda) if cuda else None
     if cuda and toolkit is None:
@@ -248,14 +428,34 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # Python range of the release.
     py = versions.parse(request.python)
-    low, high = (versions.parse(v) for v in release.python)
-    if request.python in release.python_experimental:
+    here = platforms.get(request.platform)
+    py_range = here.python_range(release, request.pytorch)
+    low, high = (versions.parse(v) for v in py_range)
+    if request.python in release.conda_experimental:
+        check.warn(f"Python {request.python} was experimental for PyTorch {release_key} (conda packages were published)")
+    elif request.python in release.python_experimental:
         check.not_official.append(f"Python {request.python} was experimental for PyTorch {release_key}")
     elif not low <= py <= high:
+        where = f" on {request.platform}" if py_range == release.python_win and here.facts.windows else ""
+        who = request.pytorch if py_range != release.python and where == "" else release_key
         check.refuse(
-            f"PyTorch {release_key} supports Python {release.python[0]} to {release.python[1]}, not {request.python}; "
+            f"PyTorch {who} supports Python {py_range[0]} to {py_range[1]}{where}, not {request.python}; "
             f"{_python_hint(data, request.python)}"
         )
+
+    # A CUDA major newer than every build of the release: its sources predate that toolkit.
+    newest_major = newest_cuda_major(release)
+    if cuda and newest_major is not None and versions.parse(cuda).major > newest_major:
+        newest = max(release.cuda, key=versions.parse)
+        check.refuse(
+            f"PyTorch {release_key}'s sources predate CUDA {versions.parse(cuda).major} (its newest upstream build is "
+            f"CUDA {newest}); choose CUDA {newest} or older, or a newer PyTorch"
+        )
+
+    facts = here.facts
+    if cuda and not facts.cuda:
+        check.refuse(f"{request.platform} builds have no CUDA (PyTorch on macOS is CPU, with MPS on Apple silicon); "
+                     f"use --cuda cpu")
 
     # CUDA floor of the release.
     if cuda and release.min_cuda and versions.parse(cuda) < versions.parse(release.min_cuda):
@@ -294,6 +494,9 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             cudnn = jetson[2].cudnn
         elif build and build.cudnn:
             cudnn, nccl = build.cudnn, build.nccl
+            patch_cudnn = release.patch.get(request.pytorch)
+            if patch_cudnn and cuda in patch_cudnn.cudnn:
+                cudnn = patch_cudnn.cudnn[cuda]
         else:
             nearest = _nearest_release_value(data, release_key, cuda, "cudnn")
             if nearest:
@@ -316,18 +519,30 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # Official or not.
     platform = request.platform
-    if not release.conda_official:
+    patch_facts = release.patch.get(request.pytorch)
+    if patch_facts and patch_facts.conda_official is False:
+        check.not_official.append(f"PyTorch {request.pytorch}'s conda packages are not in torchforge's official table")
+    elif not release.conda_official:
         check.not_official.append(f"PyTorch {release_key} was never published as a conda package (2.5 was the last)")
     if cuda and not (build and build.conda):
         check.not_official.append(f"PyTorch {release_key} had no official conda build for CUDA {cuda}")
-    if platform not in ("linux-64", "win-64"):
-        check.not_official.append(f"official conda packages exist for linux-64 and win-64 only, not {platform}")
+    elif build and build.conda_platforms is not None and platform not in build.conda_platforms:
+        check.not_official.append(
+            f"PyTorch {release_key}'s official CUDA {cuda} conda packages were built for {', '.join(build.conda_platforms)} only")
+    if not facts.conda_official(release_key):
+        shipped = [p for p in tables.PLATFORMS if data.platform(p).conda_official(release_key)]
+        check.not_official.append(
+            f"official conda packages of PyTorch {release_key} exist for {', '.join(shipped)} only, not {platform}")
     if request.options.arch_list:
         check.not_official.append("custom arch list")
     if request.options.debug:
         check.not_official.append("debug build")
     if request.options.extra_env:
         check.not_official.append("extra build environment")
+    if request.options.patch_digests:
+        check.not_official.append("extra patches")
+    if request.options.source:
+        check.not_official.append("source other than upstream's tag")
     if toolkit and toolkit.arch_set is None:
         check.warn(f"the nvcc arch window of CUDA {cuda} is not in torchforge's data: arch values are not checked")
 
@@ -338,15 +553,18 @@ def classify(request: Request, data: Data | None = None) -> Variant:
 
     # MAGMA, once per CUDA version, Linux x86_64 only.
     magma = None
-    if cuda and platform == "linux-64" and not jetson:
-        magma_version = (build.magma if build else None) or release.magma
-        if magma_version is None:
-            magma_version = max(
-                {r.magma for r in data.pytorch.releases.values() if r.magma}, key=versions.parse
-            )
-            check.warn(f"the sources name no MAGMA for PyTorch {release_key}: using MAGMA {magma_version}, the newest official one")
-        magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
-                           request.options.magma_source)
+    use_magma = dict(request.options.extra_env).get("USE_MAGMA")
+    if use_magma == "0":
+        if cuda and facts.magma and not jetson:
+            check.warn("USE_MAGMA=0: built without MAGMA (no magma-cuda package; GPU linear algebra falls back)")
+    elif use_magma == "1" and cuda and (not facts.magma or jetson):
+        check.refuse(f"--env USE_MAGMA=1: torchforge has no magma-cuda package for {platform}"
+                     f"{' Jetson builds' if jetson else ''}; drop it")
+    elif cuda and facts.magma and not jetson:
+        magma_version = _choose_magma(data, release_key, release, cuda, request.options.magma_source, check)
+        if magma_version is not None:
+            magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
+                               request.options.magma_source, request.options.magma_patch_digests)
     elif cuda and platform == "linux-aarch64" and not jetson:
         check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
 
@@ -363,13 +581,39 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         cudnn=cudnn,
         nccl=nccl,
         arch_list=arch_list,
-        build_string=build_string(request.python, cuda, cudnn, request.options.build_number, platform,
-                                  debug=request.options.debug),
+        build_string=build_string(request.python, here.cuda_tag(release, toolkit, cuda), cudnn,
+                                  request.options.build_number, platform, debug=request.options.debug,
+                                  custom=settings_hash(variant_settings(request)),
+                                  accel_part=facts.build_string == "accel"),
         magma=magma,
         jetson=jetson_key,
         fixes=fixes,
         env=_build_env(data, request, release, cuda, cudnn, arch_list, jetson, fixes),
+        settings=json.dumps(variant_settings(request), sort_keys=True),
     )
+
+
+def _jetson_limit_hint(data: Data, request: Request) -> str | None:
+    """For a release outside the data on a Jetson profile: the newest release that device and JetPack can build."""
+    key = request.options.jetson
+    device = data.jetson.devices.get(key) if key else None
+    if device is None:
+        return None
+    jetpack = data.jetson.jetpacks[device.jetpack]
+    if jetpack.max_pytorch is None:
+        return None
+    return (f"{device.name} (JetPack {device.jetpack}: CUDA {', '.join(jetpack.cuda)}, Python "
+            f"{', '.join(jetpack.python)}) can build PyTorch {jetpack.max_pytorch} at most; use --pytorch "
+            f"{_newest_patch(data, jetpack.max_pytorch)}")
+
+
+def _patches(data: Data, release_key: str) -> tuple[str, ...]:
+    """The patch releases of X.Y; X.Y.0 alone where the sources list none."""
+    return data.pytorch.patch_releases.get(release_key) or (f"{release_key}.0",)
+
+
+def _newest_patch(data: Data, release_key: str) -> str:
+    return max(_patches(data, release_key), key=versions.parse)
 
 
 def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Release, check: _Checker) -> None:
@@ -383,6 +627,15 @@ def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Rel
         )
     if release.max_arch and arch_key(base) > arch_key(release.max_arch):
         check.warn(f"PyTorch {release_key}'s arch parser stops at {release.max_arch}; {base} may be rejected at configure time")
+
+
+def _arch_example(data: Data, cuda: str) -> str:
+    """An --arch-list example that nvcc `cuda` accepts (the newest two numeric arches of its window)."""
+    accepted = data.arch_set(cuda)
+    if accepted is None:
+        return ""
+    numeric = sorted((a for a in accepted if not a[-1].isalpha()), key=arch_key)
+    return f", e.g. '{';'.join(numeric[-2:])}'"
 
 
 def _resolve_arch_list(data: Data, request: Request, release_key: str, release: Release, cuda: str | None,
@@ -399,16 +652,12 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
         build = release.cuda.get(cuda)
         arch_list = None
         if build:
-            if request.platform == "win-64":
-                arch_list = build.conda_arch_win or build.conda_arch
-            else:
-                arch_list = build.conda_arch
-            arch_list = arch_list or build.wheel_arch
+            arch_list = platforms.get(request.platform).conda_arch(build) or build.wheel_arch
         if arch_list is None:
             nearest = (_nearest_release_value(data, release_key, cuda, "conda_arch")
                        or _nearest_release_value(data, release_key, cuda, "wheel_arch"))
             if nearest is None:
-                check.refuse(f"no arch list is known for CUDA {cuda}; pass one with --arch-list, e.g. '8.0;9.0'")
+                check.refuse(f"no arch list is known for CUDA {cuda}; pass one with --arch-list{_arch_example(data, cuda)}")
                 return None
             parts = nearest[1].split(";")
             if release.max_arch:
@@ -430,17 +679,18 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
                jetson: tuple[str, JetsonDevice, JetPack] | None,
                fixes: tuple[AppliedFix, ...]) -> tuple[tuple[str, str], ...]:
     """The exports of build.sh, in order; later entries override earlier ones with the same name."""
-    is_linux = request.platform.startswith("linux")
+    here = platforms.get(request.platform)
+    facts = here.facts
     env: dict[str, str] = {}
     for entry in data.eras.build_env:
         if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
             continue
-        if entry.when == "linux" and not is_linux:
+        if entry.pytorch and not versions.matches(request.pytorch, entry.pytorch):
             continue
-        value = entry.value if is_linux else entry.win
+        value = here.env_value(entry)
         if value is not None:
             env[entry.name] = value
-    if is_linux:
+    if facts.family == "linux":
         env["_GLIBCXX_USE_CXX11_ABI"] = "1" if release.cxx11_abi else "0"
     if cuda:
         assert arch_list is not None
@@ -450,7 +700,7 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
         env["USE_STATIC_CUDNN"] = "1" if static else "0"
         if release.cusparselt:
             env["USE_CUSPARSELT"] = "1"
-        if request.platform != "linux-64" or jetson:
+        if not facts.magma or jetson:
             env["USE_MAGMA"] = "0"
     if jetson:
         _, _, jetpack = jetson
@@ -467,3 +717,24 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     env.update(dict(request.options.extra_env))
     return tuple(env.items())
 
+
+def default_release(selection: Selection, data: Data | None = None) -> tuple[str, str]:
+    """The release to use when none was asked for, and why: the newest release that published official conda
+    packages of every requested CUDA x Python on the platform, else the newest that can build them all."""
+    data = data or tables.load()
+    accels = ", ".join(a if a == "cpu" else f"CUDA {a}" for a in selection.accels)
+    what = f"{accels} with Python {', '.join(selection.pythons)} on {selection.platform}"
+    newest_first = sorted((v for key in data.pytorch.releases for v in _patches(data, key)), key=versions.parse,
+                          reverse=True)
+    statuses: dict[str, set[Status]] = {}
+    for version in newest_first:
+        requests = replace(selection, pytorch=version).requests()
+        statuses[version] = {classify(request, data).status for request in requests}
+        if statuses[version] == {Status.OFFICIAL}:
+            return version, f"PyTorch {version}: the newest release with official conda packages of {what}"
+    for version, found in statuses.items():
+        if Status.REFUSED not in found:
+            return version, (f"PyTorch {version}: no release published official conda packages of {what}; "
+                             f"{version} is the newest release that can build them")
+    fallback = data.pytorch.defaults.pytorch
+    return fallback, f"PyTorch {fallback} (the default): no release in torchforge's data can build {what}"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from torchforge import data as tables
 from torchforge.errors import UsageError
+from torchforge.magmasource import MagmaSource
 from torchforge.versions import nodot
 
 CPU = "cpu"
@@ -30,7 +31,9 @@ class Options:
     extra_env: tuple[tuple[str, str], ...] = ()
     gcc: str | None = None
     source: str | None = None
-    magma_source: str | None = None
+    magma_source: MagmaSource | None = None
+    patch_digests: tuple[str, ...] = ()  # sha256 of each --patch file (pytorch recipes), in order
+    magma_patch_digests: tuple[str, ...] = ()  # sha256 of each --magma-patch file, in order
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
 )
 from torchforge import config as site_config
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
-        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None,
+        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
         fmt: Annotated[str, typer.Option("--format", help="conda (packages in a channel) or wheel.")] = "conda",
         channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable).")] = None,
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
-                                         env, gcc, source, magma_source)
+                                         env, gcc, source, magma_source, patch, magma_patch)
         if fmt == "wheel":
             wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
                                   jobs=jobs, force=force, on_event=note)
@@ -106,6 +106,9 @@ def register(app: typer.Typer) -> None:
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")
+        for magma in render_plan.magma:
+            for message in magma.warnings:
+                warn(f"{magma.id}: {message}")
         site = site_config.load(config)
         container_settings = None
         if container:
@@ -127,7 +130,7 @@ def register(app: typer.Typer) -> None:
             # Check the machine before a multi-hour build: every problem at once, each with its fix.
             report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
                                    out=out_dir, site=site, extra_channels=tuple(channel or ()),
-                                   container=container_settings, check_channels=True)
+                                   container=container_settings, check_channels=True, magma_only=magma_only)
             err.print(report_table(report))
             report.raise_if_failed()
             if report.max_jobs:
@@ -136,8 +139,8 @@ def register(app: typer.Typer) -> None:
             extra_env["MAX_JOBS"] = str(jobs)
         settings = BuildSettings(
             out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
-            magma_only=magma_only, patches=tuple(patch or ()), extra_env=extra_env,
-            site_channels=site.channels, container=container_settings,
+            magma_only=magma_only, patches=tuple(patch or ()), magma_patches=tuple(magma_patch or ()),
+            extra_env=extra_env, site_channels=site.channels, container=container_settings,
         )
         steps = plan_steps(render_plan, chosen, settings)
         print_plan(steps, settings.channels)

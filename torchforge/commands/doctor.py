@@ -32,9 +32,11 @@ def register(app: typer.Typer) -> None:
         channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable), as for build.")] = None,
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
         config: ConfigOpt = None,
+        magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
     ) -> None:
-        """Check this machine for a build of the selection: engine, nvcc, host compiler, tools, disk, MAX_JOBS, source, driver,
-        that every channel answers and that each variant's build and host requirements solve from them.
+        """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
+        MAX_JOBS, source, driver, that every channel answers and that each variant's build and host requirements solve
+        from them.
 
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
@@ -42,7 +44,8 @@ def register(app: typer.Typer) -> None:
         site = site_config.load(config)
         settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
         report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
-                               site=site, extra_channels=tuple(channel or ()), container=settings, check_channels=True)
+                               site=site, extra_channels=tuple(channel or ()), container=settings, check_channels=True,
+                               magma_only=magma_only)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))
         else:

@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from torchforge.console import note
+from torchforge.magmasource import inspect as inspect_magma_source
+from torchforge.resolve import default_release
 from torchforge.variant import Options, Selection, parse_env
 
-PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the data's default, 2.5.1).")]
+PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
 CudaOpt = Annotated[str | None, typer.Option("--cuda", help="Comma list of CUDA X.Y and/or cpu, e.g. 11.8,12.4,cpu.")]
 PythonOpt = Annotated[str | None, typer.Option("--py", "--python", help="Comma list of Python X.Y, e.g. 3.10,3.12.")]
-PlatformOpt = Annotated[str | None, typer.Option("--platform", help="linux-64 (default), linux-aarch64 or win-64.")]
+PlatformOpt = Annotated[str | None, typer.Option("--platform", help="linux-64 (default), linux-aarch64, win-64, osx-64 or osx-arm64 (macOS: cpu only).")]
 ArchListOpt = Annotated[str | None, typer.Option("--arch-list", help="Override TORCH_CUDA_ARCH_LIST, e.g. '8.0;9.0'.")]
 BuildNumberOpt = Annotated[int, typer.Option("--build-number", min=0, help="Build number (official packages used 0).")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Debug build (DEBUG=1; build string gets _debug).")]
-JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile: nano, tx1, tx2, xavier, orin, thor.")]
+JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile: nano, tx1, tx2, tx2_jp33, xavier, orin, thor.")]
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build variable NAME=VALUE (repeatable), e.g. USE_NCCL=0.")]
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
-MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or a mirror of the release tarball.")]
+MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or tarball (its version is read from it), or a URL of the release tarball.")]
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]
-PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file to add to every recipe (repeatable).")]
+PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file for the pytorch recipes (repeatable).")]
+MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
+
+
+def _digests(patches: list[Path] | None) -> tuple[str, ...]:
+    return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
 
 
 def selection_from_flags(
@@ -40,6 +50,8 @@ def selection_from_flags(
     gcc: str | None = None,
     source: str | None = None,
     magma_source: str | None = None,
+    patches: list[Path] | None = None,
+    magma_patches: list[Path] | None = None,
 ) -> Selection:
     options = Options(
         arch_list=arch_list,
@@ -49,6 +61,15 @@ def selection_from_flags(
         extra_env=parse_env(env or []),
         gcc=gcc,
         source=source,
-        magma_source=magma_source,
+        magma_source=inspect_magma_source(magma_source) if magma_source else None,
+        # Patches change the binary: their content (not their path) is part of the variant's settings.
+        patch_digests=_digests(patches),
+        magma_patch_digests=_digests(magma_patches),
     )
-    return Selection.from_flags(pytorch, cuda, python, platform, options)
+    selection = Selection.from_flags(pytorch, cuda, python, platform, options)
+    if pytorch is None:
+        # Say which release and why before anything else is printed.
+        version, reason = default_release(selection)
+        note(reason)
+        selection = dataclasses.replace(selection, pytorch=version)
+    return selection

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PatchOpt, MagmaSourceOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
 )
 from torchforge.console import err, out, warn
@@ -24,9 +24,16 @@ def plan_as_json(render_plan: RenderPlan) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for magma in render_plan.magma:
         rows.append({
-            "id": magma.id, "package": magma.name, "status": Status.OFFICIAL.value, "version": magma.version,
+            "id": magma.id, "package": magma.name, "status": magma.status.value, "version": magma.version,
             "build_string": magma.build_string, "cuda": magma.cuda, "gencode": list(magma.gencode),
             "warnings": list(magma.warnings),
+        })
+    for companion in render_plan.companions:
+        rows.append({
+            "id": companion.id, "package": companion.name, "version": companion.version,
+            "status": (Status.OFFICIAL if companion.official else Status.BUILDABLE).value,
+            "build_string": companion.build_string, "subdir": companion.subdir, "run": list(companion.run),
+            "warnings": list(companion.warnings),
         })
     for variant in render_plan.variants:
         request = variant.request
@@ -82,12 +89,15 @@ def register(app: typer.Typer) -> None:
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
-        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None,
+        magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
+        companions: Annotated[bool, typer.Option(
+            "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         gcc, source, magma_source)
-        render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [])
+                                         gcc, source, magma_source, patch, magma_patch)
+        render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],
+                                                magma_patches=magma_patch or [], companions=companions)
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")

@@ -17,19 +17,25 @@ fi
 # Changes upstream's patches made, as exact, checked source edits (see the header).
 python3 "$RECIPE_DIR/source_edits.py" "$RECIPE_DIR/source_edits.json" "$SRC_DIR"
 
-# Upstream patched CMakeLists.txt to take CUDA_ARCH_LIST (cmakelists.patch); torchforge hands the same
-# gencode list to MAGMA's own CMake options instead. SASS only, no PTX, static library, -fPIC.
+# The official build: static libmagma.a, the gencode list above (SASS only, no PTX), no OpenMP, no LAPACK,
+# no separable compilation (see the source edits and magma.toml's cmake styles).
 mkdir -p build
 cd build
 cmake .. \
   -DUSE_FORTRAN=OFF \
   -DBUILD_SHARED_LIBS=OFF \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-  -DCMAKE_INSTALL_PREFIX="$PREFIX" \
   -DCMAKE_BUILD_TYPE=Release \
-  -DGPU_TARGET='sm_37 sm_50 sm_60 sm_70 sm_80 sm_86 sm_90' \
-  -DCMAKE_CUDA_ARCHITECTURES='37;50;60;70;80;86;90' \
-  -DCUDA_ARCH_LIST="$CUDA_ARCH_LIST" \
-  -DCUDA_NVCC_FLAGS="-Xfatbin -compress-all $CUDA_ARCH_LIST"
+  -DGPU_TARGET=All \
+  "-DCUDA_ARCH_LIST=$CUDA_ARCH_LIST" \
+  "-DCUDA_TOOLKIT_ROOT_DIR=$CUDA_HOME" \
+  -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  -DCMAKE_INSTALL_PREFIX="$PREFIX"
+# Only the magma target: the testers, lapacktest and magma_sparse need a LAPACK and hours to build.
 make -j"$MAX_JOBS" magma
-make install
+# Only the library and its headers, as the official package (include/*.h and the generated build/include/*.h).
+install -d "$PREFIX/lib" "$PREFIX/include"
+install -m 644 lib/libmagma.a "$PREFIX/lib/"
+for header in ../include/*.h include/*.h; do
+  if [ -f "$header" ]; then install -m 644 "$header" "$PREFIX/include/"; fi
+done

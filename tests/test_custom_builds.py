@@ -1,0 +1,131 @@
+"""Custom builds never pass for official ones: options that change the binary put a short hash of the variant's
+settings into the build string, the settings are recorded in the package, and the reuse check compares them.
+Variables torchforge sets or checks are validated the same way from --env as from their options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.pkgfactory import make_package
+from torchforge.cli import main
+from torchforge.engines.rattler_build import RattlerBuildEngine
+from torchforge.magmasource import MagmaSource
+from torchforge.pipeline import Action, BuildSettings, plan_steps
+from torchforge.render import plan
+from torchforge.resolve import Status, classify
+from torchforge.variant import Options, Request, Selection, parse_env
+
+OFFICIAL = "py3.12_cuda12.4_cudnn9.1.0_0"
+
+
+def _variant(**options: object):
+    return classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(**options)))  # type: ignore[arg-type]
+
+
+def test_every_binary_changing_option_gives_a_distinct_non_official_build_string() -> None:
+    assert _variant().build_string == OFFICIAL
+    customs = {
+        "arch a": _variant(arch_list="8.0;9.0"),
+        "arch b": _variant(arch_list="9.0"),
+        "env": _variant(extra_env=parse_env(["USE_NCCL=0"])),
+        "patch": _variant(patch_digests=("0" * 64,)),
+        "debug": _variant(debug=True),
+        "source": _variant(source="https://mirror.example/pytorch.git"),
+    }
+    strings = {name: v.build_string for name, v in customs.items()}
+    assert len(set(strings.values())) == len(strings), strings
+    for name, variant in customs.items():
+        assert variant.status is Status.BUILDABLE, name
+        assert variant.build_string.startswith("py3.12_cuda12.4_cudnn9.1.0_") and "_tf" in variant.build_string, name
+        assert variant.build_string.endswith("_0") and variant.build_string != OFFICIAL
+        assert json.loads(variant.settings), name
+    assert json.loads(customs["arch a"].settings) == {"arch_list": "8.0;9.0"}
+    assert "_debug_tf" in strings["debug"]
+
+
+def test_arch_list_from_env_is_checked_like_the_option() -> None:
+    by_option = _variant(arch_list="12.0")
+    by_env = _variant(extra_env=parse_env(["TORCH_CUDA_ARCH_LIST=12.0"]))
+    assert by_option.status is by_env.status is Status.REFUSED
+    assert by_option.refusals == tuple(r for r in by_env.refusals)
+    assert "GPU arch 12.0 is outside what nvcc 12.4 accepts" in by_env.refusals[0]
+    # The same list through either door is the same package.
+    by_flag, by_var = _variant(arch_list="8.0;9.0"), _variant(extra_env=parse_env(["TORCH_CUDA_ARCH_LIST=8.0;9.0"]))
+    assert (by_flag.arch_list, by_flag.build_string) == (by_var.arch_list, by_var.build_string)
+    assert _variant(debug=True).build_string == _variant(extra_env=parse_env(["DEBUG=1"])).build_string
+    disagree = _variant(arch_list="8.0", extra_env=parse_env(["TORCH_CUDA_ARCH_LIST=9.0"]))
+    assert "disagree" in "; ".join(disagree.refusals)
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (Request("2.5.1", "12.4", "3.12", "linux-64", Options(extra_env=(("USE_CUDA", "0"),))), "use --cuda cpu instead"),
+        (Request("2.5.1", "cpu", "3.12", "linux-64", Options(extra_env=(("USE_CUDA", "1"),))), "--cuda X.Y"),
+        (Request("2.5.1", "12.4", "3.12", "linux-64", Options(extra_env=(("USE_MAGMA", "off"),))), "as 0 or 1"),
+        (Request("2.5.1", "12.4", "3.12", "win-64", Options(extra_env=(("USE_MAGMA", "1"),))), "no magma-cuda package for win-64"),
+    ],
+)
+def test_switches_torchforge_sets_are_validated_from_env(request_: Request, reason: str) -> None:
+    variant = classify(request_)
+    assert variant.status is Status.REFUSED and reason in "; ".join(variant.refusals), variant.refusals
+
+
+def test_use_magma_0_drops_magma_from_the_plan_and_the_recipe(tmp_path: Path) -> None:
+    selection = Selection("2.5.1", ("12.4",), ("3.12",), "linux-64", Options(extra_env=(("USE_MAGMA", "0"),)))
+    render_plan = plan(selection)
+    assert render_plan.magma == () and render_plan.variants[0].magma is None
+    assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--env", "USE_MAGMA=0",
+                 "--out", str(tmp_path / "r")]) == 0
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["pytorch-2.5.1-cu124-py312-linux_64"]
+    meta = (tmp_path / "r" / "pytorch-2.5.1-cu124-py312-linux_64" / "meta.yaml").read_text()
+    assert "magma-cuda124" not in meta and "USE_MAGMA=0" in (tmp_path / "r" / "pytorch-2.5.1-cu124-py312-linux_64" / "build.sh").read_text()
+
+
+def test_patch_content_is_part_of_the_build_string(tmp_path: Path) -> None:
+    strings = []
+    for text in ("one\n", "two\n"):
+        patch = tmp_path / "fix.patch"
+        patch.write_text(text)
+        out = tmp_path / f"r-{len(strings)}"
+        assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--patch", str(patch),
+                     "--env", "USE_MAGMA=0", "--out", str(out)]) == 0
+        meta = (out / "pytorch-2.5.1-cu124-py312-linux_64" / "meta.yaml").read_text()
+        strings.append(next(line.split()[1] for line in meta.splitlines() if line.strip().startswith("string:")))
+    assert strings[0] != strings[1] and all("_tf" in s for s in strings)
+
+
+def test_reuse_check_compares_the_recorded_settings(tmp_path: Path) -> None:
+    out = tmp_path / "channel"
+    selection = Selection("2.5.1", ("12.4",), ("3.12",), "linux-64", Options(arch_list="8.0;9.0"))
+    variant = plan(selection).variants[0]
+    settings = BuildSettings(out=out, magma_only=False)
+    engine = RattlerBuildEngine()
+    # A package with the planned name but other recorded settings is rebuilt, not silently reused.
+    make_package(out / "linux-64", "pytorch", "2.5.1", variant.build_string,
+                 about_extra={"torchforge_settings": json.dumps({"arch_list": "9.0"})})
+    step = next(s for s in plan_steps(plan(selection), engine, settings) if s.kind == "pytorch")
+    assert step.action is Action.BUILD and "built with other settings" in step.reason
+    make_package(out / "linux-64", "pytorch", "2.5.1", variant.build_string,
+                 about_extra={"torchforge_settings": variant.settings})
+    step = next(s for s in plan_steps(plan(selection), engine, settings) if s.kind == "pytorch")
+    assert step.action is Action.REUSE
+
+
+def test_a_custom_magma_never_takes_the_official_name() -> None:
+    official = _variant().magma
+    custom = _variant(arch_list="8.0;9.0").magma
+    tree = MagmaSource("tree", "/srv/magma-2.6.1", "2.6.1")  # a local tree may differ from the release tarball
+    mirrored = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source=tree))).magma
+    assert official is not None and custom is not None and mirrored is not None
+    assert official.build_string == "1" and official.status is Status.OFFICIAL
+    assert custom.build_string.startswith("tf") and custom.build_string.endswith("_1")
+    assert custom.status is Status.BUILDABLE and json.loads(custom.settings) == {"gencode": ["80", "90"]}
+    assert len({official.build_string, custom.build_string, mirrored.build_string}) == 3
+    # a mirror URL of the release tarball is pinned to the release's sha256: the same package, the official name
+    url = MagmaSource("url", "https://mirror.example/magma-2.6.1.tar.gz")
+    via_mirror = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source=url))).magma
+    assert via_mirror is not None and via_mirror.build_string == "1" and via_mirror.status is Status.OFFICIAL
