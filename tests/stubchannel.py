@@ -30,7 +30,8 @@ from torchforge.localchannel import index
 
 SUBDIR = "linux-64"
 # conda's platform and arch fields of a package's index.json, per subdir.
-PLATFORM_ARCH = {"linux-64": ("linux", "x86_64"), "linux-aarch64": ("linux", "aarch64"), "win-64": ("win", "x86_64")}
+PLATFORM_ARCH = {"linux-64": ("linux", "x86_64"), "linux-aarch64": ("linux", "aarch64"), "win-64": ("win", "x86_64"),
+                 "osx-64": ("osx", "x86_64"), "osx-arm64": ("osx", "arm64")}
 
 
 @dataclass(frozen=True)
