@@ -21,6 +21,7 @@ from tests.test_build import cuobjdump, nvcc_release
 from tests.test_torch_like import offline_site
 from tests.test_upload_helpers import cli
 from torchforge.cli import main
+from torchforge.commands.options import selection_from_flags
 from torchforge.diagnose import explain_log
 from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders, write_folders
 from torchforge.rpath import Layout, audit
@@ -95,32 +96,44 @@ def conda_env(conda_tool: CondaTool, tmp_path: Path, monkeypatch: pytest.MonkeyP
 # Two independent builds (no shared state, so xdist may run them side by side): CUDA (magma_like, then torch_like
 # against that magma) and cpu (torch_like, then the rerun). Each one is a chain of checks on the same build.
 
-COMMON = ["--engine", "conda-build", "--pytorch", "2.9.0", "--py", "3.11", "--source", str(FIXTURES / "torch_like"),
-          "--skip-preflight"]
-CUDA_ARGS = [*COMMON, "--cuda", NVCC_RELEASE, "--arch-list", "8.0;9.0", "--magma-source", str(FIXTURES / "magma_like")]
+TORCH_LIKE, MAGMA_LIKE = str(FIXTURES / "torch_like"), str(FIXTURES / "magma_like")
+# PyTorch 2.13 accepts MAGMA 2.10, which magma_like stands for.
+PYTORCH = "2.13.0"
+COMMON = ["--engine", "conda-build", "--pytorch", PYTORCH, "--py", "3.11", "--source", TORCH_LIKE, "--skip-preflight"]
+CUDA_ARGS = [*COMMON, "--cuda", NVCC_RELEASE, "--arch-list", "8.0;9.0", "--magma-source", MAGMA_LIKE]
 CPU_ARGS = [*COMMON, "--cuda", "cpu"]
-MAGMA = "magma-cuda130-2.6.1-1"
-CPU = "pytorch-2.9.0-py3.11_cpu_0"
-CUDA = "pytorch-2.9.0-py3.11_cuda13.0_cudnn9.13.0_0"
 
 
 @dataclass(frozen=True)
 class Forge:
     out: Path  # the output channel
-    stubs: Path  # stand-ins for every requirement except magma (which must come from `out`)
+    stubs: Path  # stand-ins for every requirement except what is built here (magma, companions)
     tool: CondaTool
     site: Path  # torchforge.toml: the stand-ins replace every data channel (no network here)
+    planned: dict[str, Planned]  # every package of the plan (companions, magma, pytorch) by id
+
+
+def _plan(args: list[str]) -> RenderPlan:
+    """What `torchforge build ARGS` plans, through the command's own flag parsing."""
+    def flag(name: str) -> str | None:
+        return args[args.index(name) + 1] if name in args else None
+
+    return plan(selection_from_flags(flag("--pytorch"), flag("--cuda"), flag("--py"), None, flag("--arch-list"),
+                                     source=flag("--source"), magma_source=flag("--magma-source")))
 
 
 def _forge(tool: CondaTool, root: Path, args: list[str]) -> Forge:
     """`torchforge build ARGS` in a new process, as a user runs it, against stand-ins for its requirements."""
-    selection = Selection.from_flags("2.9.0", args[args.index("--cuda") + 1], "3.11", None,
-                                     Options(arch_list="8.0;9.0", source=str(FIXTURES / "torch_like")))
+    render_plan = _plan(args)
+    # magma and the companions (pytorch-mutex, cpuonly, pytorch-cuda) are built here, so they get no stand-in.
+    built_here = {"magma-"} | {c.name + " " for c in render_plan.companions}
     specs = {"pip"}  # real conda makes every python depend on pip
-    for files in recipe_folders(plan(selection), RecipeFormat.CONDA_BUILD).values():
-        specs.update(s for s in recipe_requirements(str(files["meta.yaml"])) if not s.startswith("magma-"))
+    for files in recipe_folders(render_plan, RecipeFormat.CONDA_BUILD).values():
+        specs.update(s for s in recipe_requirements(str(files["meta.yaml"])) if not (s + " ").startswith(tuple(built_here)))
     make_stub_channel(root / "stubs", sorted(specs))
-    forge = Forge(root / "out", root / "stubs", tool, offline_site(root / "stubs"))
+    planned = [Planned(c.id, c.filename_stem, c.subdir, None) for c in render_plan.companions]
+    forge = Forge(root / "out", root / "stubs", tool, offline_site(root / "stubs"),
+                  {p.folder: p for p in [*planned, *_planned(render_plan, None)]})
     result = cli("build", *args, "--config", str(forge.site), "--out", str(forge.out), env=tool.env(root / "conda"),
                  timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -129,14 +142,16 @@ def _forge(tool: CondaTool, root: Path, args: list[str]) -> Forge:
     return forge
 
 
-def _published(forge: Forge, stems: tuple[str, ...], variants: tuple[str, ...]) -> None:
+def _published(forge: Forge) -> None:
     """Exactly the planned packages are in the channel, RPATH-clean, built by conda-build with its test phase."""
-    repodata = json.loads((forge.out / "linux-64" / "repodata.json").read_text())
-    assert sorted(repodata["packages.conda"]) == sorted(f"{stem}.conda" for stem in stems)
-    for stem in stems:
-        report = audit(forge.out / "linux-64" / f"{stem}.conda", Layout.CONDA)
+    for subdir in {p.subdir for p in forge.planned.values()}:
+        repodata = json.loads((forge.out / subdir / "repodata.json").read_text())
+        assert sorted(repodata["packages.conda"]) == \
+            sorted(f"{p.stem}.conda" for p in forge.planned.values() if p.subdir == subdir)
+    for package in forge.planned.values():
+        report = audit(forge.out / package.subdir / f"{package.stem}.conda", Layout.CONDA)
         assert report.ok, report.findings
-    for variant in variants:
+    for variant in (v for v in forge.planned if v.startswith(f"pytorch-{PYTORCH}-")):
         log = _log(forge, variant)
         assert "$ conda build " in log and "TEST END" in log  # conda-build's own test phase ran `import torch`
         # conda_build_config.yaml gives numpy, so conda-build does not fall back to its default.
@@ -180,21 +195,26 @@ needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE,
 def test_cuda_magma_like_then_torch_like_against_it_built_published_installed_and_run(
         conda_tool: CondaTool, tmp_path: Path) -> None:
     forge = _forge(conda_tool, tmp_path / "forge", CUDA_ARGS)
-    _published(forge, (MAGMA, CUDA), ("pytorch-2.9.0-cu130-py311-linux_64",))
+    (magma_id,) = (i for i in forge.planned if i.startswith("magma-cuda130-"))
+    torch_id = f"pytorch-{PYTORCH}-cu130-py311-linux_64"
+    assert torch_id in forge.planned
+    _published(forge)
     # The pytorch build's host environment took magma-cuda130 from the output channel, just built.
-    log = _log(forge, "pytorch-2.9.0-cu130-py311-linux_64")
+    log = _log(forge, torch_id)
     host = log[log.index("## Package Plan ##"):]
     magma_line = next(line for line in host.splitlines() if line.strip().startswith("magma-cuda130"))
-    assert "2.6.1-1" in magma_line and forge.out.name in magma_line
-    assert "source edit ok: replace control/thread_queue.cpp (applied)" in _log(forge, "magma-cuda130-2.6.1-linux_64")
-    prefix = _create(forge, tmp_path / "magma-env", "magma-cuda130 ==2.6.1")
+    magma_build = forge.planned[magma_id].stem.removeprefix("magma-cuda130-")
+    assert magma_build in magma_line and forge.out.name in magma_line
+    assert "source edit ok: replace control/get_batched_crossover.cpp (applied)" in _log(forge, magma_id)
+    name, version, build = forge.planned[magma_id].stem.rsplit("-", 2)
+    prefix = _create(forge, tmp_path / "magma-env", f"{name} =={version} {build}")
     library = prefix / "lib" / "libmagma.a"
     assert library.is_file() and (prefix / "include" / "magma.h").is_file()
     listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True,
                              check=True).stdout
     assert sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}) == \
         ["sm_80", "sm_90"]
-    _imports_and_runs(forge, tmp_path / "torch-env", CUDA)
+    _imports_and_runs(forge, tmp_path / "torch-env", forge.planned[torch_id].stem)
 
 
 @pytest.mark.slow
@@ -202,12 +222,14 @@ def test_cpu_torch_like_built_published_installed_and_run_then_a_rerun_reuses_it
         conda_tool: CondaTool, conda_env: dict[str, str], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     forge = _forge(conda_tool, tmp_path / "forge", CPU_ARGS)
-    _published(forge, (CPU,), ("pytorch-2.9.0-cpu-py311-linux_64",))
-    _imports_and_runs(forge, tmp_path / "torch-env", CPU)
-    before = (forge.out / "linux-64" / f"{CPU}.conda").stat().st_mtime_ns
+    cpu = forge.planned[f"pytorch-{PYTORCH}-cpu-py311-linux_64"].stem
+    assert cpu.startswith(f"pytorch-{PYTORCH}-py3.11_cpu_") and cpu.endswith("_0")  # `_tf<hash>`: a custom source
+    _published(forge)
+    _imports_and_runs(forge, tmp_path / "torch-env", cpu)
+    before = (forge.out / "linux-64" / f"{cpu}.conda").stat().st_mtime_ns
     assert main(["build", *CPU_ARGS, "--config", str(forge.site), "--out", str(forge.out)]) == 0
-    assert f"reuse {CPU}: already in" in capsys.readouterr().err
-    assert (forge.out / "linux-64" / f"{CPU}.conda").stat().st_mtime_ns == before
+    assert f"reuse {cpu}: already in" in capsys.readouterr().err
+    assert (forge.out / "linux-64" / f"{cpu}.conda").stat().st_mtime_ns == before
 
 
 @needs_nvcc
@@ -217,16 +239,16 @@ def test_a_failing_conda_build_publishes_nothing_leaves_no_staging_and_is_explai
     out = tmp_path / "out"
     site = tmp_path / "torchforge.toml"
     site.write_text("[channels]\nreplace = []\n")  # offline: magma needs no channel
-    # magma-cuda124 checks that nvcc is CUDA 12.4, like upstream's build.sh; this machine has 13.0.
-    code = main(["build", "--engine", "conda-build", "--magma-only", "--pytorch", "2.5.1", "--cuda", "12.4",
-                 "--py", "3.12", "--magma-source", str(FIXTURES / "magma_like"), "--skip-preflight",
-                 "--config", str(site), "--out", str(out)])
+    # magma-cuda126 checks that nvcc is CUDA 12.6, like upstream's build.sh; this machine has 13.0.
+    code = main(["build", "--engine", "conda-build", "--magma-only", "--pytorch", PYTORCH, "--cuda", "12.6",
+                 "--py", "3.11", "--magma-source", MAGMA_LIKE, "--skip-preflight", "--config", str(site),
+                 "--out", str(out)])
     assert code == 6
     err = capsys.readouterr().err
-    assert f"is CUDA {NVCC_RELEASE}, this recipe is for CUDA 12.4" in err
+    assert f"is CUDA {NVCC_RELEASE}, this recipe is for CUDA 12.6" in err
     assert not list(out.glob("*/*.conda")) and not list(out.glob("*/*.tar.bz2"))
     assert not list(out.glob(".staging-*"))
-    log = out / "logs" / "magma-cuda124-2.6.1-linux_64.log"
+    (log,) = (out / "logs").glob("magma-cuda126-*.log")
     assert "$ conda build " in log.read_text()
     assert [d.id for d in explain_log(log)] == ["recipe-nvcc-mismatch"]
 
