@@ -1,11 +1,24 @@
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+from tests.skips_allowed import ALLOWED_SKIPS, allowed
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
+CACHE = REPO / ".cache" / "torchforge-tests"
+TORCH = "2.13.0"
+# Larger than every streaming loop's chunk many times over (copy 8 MiB, hash 1 MiB, quetz 1 MiB), so each
+# loop iterates; incompressible, so the archive is really this big. Generated per session, never stored.
+BIG_PAYLOAD_BYTES = 300 << 20
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +26,109 @@ def reference_dir() -> Path:
     if not SHARED_REFERENCE.is_dir():
         pytest.skip("../shared/reference is not beside this checkout")
     return SHARED_REFERENCE
+
+
+def cached(name: str, build: Callable[[Path], None]) -> Path:
+    """`CACHE/name`, built once by `build` across sessions and xdist workers (a lock, then a marker)."""
+    target = CACHE / name
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(CACHE / f"{name}.lock")):
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir()
+            build(target)
+            (target / ".complete").write_text("")
+    return target
+
+
+@pytest.fixture(scope="session")
+def torch_wheel() -> Path:
+    """The official torch CPU wheel, downloaded once into .cache/ (every test that needs it asks for it here,
+    so order and parallelism never decide whether it is there)."""
+    def download(dest: Path) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "download", f"torch=={TORCH}", "--no-deps", "-d", str(dest),
+                        "--quiet"], check=True)
+
+    wheels = sorted(cached(f"torch-{TORCH}-wheel", download).glob("torch-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="session")
+def big_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 300 MiB stand-in with an official-style name (pytorch-2.13.0-py3.11_cpu_0.conda)."""
+    from tests.pkgfactory import make_package
+
+    out = tmp_path_factory.mktemp("big") / "linux-64"
+    return make_package(out, name="pytorch", version=TORCH, build="py3.11_cpu_0", payload_bytes=BIG_PAYLOAD_BYTES)
+
+
+# ------------------------------------------------------------------------------------------------ skips
+# In CI (CI or TORCHFORGE_STRICT_SKIPS set; .ci/run sets it) a skip fails the run unless tests/skips_allowed.py
+# lists it with the reason it cannot be helped: a toolkit bump must not silently drop the real CUDA builds.
+
+def _strict() -> bool:
+    return bool(os.environ.get("CI") or os.environ.get("TORCHFORGE_STRICT_SKIPS"))
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+_seen_skips: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _seen_skips.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:
+        _seen_skips.append((report.nodeid, _skip_reason(report)))
+
+
+def _unexpected() -> list[tuple[str, str]]:
+    return [(node, reason) for node, reason in _seen_skips if not allowed(node, reason)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _strict() and _unexpected() and exitstatus == 0 and not hasattr(session.config, "workerinput"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("skips allowed on these machines (tests/skips_allowed.py)")
+    for pattern, why in ALLOWED_SKIPS:
+        write(f"{pattern}: {why}")
+    if not ALLOWED_SKIPS:
+        write("(none)")
+    unexpected = _unexpected()
+    if unexpected:
+        terminalreporter.section("skips NOT in tests/skips_allowed.py" + (" (fail the run: strict)" if _strict() else ""))
+        for node, reason in unexpected:
+            write(f"{node}: {reason}")
+
+
+@pytest.fixture()
+def bundled_libraries(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder holding empty files under every name a CUDA recipe bundles into torch/lib (bundle.toml), and
+    the recipes' folder variables (CUDNN_LIB_DIR ...) pointing at it, for checks that only look for them."""
+    from torchforge import data as tables
+
+    folder = tmp_path_factory.mktemp("bundled")
+    data = tables.load()
+    for rule in data.bundle.linux:
+        for cuda in data.cuda.toolkits:
+            for lib in rule.libs:
+                (folder / lib.name.format(cuda=cuda, cuda_major=cuda.split(".")[0]).replace("*", "")).touch()
+    for directory in data.bundle.linux_dirs.values():
+        monkeypatch.setenv(directory.var, str(folder))
+    return folder

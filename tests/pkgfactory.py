@@ -62,13 +62,9 @@ def _make(
 
     add(f"share/{name}/hello.txt", f"hello from {name} {version}\n".encode())
     if payload_bytes:
-        # A hash chain: deterministic and not compressible, so the archive really is about this big.
-        blob = bytearray()
-        seed = hashlib.sha256(f"{name}{version}".encode()).digest()
-        while len(blob) < payload_bytes:
-            seed = hashlib.sha256(seed).digest()
-            blob += seed
-        add(f"share/{name}/blob.bin", bytes(blob[:payload_bytes]))
+        # SHAKE-256 output: deterministic and not compressible, so the archive really is about this big,
+        # and fast enough (about 300 MB/s) for the suite's one package of hundreds of MB.
+        add(f"share/{name}/blob.bin", hashlib.shake_256(f"{name}{version}".encode()).digest(payload_bytes))
     index: dict[str, object] = {
         "name": name,
         "version": version,

@@ -72,7 +72,7 @@ def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{MAGMA_STEM}.conda"]
-    assert not list(built_channel.glob(".staging-*")), "staging folders must not stay in the channel"
+    assert not list(built_channel.glob(".torchforge-tmp-*")), "staging folders must not stay in the channel"
     records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
     asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
@@ -185,7 +185,7 @@ def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: p
     err = capsys.readouterr().err
     assert "nvcc at" in err and "is CUDA 13.0, this recipe is for CUDA 12.6" in err
     assert not list(channel.glob("linux-64/*.conda"))
-    assert not list(channel.glob(".staging-*"))
+    assert not list(channel.glob(".torchforge-tmp-*"))
     assert (channel / "logs" / "magma-cuda126-2.10.0-linux_64.log").is_file()
 
 
@@ -198,8 +198,15 @@ def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, ca
                  "--skip-preflight", "--out", str(tmp_path / "channel")])
     assert code == 6
     out = capsys.readouterr().out
-    assert "skipped: magma-cuda126-2.10.0-linux_64 failed" in out
-    assert "pytorch-2.13.0-py3.12_cpu_tf" in out  # --source: a custom build string
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 4}
+    cuda = next(row for stem, row in rows.items() if stem.startswith("pytorch-2.13.0-py3.12_cuda12.6"))
+    cpu = next(row for stem, row in rows.items() if stem.startswith("pytorch-2.13.0-py3.12_cpu_tf"))  # --source: custom
+    assert "skipped: magma-cuda126-2.10.0-linux_64 failed" in cuda
+    logs = tmp_path / "channel" / "logs"
+    assert not (logs / "pytorch-2.13.0-cu126-py312-linux_64.log").exists()  # waited: never started
+    # --keep-going: the cpu variant was still built, and failed on its own (the missing source), not skipped.
+    assert "skipped" not in cpu and "exited with status 1" in cpu
+    assert "no-such-source" in (logs / "pytorch-2.13.0-cpu-py312-linux_64.log").read_text()
 
 
 def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_path: Path,
@@ -215,7 +222,7 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     assert "recipes/pytorch-mutex-1.0-cuda-noarch " in lines[0] and "recipes/pytorch-cuda-11.8-7-linux_64 " in lines[1]
     lines = lines[2:]
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
-                             f"{out}/.staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
+                             f"{out}/.torchforge-tmp-staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")
     assert "--python 3.10" in lines[1] and "--python 3.11" in lines[2]
     assert not out.exists()

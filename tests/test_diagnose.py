@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -102,7 +101,12 @@ def test_a_very_long_line_is_shown_around_the_match() -> None:
 
 def test_text_path_and_str_path_give_the_same_answer(tmp_path: Path) -> None:
     log = FIXTURES / "forward-compat-804.log"
-    assert explain_log(log) == explain_log(str(log)) == explain_log(log.read_text(encoding="utf-8"))
+    fifth = log.read_text(encoding="utf-8").splitlines()[4]
+    for given in (log, str(log), log.read_text(encoding="utf-8")):
+        # Each form is read as the log itself: a str path must not be scanned as if it were the log's text.
+        (diagnosis,) = explain_log(given)
+        assert (diagnosis.id, diagnosis.line, diagnosis.count) == ("forward-compat-804", 5, 1), given
+        assert diagnosis.text.strip("…") in fifth
 
 
 def test_missing_log_file_is_a_usage_error(tmp_path: Path) -> None:
@@ -168,16 +172,14 @@ def test_literals_are_matched_verbatim() -> None:
     assert explain_log("aab c", signatures=table) == []
 
 
-def test_a_large_log_is_scanned_quickly(tmp_path: Path) -> None:
-    # A PyTorch CUDA build log runs to ~6,000 ninja steps with long compile lines; scan 200,000 lines.
+def test_a_large_log_is_scanned_to_its_last_line(tmp_path: Path) -> None:
+    # A PyTorch CUDA build log runs to ~6,000 ninja steps with long compile lines; 200,000 lines, the failure
+    # on the very last. (Its speed is measured by `make bench`, bench/bench_explain.py, not asserted here.)
     line = "[1208/6244] Building CXX object caffe2/CMakeFiles/torch_cuda.dir/x.cu.o " + "-DFLAG " * 40 + "\n"
     log = tmp_path / "big.log"
     log.write_text(line * 200_000 + "g++: fatal error: Killed signal terminated program cc1plus\n", encoding="utf-8")
-    started = time.perf_counter()
     diagnoses = explain_log(log)
-    elapsed = time.perf_counter() - started
-    assert [(d.id, d.line) for d in diagnoses] == [("compiler-killed", 200_001)]
-    assert elapsed < 10, f"{elapsed:.1f}s for {log.stat().st_size / 1e6:.0f} MB"
+    assert [(d.id, d.line, d.count) for d in diagnoses] == [("compiler-killed", 200_001, 1)]
 
 
 def test_cli_explain_prints_the_fix_and_exits_0() -> None:

@@ -16,6 +16,9 @@ from torchforge.recipe import pytorch_context
 from torchforge.render import plan
 from torchforge.variant import Options, Selection
 
+# cuDNN and friends are not on this machine: the doctor sees stand-in files under their names (conftest.py).
+pytestmark = pytest.mark.usefixtures("bundled_libraries")
+
 HAVE_NVCC = shutil.which("nvcc") is not None
 NVCC_RELEASE = (
     subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.split("release ", 1)[1].split(",", 1)[0]

@@ -33,6 +33,11 @@ NVCC_RELEASE = _release(subprocess.run(["nvcc", "--version"], capture_output=Tru
 GCC_MAJOR = int(subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout.split(".")[0]) if HAVE_GCC else None
 
 
+# The folders of the libraries CUDA recipes bundle point at stand-in files (tests/conftest.py), so the checks
+# other tests look at are not drowned by this machine's missing cuDNN; the bundled-library tests look at them.
+pytestmark = pytest.mark.usefixtures("bundled_libraries")
+
+
 def _preflight(cuda: str, *, pytorch: str = "2.9.0", python: str = "3.12", platform: str | None = None,
                engine: str = "auto", source: str | None = None, jobs: int | None = None,
                machine: Machine = BIG_MACHINE, out: Path | None = None) -> PreflightReport:
@@ -257,8 +262,13 @@ def test_memory_based_max_jobs_lands_in_the_report() -> None:
 
 
 def test_a_foreign_platform_fails_and_skips_the_gcc_check() -> None:
-    report = _preflight("cpu", pytorch="2.5.1", python="3.10", platform="win-64")
+    # A CUDA variant: on linux-64 the host compiler is checked against nvcc's limit; on win-64 (MSVC) it is not.
+    linux = _preflight("12.4", pytorch="2.5.1", python="3.12", platform="linux-64")
+    assert "host compiler (CUDA 12.4)" in {c.name for c in linux.checks}
+    report = _preflight("12.4", pytorch="2.5.1", python="3.12", platform="win-64")
     assert report.check("platform").status is Level.FAIL
+    assert "asked for win-64" in report.check("platform").detail
+    assert not [c.name for c in report.checks if c.name.startswith("host compiler")]
 
 
 def test_refused_variants_are_one_failed_row_among_all_checks() -> None:
@@ -366,5 +376,38 @@ def test_nvml_mismatch_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_report_table_has_one_row_per_check() -> None:
     report = _preflight("cpu", pytorch="2.5.1", python="3.10")
     table = report_table(report)
-    assert table.row_count == len(report.checks)
-    assert report.as_dict()["max_jobs"] == report.max_jobs
+    assert table.row_count == len(report.checks) > 5
+    columns = {column.header: list(column.cells) for column in table.columns}
+    # Row i is check i: its name, its status word and its detail, in that order.
+    assert columns["check"] == [c.name for c in report.checks]
+    assert [cell.split("]")[1].split("[")[0] for cell in columns["status"]] == [c.status.value for c in report.checks]
+    assert columns["detail"] == [c.detail for c in report.checks]
+    assert columns["what would work"] == [c.fix or "" for c in report.checks]
+    assert f"MAX_JOBS {report.max_jobs}" in str(table.title)
+
+
+# ---- bundled libraries -----------------------------------------------------------------------------------
+
+
+def test_bundled_libraries_found_in_their_folders(bundled_libraries: Path) -> None:
+    report = _preflight("12.4", pytorch="2.5.1")
+    checks = {c.name: c for c in report.checks if c.name.startswith("bundled ")}
+    assert list(checks) == ["bundled libcudnn*.so.9", "bundled libcupti.so.12", "bundled libcusparseLt.so.0"]
+    assert all(c.status is Level.OK and str(bundled_libraries) in c.detail for c in checks.values())
+
+
+def test_a_missing_bundled_library_fails_before_the_build_and_names_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "libcudnn.so.8").touch()  # cuDNN 8 where the 2.5 recipe bundles cuDNN 9
+    monkeypatch.setenv("CUDNN_LIB_DIR", str(tmp_path))
+    report = _preflight("12.4", pytorch="2.5.1")
+    check = report.check("bundled libcudnn*.so.9")
+    assert check.status is Level.FAIL and str(tmp_path) in check.detail and "CUDNN_LIB_DIR" in (check.fix or "")
+    assert report.check("bundled libcupti.so.12").status is Level.OK
+    with pytest.raises(PreflightError, match=r"bundled libcudnn\*\.so\.9"):
+        report.raise_if_failed()
+
+
+def test_cpu_and_static_cudnn_variants_bundle_nothing() -> None:
+    for report in (_preflight("cpu", pytorch="2.5.1"), _preflight("11.3", pytorch="1.10.2", python="3.9")):
+        assert not [c for c in report.checks if c.name.startswith("bundled ")]

@@ -14,11 +14,11 @@ import pytest
 from rattler_build import Stage0Recipe
 from ruamel.yaml import YAML
 
-from tests.golden.regenerate import EXPECTED, cases, render_case
+from tests.golden.regenerate import EXPECTED, case_plan, cases, render_case
 from torchforge import data as tables
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import BUILD_TOOL_VARIABLES
-from torchforge.render import RecipeFormat, plan, recipe_folders, render_selection, write_folders
+from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders, render_selection, write_folders
 from torchforge.resolve import Status
 from torchforge.variant import Options, Request, Selection
 
@@ -38,29 +38,38 @@ def test_golden(case: str, fmt: RecipeFormat) -> None:
             assert content == (expected_root / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
 
 
-def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+def _official_plans() -> list[RenderPlan]:
     """Every official variant in the data (all releases x CUDA x Python), one Python per release to stay fast."""
-    folders: dict[str, dict[str, str | bytes]] = {}
+    plans = []
     for key, release in tables.load().pytorch.releases.items():
         if not release.conda_official:
             continue
         cudas = ",".join([*(c for c, b in release.cuda.items() if b.conda), "cpu"])
         version = (tables.load().pytorch.patch_releases.get(key) or (f"{key}.0",))[-1]
-        selection = Selection.from_flags(version, cudas, release.python[1], None, Options())
-        folders.update(recipe_folders(plan(selection), fmt))
+        plans.append(plan(Selection.from_flags(version, cudas, release.python[1], None, Options())))
+    return plans
+
+
+def _official_selection_folders(fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+    folders: dict[str, dict[str, str | bytes]] = {}
+    for render_plan in _official_plans():
+        folders.update(recipe_folders(render_plan, fmt))
     return folders
 
 
 def test_every_rendered_recipe_yaml_parses_with_rattler_build() -> None:
-    folders = _official_selection_folders(RecipeFormat.RATTLER_BUILD)
-    for case in CASES.values():
-        folders.update(render_case(case, RecipeFormat.RATTLER_BUILD))
-    assert len(folders) > 40
-    for name, files in folders.items():
-        recipe = Stage0Recipe.from_yaml(str(files["recipe.yaml"]))
-        rendered = recipe.render()[0].recipe.to_dict()
-        assert rendered["build"]["string"], name
-        assert rendered["package"]["name"] in ("pytorch",) or rendered["package"]["name"].startswith("magma-cuda")
+    """rattler-build itself reads each recipe and arrives at exactly the planned name-version-build."""
+    checked = 0
+    for render_plan in [*_official_plans(), *(case_plan(c) for c in CASES.values())]:
+        planned = {m.id: m.filename_stem for m in render_plan.magma}
+        planned.update({v.id: v.filename_stem for v in render_plan.variants})
+        for name, files in recipe_folders(render_plan, RecipeFormat.RATTLER_BUILD).items():
+            recipe = Stage0Recipe.from_yaml(str(files["recipe.yaml"]))
+            rendered = recipe.render()[0].recipe.to_dict()
+            package = rendered["package"]
+            assert f"{package['name']}-{package['version']}-{rendered['build']['string']}" == planned[name], name
+            checked += 1
+    assert checked > 40
 
 
 def test_meta_yaml_is_plain_yaml_with_the_official_fields() -> None:
@@ -98,7 +107,9 @@ def test_build_scripts_read_only_exported_tool_or_script_env_variables() -> None
             code = line.split("#", 1)[0] if not line.lstrip().startswith("#!") else ""
             code = re.sub(r"'[^']*'", "", code)  # single-quoted text is not expanded ($ORIGIN)
             for variable in _VARIABLE.findall(code):
-                assert variable in exported or variable in allowed or variable in ("so", "nvcc_release", "header"), (  # loop variables
+                # loop variables and the bundling function's locals and parameters are set in the script itself
+                local = ("so", "nvcc_release", "header", "src", "var", "name", "new")
+                assert variable in exported or variable in allowed or variable in local, (
                     f"{name}: build.sh reads ${variable}, which is neither exported before nor in script_env"
                 )
             match = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=", code)
@@ -215,12 +226,21 @@ def test_status_counts_over_the_default_selection() -> None:
     assert statuses == {Status.OFFICIAL}
 
 
-def test_win_recipe_has_bld_bat_and_no_magma() -> None:
+def test_win_recipe_has_bld_bat_windows_magma_and_bundled_dlls() -> None:
     folders = render_case(CASES["pt251-cu124-py312-win"], RecipeFormat.CONDA_BUILD)
-    assert list(folders) == ["pytorch-2.5.1-cu124-py312-win_64"]
+    assert list(folders) == ["pytorch-2.5.1-cu124-py312-win_64"]  # no magma-cudaXYZ package on Windows
     files = folders["pytorch-2.5.1-cu124-py312-win_64"]
     assert "bld.bat" in files and "build.sh" not in files
-    assert 'set "TORCH_CUDA_ARCH_LIST=5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0"' in str(files["bld.bat"])
+    bat = str(files["bld.bat"])
+    assert 'set "TORCH_CUDA_ARCH_LIST=5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0"' in bat
+    # release/2.5:conda/pytorch-nightly/bld.bat:52-56 linked MAGMA 2.5.4 and never set USE_CUSPARSELT
+    assert "https://s3.amazonaws.com/ossci-windows/magma_2.5.4_cuda124_release.7z" in bat
+    assert "USE_MAGMA" not in bat and "USE_CUSPARSELT" not in bat
+    # release/2.5:conda/pytorch-nightly/bld.bat:102-110: cuDNN, nvToolsExt, CUPTI and (if present) zlibwapi
+    copies = [line for line in bat.splitlines() if "copy /y" in line]
+    assert [re.search(r'copy /y "%\w+%\\([^"]+)"', c).group(1) for c in copies] == [  # type: ignore[union-attr]
+        "cudnn*64_*.dll*", "nvToolsExt64_*.dll*", "cupti64_*.dll*", "zlibwapi.dll"]
+    assert copies[-1].startswith('if exist "%ZLIB_BIN_DIR%')
     assert Request("2.5.1", "12.4", "3.12", "win-64").id == "pytorch-2.5.1-cu124-py312-win_64"
 
 

@@ -1,8 +1,7 @@
 """`torchforge repack` on the real torch 2.13.0 CPU wheel: audit, install with py-rattler, import.
 
-The wheel (190 MB) and a Python 3.11 venv with torch's pure-Python dependencies are cached under
-/work/main/.cache/torchforge-tests (gitignored); the repacked channel is built once per test session and
-shared by the xdist workers through a file lock.
+The wheel (190 MB, conftest's `torch_wheel`) and a Python 3.11 venv with torch's pure-Python dependencies
+are cached under .cache/torchforge-tests (gitignored); the repacked channel is built once per test session.
 """
 
 from __future__ import annotations
@@ -11,47 +10,25 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+from tests.conftest import TORCH, cached
 from torchforge.elf import read_elf
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit, find_patchelf
 from torchforge.repack import repack
 
-TORCH = "2.13.0"
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "torchforge-tests"
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 IMPORT_DEPS = ("typing_extensions", "sympy", "networkx", "jinja2", "filelock", "fsspec", "numpy")
 
 pytestmark = pytest.mark.slow
-
-
-def _cached(name: str, build: object) -> Path:
-    target = CACHE / name
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(CACHE / f"{name}.lock")):
-        if not (target / ".complete").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            target.mkdir()
-            build(target)  # type: ignore[operator]
-            (target / ".complete").write_text("")
-    return target
-
-
-@pytest.fixture(scope="session")
-def torch_wheel() -> Path:
-    def download(dest: Path) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"torch=={TORCH}", "--no-deps", "-d", str(dest),
-                        "--quiet"], check=True)
-
-    wheels = sorted(_cached(f"torch-{TORCH}-wheel", download).glob("torch-*.whl"))
-    assert len(wheels) == 1, wheels
-    return wheels[0]
 
 
 @pytest.fixture(scope="session")
@@ -61,18 +38,53 @@ def import_python() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(dest / "venv")], check=True)
         subprocess.run([str(dest / "venv/bin/python"), "-m", "pip", "install", "--quiet", *IMPORT_DEPS], check=True)
 
-    return _cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
+    return cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
+
+
+def _killed_while_unpacking(wheel: Path, chan: Path) -> int:
+    """`torchforge repack` SIGKILLed once it has unpacked 100 MB of the wheel; returns the bytes it left."""
+    from tests.test_upload_helpers import ROOT, cli_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "torchforge.cli", "repack", str(wheel), "--out", str(chan)],
+                            env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def left() -> int:
+        return sum(f.stat().st_size for f in chan.glob(".torchforge-tmp-repack-*/**/*") if f.is_file())
+
+    try:
+        while proc.poll() is None and left() < 100e6:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the repack ended before the kill point"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return left()
 
 
 @pytest.fixture(scope="session")
 def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repacked channel, made the hard way: a first repack is SIGKILLed mid-unpack (as an OOM kill or a
+    cancelled CI job would), and the same repack then has to succeed and remove what the killed one left."""
     shared = tmp_path_factory.getbasetemp().parent / "repacked-torch"
     with FileLock(str(shared) + ".lock"):
-        if not (shared / ".complete").exists():
+        marker = shared / ".complete"
+        if not marker.exists() or not marker.read_text().strip():  # empty: made before the kill was part of it
             shutil.rmtree(shared, ignore_errors=True)
+            left = _killed_while_unpacking(torch_wheel, shared / "chan")
             repack(torch_wheel, shared / "chan", Runner())
-            (shared / ".complete").write_text("")
+            (shared / ".complete").write_text(str(left))
     return shared / "chan"
+
+
+def test_a_repack_killed_mid_unpack_left_scratch_that_the_rerun_removed(channel: Path) -> None:
+    left = int((channel.parent / ".complete").read_text())
+    assert left >= 100e6  # what the killed run left in the channel's scratch folder
+    assert not list(channel.glob(".torchforge-tmp-*"))
+    assert [p.name for p in channel.glob("linux-64/*.conda")] == [f"pytorch-{TORCH}-py{PY}_cpu_0.conda"]
 
 
 @pytest.fixture(scope="session")

@@ -126,7 +126,11 @@ def test_seed_004_pytorch_1_13_0_with_cuda_11_8_applies_the_fixes(capsys: pytest
     row = rows["pytorch-1.13.0-cu118-py310-linux_64"]
     assert row["status"] == "buildable"
     assert any("pt113-setup-install-cmdclass" in w for w in row["warnings"])
-    assert any("pt113-split-cuda" in w for w in row["warnings"])
+    # The seed's BUILD_SPLIT_CUDA=1: every official CUDA 11.x build of 1.8-1.13 had it (eras.toml build_env).
+    from torchforge.resolve import classify
+    from torchforge.variant import Request
+
+    assert ("BUILD_SPLIT_CUDA", "ON") in classify(Request("1.13.0", "11.8", "3.10", "linux-64")).env
 
 
 # ---- seed 003: PyTorch 1.1.0 wheel on a TX2 with JetPack 3.3 -------------------------------------------------

@@ -11,7 +11,7 @@ from tests import tool_venvs
 from tests.fixtures.fake_anaconda_server import FakeAnacondaServer
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli
-from torchforge.upload import inspect_archive
+from torchforge.archives import inspect_archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.network_services]
 
@@ -114,15 +114,20 @@ def test_missing_token_fails_before_contacting_the_server(env: Env, server: Fake
 def test_existing_file_fail_skip_force(env: Env, server: FakeAnacondaServer, pkg: Path, tmp_path: Path) -> None:
     assert env.upload("upload", str(pkg), *env.to()).returncode == 0
 
+    # The same bytes again (a rerun after an interruption): the server's copy is checked, nothing fails.
     again = env.upload("upload", str(pkg), *env.to())
-    assert again.returncode == 7
-    assert "already exists" in again.stderr and "--skip-existing" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert "identical" in again.stdout
 
-    skipped = env.upload("upload", str(pkg), *env.to(), "--skip-existing")
+    rebuilt = make_package(tmp_path / "rebuilt" / "linux-64", payload_bytes=100_000)
+    refused = env.upload("upload", str(rebuilt), *env.to())
+    assert refused.returncode == 7
+    assert "already exists" in refused.stderr and "--skip-existing" in refused.stderr
+
+    skipped = env.upload("upload", str(rebuilt), *env.to(), "--skip-existing")
     assert skipped.returncode == 0, skipped.stderr
     assert "skipped" in skipped.stdout
 
-    rebuilt = make_package(tmp_path / "rebuilt" / "linux-64", payload_bytes=100_000)
     forced = env.upload("upload", str(rebuilt), *env.to(), "--force")
     assert forced.returncode == 0, forced.stderr
     assert "replaced" in forced.stdout

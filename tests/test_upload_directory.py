@@ -12,7 +12,7 @@ import pytest
 
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli, cli_env
-from torchforge.upload import ArchiveError, inspect_archive
+from torchforge.archives import ArchiveError, inspect_archive
 
 pytestmark = pytest.mark.slow
 
@@ -65,18 +65,26 @@ def test_existing_file_fail_skip_force(tmp_path: Path) -> None:
     chan = tmp_path / "chan"
     assert cli("upload", "--from", str(out), "--to", chan.as_uri(), "--no-verify").returncode == 0
 
+    # The same bytes again (a rerun after an interruption): nothing to do, and the channel is verified.
     again = cli("upload", "--from", str(out), "--to", chan.as_uri())
-    assert again.returncode == 7
-    assert "hello-1.0-py3.11_cpu_0.conda already exists" in again.stderr
-    assert "--skip-existing" in again.stderr and "--force" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("identical") == 2
+    assert "verified: install from" in again.stdout
 
-    skipped = cli("upload", "--from", str(out), "--to", chan.as_uri(), "--skip-existing")
-    assert skipped.returncode == 0, skipped.stderr
-    assert skipped.stdout.count("skipped") == 2
-
-    # A rebuilt package with the same name but other content: --force must replace it.
+    # A rebuilt package with the same name but other content: refused, kept, or replaced with --force.
     rebuilt = tmp_path / "rebuilt"
     new = make_package(rebuilt / "linux-64", name="hello", depends=["world"], payload_bytes=5000)
+    refused = cli("upload", str(new), "--to", chan.as_uri())
+    assert refused.returncode == 7
+    assert "hello-1.0-py3.11_cpu_0.conda already exists with other content" in refused.stderr
+    assert "--skip-existing" in refused.stderr and "--force" in refused.stderr
+
+    skipped = cli("upload", str(new), "--to", chan.as_uri(), "--skip-existing")
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.count("skipped") == 1
+    listed = _repodata_files(chan, "linux-64")["hello-1.0-py3.11_cpu_0.conda"]
+    assert listed["sha256"] != inspect_archive(new).sha256
+
     forced = cli("upload", str(new), "--to", chan.as_uri(), "--force")
     assert forced.returncode == 0, forced.stderr
     assert "replaced" in forced.stdout
@@ -98,7 +106,7 @@ def test_corrupt_and_misplaced_archives_are_refused(tmp_path: Path) -> None:
     chan = tmp_path / "chan"
 
     for bad, words in [
-        (truncated, "is not a readable conda archive"),
+        (truncated, "is not a readable archive"),
         (misplaced, "is built for linux-64 but sits in osx-arm64/"),
         (renamed, "file name does not match its metadata"),
         (tmp_path / "missing-1.0-0.conda", "does not exist"),
@@ -125,7 +133,7 @@ CONCURRENT = """
 import sys
 from pathlib import Path
 from torchforge.localchannel import publish
-from torchforge.upload import inspect_archive
+from torchforge.archives import inspect_archive
 # Started together by the test; each publishes its packages one by one into the same channel.
 chan, files = Path(sys.argv[1]), sys.argv[2:]
 for f in files:
@@ -153,7 +161,7 @@ def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -
         assert returncode == 0, err
     listed = _repodata_files(chan, "linux-64")
     assert sorted(listed) == sorted(f"pkg{i}-1.0-py3.11_cpu_0.conda" for i in range(6))
-    assert not list((chan / "linux-64").glob(".partial-*"))
+    assert not list(chan.rglob(".torchforge-tmp-*"))  # no scratch or partial copy left by either writer
     from rattler import Gateway, solve
 
     records = asyncio.run(solve([chan.as_uri()], [f"pkg{i}" for i in range(6)],
@@ -190,3 +198,27 @@ def test_labels_and_promote(tmp_path: Path) -> None:
     missing = cli("promote", "--to", chan.as_uri(), "--from-label", "beta")
     assert missing.returncode == 2 and "label 'beta' does not exist" in missing.stderr
     assert "main, rc" in missing.stderr
+
+
+def test_a_big_package_streams_through_every_copy_and_hash_loop(big_package: Path, tmp_path: Path) -> None:
+    """300 MiB: the archive check (1 MiB reads of every inner stream and of the file for its hashes), the
+    copy into the channel (8 MiB chunks with progress) and the identical-file comparison all loop many times."""
+    import hashlib
+
+    from torchforge import localchannel
+
+    size = big_package.stat().st_size
+    assert size > 32 * max(localchannel.COPY_CHUNK, 1 << 20)
+    archive = inspect_archive(big_package)
+    whole = big_package.read_bytes()
+    assert (archive.sha256, archive.md5, archive.size) == (hashlib.sha256(whole).hexdigest(),
+                                                           hashlib.md5(whole).hexdigest(), size)
+    del whole
+    calls: list[int] = []
+    chan = tmp_path / "chan"
+    first = localchannel.publish(big_package, chan, "linux-64", progress=calls.append)
+    assert first.placed is localchannel.Placed.ADDED
+    assert sum(calls) == size and len(calls) == -(-size // localchannel.COPY_CHUNK)
+    assert _repodata_files(chan, "linux-64")[big_package.name]["sha256"] == archive.sha256
+    again = localchannel.publish(big_package, chan, "linux-64", progress=calls.append)
+    assert again.placed is localchannel.Placed.IDENTICAL and sum(calls) == size  # compared, not copied again

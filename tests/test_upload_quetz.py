@@ -22,7 +22,7 @@ import pytest
 from tests import tool_venvs
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli
-from torchforge.upload import inspect_archive
+from torchforge.archives import inspect_archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.network_services]
 
@@ -121,15 +121,20 @@ def test_upload_skip_force_then_solve_and_install(quetz: Quetz, tmp_path: Path) 
     assert "(solved with dependencies from the channel)" in up.stdout
     assert quetz.key not in up.stdout + up.stderr
 
+    # The same bytes again (a rerun after an interruption): the channel already serves them, nothing fails.
     again = cli("upload", str(hello), "--to", target, env=env)
-    assert again.returncode == 7
-    assert "already exists in quetz channel torchforge" in again.stderr and "--skip-existing" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert "identical" in again.stdout
+
+    rebuilt = make_package(tmp_path / "rebuilt" / "linux-64", name="hello", depends=["world"], payload_bytes=9_000)
+    refused = cli("upload", str(rebuilt), "--to", target, env=env)
+    assert refused.returncode == 7
+    assert "already exists in quetz channel torchforge" in refused.stderr and "--skip-existing" in refused.stderr
 
     skipped = cli("upload", "--from", str(out), "--to", target, "--skip-existing", env=env)
     assert skipped.returncode == 0, skipped.stderr
     assert skipped.stdout.count("skipped") == 2
 
-    rebuilt = make_package(tmp_path / "rebuilt" / "linux-64", name="hello", depends=["world"], payload_bytes=9_000)
     forced = cli("upload", str(rebuilt), "--to", target, "--force", env=env)
     assert forced.returncode == 0, forced.stderr
     assert "replaced" in forced.stdout

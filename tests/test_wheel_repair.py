@@ -58,7 +58,7 @@ def test_repair_tags_versions_records_and_installs(tmp_path: Path) -> None:
     repaired = repair(wheel, tmp_path / "out", Runner(), local="cpu", layout=Layout.WHEEL_BUNDLED)
     name = WheelName.parse(repaired.name)
     assert name.version == "1.0+cpu" and name.python == PYTAG and name.platform.startswith("manylinux_2_")
-    assert not any(p.name.startswith(".partial-") for p in repaired.parent.iterdir())
+    assert not any(p.name.startswith(".torchforge-tmp-") for p in repaired.parent.iterdir())
     with zipfile.ZipFile(repaired) as zf:
         names = zf.namelist()
         assert "hello-1.0+cpu.dist-info/RECORD" in names and not any(n.startswith("hello-1.0.dist-info") for n in names)
@@ -93,13 +93,10 @@ def test_manylinux_tag_follows_the_highest_glibc_symbol(tmp_path: Path) -> None:
     assert manylinux_tag(tmp_path / "tree") == f"manylinux_{expected[0]}_{expected[1]}_x86_64"
 
 
-def test_torch_wheel_needs_glibc_2_28(tmp_path: Path) -> None:
+def test_torch_wheel_needs_glibc_2_28(torch_wheel: Path, tmp_path: Path) -> None:
     # The official torch 2.13 CPU wheel is tagged manylinux_2_28: the computed tag must agree.
-    cache = Path(__file__).resolve().parents[1] / ".cache" / "torchforge-tests" / "torch-2.13.0-wheel"
-    wheels = sorted(cache.glob("torch-*.whl"))
-    if not wheels:
-        pytest.skip("torch wheel not cached yet (tests/test_repack_torch.py downloads it)")
-    with zipfile.ZipFile(wheels[0]) as zf:
+    assert "manylinux_2_28_x86_64" in torch_wheel.name
+    with zipfile.ZipFile(torch_wheel) as zf:
         for member in zf.infolist():
             if member.filename.startswith("torch/lib/") and member.filename.endswith(".so"):
                 zf.extract(member, tmp_path)

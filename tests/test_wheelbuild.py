@@ -55,7 +55,7 @@ def test_wheel_is_repaired_installs_into_a_fresh_venv_and_runs(wheels: Path, tmp
     (wheel,) = sorted(wheels.glob("*.whl"))
     assert re.fullmatch(rf"torch-2\.9\.0\+cpu-{CP}-{CP}-manylinux_\d+_\d+_x86_64\.whl", wheel.name)
     assert (wheels / "logs" / f"pytorch-2.9.0-cpu-py{CP[2:]}-linux_64.log").is_file()
-    assert not list(wheels.glob(".staging-*")) and not list(wheels.glob(".partial-*"))
+    assert not list(wheels.glob(".torchforge-tmp-*"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",

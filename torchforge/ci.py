@@ -13,10 +13,8 @@ providers' files are made from it, so they cannot disagree about who needs whom.
 from __future__ import annotations
 
 import io
-import os
 import re
 import shlex
-import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from torchforge import __version__, platforms
+from torchforge import __version__, fileops, platforms
 from torchforge import channels as channel_data
 from torchforge.config import SiteConfig
 from torchforge.containers import require_image
@@ -670,7 +668,7 @@ def render(plan: CiPlan, provider: Provider) -> str:
 
 def write_file(text: str, out: Path, provider: Provider, *, force: bool = False) -> Path:
     """Write the file under `out` atomically. Replaces a file torchforge wrote; anything else needs `force`."""
-    target = out / provider.path
+    target = fileops.check_dir(out, "--out") / provider.path
     if target.exists() and not force:
         head = target.read_text(encoding="utf-8", errors="replace")[:200]
         if HEADER_MARK not in head:
@@ -678,14 +676,5 @@ def write_file(text: str, out: Path, provider: Provider, *, force: bool = False)
                 f"{target} exists and was not written by torchforge ci",
                 "pass --force to replace it, or choose another --out",
             )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    fileops.atomic_write(target, text)
     return target

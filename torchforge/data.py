@@ -92,6 +92,9 @@ class Release(FrozenModel):
     max_arch: str | None = None
     magma: str | None = None
     triton: str | None = None
+    triton_by_patch: dict[str, str] = {}
+    triton_python: str | None = None
+    triton_source: str | None = None
     cxx11_abi: bool = False
     cuda_tag: Literal["xy", "full"] = "xy"  # CUDA in the build string: X.Y, or (<= 1.7) the full toolkit version
     python_win: tuple[str, str] | None = None  # Windows Python range where it differed
@@ -124,14 +127,14 @@ class Requirement(FrozenModel):
     pytorch: str | None = None  # PEP 440 specifier on the PyTorch version, where a patch release changed a pin
     platforms: tuple[str, ...] | None = None
     accel: Literal["cuda", "cpu"] | None = None
+    line: int | None = None  # line of the era's upstream file that states it
+    added: str | None = None  # why torchforge adds a requirement upstream did not have
 
-    @field_validator("python", "pytorch")
-    @classmethod
-    def _python_is_specifier(cls, value: str | None) -> str | None:
-        return versions.checked_specifier(value)
+    check_specifiers = field_validator("python", "pytorch")(versions.checked_specifier)
 
 
 class Era(FrozenModel):
+    source: str | None = None  # upstream file (branch:path) the `line` numbers refer to
     build: tuple[Requirement, ...]
     host: tuple[Requirement, ...]
     run: tuple[Requirement, ...]
@@ -154,7 +157,23 @@ class BuildEnvEntry(FrozenModel):
     value: str
     win: str | None = None
     when: Literal["cuda", "cpu", "linux", "osx"] | None = None
-    pytorch: str | None = None  # PEP 440 specifier on the PyTorch version
+    pytorch: str | None = None  # PEP 440 specifiers: PyTorch X.Y.Z, CUDA X.Y, Python X.Y of the variant
+    cuda: str | None = None
+    python: str | None = None
+    source: str | None = None
+
+    check_specifiers = field_validator("pytorch", "cuda", "python")(versions.checked_specifier)
+
+
+class WindowsMagma(FrozenModel):
+    """The prebuilt MAGMA archive upstream's bld.bat linked (MAGMA_HOME)."""
+
+    pytorch: str
+    version: str
+    url: str  # {version} and {cuda_nodot} are filled in
+    source: str
+
+    check_specifiers = field_validator("pytorch")(versions.checked_specifier)
 
 
 class InstallCommands(FrozenModel):
@@ -178,6 +197,44 @@ class ErasTable(FrozenModel):
     build_env: tuple[BuildEnvEntry, ...]
     install: InstallCommands
     rpath: tuple[RpathRule, ...]
+    windows_magma: tuple[WindowsMagma, ...] = ()
+
+
+# ---- bundle.toml -----------------------------------------------------------------------------------------
+
+
+class BundleDir(FrozenModel):
+    var: str  # variable that overrides the directory (forwarded through script_env)
+    default: str  # the build image's directory, in the platform's shell syntax
+    source: str
+
+
+class BundledLibrary(FrozenModel):
+    dir: str  # key into the platform's [dirs]
+    name: str  # file name or glob; {cuda} = X.Y, {cuda_major} = X
+    optional: bool = False  # copied when present (upstream: `if exist`)
+
+
+class BundleRule(FrozenModel):
+    pytorch: str
+    cuda: str
+    libs: tuple[BundledLibrary, ...]
+    source: str
+
+    check_specifiers = field_validator("pytorch", "cuda")(versions.checked_specifier)
+
+
+class BundleTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    hash_exempt: tuple[str, ...]  # shell `case` patterns of names kept as they are
+    hash_exempt_source: str
+    cudnn_version_code: dict[str, tuple[int, int, int]]  # cuDNN major -> multipliers of major, minor, patch
+    cudnn_version_code_source: str
+    linux_dirs: dict[str, BundleDir]
+    win_dirs: dict[str, BundleDir]
+    linux: tuple[BundleRule, ...]
+    win: tuple[BundleRule, ...]
 
 
 # ---- magma.toml ------------------------------------------------------------------------------------------
@@ -352,6 +409,7 @@ class Data(FrozenModel):
     cuda: CudaTable
     pytorch: PytorchTable
     eras: ErasTable
+    bundle: BundleTable
     magma: MagmaTable
     fixes: FixesTable
     jetson: JetsonTable
@@ -370,6 +428,7 @@ _FILES: dict[str, type[BaseModel]] = {
     "cuda": CudaTable,
     "pytorch": PytorchTable,
     "eras": ErasTable,
+    "bundle": BundleTable,
     "magma": MagmaTable,
     "fixes": FixesTable,
     "jetson": JetsonTable,
@@ -447,6 +506,17 @@ def check_invariants(data: Data) -> list[str]:
                 for arch in value.split(";"):
                     if arch.split("+")[0] not in accepted:
                         problems.append(f"{where}.cuda.{cuda_key}.{field}: {arch} is outside what nvcc {cuda_key} accepts")
+    for era_key, era in data.eras.eras.items():
+        for section in ("build", "host", "run"):
+            for req in getattr(era, section):
+                if era.source and req.line is None and req.added is None:
+                    problems.append(f"eras.toml eras.{era_key}.{section} {req.spec!r} cites no line of {era.source} and gives no reason")
+    for platform_key in ("linux", "win"):
+        dirs = getattr(data.bundle, f"{platform_key}_dirs")
+        for rule in getattr(data.bundle, platform_key):
+            for lib in rule.libs:
+                if lib.dir not in dirs:
+                    problems.append(f"bundle.toml {platform_key} rule for PyTorch {rule.pytorch} names unknown dir {lib.dir!r}")
     for rel_key, patches in data.pytorch.patch_releases.items():
         if rel_key not in data.pytorch.releases:
             problems.append(f"pytorch.toml patch_releases.{rel_key} names an unknown release")

@@ -15,6 +15,9 @@ class ExitCode(IntEnum):
     UPLOAD_FAILED = 7
     AUDIT_FAILED = 8
     PREFLIGHT_FAILED = 9
+    FILESYSTEM = 10
+    INTERNAL = 70  # a bug in torchforge (sysexits' EX_SOFTWARE)
+    INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 
 
 class ForgeError(Exception):
@@ -33,6 +36,17 @@ class ForgeError(Exception):
 
 class UsageError(ForgeError):
     exit_code = ExitCode.USAGE
+
+
+class ArchiveError(UsageError):
+    """A package or wheel that cannot be used: unreadable, truncated, without metadata, or in the wrong folder."""
+
+    @classmethod
+    def unreadable(cls, path: object, exc: BaseException) -> ArchiveError:
+        """The one message for a damaged file, whichever reader (zip, tar, zstd, bz2, cph) noticed."""
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        return cls(f"{path} is not a readable archive ({type(exc).__name__}: {detail})",
+                   "it is damaged or truncated: rebuild it, or download it again")
 
 
 class DataError(ForgeError):
@@ -75,3 +89,9 @@ class AuditFailedError(ForgeError):
 
 class PreflightError(ForgeError):
     exit_code = ExitCode.PREFLIGHT_FAILED
+
+
+class FileSystemError(ForgeError):
+    """A path cannot be read or written as asked (a file where a folder is needed, read-only, full disk)."""
+
+    exit_code = ExitCode.FILESYSTEM

@@ -7,16 +7,20 @@ py-rattler's `index_fs`, so the result is readable by conda, mamba, pixi and py-
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from filelock import FileLock
+
+from torchforge.fileops import clean_stale, ensure_dir, move_into_place, scratch
 
 LOCK_NAME = ".torchforge.lock"
 ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
@@ -30,12 +34,63 @@ def archive_stem(filename: str) -> str:
     return filename
 
 
+class Placed(str, Enum):
+    ADDED = "added"
+    REPLACED = "replaced"
+    IDENTICAL = "identical"  # the channel already had a byte-identical file: nothing to do
+
+
+@dataclass(frozen=True)
+class Published:
+    path: Path
+    placed: Placed
+
+
+class ArchiveExistsError(Exception):
+    """The channel has a different file under this name and replacing was not asked for."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.path = path
+
+
 @contextmanager
 def locked(channel: Path, timeout: float = 600) -> Iterator[None]:
-    """Hold the channel's lock: one writer (copy + index) at a time, across processes."""
-    channel.mkdir(parents=True, exist_ok=True)
+    """Hold the channel's lock: one writer (copy + index) at a time, across processes. Whoever takes the lock
+    first finishes what a killed writer left (see `recover`), so every writer starts from a consistent channel."""
+    ensure_dir(channel, "channel folder")
     with FileLock(str(channel / LOCK_NAME), timeout=timeout):
+        recover(channel)
         yield
+
+
+def _listed(subdir: Path) -> set[str] | None:
+    """File names repodata.json lists for one subdir; None when it is missing or unreadable."""
+    try:
+        data = json.loads((subdir / "repodata.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return set(data.get("packages", {})) | set(data.get("packages.conda", {}))
+
+
+def recover(channel: Path) -> bool:
+    """Converge a channel after a killed writer (caller holds the lock): remove its scratch folders and
+    index_fs's `.tmp/`, and re-index when the archives on disk and repodata.json disagree. An archive on disk
+    is always complete (it is renamed into place whole), so completing its index entry is what was left to
+    do. Returns whether it re-indexed."""
+    clean_stale(channel)
+    shutil.rmtree(channel / ".tmp", ignore_errors=True)
+    for sub in channel.iterdir():
+        if not sub.is_dir() or sub.name.startswith("."):
+            continue
+        for partial in sub.glob(".partial-*"):  # written by torchforge < 0.2 before its rename
+            partial.unlink(missing_ok=True)
+        on_disk = {p.name for p in sub.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES) and not p.name.startswith(".")}
+        listed = _listed(sub)
+        if (listed is None and on_disk) or (listed is not None and listed != on_disk):
+            index(channel)
+            return True
+    return False
 
 
 # py-rattler's index_fs has been seen to crash the interpreter (SIGSEGV) after several calls in one process;
@@ -84,6 +139,21 @@ def find(channel: Path, subdir: str, stem: str) -> Path | None:
     return None
 
 
+def same_content(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (size first, then sha256 of both)."""
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    return _sha256(a) == _sha256(b)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(COPY_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def info_json(archive: Path, name: str) -> dict[str, object]:
     """info/<name> (a JSON file) of a .conda or .tar.bz2, {} when absent. Streams only the info/ part."""
     from conda_package_streaming.package_streaming import stream_conda_info
@@ -109,37 +179,33 @@ def publish(
     *,
     replace: bool = False,
     progress: Callable[[int], None] | None = None,
-) -> Path:
+) -> Published:
     """Copy `archive` into `channel/subdir` atomically and re-index, under the channel lock.
 
-    The copy is written to a temporary name in the same folder and renamed, so readers never see a
-    partial archive, and repodata is rewritten only after the archive is complete. `progress`, if given,
-    is called with the number of bytes copied after each chunk (uploads of large packages show it).
+    The copy is written into a scratch folder of the channel and renamed into place whole, and repodata is
+    rewritten right after, under the same lock; a run killed in between leaves a complete archive that the
+    next writer indexes (`recover`). A byte-identical file already there is left as is (a rerun converges);
+    a different one raises ArchiveExistsError unless `replace`. `progress`, if given, is called with the
+    number of bytes copied after each chunk (uploads of large packages show it).
     """
     with locked(channel):
-        target_dir = channel / subdir
-        target_dir.mkdir(parents=True, exist_ok=True)
+        target_dir = ensure_dir(channel / subdir, "channel subdir")
         target = target_dir / archive.name
-        if target.exists() and not replace:
-            raise FileExistsError(target)
-        fd, tmp_name = tempfile.mkstemp(prefix=".partial-", dir=target_dir)
-        os.close(fd)
-        try:
-            if progress is None:
-                shutil.copyfile(archive, tmp_name)
-            else:
-                _copy_with_progress(archive, Path(tmp_name), progress)
-            # mkstemp creates the file 0600; a channel is read by other users and by web servers.
-            os.chmod(tmp_name, 0o644)
-            os.replace(tmp_name, target)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
+        existed = target.exists()
+        if existed and same_content(archive, target):
+            return Published(target, Placed.IDENTICAL)
+        if existed and not replace:
+            raise ArchiveExistsError(target)
+        with scratch(channel, "publish") as tmp:
+            partial = tmp / archive.name
+            _copy(archive, partial, progress or (lambda _n: None))
+            os.chmod(partial, 0o644)  # a channel is read by other users and by web servers
+            move_into_place(partial, target)
         index(channel)
-        return target
+        return Published(target, Placed.REPLACED if existed else Placed.ADDED)
 
 
-def _copy_with_progress(source: Path, dest: Path, progress: Callable[[int], None]) -> None:
+def _copy(source: Path, dest: Path, progress: Callable[[int], None]) -> None:
     with source.open("rb") as src, dest.open("wb") as dst:
         while chunk := src.read(COPY_CHUNK):
             dst.write(chunk)

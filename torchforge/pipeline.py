@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import containers, localchannel
+from torchforge import containers, fileops, localchannel
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
@@ -247,10 +247,11 @@ class Pipeline:
     def run(self, steps: list[Step]) -> list[StepResult]:
         results: list[StepResult] = []
         failed: set[str] = set()
-        if not self.runner.dry_run and any(localchannel.archives(self.settings.out)):
-            # Packages copied in from elsewhere (CI artifacts) are only usable as a channel once indexed.
+        if not self.runner.dry_run and self.settings.out.is_dir():
+            # Taking the lock recovers the channel: it removes what a killed run left and indexes packages
+            # that are not listed yet (a killed publish, or CI artifacts copied in from elsewhere).
             with localchannel.locked(self.settings.out):
-                localchannel.index(self.settings.out)
+                pass
         for step in steps:
             if step.action is Action.REUSE:
                 self.on_event(f"reuse {step.stem}: {step.reason}")
@@ -275,8 +276,9 @@ class Pipeline:
         started = time.monotonic()
         log = self.logs_dir / f"{step.id}.log"
         recipe_dir = out / "recipes" / step.id
+        scratch = ExitStack()
         if not self.runner.dry_run:
-            out.mkdir(parents=True, exist_ok=True)
+            fileops.ensure_dir(out, "--out")
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             log.write_text("")
             write_folders({step.id: dict(step.files)}, out / "recipes", force=True)
@@ -285,9 +287,10 @@ class Pipeline:
                 # engine's solver fail ("Failed to resolve dependencies") for any recipe with requirements.
                 with localchannel.locked(out):
                     localchannel.index(out)
-            staging = Path(tempfile.mkdtemp(prefix=f".staging-{step.id}-", dir=out))
+            # Under --out, owned by this process: a killed build's staging is removed by the next run.
+            staging = scratch.enter_context(fileops.scratch(out, f"staging-{step.id}"))
         else:
-            staging = out / f".staging-{step.id}"
+            staging = out / f"{fileops.SCRATCH_PREFIX}staging-{step.id}"
         channels = channel_data.build_channels(out, self.settings.channels, step.channels)
         environ = {**os.environ, **self.settings.extra_env}
         job = BuildJob(recipe_dir, staging, channels, step.python,
@@ -313,13 +316,12 @@ class Pipeline:
             _check_identity(artifact, step)
             artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
             artifact = _fix_and_audit(artifact, self.runner)
-            published = localchannel.publish(artifact, out, step.subdir, replace=True)
+            published = localchannel.publish(artifact, out, step.subdir, replace=True).path
             return StepResult(step, True, published, time.monotonic() - started, log=log)
         except ToolFailedError as exc:
             return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
         except ForgeError as exc:
             return StepResult(step, False, seconds=time.monotonic() - started, error=str(exc), log=log)
         finally:
-            if not self.runner.dry_run:
-                shutil.rmtree(staging, ignore_errors=True)
+            scratch.close()
 

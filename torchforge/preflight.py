@@ -38,7 +38,7 @@ from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
-from torchforge.resolve import Variant
+from torchforge.resolve import Variant, bundled_files
 from torchforge.variant import Selection
 
 ENGINES = ("auto", "conda-build", "rattler-build")
@@ -533,6 +533,38 @@ def _check_source(ctx: _Context, source: str | None) -> None:
         ctx.add("source", Level.OK, f"{path}: no .gitmodules, no empty third_party folder")
 
 
+def _cuda_home() -> str:
+    """CUDA_HOME as build.sh sets it: the environment's, else the default of eras.toml's entry."""
+    entry = next((e for e in tables.load().eras.build_env if e.name == "CUDA_HOME"), None)
+    default = re.search(r"\$\{CUDA_HOME:-([^}]*)\}", entry.value) if entry else None
+    return os.environ.get("CUDA_HOME") or (default.group(1) if default else "")
+
+
+def _check_bundled(ctx: _Context) -> None:
+    """The libraries the recipes bundle (bundle.toml) must be where build.sh looks, or the build fails after
+    the whole compile, at the copy step."""
+    data = tables.load()
+    seen: set[tuple[str, str]] = set()
+    for variant in ctx.variants:
+        request = variant.request
+        if variant.status is VariantStatus.REFUSED or data.platform(request.platform).family != "linux":
+            continue
+        cuda = request.accel if request.is_cuda and variant.jetson is None else None
+        for file in bundled_files(data, request, cuda):
+            folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
+            if (folder, file.name) in seen or file.optional:
+                continue
+            seen.add((folder, file.name))
+            name = f"bundled {file.name}"
+            found = sorted(Path(folder).glob(file.name)) if Path(folder).is_dir() else []
+            if found:
+                ctx.add(name, Level.OK, f"{', '.join(p.name for p in found)} in {folder}")
+            else:
+                ctx.add(name, Level.FAIL,
+                        f"no {file.name} in {folder}: {variant.id} copies it into torch/lib as the official package did",
+                        f"set {file.dir_var} to the folder that holds it (e.g. the lib/ folder of NVIDIA's pip wheel)")
+
+
 def _compat_dirs() -> list[str]:
     """LD_LIBRARY_PATH entries that hold a forward-compatibility libcuda (cuda-compat, /usr/local/cuda*/compat)."""
     return [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.rstrip("/").endswith("/compat")]
@@ -674,6 +706,7 @@ def run_preflight(
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
     _check_source(ctx, source)
+    _check_bundled(ctx)
     _check_driver(ctx)
     if check_channels:
         site = site or SiteConfig()

@@ -10,12 +10,22 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torchforge import __version__
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, Requirement, SourceEdit
-from torchforge.resolve import AppliedFix, MagmaPlan, Status, Variant
+from torchforge.resolve import (
+    AppliedFix,
+    BundledFile,
+    MagmaPlan,
+    Status,
+    Variant,
+    bundle_rule,
+    bundled_files,
+    windows_magma,
+)
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
 BUILD_TOOL_VARIABLES = frozenset(
@@ -78,6 +88,14 @@ class RecipeContext:
     warnings: tuple[str, ...] = ()
     fixes: tuple[tuple[str, str], ...] = ()
     manual_patches: tuple[str, ...] = ()
+    bundle_files: tuple[BundledFile, ...] = ()
+    bundle_dirs: tuple[tuple[str, str], ...] = ()  # (variable, default) of every directory bundled from
+    bundle_keep_names: tuple[str, ...] = ()  # shell `case` patterns of names not hash-renamed
+    bundle_source: str = ""
+    cudnn_library: str = ""  # a bundled cuDNN front-end library to ask for its version, and the answer expected
+    cudnn_version_code: int = 0
+    magma_win_version: str = ""
+    magma_win_url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
 
@@ -171,8 +189,10 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         else:
             run.append(f"cuda-version >={cuda},<{upper}")
             run.extend(runtime.split_packages)
-        if release.triton and not data.platform(platform).windows:
-            run.append(f"torchtriton =={release.triton}")
+        triton = release.triton_by_patch.get(request.pytorch, release.triton)
+        if triton and not data.platform(platform).windows and (
+                release.triton_python is None or versions.matches(python, release.triton_python)):
+            run.append(f"torchtriton =={triton}")
     facts = data.platform(platform)
     if release.selector == "mutex":
         # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).
@@ -189,6 +209,8 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         install_command = install.setup_py_win if release.conda_official else install.pip_win
     else:
         install_command = install.setup_py if release.conda_official else install.pip
+    bundle = _bundle(data, variant, cuda)
+    magma_win = windows_magma(data, request, cuda)
     tag = f"v{request.pytorch}"
     source = resolve_source(request.options.source, data.pytorch.defaults.source_url, tag)
     return RecipeContext(
@@ -219,6 +241,10 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         home="https://pytorch.org/",
         warnings=tuple(warnings),
         fixes=_fix_notes(variant.fixes),
+        **bundle,
+        magma_win_version=magma_win.version if magma_win else "",
+        magma_win_url=magma_win.url.format(version=magma_win.version, cuda_nodot=versions.nodot(cuda or ""))
+        if magma_win else "",
         extra={
             "torchforge_variant": variant.id,
             "torchforge_status": variant.status.value,
@@ -227,6 +253,31 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
             **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
         },
     )
+
+
+def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:
+    """The bundling step's context: the files to copy (with their directory variables), the names kept."""
+    cuda = None if variant.jetson else cuda  # JetPack provides cuDNN and CUPTI on the device
+    rule = bundle_rule(data, variant.request, cuda)
+    if rule is None:
+        return {}
+    files = bundled_files(data, variant.request, cuda)
+    check: dict[str, Any] = {}
+    cudnn = variant.cudnn
+    windows = data.platform(variant.request.platform).windows
+    if not windows and cudnn and any(f.name.startswith("libcudnn") for f in files):
+        major, minor, patch = (int(part) for part in cudnn.split(".")[:3])
+        multipliers = data.bundle.cudnn_version_code.get(str(major))
+        if multipliers:
+            check = {"cudnn_library": f"libcudnn.so.{major}",
+                     "cudnn_version_code": major * multipliers[0] + minor * multipliers[1] + patch * multipliers[2]}
+    return {
+        **check,
+        "bundle_files": files,
+        "bundle_dirs": tuple(dict.fromkeys((f.dir_var, f.dir_default) for f in files)),
+        "bundle_keep_names": data.bundle.hash_exempt,
+        "bundle_source": rule.source,
+    }
 
 
 def _reads_itself(variant: Variant, name: str) -> bool:

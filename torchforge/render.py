@@ -11,8 +11,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import jinja2
 
-from torchforge import __version__, platforms
+from torchforge import __version__, fileops, platforms
 from torchforge.companions import CompanionPlan, companions_for
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
@@ -189,9 +187,11 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
             + (" ..." if len(existing) > 3 else ""),
             "pass --force to replace them, or choose another --out",
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".torchforge-render-", dir=out.parent))
-    try:
+    # Staged inside `out` itself: the final renames never cross file systems (`out` may be a mount point),
+    # and a killed run's staging is removed by the next one.
+    fileops.ensure_dir(out, "--out")
+    fileops.clean_stale(out)
+    with fileops.scratch(out, "render") as staging:
         for name, files in folders.items():
             folder = staging / name
             folder.mkdir()
@@ -203,7 +203,6 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
                     target.write_text(content, encoding="utf-8")
                 if filename.endswith((".sh", ".py")):
                     target.chmod(0o755)
-        out.mkdir(parents=True, exist_ok=True)
         written = []
         for name in folders:
             final = out / name
@@ -213,8 +212,6 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
             os.replace(staging / name, final)
             written.append(final)
         return written
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def render_selection(selection: Selection, out: Path, fmt: RecipeFormat, *, force: bool = False,

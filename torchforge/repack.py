@@ -17,6 +17,7 @@ import tempfile
 import time
 import tomllib
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,10 +29,10 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from torchforge import __version__, localchannel
+from torchforge import __version__, fileops, localchannel
 from torchforge.data import data_text
 from torchforge.elf import iter_tree
-from torchforge.errors import AuditFailedError, UsageError
+from torchforge.errors import ArchiveError, AuditFailedError, UsageError
 from torchforge.proc import Runner
 from torchforge.rpath import AuditReport, Layout, fix_and_audit
 from torchforge.wheel import WheelName, write_record
@@ -46,6 +47,15 @@ PREFIX_PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
 # `make bench` re-measures levels 3, 10 and 19 on every run.
 DEFAULT_ZSTD_LEVEL = 10
 DEFAULT_ZSTD_THREADS = -1
+ZSTD_LEVELS = range(1, 23)  # what zstd accepts (cph passes the level through)
+
+
+def check_zstd_level(level: int) -> int:
+    """Checked before any work: a bad level would otherwise fail after minutes of unpacking and patching."""
+    if level not in ZSTD_LEVELS:
+        raise UsageError(f"--zstd-level {level} is outside zstd's levels {ZSTD_LEVELS.start}..{ZSTD_LEVELS.stop - 1}",
+                         f"use {DEFAULT_ZSTD_LEVEL} (the default), or 19 for the smallest package")
+    return level
 
 
 @dataclass(frozen=True)
@@ -103,15 +113,18 @@ def read_wheel(wheel: Path) -> WheelMeta:
     match = re.fullmatch(r"cp(\d)(\d+)", name.python)
     if not match:
         raise UsageError(f"{wheel.name}: python tag {name.python} is not a CPython tag", "repack handles cpXY wheels")
-    with zipfile.ZipFile(wheel) as zf:
-        dist = next((n.split("/")[0] for n in zf.namelist() if n.split("/")[0].endswith(".dist-info")), None)
-        if dist is None:
-            raise UsageError(f"{wheel.name} has no .dist-info folder")
-        headers = HeaderParser().parsestr(zf.read(f"{dist}/METADATA").decode("utf-8"))
-        try:
-            entry_points = zf.read(f"{dist}/entry_points.txt").decode("utf-8")
-        except KeyError:
-            entry_points = ""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            dist = next((n.split("/")[0] for n in zf.namelist() if n.split("/")[0].endswith(".dist-info")), None)
+            if dist is None:
+                raise ArchiveError(f"{wheel.name} has no .dist-info folder", "repack official torch wheels")
+            headers = HeaderParser().parsestr(zf.read(f"{dist}/METADATA").decode("utf-8"))
+            try:
+                entry_points = zf.read(f"{dist}/entry_points.txt").decode("utf-8")
+            except KeyError:
+                entry_points = ""
+    except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, EOFError, zlib.error) as exc:
+        raise ArchiveError.unreadable(wheel, exc) from exc
     urls = headers.get_all("Project-URL") or []
     home = headers.get("Home-page") or next((u.split(",", 1)[1].strip() for u in urls if "," in u), "https://pytorch.org")
     return WheelMeta(
@@ -236,8 +249,9 @@ class RepackResult:
     archive: Path
     size: int
     seconds: float
-    report: AuditReport
+    report: AuditReport | None  # None when the package was reused, not rebuilt
     depends: tuple[str, ...]
+    reused: bool = False
 
 
 def build_archive(
@@ -256,6 +270,7 @@ def build_archive(
     from conda_package_handling import api as cph
 
     step = on_step or (lambda _s: None)
+    check_zstd_level(zstd_level)
     meta = read_wheel(wheel)
     build = build_string(meta, build_number)
     depends = conda_depends(meta.requires, meta.python)
@@ -305,21 +320,55 @@ def repack(
     """Repack `wheel` and publish it into `channel/linux-64` (atomic copy + locked re-index)."""
     if not wheel.is_file():
         raise UsageError(f"{wheel} does not exist", "pip download torch==X.Y.Z --no-deps -d DIR")
+    check_zstd_level(zstd_level)
+    meta = read_wheel(wheel)  # a damaged wheel is refused before the channel is touched
+    _check_crcs(wheel)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="torchforge-archive-") as out_tmp:
+    with localchannel.locked(channel):
+        pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
+    existing = channel / SUBDIR / f"pytorch-{meta.name.public_version}-{build_string(meta, build_number)}.conda"
+    if existing.is_file() and not replace:
+        # A rerun (after an interruption, or in CI) converges: the same wheel's package is reused, not rebuilt.
+        if _source_wheel_sha256(existing) == _sha256(wheel)[0]:
+            return RepackResult(existing, existing.stat().st_size, time.perf_counter() - start, None,
+                                conda_depends(meta.requires, meta.python), reused=True)
+        raise UsageError(f"{existing} is already in the channel, repacked from another wheel",
+                         "pass --replace to overwrite it")
+    # The work folder lives in the channel (same file system as the result) and is removed by the next run
+    # if this one is killed.
+    with fileops.scratch(channel, "repack") as work:
         archive, report, depends = build_archive(
-            wheel, Path(out_tmp), runner, build_number=build_number, zstd_level=zstd_level,
-            zstd_threads=zstd_threads, on_step=on_step,
+            wheel, work / "out", runner, build_number=build_number, zstd_level=zstd_level,
+            zstd_threads=zstd_threads, work=work, on_step=on_step,
         )
         if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
             raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
         if on_step:
             on_step("publishing")
         try:
-            published = localchannel.publish(archive, channel, SUBDIR, replace=replace)
-        except FileExistsError as exc:
-            raise UsageError(f"{exc} is already in the channel", "pass --replace to overwrite it") from None
+            published = localchannel.publish(archive, channel, SUBDIR, replace=replace).path
+        except localchannel.ArchiveExistsError as exc:
+            raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
     return RepackResult(published, published.stat().st_size, time.perf_counter() - start, report, depends)
+
+
+def _check_crcs(wheel: Path) -> None:
+    """Every member's CRC (a few seconds for torch): a damaged download fails here, not after unpacking."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ArchiveError.unreadable(wheel, exc) from exc
+    if bad is not None:
+        raise ArchiveError.unreadable(wheel, ValueError(f"member {bad} fails its CRC check"))
+
+
+def _source_wheel_sha256(archive: Path) -> object:
+    """The sha256 of the wheel `archive` was repacked from (None when it cannot be read: then it is not reused)."""
+    try:
+        return localchannel.about_extra(archive).get("source_wheel_sha256")
+    except Exception:  # damaged or foreign: not ours to reuse
+        return None
 
 
 def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:

@@ -13,7 +13,7 @@ from enum import Enum
 
 from torchforge import data as tables
 from torchforge import platforms, versions
-from torchforge.data import Data, Fix, JetPack, JetsonDevice, Release
+from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsMagma
 from torchforge.magmasource import MagmaSource
 from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
@@ -505,6 +505,12 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         if cudnn is None:
             check.refuse(f"no cuDNN version is known for CUDA {cuda}; choose a CUDA listed for PyTorch {release_key}: "
                          f"{', '.join(release.cuda) or 'cpu only'}")
+        elif not jetson and versions.parse(cudnn) >= versions.parse("8.3"):
+            rule = bundle_rule(data, request, cuda)
+            if rule is None or not any(lib.dir == "cudnn" for lib in rule.libs):
+                check.warn(f"cuDNN {cudnn} cannot be linked statically and no bundling rule covers PyTorch "
+                           f"{request.pytorch} with CUDA {cuda} on {request.platform}: libcudnn must come from "
+                           f"the environment, and the RPATH audit fails the package without it")
 
     # Host compiler.
     gcc = request.options.gcc
@@ -674,6 +680,62 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
     return arch_list
 
 
+def bundle_rule(data: Data, request: Request, cuda: str | None) -> BundleRule | None:
+    """The libraries upstream's recipe copied into torch/lib for this CUDA variant (bundle.toml), if any.
+
+    Callers pass cuda=None for Jetson builds: they take cuDNN and CUPTI from JetPack on the device.
+    """
+    facts = platforms.get(request.platform).facts
+    if cuda is None or facts.family not in ("linux", "win"):
+        return None
+    rules = data.bundle.win if facts.windows else data.bundle.linux
+    for rule in rules:
+        if versions.matches(request.pytorch, rule.pytorch) and versions.matches(cuda, rule.cuda):
+            return rule
+    return None
+
+
+@dataclass(frozen=True)
+class BundledFile:
+    """One library (or glob) the build script copies into torch/lib: `dir_var` overrides `dir_default`."""
+
+    dir_var: str
+    dir_default: str  # in the platform's shell syntax ($CUDA_HOME/lib64, %CUDA_PATH%\bin)
+    name: str
+    optional: bool = False
+
+
+def bundled_files(data: Data, request: Request, cuda: str | None) -> tuple[BundledFile, ...]:
+    """The files the variant's bundling step copies, names with {cuda}/{cuda_major} filled in."""
+    rule = bundle_rule(data, request, cuda)
+    if rule is None or cuda is None:
+        return ()
+    dirs = data.bundle.win_dirs if platforms.get(request.platform).facts.windows else data.bundle.linux_dirs
+    return tuple(
+        BundledFile(dirs[lib.dir].var, dirs[lib.dir].default,
+                    lib.name.format(cuda=cuda, cuda_major=cuda.split(".")[0]), lib.optional)
+        for lib in rule.libs
+    )
+
+
+def _env_entry_applies(entry: BuildEnvEntry, request: Request, cuda: str | None) -> bool:
+    # `when` "linux"/"osx" is the platform's business (platforms.Platform.env_value)
+    if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
+        return False
+    if entry.pytorch and not versions.matches(request.pytorch, entry.pytorch):
+        return False
+    if entry.cuda and (cuda is None or not versions.matches(cuda, entry.cuda)):
+        return False
+    return not (entry.python and not versions.matches(request.python, entry.python))
+
+
+def windows_magma(data: Data, request: Request, cuda: str | None) -> WindowsMagma | None:
+    """The prebuilt MAGMA archive upstream's bld.bat linked, for a Windows CUDA variant of its releases."""
+    if cuda is None or not platforms.get(request.platform).facts.windows:
+        return None
+    return next((m for m in data.eras.windows_magma if versions.matches(request.pytorch, m.pytorch)), None)
+
+
 def _build_env(data: Data, request: Request, release: Release, cuda: str | None, cudnn: str | None,
                arch_list: str | None,
                jetson: tuple[str, JetsonDevice, JetPack] | None,
@@ -683,9 +745,7 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     facts = here.facts
     env: dict[str, str] = {}
     for entry in data.eras.build_env:
-        if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:
-            continue
-        if entry.pytorch and not versions.matches(request.pytorch, entry.pytorch):
+        if not _env_entry_applies(entry, request, cuda):
             continue
         value = here.env_value(entry)
         if value is not None:
@@ -695,12 +755,17 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     if cuda:
         assert arch_list is not None
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
-        # cuDNN >= 8.3 ships no single static archive (official-builds §1.7), so USE_STATIC_CUDNN must be 0.
-        static = release.static_cudnn and cudnn is not None and versions.parse(cudnn) < versions.parse("8.3")
+        # A bundled cuDNN is linked dynamically; otherwise the release's default, except that cuDNN >= 8.3
+        # ships no single static archive (official-builds §1.7).
+        rule = bundle_rule(data, request, None if jetson else cuda)
+        bundles_cudnn = rule is not None and any(lib.dir == "cudnn" for lib in rule.libs)
+        static = (release.static_cudnn and not bundles_cudnn and cudnn is not None
+                  and versions.parse(cudnn) < versions.parse("8.3"))
         env["USE_STATIC_CUDNN"] = "1" if static else "0"
-        if release.cusparselt:
+        if release.cusparselt and facts.family == "linux":
+            # upstream's bld.bat never set it (release/2.5:conda/pytorch-nightly/bld.bat)
             env["USE_CUSPARSELT"] = "1"
-        if not facts.magma or jetson:
+        if jetson or (not facts.magma and windows_magma(data, request, cuda) is None):
             env["USE_MAGMA"] = "0"
     if jetson:
         _, _, jetpack = jetson

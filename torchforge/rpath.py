@@ -37,6 +37,7 @@ from pathlib import Path
 from torchforge.data import data_text, parse_toml
 from torchforge.elf import ElfInfo, ElfReadError, iter_tree, maybe_elf, read_elf
 from torchforge.errors import (
+    ArchiveError,
     AuditFailedError,
     ToolFailedError,
     ToolMissingError,
@@ -164,12 +165,16 @@ def detect_layout(tree: Tree, source: Path | None = None) -> Layout:
     return Layout.CONDA
 
 
-def nvidia_dirs(tree: Tree, era: str) -> tuple[str, ...]:
-    try:
-        entries = rules().nvidia_rpaths[era]
-    except KeyError:
+def check_nvidia_era(era: str) -> str:
+    """Checked before any work, whatever the layout: a typo must not pass silently where it is unused."""
+    if era not in rules().nvidia_rpaths:
         known = ", ".join(sorted(rules().nvidia_rpaths))
-        raise UsageError(f"unknown nvidia RPATH era {era!r}", f"use one of: {known}") from None
+        raise UsageError(f"unknown nvidia RPATH era {era!r}", f"use one of: {known}")
+    return era
+
+
+def nvidia_dirs(tree: Tree, era: str) -> tuple[str, ...]:
+    entries = rules().nvidia_rpaths[check_nvidia_era(era)]
     return tuple(_norm(f"{tree.site_rel}/{d}") for d in entries)
 
 
@@ -334,6 +339,7 @@ def scan(root: Path) -> Scan:
 
 def audit_tree(root: Path, layout: Layout | None = None, *, nvidia_era: str = "cu12", source: str | None = None) -> AuditReport:
     """Audit an unpacked package, wheel or environment prefix (a directory)."""
+    check_nvidia_era(nvidia_era)
     tree = inspect_tree(root)
     layout = layout or detect_layout(tree)
     nvidia = nvidia_dirs(tree, nvidia_era) if layout is Layout.WHEEL_NVIDIA else ()
@@ -367,17 +373,27 @@ def unpacked(path: Path) -> Iterator[Path]:
         raise UsageError(f"{path} is not a package", "give a .conda, .tar.bz2 or .whl file, or a directory")
     with tempfile.TemporaryDirectory(prefix="torchforge-audit-") as tmp:
         dest = Path(tmp) / "pkg"
-        if name.endswith(".whl"):
-            extract_wheel(path, dest)
-        else:
-            from conda_package_handling import api as cph
+        try:
+            if name.endswith(".whl"):
+                extract_wheel(path, dest)
+            else:
+                from conda_package_handling import api as cph
 
-            cph.extract(str(path), dest_dir=str(dest))
+                cph.extract(str(path), dest_dir=str(dest))
+        except ArchiveError:
+            raise
+        except OSError as exc:
+            if exc.errno is None:  # zipfile, tarfile, zstd: not a system error but a damaged archive
+                raise ArchiveError.unreadable(path, exc) from exc
+            raise
+        except Exception as exc:  # zipfile, tarfile, zstd, bz2 and cph each raise their own types; EOFError too
+            raise ArchiveError.unreadable(path, exc) from exc
         yield dest
 
 
 def audit(path: Path, layout: Layout | None = None, *, nvidia_era: str = "cu12") -> AuditReport:
     """Audit a package file or a directory. Never executes anything from it."""
+    check_nvidia_era(nvidia_era)
     with unpacked(path) as root:
         if layout is None and not path.is_dir():
             layout = detect_layout(inspect_tree(root), path)
@@ -452,6 +468,7 @@ def plan_fix(
     nvidia_era: str = "cu12",
 ) -> FixPlan:
     """Compute, without touching anything, what `fix` would change."""
+    check_nvidia_era(nvidia_era)
     tree = inspect_tree(root)
     found = scan(root)
     if found.unreadable:

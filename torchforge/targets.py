@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.errors import UsageError
+from torchforge.fileops import check_dir
 
 
 class TargetKind(str, Enum):
@@ -87,9 +88,35 @@ def _check_labels(labels: tuple[str, ...], where: str) -> tuple[str, ...]:
     return labels
 
 
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def redact_url(text: str) -> str:
+    """`text` with any `user:password@` of a URL shown as `***@`."""
+    return _USERINFO.sub("***@", text)
+
+
+def _reject_credentials(text: str, kind: TargetKind | None) -> None:
+    """Credentials in a URL are refused rather than stripped or used: the URL is echoed in logs, written
+    into CI files (`torchforge ci --upload-to`) and kept in shell history, and the project reads secrets
+    only from the environment or the keyring. The message never repeats them."""
+    if not _USERINFO.search(text):
+        return
+    where = (f"export {DEFAULT_TOKEN_ENV[kind]}=<token>" if kind in DEFAULT_TOKEN_ENV
+             else "put the token in the target's variable (ANACONDA_API_TOKEN, QUETZ_API_KEY) or the keyring")
+    raise UsageError(
+        f"{redact_url(text)!r} carries credentials in the URL (shown as ***); torchforge does not take secrets "
+        "from URLs or flags",
+        f"remove 'user:token@' from the URL and {where} (or name a variable with token_env in channels/*.toml)",
+    )
+
+
 def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | None = None) -> Target:
     """A target from its URL form. Raises UsageError with the accepted forms when `text` is none of them."""
     forms = "file:///abs/path, anaconda://OWNER or quetz+http(s)://HOST[:PORT]/CHANNEL"
+    kind = (TargetKind.QUETZ if text.startswith("quetz+") else TargetKind.ANACONDA
+            if text.startswith("anaconda://") else None)
+    _reject_credentials(text, kind)
     labels = _check_labels(labels, text)
     if text.startswith("file://"):
         parts = urlsplit(text)
@@ -105,6 +132,10 @@ def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | N
     if text.startswith(("quetz+http://", "quetz+https://")):
         parts = urlsplit(text[len("quetz+") :])
         channel = parts.path.strip("/")
+        try:
+            parts.port  # noqa: B018 -- parsing it is the check: a port that is not a number raises here
+        except ValueError:
+            raise UsageError(f"{text!r} has an invalid port", "write quetz+http://HOST:PORT/CHANNEL, PORT a number") from None
         if not parts.hostname or not _NAME.match(channel):
             raise UsageError(f"{text!r} does not name a quetz channel", "write quetz+http://HOST:PORT/CHANNEL")
         base = f"{parts.scheme}://{parts.netloc}"
@@ -169,6 +200,8 @@ def load_file(path: Path) -> Target:
         if not spec.owner or spec.url:
             raise UsageError(f"{where}: an anaconda target needs owner = \"...\" (and optionally api_url), not url")
         parsed = parse_url(f"anaconda://{spec.owner}", labels)
+        if spec.api_url is not None:
+            _reject_credentials(spec.api_url, TargetKind.ANACONDA)
         if spec.api_url is not None and not spec.api_url.startswith(("http://", "https://")):
             raise UsageError(f"{where}: api_url {spec.api_url!r} is not an http(s) URL")
         return Target(name=name, kind=parsed.kind, labels=labels, owner=parsed.owner, api_url=spec.api_url,
@@ -194,6 +227,7 @@ def default_channels_dir() -> Path:
 
 def load_all(channels_dir: Path) -> dict[str, Target]:
     """Every named target in `channels_dir`, by name. A missing folder means no named targets."""
+    check_dir(channels_dir, "--channels-dir")
     if not channels_dir.is_dir():
         return {}
     return {path.stem: load_file(path) for path in sorted(channels_dir.glob("*.toml"))}
@@ -224,6 +258,7 @@ def resolve(
         if labels:
             target = replace(target, labels=_check_labels(labels, "--label"))
     if api_url is not None:
+        _reject_credentials(api_url, TargetKind.ANACONDA)
         if target.kind is not TargetKind.ANACONDA:
             raise UsageError("--api-url applies to anaconda:// targets only")
         if not api_url.startswith(("http://", "https://")):

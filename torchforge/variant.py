@@ -17,6 +17,7 @@ from torchforge.versions import nodot
 CPU = "cpu"
 _VERSION_XY = re.compile(r"^\d+\.\d+$")
 _VERSION_XYZ = re.compile(r"^\d+\.\d+\.\d+$")
+_GCC_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -110,6 +111,16 @@ class Selection:
         options: Options,
     ) -> Selection:
         defaults = tables.load().pytorch.defaults
+        # An empty value is a mistake (an unset shell variable), not a request for the default matrix.
+        for flag, value in (("--pytorch", pytorch), ("--cuda", cuda), ("--py", python), ("--platform", platform)):
+            if value is not None and not split_list(value):
+                raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out for the default")
+        for flag, value in (("--arch-list", options.arch_list), ("--jetson", options.jetson),
+                            ("--source", options.source)):
+            if value is not None and not value.strip(" ;,"):
+                raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out")
+        if options.gcc is not None and not _GCC_VERSION.match(options.gcc):
+            raise UsageError(f"--gcc expects a GCC version such as 12 or 11.4, got {options.gcc!r}", "for example --gcc 12")
         pytorch = pytorch or defaults.pytorch
         accels = tuple(split_list(cuda)) or defaults.cuda
         pythons = tuple(split_list(python)) or defaults.python

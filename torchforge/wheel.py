@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchforge import fileops
 from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.errors import UsageError
 from torchforge.proc import Runner
@@ -127,13 +126,15 @@ def repair(
     bundle: Sequence[Path] = (),
     nvidia_era: str = "cu12",
 ) -> Path:
-    """Repair `wheel` into `out_dir`; returns the new wheel path. Nothing is written to `out_dir` until the
-    new wheel is complete (it is zipped under a temporary name next to its final name, then renamed)."""
+    """Repair `wheel` into `out_dir`; returns the new wheel path. The work happens in a scratch folder of
+    `out_dir`; the new wheel appears under its final name only complete (zipped there, then renamed)."""
     name = WheelName.parse(wheel.name)
     if not name.platform.startswith(("linux_", "manylinux")):
         raise UsageError(f"{wheel.name} is not a Linux wheel", "wheel repair handles linux_* and manylinux* wheels")
-    with tempfile.TemporaryDirectory(prefix="torchforge-wheel-") as tmp:
-        root = Path(tmp) / "w"
+    # The unpacked wheel (700 MB for torch) lives in a scratch folder of `out_dir`, which the next run
+    # removes if this one is killed.
+    with fileops.scratch(out_dir, "repair") as tmp:
+        root = tmp / "w"
         extract_wheel(wheel, root)
         fix_and_audit(root, layout, runner, bundle=bundle, nvidia_era=nvidia_era)
         arch = name.platform.split("_", 1)[1] if name.platform.startswith("linux_") else name.platform.rsplit("_", 2)[-1]
@@ -154,14 +155,8 @@ def repair(
         wheel_file.write_text(text, encoding="utf-8")
         write_record(root, new_dist.name)
         repaired = WheelName(name.name, version, name.python, name.abi, platform)
-        out_dir.mkdir(parents=True, exist_ok=True)
         target = out_dir / repaired.filename
-        fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".whl", dir=out_dir)
-        os.close(fd)
-        try:
-            _zip_tree(root, Path(partial), new_dist.name)
-            os.replace(partial, target)
-        except BaseException:
-            Path(partial).unlink(missing_ok=True)
-            raise
+        partial = tmp / repaired.filename
+        _zip_tree(root, partial, new_dist.name)
+        fileops.move_into_place(partial, target)
         return target

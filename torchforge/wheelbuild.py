@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from torchforge import fileops
 from torchforge.errors import BuildFailedError, ToolFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.render import plan
@@ -131,14 +130,15 @@ def build_wheels(selection: Selection, out_dir: Path, runner: Runner, *, jobs: i
         log = logs_dir / f"{variant.id}.log"
         if runner.dry_run:
             runner.run(Command((sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--no-build-isolation",
-                                "-w", str(wheels_dir / f".staging-{variant.id}")), env=env))
+                                "-w", str(wheels_dir / f"{fileops.SCRATCH_PREFIX}staging-{variant.id}")), env=env))
             continue
         wheels_dir.mkdir(parents=True, exist_ok=True)
         logs_dir.mkdir(parents=True, exist_ok=True)
         log.write_text("")
-        # Staging inside OUT/wheels: the repaired wheel is renamed into place, never copied across devices.
-        staging = Path(tempfile.mkdtemp(prefix=f".staging-{variant.id}-", dir=wheels_dir))
-        try:
+        # Staging inside OUT/wheels: the repaired wheel is renamed into place, never copied across devices;
+        # a killed build's staging is removed by the next run.
+        fileops.clean_stale(wheels_dir)
+        with fileops.scratch(wheels_dir, f"staging-{variant.id}") as staging:
             say(f"build {variant.id} (pip wheel, {sys.executable}); log: {log}")
             try:
                 runner.run(Command((sys.executable, "-m", "pip", "wheel", source, "--no-deps",
@@ -156,6 +156,4 @@ def build_wheels(selection: Selection, out_dir: Path, runner: Runner, *, jobs: i
                               layout=Layout.WHEEL_BUNDLED)
             say(f"wrote {repaired}")
             built.append(repaired)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     return built

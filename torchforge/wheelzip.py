@@ -8,11 +8,22 @@ from __future__ import annotations
 import os
 import shutil
 import zipfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from torchforge.errors import ArchiveError
+
 
 def extract_wheel(wheel: Path, dest: Path) -> None:
+    """Extract every member with its mode. A damaged wheel (bad zip, CRC or deflate stream) is an ArchiveError."""
+    try:
+        _extract(wheel, dest)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise ArchiveError.unreadable(wheel, exc) from exc
+
+
+def _extract(wheel: Path, dest: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         entries = zf.infolist()
     members = [m for m in entries if not m.is_dir()]

@@ -7,7 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from torchforge.render import RecipeFormat, plan, recipe_folders
+from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders
 from torchforge.variant import Options, Selection
 
 HERE = Path(__file__).parent
@@ -18,10 +18,13 @@ def cases() -> dict[str, dict[str, str]]:
     return tomllib.loads((HERE / "cases.toml").read_text())["cases"]
 
 
-def render_case(case: dict[str, str], fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+def case_plan(case: dict[str, str]) -> RenderPlan:
     options = Options(jetson=case.get("jetson"), arch_list=case.get("arch_list"))
-    selection = Selection.from_flags(case["pytorch"], case["cuda"], case["python"], case.get("platform"), options)
-    return recipe_folders(plan(selection), fmt)
+    return plan(Selection.from_flags(case["pytorch"], case["cuda"], case["python"], case.get("platform"), options))
+
+
+def render_case(case: dict[str, str], fmt: RecipeFormat) -> dict[str, dict[str, str | bytes]]:
+    return recipe_folders(case_plan(case), fmt)
 
 
 def main() -> int:

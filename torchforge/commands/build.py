@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -12,19 +13,32 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge import containers
 from torchforge.console import err, note, out, warn
 from torchforge.diagnose import explain_log
-from torchforge.engines import Engine, select_engine
+from torchforge.engines import Engine
+from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.preflight import report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
 from torchforge.wheelbuild import build_wheels
+
+
+_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/label/[A-Za-z0-9._-]+)?$")
+
+
+def check_channel_arg(url: str) -> str:
+    """--channel takes what conda's -c takes: a URL, a local folder, or a channel name (conda-forge)."""
+    if url.strip() and ("://" in url or _CHANNEL_NAME.match(url) or Path(url).is_dir()):
+        return url
+    raise UsageError(f"--channel {url!r} is not a channel URL, folder or name",
+                     "for example --channel conda-forge, --channel https://my.mirror/conda-forge or --channel ./local")
 
 
 def print_plan(steps: list[Step], extra: tuple[str, ...] = ()) -> None:
@@ -80,7 +94,7 @@ def register(app: typer.Typer) -> None:
         engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
         fmt: Annotated[str, typer.Option("--format", help="conda (packages in a channel) or wheel.")] = "conda",
         channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable).")] = None,
-        out_dir: Annotated[Path, typer.Option("--out", help="Local channel receiving the packages.")] = Path("forge-channel"),
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Local channel receiving the packages.")] = Path("forge-channel"),
         jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS for the compilers (default: from memory and cores).")] = None,
         keep_going: Annotated[bool, typer.Option("--keep-going", help="Continue past a failed variant.")] = False,
         force: Annotated[bool, typer.Option("--force", help="Rebuild packages already in the channel.")] = False,
@@ -94,6 +108,9 @@ def register(app: typer.Typer) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
+        check_dir(out_dir, "--out")
+        for url in channel or ():
+            check_channel_arg(url)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
         if fmt == "wheel":
@@ -103,6 +120,9 @@ def register(app: typer.Typer) -> None:
                 out.print(str(wheel))
             return
         render_plan = plan(selection)
+        # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
+        # with or without --dry-run.
+        render_plan.require_buildable()
         for variant in render_plan.variants:
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")

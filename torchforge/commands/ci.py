@@ -12,9 +12,11 @@ from torchforge import config as site_config
 from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, selection_from_flags,
+    SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, out
+from torchforge.errors import UsageError
+from torchforge.fileops import check_dir
 from torchforge.render import plan
 from torchforge.targets import resolve
 
@@ -31,7 +33,7 @@ def register(app: typer.Typer) -> None:
     @app.command("ci")
     def ci(
         provider: Annotated[Provider, typer.Argument(help="Which CI system's file to write.")],
-        out_dir: Annotated[Path, typer.Option("--out", help="Repository root that receives .github/workflows/torchforge.yml or .gitlab-ci.yml.")],
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Repository root that receives .github/workflows/torchforge.yml or .gitlab-ci.yml.")],
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, source: SourceOpt = None,
@@ -51,6 +53,9 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
+        if requirement is not None and not requirement.strip():
+            raise UsageError("--requirement is empty", "give a pip requirement, e.g. torchforge==0.1.0, or leave it out")
+        check_dir(out_dir, "--out")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          None, source)
         # Resolve the target now: a typo fails here, not hours into a CI run.

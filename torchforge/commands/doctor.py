@@ -10,13 +10,15 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, selection_from_flags,
+    SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge import containers
 from torchforge.console import out
 from torchforge.preflight import report_table, run_preflight
+from torchforge.fileops import check_dir
 from torchforge.proc import Runner
+from torchforge.render import plan
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +29,7 @@ def register(app: typer.Typer) -> None:
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None, source: SourceOpt = None,
         engine: Annotated[str, typer.Option("--engine", help="auto, conda-build or rattler-build.")] = "auto",
         jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="MAX_JOBS to check instead of the memory-based choice.")] = None,
-        out_dir: Annotated[Path, typer.Option("--out", help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Output channel folder (its disk is checked).")] = Path("forge-channel"),
         as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
         channel: Annotated[list[str] | None, typer.Option("--channel", "-c", help="Extra channel URL (repeatable), as for build.")] = None,
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
@@ -41,13 +43,16 @@ def register(app: typer.Typer) -> None:
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
+        check_dir(out_dir, "--out")
+        render_plan = plan(selection)
         site = site_config.load(config)
         settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
-        report = run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
+        report = run_preflight(render_plan, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
                                site=site, extra_channels=tuple(channel or ()), container=settings, check_channels=True,
                                magma_only=magma_only)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))
         else:
             out.print(report_table(report))
+        render_plan.require_buildable()  # every check is shown first; a refused selection exits 4 everywhere
         report.raise_if_failed()

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from torchforge.console import note
+from torchforge.errors import UsageError
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.resolve import default_release
 from torchforge.variant import Options, Selection, parse_env
@@ -37,6 +38,15 @@ def _digests(patches: list[Path] | None) -> tuple[str, ...]:
     return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
 
 
+def nonempty_path(value: str | Path) -> Path:
+    """Parser for folder options: `--out ''` would otherwise become Path('.') and write into the current folder."""
+    if isinstance(value, Path):  # a default
+        return value
+    if not value.strip():
+        raise typer.BadParameter("is empty; give a folder")
+    return Path(value)
+
+
 def selection_from_flags(
     pytorch: str | None,
     cuda: str | None,
@@ -53,6 +63,8 @@ def selection_from_flags(
     patches: list[Path] | None = None,
     magma_patches: list[Path] | None = None,
 ) -> Selection:
+    if magma_source is not None and not magma_source.strip():  # '' would otherwise mean "the release tarball"
+        raise UsageError("--magma-source is empty", "give a MAGMA tree, tarball or URL, or leave --magma-source out")
     options = Options(
         arch_list=arch_list,
         build_number=build_number,

@@ -8,6 +8,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from torchforge.commands.options import nonempty_path
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner
@@ -100,7 +101,7 @@ def register(app: typer.Typer) -> None:
     @app.command("repack")
     def repack_cmd(
         wheels: list[Path] = typer.Argument(..., help="Official torch wheels (.whl)."),
-        out_channel: Path = typer.Option(..., "--out", help="Local channel folder to publish into."),
+        out_channel: Path = typer.Option(..., "--out", parser=nonempty_path, help="Local channel folder to publish into."),
         build_number: int = typer.Option(0, "--build-number", help="Build number (official packages: 0)."),
         level: int = typer.Option(DEFAULT_ZSTD_LEVEL, "--zstd-level", help="zstd level for .conda (19 = cph default, ~18x slower)."),
         replace: bool = typer.Option(False, "--replace", help="Overwrite a package already in the channel."),
@@ -115,4 +116,5 @@ def register(app: typer.Typer) -> None:
                     wheel, out_channel, Runner(), build_number=build_number, zstd_level=level, replace=replace,
                     on_step=lambda s: progress.update(task, description=f"{wheel.name}: {s}"),
                 )
-            out.print(f"{result.archive}  ({result.size / 1e6:.1f} MB, {result.seconds:.1f} s)", markup=False)
+            how = "reused: already repacked from this wheel" if result.reused else f"{result.seconds:.1f} s"
+            out.print(f"{result.archive}  ({result.size / 1e6:.1f} MB, {how})", markup=False)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, selection_from_flags,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, out, warn
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("render")
     def render(
-        out_dir: Annotated[Path, typer.Option("--out", help="Folder that receives one recipe folder per package.")] = Path("recipes"),
+        out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Folder that receives one recipe folder per package.")] = Path("recipes"),
         fmt: Annotated[RecipeFormat, typer.Option("--format", help="Recipe format.")] = RecipeFormat.CONDA_BUILD,
         force: Annotated[bool, typer.Option("--force", help="Replace recipe folders that already exist.")] = False,
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,

@@ -15,8 +15,9 @@ from torchforge.console import err, note, out, warn
 from torchforge.errors import UsageError
 from torchforge.proc import Runner
 from torchforge.targets import Target, default_channels_dir, load_all, resolve
-from torchforge.upload import Archive, ExistingPolicy, Outcome, collect, inspect_all, upload_all
-from torchforge.uploaders import PackageSpec, make_uploader
+from torchforge.archives import Archive, collect, inspect_all
+from torchforge.upload import make_uploader, upload_all
+from torchforge.uploaders.base import ExistingPolicy, Outcome, PackageSpec
 
 # Files smaller than this upload in a blink; a progress bar would only flicker.
 PROGRESS_MIN_BYTES = 8 << 20
@@ -80,8 +81,8 @@ def upload(
     _print_columns(rows)
     if dry_run or not verify:
         return
-    # Skipped files are whatever the target already had; only what was sent is compared with the local file.
-    checked = [s.archive for s in sent if s.outcome in (Outcome.UPLOADED, Outcome.REPLACED)]
+    # Skipped files are whatever the target already had; what was sent (or found identical) is checked.
+    checked = [s.archive for s in sent if s.outcome in (Outcome.UPLOADED, Outcome.REPLACED, Outcome.IDENTICAL)]
     for line in uploader.verify(checked):
         out.print(f"verified: {line}", markup=False)
 

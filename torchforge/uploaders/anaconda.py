@@ -26,8 +26,10 @@ from pathlib import Path
 from torchforge.errors import ToolMissingError, UploadFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.targets import Credential, Target, find_token
-from torchforge.upload import Archive, AuthError, ExistingPolicy, ExistsError, Outcome, TransientError
-from torchforge.uploaders import Advance, Echo, PackageSpec
+from torchforge.archives import Archive
+from torchforge.uploaders.base import (
+    Advance, AuthError, Echo, ExistingPolicy, ExistsError, Outcome, PackageSpec, TransientError, with_retries,
+)
 
 DEFAULT_API_URL = "https://api.anaconda.org"
 CLIENT_TIMEOUT_S = 6 * 3600  # PyTorch archives are hundreds of MB on slow uplinks
@@ -149,11 +151,11 @@ class AnacondaUploader:
             self._had_transient.add(archive.filename)
             raise
         except ExistsError:
-            # An earlier attempt may have committed the file before its connection dropped: if the server's copy
-            # is exactly ours, that attempt succeeded.
-            if archive.filename in self._had_transient and self._remote_matches(archive):
+            # The server's copy may be exactly ours: sent by an earlier attempt whose connection dropped (that
+            # attempt succeeded), or by an interrupted run that is being rerun (nothing to do: it converges).
+            if self._remote_matches(archive):
                 advance(archive.size)
-                return Outcome.UPLOADED
+                return Outcome.UPLOADED if archive.filename in self._had_transient else Outcome.IDENTICAL
             raise
         if self.runner.dry_run:
             return Outcome.DRY_RUN
@@ -197,8 +199,6 @@ class AnacondaUploader:
         return bool(dist) and dist.get("sha256") == archive.sha256 and dist.get("size") == archive.size  # type: ignore[union-attr]
 
     def verify(self, archives: Sequence[Archive]) -> list[str]:
-        from torchforge.upload import with_retries
-
         lines: list[str] = []
         for archive in archives:
             dist = with_retries(lambda a=archive: self._dist(a), f"check of {archive.filename}")

@@ -9,19 +9,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchforge import localchannel
+from torchforge import fileops, localchannel
 from torchforge.errors import UsageError
 from torchforge.targets import Target
-from torchforge.upload import Archive, ExistingPolicy, ExistsError, Outcome, SUBDIR_RE, inspect_archive
-from torchforge.uploaders import Advance, Echo, PackageSpec
+from torchforge.archives import SUBDIR_RE, Archive, inspect_archive
+from torchforge.uploaders.base import Advance, Echo, ExistingPolicy, ExistsError, Outcome, PackageSpec
 from torchforge.uploaders.rattler_check import check_channel
+
+
+_OUTCOME = {localchannel.Placed.ADDED: Outcome.UPLOADED, localchannel.Placed.REPLACED: Outcome.REPLACED,
+            localchannel.Placed.IDENTICAL: Outcome.IDENTICAL}
 
 
 class DirectoryUploader:
     def __init__(self, target: Target, dry_run: bool, echo: Echo) -> None:
         assert target.path is not None
         self.target = target
-        self.root: Path = target.path
+        self.root: Path = fileops.check_dir(target.path, "target channel")  # before anything is sent, even in a dry run
         self.dry_run = dry_run
         self.echo = echo
 
@@ -37,21 +41,20 @@ class DirectoryUploader:
                 self.echo(f"[dry-run] copy {archive.path} -> {dest} and re-index {channel}")
                 outcomes.append(Outcome.DRY_RUN)
                 continue
-            existed = dest.exists()  # for the report only; publish() decides under the lock
             try:
-                localchannel.publish(archive.path, channel, archive.subdir, replace=policy is ExistingPolicy.FORCE,
-                                     progress=advance)
-            except FileExistsError:
+                published = localchannel.publish(archive.path, channel, archive.subdir,
+                                                 replace=policy is ExistingPolicy.FORCE, progress=advance)
+            except localchannel.ArchiveExistsError:
                 if policy is ExistingPolicy.SKIP:
                     outcomes.append(Outcome.SKIPPED)
                     continue
                 raise ExistsError(
-                    f"{dest} already exists",
+                    f"{dest} already exists with other content",
                     "pass --skip-existing to keep it, or --force to replace it",
                 ) from None
-            outcomes.append(Outcome.REPLACED if existed else Outcome.UPLOADED)
+            outcomes.append(_OUTCOME[published.placed])
         # One line per file: "skipped" only if every label already had it.
-        for wanted in (Outcome.DRY_RUN, Outcome.REPLACED, Outcome.UPLOADED):
+        for wanted in (Outcome.DRY_RUN, Outcome.REPLACED, Outcome.UPLOADED, Outcome.IDENTICAL):
             if wanted in outcomes:
                 return wanted
         return Outcome.SKIPPED
@@ -59,7 +62,9 @@ class DirectoryUploader:
     def verify(self, archives: Sequence[Archive]) -> list[str]:
         lines: list[str] = []
         for label in self.target.labels:
-            lines += check_channel(self.label_dir(label).as_uri(), archives)
+            channel = self.label_dir(label)
+            with fileops.scratch(channel, "verify") as work:
+                lines += check_channel(channel.as_uri(), archives, work=work)
         return lines
 
     def _files(self, label: str, spec: PackageSpec | None) -> list[Path]:
@@ -99,10 +104,11 @@ class DirectoryUploader:
                 if self.dry_run:
                     self.echo(f"[dry-run] copy {path} -> {dest_channel / subdir / path.name} and re-index")
                     continue
-                existing = localchannel.find(dest_channel, subdir, localchannel.archive_stem(path.name))
-                if existing is not None and existing.name == path.name:
-                    continue  # already promoted: promotion is idempotent
-                localchannel.publish(path, dest_channel, subdir)
+                try:  # an identical file there means already promoted: promotion is idempotent
+                    localchannel.publish(path, dest_channel, subdir)
+                except localchannel.ArchiveExistsError as exc:
+                    raise ExistsError(f"{exc.path} exists in label {label!r} with other content",
+                                      f"remove it from label {label!r} first, or upload the file there with --force") from None
             if move:
                 if self.dry_run:
                     self.echo(f"[dry-run] remove {path} and re-index {source}")

@@ -17,8 +17,10 @@ from collections.abc import Iterator, Sequence
 
 from torchforge.errors import UploadFailedError, UsageError
 from torchforge.targets import Credential, Target, find_token
-from torchforge.upload import Archive, AuthError, ExistingPolicy, ExistsError, Outcome, TransientError
-from torchforge.uploaders import Advance, Echo, PackageSpec
+from torchforge.archives import Archive
+from torchforge.uploaders.base import (
+    Advance, AuthError, Echo, ExistingPolicy, ExistsError, Outcome, PackageSpec, TransientError,
+)
 from torchforge.uploaders.rattler_check import check_channel
 
 CHUNK = 1 << 20
@@ -90,6 +92,8 @@ class QuetzUploader:
             if exc.code == 409:
                 if policy is ExistingPolicy.SKIP:
                     return Outcome.SKIPPED
+                if self._serves_same(archive):  # a rerun after an interruption: the channel has these bytes
+                    return Outcome.IDENTICAL
                 raise ExistsError(f"{archive.filename} already exists in quetz channel {self.channel} ({detail})",
                                   "pass --skip-existing to keep it, or --force to replace it") from None
             if exc.code in (401, 403):
@@ -106,6 +110,13 @@ class QuetzUploader:
             reason = getattr(exc, "reason", exc)
             raise TransientError(f"{type(reason).__name__}: {reason}") from None
         return Outcome.REPLACED if force else Outcome.UPLOADED
+
+    def _serves_same(self, archive: Archive) -> bool:
+        try:
+            check_channel(self.channel_url, [archive], install=False)
+        except UploadFailedError:
+            return False
+        return True
 
     def verify(self, archives: Sequence[Archive]) -> list[str]:
         # Reads the channel as a client would (no API key): a public channel must serve what was sent.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchforge.errors import UploadFailedError
-from torchforge.upload import Archive
+from torchforge.archives import Archive
 
 if TYPE_CHECKING:
     from rattler import MatchSpec
@@ -48,8 +48,11 @@ def check_channel(
     wait_s: float = 0.0,
     poll_s: float = 0.5,
     install: bool = True,
+    work: Path | None = None,
 ) -> list[str]:
-    """Verify `archives` in `channel_url`. `wait_s` allows for servers that index in the background (quetz)."""
+    """Verify `archives` in `channel_url`. `wait_s` allows for servers that index in the background (quetz).
+    `work` is where the scratch prefix goes (a directory channel passes its own scratch folder, so a killed
+    check leaves nothing outside the channel, and the next run removes it)."""
     from rattler import Gateway, Platform, install as rattler_install, solve
     from rattler.exceptions import SolverError
 
@@ -57,7 +60,7 @@ def check_channel(
         return []
     platforms = sorted({a.subdir for a in archives} | {"noarch"})
     lines: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="torchforge-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="torchforge-verify-", dir=work) as tmp:
         work = Path(tmp)
         deadline = time.monotonic() + wait_s
         attempt = 0

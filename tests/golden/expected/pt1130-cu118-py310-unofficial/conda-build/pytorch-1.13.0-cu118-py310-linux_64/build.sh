@@ -9,6 +9,8 @@ export CMAKE_LIBRARY_PATH="$PREFIX/lib:$PREFIX/include"
 export PYTORCH_BUILD_VERSION="$PKG_VERSION"
 export PYTORCH_BUILD_NUMBER="$PKG_BUILDNUM"
 export TH_BINARY_BUILD=1
+export USE_LLVM="${USE_LLVM:-/opt/llvm_no_cxx11_abi}"
+export LLVM_DIR="$USE_LLVM/lib/cmake/llvm"
 export USE_NINJA=OFF
 export INSTALL_TEST=0
 export PACKAGE_TYPE=conda
@@ -19,15 +21,47 @@ export USE_CUDA=1
 export TORCH_NVCC_FLAGS='-Xfatbin -compress-all'
 export USE_STATIC_NCCL=1
 export NCCL_ROOT_DIR="$CUDA_HOME"
+export BUILD_SPLIT_CUDA=ON
 export _GLIBCXX_USE_CXX11_ABI=0
 export TORCH_CUDA_ARCH_LIST='3.7+PTX;5.0;6.0;6.1;7.0;7.5;8.0;8.6'
 export USE_STATIC_CUDNN=0
-export BUILD_SPLIT_CUDA=1
 
 # Known fixes for this variant (see the header): exact source edits, checked, idempotent.
 "$PYTHON" "$RECIPE_DIR/source_edits.py" "$RECIPE_DIR/source_edits.json" "$SRC_DIR"
 
 "$PYTHON" setup.py install
+
+# Bundled libraries, as the official recipe did: each is copied into torch/lib, renamed
+# <stem>-<first 8 hex of sha256>.<rest> unless it is looked up by name, and every DT_NEEDED entry naming the
+# original is rewritten to the copy. The RPATH step below gives the copies $ORIGIN.
+# Source: release/1.12:conda/pytorch-nightly/build.sh:60-80 (11.3, 11.5, 11.6); release/1.13:conda/pytorch-nightly/build.sh:61-88 (+11.7)
+bundle_library() {
+  local var=$1 src=$2 name new so
+  if [ ! -e "$src" ]; then
+    echo "torchforge: $src not found; point $var at the directory that holds it" >&2
+    exit 1
+  fi
+  name=$(basename "$src")
+  case "$name" in
+    libcudnn*|libnvrtc-builtins.so) new=$name ;;
+    *) new="${name%%.*}-$(sha256sum "$src" | cut -c1-8).${name#*.}" ;;
+  esac
+  cp -L "$src" "$SP_DIR/torch/lib/$new"
+  echo "torchforge: bundled $src as torch/lib/$new"
+  if [ "$new" != "$name" ]; then
+    find "$SP_DIR/torch" -name '*.so*' -type f -print0 | while IFS= read -r -d '' so; do
+      if grep -qxF "$name" <<<"$(patchelf --print-needed "$so")"; then
+        patchelf --replace-needed "$name" "$new" "$so"
+      fi
+    done
+  fi
+}
+for src in "${CUDNN_LIB_DIR:-$CUDA_HOME/lib64}"/libcudnn*.so.8; do
+  bundle_library CUDNN_LIB_DIR "$src"
+done
+for src in "${CUPTI_LIB_DIR:-$CUDA_HOME/extras/CUPTI/lib64}"/libcupti.so.11.8; do
+  bundle_library CUPTI_LIB_DIR "$src"
+done
 
 # RPATH, official rules (pytorch/builder conda build.sh): DT_RPATH (--force-rpath) so the environment's
 # lib/ is found before LD_LIBRARY_PATH; torchforge audits the result after the build.
@@ -37,3 +71,19 @@ done
 find "$SP_DIR/torch/lib" -maxdepth 1 -name '*.so*' -type f -print0 | while IFS= read -r -d '' so; do
   patchelf --set-rpath '$ORIGIN:$ORIGIN/../../../..' --force-rpath "$so"
 done
+
+# The build string names cuDNN 8700 (cudnnGetVersion): the bundled copy must be that one
+# (read after the RPATH step, so its own sub-libraries resolve).
+"$PYTHON" - "$SP_DIR/torch/lib/libcudnn.so.8" 8700 <<'TORCHFORGE_CUDNN_CHECK'
+import ctypes, sys
+try:
+    library = ctypes.CDLL(sys.argv[1])
+except OSError as exc:  # nothing to compare on a machine where it cannot load; the audit still runs
+    print(f"torchforge: cannot load {sys.argv[1]} to read its version: {exc}", file=sys.stderr)
+    sys.exit(0)
+library.cudnnGetVersion.restype = ctypes.c_size_t
+found = library.cudnnGetVersion()
+if found != int(sys.argv[2]):
+    sys.exit(f"torchforge: the bundled cuDNN reports version {found}, the build string names {sys.argv[2]}; "
+             "point CUDNN_LIB_DIR at that cuDNN")
+TORCHFORGE_CUDNN_CHECK

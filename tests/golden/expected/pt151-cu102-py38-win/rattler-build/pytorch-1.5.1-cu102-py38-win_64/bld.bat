@@ -8,12 +8,10 @@ set "TH_BINARY_BUILD=1"
 set "INSTALL_TEST=0"
 set "MAX_JOBS=%CPU_COUNT%"
 set "USE_CUDA=1"
-set "TORCH_NVCC_FLAGS=-Xfatbin -compress-all --threads 2"
+set "TORCH_NVCC_FLAGS=-Xfatbin -compress-all"
 set "TORCH_CUDA_ARCH_LIST=3.7+PTX;5.0;6.0;6.1;7.0;7.5"
 set "USE_STATIC_CUDNN=1"
 set "USE_MAGMA=0"
-:: MAGMA on Windows came from a prebuilt 7z archive (MAGMA_HOME); without one, build without MAGMA.
-if not defined MAGMA_HOME set "USE_MAGMA=0"
 
 "%PYTHON%" setup.py install
 if errorlevel 1 exit 1

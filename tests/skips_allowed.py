@@ -1,0 +1,17 @@
+"""Skips that cannot be helped on the project's machines. In CI (`CI` or `TORCHFORGE_STRICT_SKIPS` set, as
+`.ci/run` does) every other skip fails the run, so a toolkit bump (nvcc no longer 13.0) or a missing tool
+cannot silently drop tests; `make test` prints this list at the end.
+
+Each entry: a test node id (parametrized ids match by prefix `id[`) and why skipping it is right on these
+machines. The project's machines (root in a container, nvcc 13.0, gcc 12, no GPU, no conda) run every test
+today, so the list is empty: add an entry only with the reason it cannot be helped.
+"""
+
+from __future__ import annotations
+
+ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
+
+
+def allowed(nodeid: str, reason: str) -> bool:
+    del reason  # the node id decides; the reason is printed next to it
+    return any(nodeid == pattern or nodeid.startswith(pattern + "[") for pattern, _why in ALLOWED_SKIPS)

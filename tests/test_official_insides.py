@@ -1,0 +1,333 @@
+"""Rendered recipes against the official ones, one variant per release era: run requirements, host pins,
+the exported build environment and the bundled libraries, each expected value written here as upstream's own
+text with the file and line that state it.
+
+Citations: `B <branch>:<path>:<line>` is pytorch/builder (release branches, `main@8c82f759` for 1.8.0);
+`P` is pytorch/pytorch; `PyPI torch X METADATA` is the Requires-Dist of the wheel on PyPI (its triton pin comes
+from the same `.ci/docker/triton_version.txt` the conda build read). Requirement texts are compared as conda
+MatchSpecs parsed by py-rattler, so upstream's `numpy=1.21.5` equals torchforge's `numpy 1.21.5.*`.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import pytest
+from rattler import MatchSpec
+from ruamel.yaml import YAML
+
+from torchforge.recipe import pytorch_context
+from torchforge.render import RecipeFormat, render_files
+from torchforge.resolve import classify
+from torchforge.variant import Options, Request
+
+M18 = "B main@8c82f759:conda/pytorch-nightly/meta.yaml"
+B = "B release/{}:conda/{}"
+ABSENT = None  # the variable is not set
+
+
+def meta(release: str, line: int) -> str:
+    return B.format(release, f"pytorch-nightly/meta.yaml:{line}")
+
+
+def script(release: str, line: int | str) -> str:
+    return B.format(release, f"pytorch-nightly/build.sh:{line}")
+
+
+def bat(release: str, line: int | str) -> str:
+    return B.format(release, f"pytorch-nightly/bld.bat:{line}")
+
+
+def driver(release: str, line: int | str) -> str:
+    return B.format(release, f"build_pytorch.sh:{line}")
+
+
+SPLIT_CUDA = ("P .circleci/scripts/binary_linux_build.sh: cu111 (1.8 copy) / cu1[1-2][0-9] (@3c92794d:14-16) "
+              "-> BUILD_SPLIT_CUDA=ON, forwarded by meta.yaml script_env")
+
+
+@dataclass(frozen=True)
+class Official:
+    """What the official package of one variant had. Requirements: (upstream text, citation)."""
+
+    request: Request
+    run: tuple[tuple[str, str], ...]
+    host_pins: tuple[tuple[str, str], ...]  # host lines with a version (python and magma excluded)
+    env: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # name -> (value or ABSENT, citation)
+    bundled: tuple[tuple[str, str], ...] = ()  # (file name or glob copied into torch/lib, citation)
+
+
+CASES: dict[str, Official] = {
+    "1.8 cu111": Official(
+        Request("1.8.0", "11.1", "3.8", "linux-64"),
+        run=(("numpy >=1.19", f"{M18}:32"), ("mkl >=2018", f"{M18}:33"), ("ninja", f"{M18}:37"),
+             ("typing_extensions", f"{M18}:38"), ("blas * mkl", f"{M18}:39"),
+             ("cudatoolkit >=11.1,<11.2", "B main@8c82f759:conda/build_pytorch.sh:264")),
+        host_pins=(("numpy=1.19", f"{M18}:17"), ("mkl >=2019", f"{M18}:20")),
+        env={"BUILD_SPLIT_CUDA": ("ON", SPLIT_CUDA),
+             "USE_STATIC_CUDNN": ("1", "B main@8c82f759:conda/pytorch-nightly/build.sh:51"),
+             "TORCH_CUDA_ARCH_LIST": ("3.7+PTX;5.0;6.0;6.1;7.0;7.5;8.0;8.6",
+                                      "B main@8c82f759:conda/pytorch-nightly/build.sh:33,45"),
+             "USE_GLOO_WITH_OPENSSL": (ABSENT, "B main@8c82f759:conda/build_pytorch.sh (not set before 1.9)"),
+             "USE_LLVM": (ABSENT, "B main@8c82f759:conda/pytorch-nightly/build.sh (not set before 1.10)")},
+    ),
+    "1.10 cu113": Official(
+        Request("1.10.2", "11.3", "3.9", "linux-64"),
+        run=(("mkl >=2018", meta("1.10", 35)), ("typing_extensions", meta("1.10", 39)),
+             ("blas * mkl", meta("1.10", 40)), ("pytorch-mutex 1.0 cuda", meta("1.10", 41)),
+             ("cudatoolkit >=11.3,<11.4", driver("1.10", 268))),
+        host_pins=(("numpy=1.19", meta("1.10", 19)), ("mkl=2020.2", meta("1.10", 22)),
+                   ("llvmdev=9", meta("1.10", 30))),
+        env={"USE_LLVM": ("/opt/llvm_no_cxx11_abi", script("1.10", 9)),
+             "LLVM_DIR": ("$USE_LLVM/lib/cmake/llvm", script("1.10", 10)),
+             "USE_STATIC_CUDNN": ("1", script("1.10", 63)),
+             "BUILD_SPLIT_CUDA": ("ON", SPLIT_CUDA),
+             "USE_GLOO_WITH_OPENSSL": ("1", driver("1.10", 326))},
+    ),
+    "1.12 cu102 (static cuDNN)": Official(
+        Request("1.12.1", "10.2", "3.10", "linux-64"),
+        run=(("mkl >=2018", meta("1.12", 39)), ("typing_extensions", meta("1.12", 43)),
+             ("blas * mkl", meta("1.12", 45)), ("pytorch-mutex 1.0 cuda", meta("1.12", 47)),
+             ("cudatoolkit >=10.2,<10.3", driver("1.12", 279))),
+        host_pins=(("mkl=2020.2", meta("1.12", 24)), ("numpy=1.21.5", meta("1.12", 31)),
+                   ("openssl=1.1.1l", meta("1.12", 32)), ("llvmdev=9", meta("1.12", 33))),
+        env={"USE_STATIC_CUDNN": ("1", script("1.12", 55)),
+             "BUILD_SPLIT_CUDA": (ABSENT, SPLIT_CUDA + " (cu102 does not match)"),
+             "USE_GLOO_WITH_OPENSSL": ("1", driver("1.12", 303))},
+        bundled=(("libcupti.so.10.2", script("1.12", 59)),),
+    ),
+    "1.12 cu102 win-64": Official(
+        Request("1.12.1", "10.2", "3.10", "win-64"),
+        run=(("mkl >=2018", meta("1.12", 39)), ("libuv", meta("1.12", 41)), ("intel-openmp", meta("1.12", 42)),
+             ("typing_extensions", meta("1.12", 43)), ("blas * mkl", meta("1.12", 45)),
+             ("pytorch-mutex 1.0 cuda", meta("1.12", 47)), ("cudatoolkit >=10.2,<10.3", driver("1.12", 279))),
+        host_pins=(("mkl=2021.4", meta("1.12", 25)), ("numpy=1.21.5", meta("1.12", 31)),
+                   ("llvmdev=9", meta("1.12", 33))),
+        env={"TORCH_NVCC_FLAGS": ("-Xfatbin -compress-all", bat("1.12", "22-36")),
+             "TORCH_CUDA_ARCH_LIST": ("3.7+PTX;5.0;6.0;6.1;7.0;7.5", bat("1.12", "23-24")),
+             "USE_MAGMA": (ABSENT, bat("1.12", "60-64")), "BUILD_SPLIT_CUDA": (ABSENT, SPLIT_CUDA)},
+        bundled=(("cudnn*64_*.dll*", bat("1.12", 110)), ("cupti64_*.dll*", bat("1.12", 113)),
+                 ("zlibwapi.dll", bat("1.12", "116-117"))),
+    ),
+    "1.13 cu117": Official(
+        Request("1.13.1", "11.7", "3.10", "linux-64"),
+        run=(("mkl >=2018", meta("1.13", 39)), ("typing_extensions", meta("1.13", 43)),
+             ("blas * mkl", meta("1.13", 45)), ("pytorch-mutex 1.0 cuda", meta("1.13", 47)),
+             ("pytorch-cuda >=11.7,<11.8", driver("1.13", 270))),
+        host_pins=(("mkl=2020.2", meta("1.13", 24)), ("numpy=1.21.5", meta("1.13", 31)),
+                   ("openssl=1.1.1l", meta("1.13", 32)), ("llvmdev=9", meta("1.13", 33))),
+        env={"USE_STATIC_CUDNN": ("0", script("1.13", 86)), "BUILD_SPLIT_CUDA": ("ON", SPLIT_CUDA),
+             "PACKAGE_TYPE": ("conda", script("1.13", 11))},
+        bundled=(("libcudnn*.so.8", script("1.13", 88)), ("libcupti.so.11.7", script("1.13", 88))),
+    ),
+    "2.0 cu118 (no pyyaml in run)": Official(
+        Request("2.0.1", "11.8", "3.10", "linux-64"),
+        run=(("mkl >=2018", meta("2.0", 41)), ("typing_extensions", meta("2.0", 45)), ("sympy", meta("2.0", 46)),
+             ("filelock", meta("2.0", 47)), ("networkx", meta("2.0", 48)), ("jinja2", meta("2.0", 49)),
+             ("blas * mkl", meta("2.0", 51)), ("pytorch-mutex 1.0 cuda", meta("2.0", 53)),
+             ("pytorch-cuda >=11.8,<11.9", driver("2.0", 269)), ("torchtriton==2.0.0", driver("2.0", 282))),
+        host_pins=(("mkl=2020.2", meta("2.0", 24)), ("numpy=1.21.5", meta("2.0", 31)),
+                   ("openssl=1.1.1l", meta("2.0", 33)), ("llvmdev=9", meta("2.0", 35))),
+        env={"USE_STATIC_CUDNN": ("0", script("2.0", 76)), "BUILD_SPLIT_CUDA": (ABSENT, SPLIT_CUDA + "; the option was deleted before 2.0, P pytorch#87502"),
+             "TORCH_CUDA_ARCH_LIST": ("3.7+PTX;5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0", script("2.0", "55,73"))},
+        bundled=(("libcudnn*.so.8", script("2.0", 78)), ("libcupti.so.11.8", script("2.0", 78))),
+    ),
+    "2.1 cu121": Official(
+        Request("2.1.2", "12.1", "3.11", "linux-64"),
+        run=(("mkl >=2018", meta("2.1", 41)), ("llvm-openmp <16", meta("2.1", 47)),
+             ("typing_extensions", meta("2.1", 48)), ("sympy", meta("2.1", 49)), ("filelock", meta("2.1", 50)),
+             ("networkx", meta("2.1", 51)), ("jinja2", meta("2.1", 52)), ("pyyaml", meta("2.1", 53)),
+             ("blas * mkl", meta("2.1", 55)), ("pytorch-mutex 1.0 cuda", meta("2.1", 57)),
+             ("pytorch-cuda >=12.1,<12.2", driver("2.1", 267)), ("torchtriton==2.1.0", driver("2.1", 278))),
+        host_pins=(("mkl=2020.2", meta("2.1", 24)), ("numpy=1.23.5", meta("2.1", 32)),
+                   ("openssl=1.1.1s", meta("2.1", 34)), ("llvmdev=9", meta("2.1", 35))),
+        env={"USE_STATIC_CUDNN": ("0", script("2.1", 69)), "USE_CUSPARSELT": (ABSENT, script("2.1", "53-79"))},
+        bundled=(("libcudnn*.so.8", script("2.1", 70)), ("libcupti.so.12", script("2.1", 70))),
+    ),
+    "2.2 cu121 py3.12 (no triton, no TLS)": Official(
+        Request("2.2.2", "12.1", "3.12", "linux-64"),
+        run=(("mkl >=2018", meta("2.2", 44)), ("llvm-openmp <16", meta("2.2", 50)),
+             ("typing_extensions", meta("2.2", 51)), ("sympy", meta("2.2", 52)), ("filelock", meta("2.2", 53)),
+             ("networkx", meta("2.2", 54)), ("jinja2", meta("2.2", 55)), ("pyyaml", meta("2.2", 56)),
+             ("blas * mkl", meta("2.2", 58)), ("pytorch-mutex 1.0 cuda", meta("2.2", 60)),
+             ("pytorch-cuda >=12.1,<12.2", driver("2.2", 273))),  # torchtriton: `# [py < 312]`, :285
+        host_pins=(("mkl=2023.1", meta("2.2", 25)), ("numpy=1.26.0", meta("2.2", 34)),
+                   ("openssl=3.0.12", meta("2.2", 37)), ("llvmdev=9", meta("2.2", 38))),
+        env={"USE_GLOO_WITH_OPENSSL": ("0", driver("2.2", "313-315")),
+             "USE_STATIC_CUDNN": ("0", script("2.2", 56)), "USE_CUSPARSELT": ("1", script("2.2", 57))},
+        bundled=(("libcudnn*.so.8", script("2.2", 67)), ("libcupti.so.12", script("2.2", 67)),
+                 ("libcusparseLt.so.0", script("2.2", 67))),
+    ),
+    "2.3.1 cu118 py3.11 (triton by patch, numpy rc)": Official(
+        Request("2.3.1", "11.8", "3.11", "linux-64"),
+        run=(("mkl >=2018", meta("2.3", 43)), ("llvm-openmp <16", meta("2.3", 51)),
+             ("typing_extensions", meta("2.3", 52)), ("sympy", meta("2.3", 53)), ("filelock", meta("2.3", 54)),
+             ("networkx", meta("2.3", 55)), ("jinja2", meta("2.3", 56)), ("pyyaml", meta("2.3", 57)),
+             ("blas * mkl", meta("2.3", 59)), ("pytorch-mutex 1.0 cuda", meta("2.3", 61)),
+             ("pytorch-cuda >=11.8,<11.9", driver("2.3", 275)),
+             ("torchtriton==2.3.1", driver("2.3", 289) + "; PyPI torch 2.3.1 METADATA triton (==2.3.1)")),
+        host_pins=(("mkl=2020.2", meta("2.3", 24)), ("numpy=2.0.0rc1", meta("2.3", 33)),
+                   ("openssl=1.1.1s", meta("2.3", 35)), ("llvmdev=9", meta("2.3", 37))),
+        env={"USE_GLOO_WITH_OPENSSL": ("1", driver("2.3", 308)), "USE_CUSPARSELT": ("1", script("2.3", 57)),
+             "TORCH_CUDA_ARCH_LIST": ("5.0;6.0;6.1;7.0;7.5;8.0;8.6;3.7+PTX;9.0", script("2.3", "55,60"))},
+        bundled=(("libcudnn*.so.8", script("2.3", 62)), ("libcupti.so.11.8", script("2.3", 62)),
+                 ("libcusparseLt.so.0", script("2.3", 62))),
+    ),
+    "2.4 cu124 py3.12": Official(
+        Request("2.4.1", "12.4", "3.12", "linux-64"),
+        run=(("mkl >=2018", meta("2.4", 42)), ("llvm-openmp <16", meta("2.4", 49)),
+             ("typing_extensions", meta("2.4", 50)), ("sympy", meta("2.4", 51)), ("filelock", meta("2.4", 52)),
+             ("networkx", meta("2.4", 53)), ("jinja2", meta("2.4", 54)), ("pyyaml", meta("2.4", 55)),
+             ("blas * mkl", meta("2.4", 57)), ("pytorch-mutex 1.0 cuda", meta("2.4", 59)),
+             ("pytorch-cuda >=12.4,<12.5", driver("2.4", 272)),
+             ("torchtriton==3.0.0", driver("2.4", 292) + "; PyPI torch 2.4.1 METADATA triton (==3.0.0)")),
+        host_pins=(("mkl=2023.1", meta("2.4", 25)), ("numpy=2.0.0rc1", meta("2.4", 32)),
+                   ("openssl=3.0.12", meta("2.4", 35)), ("llvmdev=9", meta("2.4", 36))),
+        env={"USE_GLOO_WITH_OPENSSL": ("0", driver("2.4", "321-323")), "USE_STATIC_CUDNN": ("0", script("2.4", 56))},
+        bundled=(("libcudnn*.so.9", script("2.4", 67)), ("libcupti.so.12", script("2.4", 67)),
+                 ("libcusparseLt.so.0", script("2.4", 67))),
+    ),
+    "2.5 cu124 win-64": Official(
+        Request("2.5.1", "12.4", "3.12", "win-64"),
+        run=(("mkl=2023.1", meta("2.5", 43)), ("libuv", meta("2.5", 45)), ("intel-openmp", meta("2.5", 46)),
+             ("typing_extensions", meta("2.5", 50)), ("sympy", meta("2.5", 51)), ("filelock", meta("2.5", 52)),
+             ("networkx", meta("2.5", 53)), ("jinja2", meta("2.5", 54)), ("pyyaml", meta("2.5", 55)),
+             ("blas * mkl", meta("2.5", 57)), ("pytorch-mutex 1.0 cuda", meta("2.5", 59)),
+             ("pytorch-cuda >=12.4,<12.5", driver("2.5", 272))),  # no torchtriton on msys: :285
+        host_pins=(("mkl=2023.1", meta("2.5", 25)), ("mkl-devel=2023.1", meta("2.5", 26)),
+                   ("numpy=2.0.1", meta("2.5", 32)), ("setuptools=72.1.0", meta("2.5", 20)),
+                   ("llvmdev=9", meta("2.5", 36))),
+        env={"USE_CUSPARSELT": (ABSENT, bat("2.5", "1-114")), "USE_MAGMA": (ABSENT, bat("2.5", "52-56")),
+             "TORCH_NVCC_FLAGS": ("-Xfatbin -compress-all --threads 2", bat("2.5", 32)),
+             "TORCH_CUDA_ARCH_LIST": ("5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0", bat("2.5", 23))},
+        bundled=(("cudnn*64_*.dll*", bat("2.5", 102)), ("nvToolsExt64_*.dll*", bat("2.5", 103)),
+                 ("cupti64_*.dll*", bat("2.5", 106)), ("zlibwapi.dll", bat("2.5", "109-110"))),
+    ),
+    "2.5 cpu": Official(
+        Request("2.5.1", "cpu", "3.10", "linux-64"),
+        run=(("mkl >=2018", meta("2.5", 42)), ("llvm-openmp <16", meta("2.5", 49)),
+             ("typing_extensions", meta("2.5", 50)), ("sympy", meta("2.5", 51)), ("filelock", meta("2.5", 52)),
+             ("networkx", meta("2.5", 53)), ("jinja2", meta("2.5", 54)), ("pyyaml", meta("2.5", 55)),
+             ("blas * mkl", meta("2.5", 57)), ("pytorch-mutex 1.0 cpu", meta("2.5", 59))),
+        host_pins=(("setuptools=72.1.0", meta("2.5", 20)), ("mkl=2020.2", meta("2.5", 24)),
+                   ("numpy=2.0.1", meta("2.5", 32)), ("openssl=1.1.1l", meta("2.5", 33)),
+                   ("llvmdev=9", meta("2.5", 36))),
+        env={"USE_CUDA": ("0", driver("2.5", 253)), "USE_GLOO_WITH_OPENSSL": ("1", driver("2.5", 311)),
+             "_GLIBCXX_USE_CXX11_ABI": ("0", driver("2.5", 315)),
+             "USE_LLVM": ("/opt/llvm_no_cxx11_abi", script("2.5", 9))},
+    ),
+}
+
+
+def spec(text: str) -> str:
+    return str(MatchSpec(text))
+
+
+def name_of(text: str) -> str:
+    return MatchSpec(text).name.normalized
+
+
+def rendered(request: Request) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:
+    """(requirements by section, exported environment, bundled names) of the rendered conda-build recipe."""
+    variant = classify(request)
+    files = render_files(pytorch_context(variant), RecipeFormat.CONDA_BUILD)
+    requirements = YAML(typ="safe").load(files["meta.yaml"])["requirements"]
+    env: dict[str, str] = {}
+    bundled: list[str] = []
+    if "bld.bat" in files:
+        for line in files["bld.bat"].splitlines():
+            if match := re.fullmatch(r'set "([A-Za-z_0-9]+)=(.*)"', line):
+                env[match.group(1)] = match.group(2)
+            if match := re.search(r'copy /y "%\w+%\\([^"]+)"', line):
+                bundled.append(match.group(1))
+    else:
+        for line in files["build.sh"].splitlines():
+            if match := re.fullmatch(r"export ([A-Za-z_0-9]+)=(.*)", line):
+                env[match.group(1)] = shlex.split(match.group(2))[0]
+            if match := re.fullmatch(r'for src in "\$\{\w+:-[^}]*\}"/(\S+); do', line):
+                bundled.append(match.group(1))
+    return requirements, env, bundled
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_run_requirements_are_the_official_ones(case: str) -> None:
+    official = CASES[case]
+    requirements, _, _ = rendered(official.request)
+    run = {spec(r) for r in requirements["run"] if name_of(r) != "python"}
+    assert run == {spec(text) for text, _ in official.run}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_host_pins_are_the_official_ones(case: str) -> None:
+    official = CASES[case]
+    requirements, _, _ = rendered(official.request)
+    pinned = {name_of(text) for text, _ in official.host_pins}
+    host = {spec(r) for r in requirements["host"] if name_of(r) in pinned}
+    assert host == {spec(text) for text, _ in official.host_pins}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_build_environment_is_the_official_one(case: str) -> None:
+    official = CASES[case]
+    _, env, _ = rendered(official.request)
+    for name, (value, source) in official.env.items():
+        if value is ABSENT:
+            assert name not in env, f"{name} is set, {source} did not set it"
+        else:
+            # A path of upstream's build image stays overridable: ${NAME:-<upstream value>}.
+            assert env.get(name) in (value, f"${{{name}:-{value}}}"), f"{name}: {source} set {value!r}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bundled_libraries_are_the_official_ones(case: str) -> None:
+    official = CASES[case]
+    _, _, bundled = rendered(official.request)
+    assert bundled == [name for name, _ in official.bundled]
+
+
+def test_every_table_value_cites_its_source() -> None:
+    for official in CASES.values():
+        cited = [*official.run, *official.host_pins, *official.bundled,
+                 *((name, source) for name, (_, source) in official.env.items())]
+        for value, source in cited:
+            assert re.search(r"(^B |^P |PyPI)", source) and re.search(r"[:@]\S*\d", source), (value, source)
+
+
+# ---- 2.6+ (wheels only upstream): the cuDNN the recipe bundles and names is the official wheel's pin ---------
+# (release, default CUDA of the PyPI wheel, nvidia-cudnn pin, nvidia-nccl pin), each from the Requires-Dist of
+# the PyPI wheel `torch==X` (manylinux x86_64, cp312), read with pip's metadata-only resolve (PEP 658). The CUDA
+# is the one its nvidia-cuda-runtime / cuda-toolkit pin names.
+WHEEL_PINS = (
+    ("2.6.0", "12.4", "9.1.0.70", "2.21.5"),
+    ("2.7.0", "12.6", "9.5.1.17", "2.26.2"),
+    ("2.8.0", "12.8", "9.10.2.21", "2.27.3"),
+    ("2.9.0", "12.8", "9.10.2.21", "2.27.5"),
+    ("2.10.0", "12.8", "9.10.2.21", "2.27.5"),
+    ("2.11.0", "13.0", "9.19.0.56", "2.28.9"),
+    ("2.12.0", "13.0", "9.20.0.48", "2.29.7"),
+    ("2.13.0", "13.0", "9.20.0.48", "2.29.7"),
+    ("2.14.0", "13.0", "9.24.0.43", "2.30.7"),
+)
+
+
+@pytest.mark.parametrize(("pytorch", "cuda", "cudnn", "nccl"), WHEEL_PINS, ids=[p[0] for p in WHEEL_PINS])
+def test_beyond_conda_the_bundled_cudnn_is_the_official_wheels_pin(pytorch: str, cuda: str, cudnn: str,
+                                                                   nccl: str) -> None:
+    variant = classify(Request(pytorch, cuda, "3.12", "linux-64"))
+    assert (variant.cudnn, variant.nccl) == (cudnn, nccl)
+    assert variant.build_string == f"py3.12_cuda{cuda}_cudnn{'.'.join(cudnn.split('.')[:3])}_0"
+    _, env, bundled = rendered(variant.request)
+    # bundled like 2.5 (README "Inside the package"); CUPTI comes from the cuda-cupti dependency
+    assert bundled == ["libcudnn*.so.9", "libcusparseLt.so.0"] and env["USE_STATIC_CUDNN"] == "0"
+
+
+def test_jetson_builds_bundle_nothing_jetpack_provides_cudnn() -> None:
+    # Orin (JetPack 6.2) with 2.5.1: the linux rule would bundle cuDNN 9, CUPTI and cuSPARSELt. With --jetson
+    # given, or found from the Tegra-only arch 8.7 in --arch-list, nothing is copied in.
+    for options in (Options(jetson="orin"), Options(arch_list="8.7")):
+        request = Request("2.5.1", "12.6", "3.10", "linux-aarch64", options)
+        assert classify(request).jetson == "orin"
+        assert rendered(request)[2] == []
+    assert rendered(Request("2.5.1", "12.4", "3.10", "linux-aarch64"))[2]  # not Jetson: bundled as on linux-64

@@ -1,0 +1,33 @@
+"""Choosing the build engine for `--engine`. Kept out of the package's __init__, which the engines import
+for BuildJob: the registry importing the engines and the engines importing the registry would be a cycle."""
+
+from __future__ import annotations
+
+from torchforge.engines import Engine
+from torchforge.engines.conda_build import CondaBuildEngine, probe
+from torchforge.engines.rattler_build import RattlerBuildEngine
+from torchforge.errors import ToolMissingError, UsageError
+
+
+def select_engine(name: str, *, require_available: bool = True) -> tuple[Engine, str]:
+    """The engine for --engine NAME and a sentence saying which was chosen and why.
+
+    A dry run may name an engine this machine lacks: it only prints the commands.
+    """
+    engines: dict[str, Engine] = {"conda-build": CondaBuildEngine(), "rattler-build": RattlerBuildEngine()}
+    if name == "auto":
+        # The same probe as `torchforge doctor`: `conda build --version` must run, not only `conda` be on PATH.
+        found = probe()
+        if found.usable:
+            return engines["conda-build"], f"using conda-build {found.version} (`conda build --version` runs)"
+        return engines["rattler-build"], f"using the embedded rattler-build engine ({found.reason})"
+    if name not in engines:
+        raise UsageError(f"unknown engine {name!r}", "use auto, conda-build or rattler-build")
+    engine = engines[name]
+    if require_available and not engine.available():
+        why = f": {probe().reason}" if name == "conda-build" else ""
+        raise ToolMissingError(
+            f"the {name} engine is not available here{why}",
+            "install conda-build into a conda base environment, or use --engine rattler-build (embedded)",
+        )
+    return engine, f"using {name} (--engine)"
