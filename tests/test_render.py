@@ -245,8 +245,9 @@ def test_win_recipe_has_bld_bat_windows_magma_and_bundled_dlls() -> None:
 
 
 @pytest.mark.parametrize(("pytorch", "python", "numpy"), [
-    ("2.5.1", "3.12", "2.0.1"),  # numpy ==2.0.1
-    ("1.13.0", "3.10", "1.21.2"),  # numpy >=1.21.2
+    ("2.5.1", "3.12", "2.0.1"),  # numpy 2.0.1.*
+    ("2.4.1", "3.10", "2.0.0rc1"),  # numpy 2.0.0rc1.*
+    ("1.11.0", "3.10", "1.21.2"),  # numpy >=1.21.2
     ("1.8.0", "3.8", "1.19"),  # numpy 1.19.*
     ("2.7.1", "3.13", None),  # no numpy rule covers Python 3.13: unpinned, so no version to give conda-build
 ])

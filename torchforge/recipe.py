@@ -34,7 +34,9 @@ BUILD_TOOL_VARIABLES = frozenset(
 )
 
 
-_SPEC_VERSION = re.compile(r"\d+(?:\.\d+)*")
+# The version of a spec's first constraint: `==2.0.1`, `>=1.19`, `1.21.5.*` and `2.0.0rc1.*` give 2.0.1, 1.19,
+# 1.21.5 and 2.0.0rc1.
+_SPEC_VERSION = re.compile(r"^[=<>!~]*([0-9][0-9A-Za-z.+_]*?)(?:\.?\*)?(?:,|$)")
 
 # The official magma-cudaXYZ holds lib/libmagma.a and include/*.h only: no shared library, no magma_sparse, no
 # pkgconfig, no testers (official-builds.md §2.1-2.2).
@@ -109,9 +111,9 @@ class RecipeContext:
         for spec in self.host_requirements:
             fields = spec.split()
             if fields[0] == "numpy" and len(fields) > 1:
-                found = _SPEC_VERSION.search(fields[1])
+                found = _SPEC_VERSION.match(fields[1])
                 if found:
-                    return found.group(0)
+                    return found.group(1)
         return None
 
     @property
