@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,15 +132,46 @@ def _forge(tool: CondaTool, root: Path, args: list[str]) -> Forge:
     for files in recipe_folders(render_plan, RecipeFormat.CONDA_BUILD).values():
         specs.update(s for s in recipe_requirements(str(files["meta.yaml"])) if not (s + " ").startswith(tuple(built_here)))
     make_stub_channel(root / "stubs", sorted(specs))
+    bundled = {name: value for files in recipe_folders(render_plan, RecipeFormat.CONDA_BUILD).values()
+               for name, value in _bundle_stand_ins(str(files.get("build.sh", "")), root / "bundled").items()}
     planned = [Planned(c.id, c.filename_stem, c.subdir, None) for c in render_plan.companions]
     forge = Forge(root / "out", root / "stubs", tool, offline_site(root / "stubs"),
                   {p.folder: p for p in [*planned, *_planned(render_plan, None)]})
-    result = cli("build", *args, "--config", str(forge.site), "--out", str(forge.out), env=tool.env(root / "conda"),
-                 timeout=1800)
+    result = cli("build", *args, "--config", str(forge.site), "--out", str(forge.out),
+                 env={**tool.env(root / "conda"), **bundled}, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "using conda-build (--engine)" in result.stderr
     assert not list(forge.out.glob(".staging-*"))
     return forge
+
+
+# The runner's log line: `$ [NAME=VALUE ...] conda build RECIPE ...` (the recipe's script_env values first).
+_CONDA_BUILD_LINE = re.compile(r"^\$ (?:\S+=\S* )*conda build ", re.MULTILINE)
+_BUNDLE_LOOP = re.compile(r'^for src in "\$\{(\w+):-[^}]*\}"/(\S+); do$', re.MULTILINE)
+_CUDNN_CHECK = re.compile(r'torch/lib/(\S+)" (\d+) <<')
+
+
+def _bundle_stand_ins(build_sh: str, folder: Path) -> dict[str, str]:
+    """gcc-built shared libraries under the names a CUDA recipe bundles into torch/lib (cuDNN, cuSPARSELt ...;
+    this machine has none), cuDNN answering cudnnGetVersion with the version the build string names, and the
+    recipe's folder variables pointing at them."""
+    checked = dict(_CUDNN_CHECK.findall(build_sh))
+    env: dict[str, str] = {}
+    for variable, pattern in _BUNDLE_LOOP.findall(build_sh):
+        folder.mkdir(parents=True, exist_ok=True)
+        name = pattern.replace("*", "")
+        code = checked.get(name)
+        source = folder.parent / f"{name}.c"  # not beside the libraries: the recipe globs that folder
+        # cuDNN's entry points with its C signatures (the torch_like fixture calls them), NOT cuDNN.
+        source.write_text("#include <stddef.h>\n" + (
+            f"size_t cudnnGetVersion(void) {{ return {code}; }}\n"
+            "int cudnnCreate(void **handle) { static int token; *handle = &token; return 0; }\n"
+            "int cudnnDestroy(void *handle) { return handle == NULL; }\n" if code else
+            "void torchforge_stand_in(void) {}\n"))
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{name}", str(source), "-o", str(folder / name)],
+                       check=True)
+        env[variable] = str(folder)
+    return env
 
 
 def _published(forge: Forge) -> None:
@@ -153,7 +185,7 @@ def _published(forge: Forge) -> None:
         assert report.ok, report.findings
     for variant in (v for v in forge.planned if v.startswith(f"pytorch-{PYTORCH}-")):
         log = _log(forge, variant)
-        assert "$ conda build " in log and "TEST END" in log  # conda-build's own test phase ran `import torch`
+        assert _CONDA_BUILD_LINE.search(log) and "TEST END" in log  # conda-build's own test phase ran `import torch`
         # conda_build_config.yaml gives numpy, so conda-build does not fall back to its default.
         assert "variant is still conda-build's default" not in log
 
@@ -171,7 +203,7 @@ def _create(forge: Forge, scratch: Path, spec: str) -> Path:
     return prefix
 
 
-def _imports_and_runs(forge: Forge, scratch: Path, stem: str) -> None:
+def _imports_and_runs(forge: Forge, scratch: Path, stem: str) -> Path:
     name, version, build = stem.split("-")
     prefix = _create(forge, scratch, f"{name} =={version} {build}")
     meta = json.loads((prefix / "conda-meta" / f"{stem}.json").read_text())
@@ -184,6 +216,7 @@ def _imports_and_runs(forge: Forge, scratch: Path, stem: str) -> None:
     value, got_version, location = result.stdout.split()
     assert (float(value), got_version) == (3.0, version)
     assert Path(location).is_relative_to(prefix)
+    return prefix
 
 
 needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE,
@@ -214,7 +247,13 @@ def test_cuda_magma_like_then_torch_like_against_it_built_published_installed_an
                              check=True).stdout
     assert sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}) == \
         ["sm_80", "sm_90"]
-    _imports_and_runs(forge, tmp_path / "torch-env", forge.planned[torch_id].stem)
+    prefix = _imports_and_runs(forge, tmp_path / "torch-env", forge.planned[torch_id].stem)
+    # The bundled cuDNN stand-in is the one the build string names (cudnn9.20.0 -> 92000), loaded from torch/lib.
+    result = subprocess.run([str(prefix / "bin" / "python"), "-c",
+                             "import torch; print(torch.cudnn_version(), torch.cudnn_create())"],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["92000", "0"]
 
 
 @pytest.mark.slow
@@ -249,7 +288,7 @@ def test_a_failing_conda_build_publishes_nothing_leaves_no_staging_and_is_explai
     assert not list(out.glob("*/*.conda")) and not list(out.glob("*/*.tar.bz2"))
     assert not list(out.glob(".staging-*"))
     (log,) = (out / "logs").glob("magma-cuda126-*.log")
-    assert "$ conda build " in log.read_text()
+    assert _CONDA_BUILD_LINE.search(log.read_text())
     assert [d.id for d in explain_log(log)] == ["recipe-nvcc-mismatch"]
 
 
