@@ -7,13 +7,13 @@ channels it was looked for in; when each has candidates but they conflict, the s
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge import channels as channel_data
+from torchforge.aio import run_async
 from torchforge.recipe import pytorch_context
 from torchforge.resolve import Variant
 
@@ -49,7 +49,7 @@ def _problem(url: str, platform: str, gateway: object) -> str | None:
             return f"{local} has no noarch/repodata.json (not an indexed channel)"
         return None
     try:
-        asyncio.run(gateway.query([rattler.Channel(url)], [platform, "noarch"], ["python"], recursive=False))  # type: ignore[attr-defined]
+        run_async(gateway.query([rattler.Channel(url)], [platform, "noarch"], ["python"], recursive=False))  # type: ignore[attr-defined]
     except (FetchRepoDataError, GatewayError, OSError) as exc:
         return f"does not answer: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     return None
@@ -63,7 +63,7 @@ def _missing(specs: Sequence[str], urls: Sequence[str], platform: str, gateway: 
     channels = [rattler.Channel(u) for u in urls]
     for spec in specs:
         match = rattler.MatchSpec(spec)
-        found = asyncio.run(gateway.query(channels, [platform, "noarch"], [match], recursive=False))  # type: ignore[attr-defined]
+        found = run_async(gateway.query(channels, [platform, "noarch"], [match], recursive=False))  # type: ignore[attr-defined]
         if not any(match.matches(record) for records in found for record in records):
             missing.append(spec)
     return missing
@@ -74,7 +74,7 @@ def _solve(specs: Sequence[str], urls: Sequence[str], platform: str, gateway: ob
     from rattler.exceptions import SolverError
 
     try:
-        asyncio.run(rattler.solve([rattler.Channel(u) for u in urls], list(specs), gateway=gateway,  # type: ignore[arg-type]
+        run_async(rattler.solve([rattler.Channel(u) for u in urls], list(specs), gateway=gateway,  # type: ignore[arg-type]
                                   platforms=[platform, "noarch"], virtual_packages=rattler.VirtualPackage.detect()))
     except SolverError as exc:
         text = " ".join(str(exc).split())

@@ -6,7 +6,6 @@ py-rattler's `index_fs`, so the result is readable by conda, mamba, pixi and py-
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from torchforge.aio import run_async
 from torchforge.fileops import clean_stale, ensure_dir, move_into_place, scratch
 
 LOCK_NAME = ".torchforge.lock"
@@ -119,7 +119,7 @@ def _index_here(channel: Path) -> None:
     from rattler import index as rattler_index
 
     (channel / "noarch").mkdir(parents=True, exist_ok=True)
-    asyncio.run(rattler_index.index_fs(channel, write_zst=False, write_shards=False, force=True))
+    run_async(rattler_index.index_fs(channel, write_zst=False, write_shards=False, force=True))
     # index_fs leaves a scratch folder behind; it is not part of the channel.
     shutil.rmtree(channel / ".tmp", ignore_errors=True)
 

@@ -30,6 +30,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from torchforge import __version__, fileops, localchannel
+from torchforge.aio import run_async
 from torchforge.data import data_text
 from torchforge.elf import iter_tree
 from torchforge.errors import ArchiveError, AuditFailedError, UsageError
@@ -374,8 +375,7 @@ def _source_wheel_sha256(archive: Path) -> object:
 def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:
     """Install the newest `name` from a local channel into a fresh `prefix` with py-rattler, without its
     dependencies (an offline forge channel has no python, sympy ...); returns the prefix's site-packages."""
-    import asyncio
-
+    
     import rattler
 
     repodata = channel / SUBDIR / "repodata.json"
@@ -387,7 +387,7 @@ def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> 
         raise UsageError(f"no {name} package in {channel}", "run `torchforge repack WHEEL --out CHANNEL` first")
     if prefix.exists() and any(prefix.iterdir()):
         raise UsageError(f"{prefix} is not empty", "give a new folder for the prefix")
-    asyncio.run(rattler.install([records[-1]], target_prefix=prefix.resolve(), show_progress=False))
+    run_async(rattler.install([records[-1]], target_prefix=prefix.resolve(), show_progress=False))
     found = sorted(prefix.glob("lib/python3*/site-packages"))
     if not found:
         raise UsageError(f"{name} installed no site-packages into {prefix}")

@@ -6,13 +6,13 @@ This is what a user's `conda install -c <channel> pytorch` exercises, so it is t
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchforge.aio import run_async
 from torchforge.errors import UploadFailedError
 from torchforge.archives import Archive
 
@@ -37,7 +37,7 @@ def _query(channel_url: str, archives: Sequence[Archive], platforms: list[str], 
     from rattler import Gateway
 
     gateway = Gateway(cache_dir=cache)
-    result = asyncio.run(gateway.query([channel_url], platforms, [_spec(a) for a in archives], recursive=False))
+    result = run_async(gateway.query([channel_url], platforms, [_spec(a) for a in archives], recursive=False))
     return {rec.file_name: rec for per_spec in result for rec in per_spec}
 
 
@@ -100,7 +100,7 @@ def check_channel(
         gateway = Gateway(cache_dir=work / "cache-solve")
         specs = [_spec(a) for a in installable]
         try:
-            solved = asyncio.run(solve([channel_url], specs, gateway=gateway, platforms=[here, "noarch"]))
+            solved = run_async(solve([channel_url], specs, gateway=gateway, platforms=[here, "noarch"]))
             how = "solved with dependencies from the channel"
         except SolverError as exc:
             # Real packages depend on python, mkl, ... from other channels: the channel alone cannot satisfy them.
@@ -108,7 +108,7 @@ def check_channel(
             solved = [records[a.filename] for a in installable]  # type: ignore[misc]
             how = f"installed without dependencies (not all in this channel: {str(exc).splitlines()[0][:160]})"
         prefix = work / "prefix"
-        asyncio.run(rattler_install(solved, target_prefix=prefix, cache_dir=work / "pkgs", show_progress=False))
+        run_async(rattler_install(solved, target_prefix=prefix, cache_dir=work / "pkgs", show_progress=False))
         installed = {p.name for p in (prefix / "conda-meta").glob("*.json")}
         for archive in installable:
             if f"{archive.stem}.json" not in installed:
