@@ -11,8 +11,8 @@ Figures, all from one run per engine:
 - fixed overhead: one more build of the 1st Python into a fresh channel with the same, now complete, cache
   (nothing left to compile: environment creation, CMake configure, link, packaging, checks).
 
-Engines: the embedded rattler-build, and conda-build when `conda` and `conda-build` are on PATH or a
-`.venv-conda` (../shared/vendor/README.md) is beside this checkout. `python -m bench compile_cache` runs
+Engines: the embedded rattler-build, and conda-build (the machine's, or the vendored one in `.venv-conda`,
+through tests/condabuild.py). `python -m bench compile_cache` runs
 only this one; TORCH_HEAVY_TUS overrides the number of C++ units.
 """
 
@@ -76,7 +76,7 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
 
 def run() -> list[Row]:
     sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
-    from tests import vendored_conda
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from tests.stubchannel import make_stub_channel, recipe_requirements
     from torchforge.recipe import pytorch_context
     from torchforge.render import RecipeFormat, plan, render_files
@@ -90,7 +90,13 @@ def run() -> list[Row]:
         stubs = tmp / "stubs"
         make_stub_channel(stubs, [*specs, "pip"], python_alias=True)
         rows = _engine_rows("rattler-build", stubs, tmp)
-        if not vendored_conda.available():
-            return rows + [Row("compile cache", "conda-build", "-", "no conda-build here (see ../shared/vendor/README.md)")]
-        with vendored_conda.on_path(tmp):
+        tool = find_conda_tool()
+        if tool is None:
+            return rows + [Row("compile cache", "conda-build", "-", HOW_TO_GET_ONE)]
+        saved = dict(os.environ)
+        os.environ.update(tool.env(tmp / "conda"))
+        try:
             return rows + _engine_rows("conda-build", stubs, tmp)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)

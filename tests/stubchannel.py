@@ -29,6 +29,9 @@ from conda_package_handling import api
 from torchforge.localchannel import index
 
 SUBDIR = "linux-64"
+# conda's platform and arch fields of a package's index.json, per subdir.
+PLATFORM_ARCH = {"linux-64": ("linux", "x86_64"), "linux-aarch64": ("linux", "aarch64"), "win-64": ("win", "x86_64"),
+                 "osx-64": ("osx", "x86_64"), "osx-arm64": ("osx", "arm64")}
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,13 @@ def python_stub(version: str, alias: bool = False) -> Stub:
     )
 
 
-def stub_for(spec: str, python_alias: bool = False) -> Stub:
+def stub_for(spec: str, runnable: bool = True, python_alias: bool = False) -> Stub:
+    """The stand-in for `spec`. `runnable=False` gives metadata only (enough for a solve, e.g. `conda render`
+    of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub."""
     name, version, build = stub_version(spec)
-    if name == "python":
+    if not runnable:
+        stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
+    elif name == "python":
         stub = python_stub(version, python_alias)
     elif name == "patchelf":
         stub = Stub(name, version, links={"bin/patchelf": str(patchelf_executable())})
@@ -156,7 +163,7 @@ def stub_for(spec: str, python_alias: bool = False) -> Stub:
     return Stub(stub.name, stub.version, build or stub.build, stub.files, stub.links)
 
 
-def write_stub(stub: Stub, out_dir: Path) -> Path:
+def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
     out_dir = out_dir.resolve()
     with tempfile.TemporaryDirectory(prefix="stubchannel-") as tmp:
         stage = Path(tmp)
@@ -172,8 +179,8 @@ def write_stub(stub: Stub, out_dir: Path) -> Path:
             paths.append({"_path": rel, "path_type": "softlink"})
         (stage / "info").mkdir()
         index_json = {"name": stub.name, "version": stub.version, "build": stub.build, "build_number": 0,
-                      "depends": [], "license": "BSD-3-Clause", "subdir": SUBDIR, "platform": "linux",
-                      "arch": "x86_64", "timestamp": int(time.time() * 1000)}
+                      "depends": [], "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
+                      "arch": PLATFORM_ARCH[subdir][1], "timestamp": int(time.time() * 1000)}
         (stage / "info" / "index.json").write_text(json.dumps(index_json))
         (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
         members = [*stub.files, *stub.links]
@@ -184,21 +191,17 @@ def write_stub(stub: Stub, out_dir: Path) -> Path:
         return Path(api.create(str(stage), members, filename, out_folder=str(out_dir), compression_level=1))
 
 
-def make_stub_channel(channel: Path, specs: list[str], *, runnable: bool = True,
-                      python_alias: bool = False) -> list[Path]:
-    """One stand-in per distinct (name, version, build) the specs ask for, in channel/linux-64, indexed.
+def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,), *,
+                      runnable: bool = True, python_alias: bool = False) -> list[Path]:
+    """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed.
 
     `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
     `python_alias`: see python_stub.
     """
     seen: dict[tuple[str, str, str], Stub] = {}
     for spec in specs:
-        if runnable:
-            stub = stub_for(spec, python_alias)
-        else:
-            name, version, build = stub_version(spec)
-            stub = Stub(name, version, build or "stub_0", files={f"share/stubs/{name}.txt": spec.encode() + b"\n"})
+        stub = stub_for(spec, runnable, python_alias)
         seen.setdefault((stub.name, stub.version, stub.build), stub)
-    written = [write_stub(stub, channel / SUBDIR) for stub in seen.values()]
+    written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in seen.values()]
     index(channel)
     return written

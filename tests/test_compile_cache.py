@@ -215,16 +215,18 @@ def test_a_cached_build_has_the_payload_of_an_uncached_one(cached: tuple[Path, l
 
 
 @pytest.mark.slow
-def test_conda_build_engine_reuses_the_objects_too(stubs: Path, tmp_path: Path) -> None:
-    from tests import vendored_conda
+def test_conda_build_engine_reuses_the_objects_too(stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from torchforge.engines.conda_build import CondaBuildEngine
 
-    if not vendored_conda.available():
-        pytest.skip("no conda-build: create .venv-conda as ../shared/vendor/README.md says")
-    with vendored_conda.on_path(tmp_path):
-        engine = CondaBuildEngine()
-        settings = offline(tmp_path / "channel", stubs)
-        results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    for name, value in tool.env(tmp_path / "conda").items():
+        monkeypatch.setenv(name, value)
+    engine = CondaBuildEngine()
+    settings = offline(tmp_path / "channel", stubs)
+    results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
     first, second = [r for r in results if r.step.kind == "pytorch"]
     assert first.ok and second.ok, first.error + second.error
     assert first.cache is not None and second.cache is not None and first.cache.hits == 0

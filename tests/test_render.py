@@ -242,3 +242,21 @@ def test_win_recipe_has_bld_bat_windows_magma_and_bundled_dlls() -> None:
         "cudnn*64_*.dll*", "nvToolsExt64_*.dll*", "cupti64_*.dll*", "zlibwapi.dll"]
     assert copies[-1].startswith('if exist "%ZLIB_BIN_DIR%')
     assert Request("2.5.1", "12.4", "3.12", "win-64").id == "pytorch-2.5.1-cu124-py312-win_64"
+
+
+@pytest.mark.parametrize(("pytorch", "python", "numpy"), [
+    ("2.5.1", "3.12", "2.0.1"),  # numpy 2.0.1.*
+    ("2.4.1", "3.10", "2.0.0rc1"),  # numpy 2.0.0rc1.*
+    ("1.11.0", "3.10", "1.21.2"),  # numpy >=1.21.2
+    ("1.8.0", "3.8", "1.19"),  # numpy 1.19.*
+    ("2.7.1", "3.13", None),  # no numpy rule covers Python 3.13: unpinned, so no version to give conda-build
+])
+def test_conda_build_config_gives_the_numpy_of_the_host_spec(pytorch: str, python: str, numpy: str | None) -> None:
+    render_plan = plan(Selection.from_flags(pytorch, "cpu", python, None, Options()))
+    (variant,) = render_plan.variants
+    folders = recipe_folders(render_plan, RecipeFormat.CONDA_BUILD)
+    config = YAML(typ="safe").load(folders[variant.id]["conda_build_config.yaml"])
+    host = YAML(typ="safe").load(folders[variant.id]["meta.yaml"])["requirements"]["host"]
+    assert config["python"] == [python] and config["target_platform"] == ["linux-64"]
+    assert config.get("numpy") == ([numpy] if numpy else None)
+    assert any(spec.split()[0] == "numpy" and (numpy is None) == (spec == "numpy") for spec in host)

@@ -156,13 +156,18 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
 
     if not settings.magma_only:
         # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
-        # lack them: their recipes install no files and need no channel, so they come first and build in seconds.
+        # lack them: their recipes install no files, so they come first and build in seconds. They get the
+        # pytorch packages' channels all the same: conda-build installs every package it built into a test
+        # environment, and pytorch-cuda's run requirements (cuda-cudart, libcublas ...) come from those channels.
+        variant_channels = tuple(dict.fromkeys(
+            url for variant in render_plan.variants for url in channel_data.for_variant(variant, settings.site_channels)))
         for companion in render_plan.companions:
             found, _ = (None, "") if settings.force else _existing(companion.filename_stem, companion.subdir, settings)
             index_fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
             steps.append(Step("companion", companion.id, companion.filename_stem, companion.subdir, None,
                               companion_files(companion, engine.recipe_format), (),
-                              Action.REUSE if found else Action.BUILD, found or "", index_fields=index_fields))
+                              Action.REUSE if found else Action.BUILD, found or "",
+                              channels=variant_channels, index_fields=index_fields))
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
         add("magma", magma.id, magma.filename_stem, magma_context(magma, tuple(p.name for p in settings.magma_patches)),

@@ -33,6 +33,7 @@ from torchforge import data as tables
 from torchforge.config import SiteConfig
 from torchforge.containers import ContainerSettings, image_for, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_toml
+from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
 from torchforge.render import RenderPlan, plan
@@ -42,7 +43,6 @@ from torchforge.variant import Selection
 
 ENGINES = ("auto", "conda-build", "rattler-build")
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
-_CONDA_BUILD_VERSION = re.compile(r"conda-build\s+(\S+)")
 _GITMODULES_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
 _SUBMODULE_DEPTH = 3  # PyTorch nests submodules two levels deep (third_party/*/third_party/*)
 
@@ -288,18 +288,6 @@ def _check_platform(ctx: _Context) -> None:
         ctx.add("platform", Level.OK, here or "")
 
 
-def _conda_build_version(ctx: _Context) -> str | None:
-    try:
-        ctx.runner.which("conda")
-    except ForgeError:
-        return None
-    result = ctx.run("conda", "build", "--version")
-    if result is None or result[0] != 0:
-        return None
-    found = _CONDA_BUILD_VERSION.search(result[1])
-    return found.group(1) if found else result[1].strip() or "unknown"
-
-
 def _rattler_build_version() -> str | None:
     try:
         import rattler_build
@@ -313,21 +301,25 @@ def _check_engine(ctx: _Context, engine: str) -> str:
     if engine not in ENGINES:
         ctx.add("engine", Level.FAIL, f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
         return engine
-    if engine in ("auto", "conda-build"):
-        version = _conda_build_version(ctx)
-        if version is not None:
-            ctx.add("engine", Level.OK, f"conda-build {version}" + (" (auto: `conda build` is on PATH)" if engine == "auto" else ""))
+    found = conda_build_probe() if engine in ("auto", "conda-build") else None
+    if found is not None:
+        if found.usable:
+            ctx.add("engine", Level.OK, f"conda-build {found.version}" + (" (auto: `conda build --version` runs)" if engine == "auto" else ""))
             return "conda-build"
         if engine == "conda-build":
-            ctx.add("engine", Level.FAIL, "`conda build --version` did not run: no conda with conda-build on PATH",
+            ctx.add("engine", Level.FAIL, f"`conda build --version` did not run: {found.reason}",
                     "conda install -n base conda-build, or use --engine rattler-build (embedded)")
             return engine
     version = _rattler_build_version()
     if version is None:
         ctx.add("engine", Level.FAIL, "the embedded rattler-build engine (py-rattler-build) is not importable",
                 "pip install py-rattler-build (a torchforge dependency): reinstall torchforge")
+    elif found is not None and found.conda is not None:
+        # A `conda` that is there but does not run: say so, the build would silently use the other engine.
+        ctx.add("engine", Level.WARN, f"embedded rattler-build {version} (auto: {found.reason})",
+                "repair that conda (or install conda-build into it), or pass --engine rattler-build")
     else:
-        why = " (auto: no conda with conda-build on PATH)" if engine == "auto" else ""
+        why = f" (auto: {found.reason})" if found is not None else ""
         ctx.add("engine", Level.OK, f"embedded rattler-build {version}{why}")
     return "rattler-build"
 

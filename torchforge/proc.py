@@ -103,7 +103,7 @@ class Runner:
                     text=True,
                     errors="replace",
                 )
-            except FileNotFoundError as exc:
+            except OSError as exc:  # not found, not executable, bad interpreter line, exec format error
                 raise ToolMissingError(f"cannot run `{command.argv[0]}`: {exc.strerror}") from exc
             assert proc.stdout is not None
             for raw in proc.stdout:

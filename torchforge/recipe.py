@@ -7,6 +7,7 @@ exactly one variant, so the two formats differ only in syntax and neither needs 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ BUILD_TOOL_VARIABLES = frozenset(
      "CPU_COUNT", "LIBRARY_PREFIX", "BUILD_PREFIX"}
 )
 
+
+# The version of a spec's first constraint: `==2.0.1`, `>=1.19`, `1.21.5.*` and `2.0.0rc1.*` give 2.0.1, 1.19,
+# 1.21.5 and 2.0.0rc1.
+_SPEC_VERSION = re.compile(r"^[=<>!~]*([0-9][0-9A-Za-z.+_]*?)(?:\.?\*)?(?:,|$)")
 
 # The official magma-cudaXYZ holds lib/libmagma.a and include/*.h only: no shared library, no magma_sparse, no
 # pkgconfig, no testers (official-builds.md §2.1-2.2).
@@ -95,6 +100,21 @@ class RecipeContext:
     magma_win_url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
+
+    @property
+    def numpy_variant(self) -> str | None:
+        """conda_build_config.yaml's `numpy`: the version of the host numpy spec (`numpy ==2.0.1` -> 2.0.1).
+
+        conda-build reads this variant key whenever host needs numpy and warns when it is missing; the explicit
+        host spec still decides what is installed. An unpinned numpy has no version to give.
+        """
+        for spec in self.host_requirements:
+            fields = spec.split()
+            if fields[0] == "numpy" and len(fields) > 1:
+                found = _SPEC_VERSION.match(fields[1])
+                if found:
+                    return found.group(1)
+        return None
 
     @property
     def is_windows(self) -> bool:

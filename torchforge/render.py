@@ -90,7 +90,8 @@ def _environment() -> jinja2.Environment:
 
 def _render(template: str, context: RecipeContext, **extra: object) -> str:
     fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
-    fields.update(is_windows=context.is_windows, has_source_edits=context.has_source_edits, **extra)
+    fields.update(is_windows=context.is_windows, has_source_edits=context.has_source_edits,
+                  numpy_variant=context.numpy_variant, **extra)
     return _environment().get_template(template).render(**fields)
 
 

@@ -4,7 +4,7 @@ for BuildJob: the registry importing the engines and the engines importing the r
 from __future__ import annotations
 
 from torchforge.engines import Engine
-from torchforge.engines.conda_build import CondaBuildEngine
+from torchforge.engines.conda_build import CondaBuildEngine, probe
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.errors import ToolMissingError, UsageError
 
@@ -16,15 +16,18 @@ def select_engine(name: str, *, require_available: bool = True) -> tuple[Engine,
     """
     engines: dict[str, Engine] = {"conda-build": CondaBuildEngine(), "rattler-build": RattlerBuildEngine()}
     if name == "auto":
-        if engines["conda-build"].available():
-            return engines["conda-build"], "using conda-build (`conda build` is on PATH)"
-        return engines["rattler-build"], "using the embedded rattler-build engine (no `conda` with conda-build on PATH)"
+        # The same probe as `torchforge doctor`: `conda build --version` must run, not only `conda` be on PATH.
+        found = probe()
+        if found.usable:
+            return engines["conda-build"], f"using conda-build {found.version} (`conda build --version` runs)"
+        return engines["rattler-build"], f"using the embedded rattler-build engine ({found.reason})"
     if name not in engines:
         raise UsageError(f"unknown engine {name!r}", "use auto, conda-build or rattler-build")
     engine = engines[name]
     if require_available and not engine.available():
+        why = f": {probe().reason}" if name == "conda-build" else ""
         raise ToolMissingError(
-            f"the {name} engine is not available here",
+            f"the {name} engine is not available here{why}",
             "install conda-build into a conda base environment, or use --engine rattler-build (embedded)",
         )
     return engine, f"using {name} (--engine)"
