@@ -107,8 +107,11 @@ def base_python(series: str) -> Path:
     found = shutil.which(f"python{series}")
     if found is None:
         raise FileNotFoundError(f"python{series} is not on PATH")
-    out = subprocess.run([found, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    probe = subprocess.run([found, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:  # e.g. a pyenv shim for a version that is not installed
+        raise FileNotFoundError(f"python{series} on PATH does not run: {probe.stderr.strip()[-200:]}")
+    out = probe.stdout.strip()
     return Path(out).resolve()
 
 
@@ -120,27 +123,39 @@ def patchelf_executable() -> Path:
     return path
 
 
-def python_stub(version: str) -> Stub:
+def python_stub(version: str, alias: bool = False) -> Stub:
+    """The stand-in `python` of `version`. With `alias`, a series this machine lacks is offered anyway as
+    this machine's interpreter under that version (`lib/pythonX.Y` links to the real folder): only for
+    measurements that must not care which Python it is (bench/bench_compile_cache.py), never as a real one."""
     series = ".".join(version.split(".")[:2])
-    executable = base_python(series)
-    cfg = f"home = {executable.parent}\ninclude-system-site-packages = true\nversion = {series}\n"
+    links: dict[str, str] = {}
+    try:
+        executable = base_python(series)
+        real = series
+    except FileNotFoundError:
+        if not alias:
+            raise
+        real = f"{sys.version_info.major}.{sys.version_info.minor}"
+        executable = base_python(real)
+        links[f"lib/python{series}"] = f"python{real}"  # SP_DIR of the variant's series is the real folder
+    cfg = f"home = {executable.parent}\ninclude-system-site-packages = true\nversion = {real}\n"
     return Stub(
         "python", version,
         files={"pyvenv.cfg": cfg.encode(),
                # conda packages carry files, not empty folders: a marker keeps site-packages in place.
-               f"lib/python{series}/site-packages/stub-python.txt": b"site-packages of the stub python\n"},
-        links={name: str(executable) for name in ("bin/python", "bin/python3", f"bin/python{series}")},
+               f"lib/python{real}/site-packages/stub-python.txt": b"site-packages of the stub python\n"},
+        links={**links, **{name: str(executable) for name in ("bin/python", "bin/python3", f"bin/python{series}")}},
     )
 
 
-def stub_for(spec: str, runnable: bool = True) -> Stub:
+def stub_for(spec: str, runnable: bool = True, python_alias: bool = False) -> Stub:
     """The stand-in for `spec`. `runnable=False` gives metadata only (enough for a solve, e.g. `conda render`
-    of a recipe for another platform or a Python this machine lacks)."""
+    of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub."""
     name, version, build = stub_version(spec)
     if not runnable:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
     elif name == "python":
-        stub = python_stub(version)
+        stub = python_stub(version, python_alias)
     elif name == "patchelf":
         stub = Stub(name, version, links={"bin/patchelf": str(patchelf_executable())})
     else:
@@ -177,14 +192,15 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
 
 
 def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,), *,
-                      runnable: bool = True) -> list[Path]:
+                      runnable: bool = True, python_alias: bool = False) -> list[Path]:
     """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed.
 
     `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
+    `python_alias`: see python_stub.
     """
     seen: dict[tuple[str, str, str], Stub] = {}
     for spec in specs:
-        stub = stub_for(spec, runnable)
+        stub = stub_for(spec, runnable, python_alias)
         seen.setdefault((stub.name, stub.version, stub.build), stub)
     written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in seen.values()]
     index(channel)

@@ -221,10 +221,14 @@ def test_dry_run_prints_the_exact_conda_build_commands_and_builds_nothing(tmp_pa
     assert len(lines) == 5
     assert "recipes/pytorch-mutex-1.0-cuda-noarch " in lines[0] and "recipes/pytorch-cuda-11.8-7-linux_64 " in lines[1]
     lines = lines[2:]
+    staging = f"{out}/.torchforge-tmp-staging-magma-cuda118-2.6.1-linux_64"
+    # --croot: conda-build's work folders inside the staging folder, the compile cache's base_dir.
     assert lines[0].endswith(f"conda build {out}/recipes/magma-cuda118-2.6.1-linux_64 --output-folder "
-                             f"{out}/.torchforge-tmp-staging-magma-cuda118-2.6.1-linux_64 -c file://{out.resolve()} "
+                             f"{staging} --croot {staging}/work -c file://{out.resolve()} "
                              "-c https://example.invalid/mirror --override-channels --no-anaconda-upload")
     assert "--python 3.10" in lines[1] and "--python 3.11" in lines[2]
+    assert "reuses the objects of pytorch-2.5.1-cu118-py310-linux_64" in err  # the plan's compile cache column
+    assert f"compile cache {out}/.cache/compile/pytorch-2.5.1-cu118-linux_64-" in err
     assert not out.exists()
 
 

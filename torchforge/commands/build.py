@@ -41,25 +41,45 @@ def check_channel_arg(url: str) -> str:
                      "for example --channel conda-forge, --channel https://my.mirror/conda-forge or --channel ./local")
 
 
-def print_plan(steps: list[Step], extra: tuple[str, ...] = ()) -> None:
+def _cache_plan(step: Step) -> str:
+    if step.cache_key is None:
+        return "-" if step.action is Action.BUILD else ""
+    if step.cache_first is None:
+        return f"fills {step.cache_key}"
+    return f"reuses the objects of {step.cache_first}"
+
+
+def print_plan(steps: list[Step], extra: tuple[str, ...] = (), cache_root: Path | None = None) -> None:
     table = Table(title="build plan (in order)")
-    for column in ("#", "package", "action", "why / needs", "channels (after the output channel)"):
+    for column in ("#", "package", "action", "why / needs", "channels (after the output channel)", "compile cache"):
         table.add_column(column, overflow="fold")
     for number, step in enumerate(steps, 1):
         action = "[green]reuse[/]" if step.action is Action.REUSE else "[cyan]build[/]"
         table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs),
-                      "\n".join((*extra, *step.channels)) or "-")
+                      "\n".join((*extra, *step.channels)) or "-", _cache_plan(step))
     err.print(table)
+    if cache_root is not None and any(step.cache_key for step in steps):
+        err.print(f"compile cache (ccache): {cache_root}/<key>; --no-cache builds every variant from scratch")
+
+
+def _cache_result(result: StepResult) -> str:
+    if result.cache is None:
+        return ""
+    text = result.cache.summary()
+    if result.first_seconds:
+        text += f"; {result.seconds:.0f} s = {100 * result.seconds / result.first_seconds:.0f} % of the first Python"
+        text += f" ({result.first_seconds - result.seconds:.0f} s saved)"
+    return text
 
 
 def print_results(results: list[StepResult]) -> None:
     table = Table(title="build results")
-    for column in ("package", "result", "time", "artifact / error"):
+    for column in ("package", "result", "time", "compile cache", "artifact / error"):
         table.add_column(column, overflow="fold")
     for result in results:
         status = "[green]ok[/]" if result.ok else "[red]failed[/]"
         detail = str(result.artifact) if result.artifact else (result.step.reason if result.ok else result.error.splitlines()[0])
-        table.add_row(result.step.stem, status, f"{result.seconds:.0f} s", detail)
+        table.add_row(result.step.stem, status, f"{result.seconds:.0f} s", _cache_result(result), detail)
     out.print(table)
 
 
@@ -104,10 +124,14 @@ def register(app: typer.Typer) -> None:
         skip_preflight: Annotated[bool, typer.Option("--skip-preflight", help="Do not check the machine first.")] = False,
         container: Annotated[bool, typer.Option("--container", help="Run each build in its CUDA version's image (docker or podman).")] = False,
         config: ConfigOpt = None,
+        cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
+        no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
+        if no_cache and cache is not None:
+            raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         check_dir(out_dir, "--out")
         for url in channel or ():
             check_channel_arg(url)
@@ -161,9 +185,10 @@ def register(app: typer.Typer) -> None:
             out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
             magma_only=magma_only, patches=tuple(patch or ()), magma_patches=tuple(magma_patch or ()),
             extra_env=extra_env, site_channels=site.channels, container=container_settings,
+            use_cache=not no_cache, cache_root=cache,
         )
         steps = plan_steps(render_plan, chosen, settings)
-        print_plan(steps, settings.channels)
+        print_plan(steps, settings.channels, settings.compile_cache_root if settings.caching else None)
         runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
         status = Text("")
         with Live(status, console=err, transient=True, refresh_per_second=4, redirect_stdout=False) as live:

@@ -26,6 +26,9 @@ class BuildJob:
     python: str | None
     env: Mapping[str, str]  # values for the recipe's script_env, taken from the caller's environment
     test: bool = True
+    # Where the engine keeps its work trees and prefixes, when the caller needs them at a known place (the
+    # compile cache's base_dir); None: the engine's default.
+    work_dir: Path | None = None
 
 
 class Engine(Protocol):

@@ -100,6 +100,8 @@ class CondaBuildEngine:
         if job.python:
             argv += ["--python", job.python]
         argv += ["--output-folder", str(job.staging_dir)]
+        if job.work_dir is not None:
+            argv += ["--croot", str(job.work_dir)]
         for channel in job.channels:
             argv += ["-c", channel]
         # --override-channels: only the local channel and the ones asked for, never a user's .condarc defaults;

