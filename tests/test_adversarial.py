@@ -366,11 +366,17 @@ def test_every_output_works_on_another_file_system(mounts: Mounts, junk: dict[st
 # ------------------------------------------------------------------------------------- SIGKILL and rerun
 
 
+def _foreground_signals() -> None:
+    # As a terminal's foreground job: a test run started in the background (`make test &`, a CI runner) has
+    # SIGINT ignored, the child would inherit that, and Python then installs no Ctrl-C handler at all.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as sink:  # the child keeps its own descriptor
         return subprocess.Popen([sys.executable, "-m", "torchforge.cli", *argv], env=cli_env(), cwd=ROOT,
                                 stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_foreground_signals)
 
 
 def kill_when(argv: list[str], point: Callable[[], bool], log: Path, timeout: float = 600) -> None:
