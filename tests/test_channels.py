@@ -361,3 +361,16 @@ def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_pat
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_channel_argument_names_a_local_folder_only_when_written_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchforge.localchannel import folder_of
+
+    (tmp_path / "local").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert folder_of("file:///srv/chan") == Path("/srv/chan")
+    assert folder_of("https://conda.anaconda.org/pytorch") is None
+    assert folder_of("conda-forge") is None and folder_of("pytorch/label/nightly") is None  # names, not folders
+    assert folder_of("local") == Path("local")  # an existing folder, as conda reads it
+    assert folder_of("/srv/missing") == Path("/srv/missing")  # reported as a missing folder, not a name
+    assert folder_of("./missing") == Path("./missing")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge import channels as channel_data
+from torchforge import localchannel
 from torchforge.aio import run_async
 from torchforge.recipe import pytorch_context
 from torchforge.resolve import Variant
@@ -28,20 +29,12 @@ class Finding:
     fix: str | None = None
 
 
-def _local_dir(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url[len("file://"):])
-    if "://" not in url:
-        return Path(url)
-    return None
-
-
 def _problem(url: str, platform: str, gateway: object) -> str | None:
     """Why `url` cannot serve repodata for `platform` (None: it answers)."""
     import rattler
     from rattler.exceptions import FetchRepoDataError, GatewayError
 
-    local = _local_dir(url)
+    local = localchannel.folder_of(url)
     if local is not None:
         if not local.is_dir():
             return f"the folder {local} does not exist"

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from torchforge import data as tables
+from torchforge import localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_toml
 from torchforge.errors import DataError, ToolMissingError, UsageError
 from torchforge.proc import Command
@@ -101,14 +102,6 @@ class ContainerSettings:
     gid: int = field(default_factory=os.getgid)
 
 
-def _local_path(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url[len("file://"):])
-    if "://" not in url and os.path.isabs(url):
-        return Path(url)
-    return None
-
-
 def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable: Iterable[Path],
          readonly: Iterable[Path] = (), channels: Iterable[str] = ()) -> Command:
     """`command` run inside the image of `accel`, as the calling user, with the given folders mounted.
@@ -130,7 +123,7 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
         if found is not None:
             mounts.setdefault(Path(found).resolve(), True)
             launchers[Path(found).resolve()] = f"/usr/local/bin/{launcher}"
-    for path in [*readonly, *(p for p in map(_local_path, channels) if p is not None)]:
+    for path in [*readonly, *(p for p in map(localchannel.folder_of, channels) if p is not None)]:
         mounts.setdefault(path.resolve(), True)
     argv = [settings.tool, "run", "--rm", "--user", f"{settings.uid}:{settings.gid}"]
     for path, read_only in mounts.items():

@@ -124,6 +124,21 @@ def _index_here(channel: Path) -> None:
     shutil.rmtree(channel / ".tmp", ignore_errors=True)
 
 
+def folder_of(channel: str) -> Path | None:
+    """The local folder a channel argument names, or None for a URL or a channel name (conda-forge).
+
+    A file:// URL, or a path: an existing folder, or anything written as one (/abs, ./rel, ~/x), so that a
+    missing folder is reported as missing rather than looked up as a channel name.
+    """
+    if channel.startswith("file://"):
+        return Path(channel[len("file://"):])
+    if "://" in channel:
+        return None
+    if channel.startswith(("/", ".", "~")) or Path(channel).is_dir():
+        return Path(channel).expanduser()
+    return None
+
+
 def archives(channel: Path) -> Iterator[Path]:
     """Every package archive in the channel's subdirs."""
     for suffix in ARCHIVE_SUFFIXES:

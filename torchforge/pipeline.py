@@ -98,14 +98,6 @@ class StepResult:
     first_seconds: float | None = None  # wall time of the group's first build, for a later Python
 
 
-def _local_channel_dir(url: str) -> Path | None:
-    if url.startswith("file://"):
-        return Path(url[len("file://"):])
-    if "://" not in url and Path(url).is_dir():
-        return Path(url)
-    return None
-
-
 def _same_settings(archive: Path, planned: str | None) -> bool:
     """A package is reused only when it was built with the planned settings (recorded in about.json extra)."""
     if planned is None:
@@ -118,7 +110,7 @@ def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | No
     """(why it can be reused, or None; why an existing package of that name cannot)."""
     stale = ""
     places = [(settings.out, f"already in {settings.out}")]
-    places += [(d, f"found in {url}") for url in settings.channels if (d := _local_channel_dir(url)) is not None]
+    places += [(d, f"found in {url}") for url in settings.channels if (d := localchannel.folder_of(url)) is not None]
     for directory, reason in places:
         archive = localchannel.find(directory, subdir, stem)
         if archive is None:
