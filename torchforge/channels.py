@@ -13,10 +13,10 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError, field_validator
+from pydantic import field_validator
 
 from torchforge import versions
-from torchforge.data import FrozenModel, Meta, data_text, parse_toml
+from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError
 from torchforge.resolve import MagmaPlan, Variant
 
@@ -50,10 +50,7 @@ class ChannelsTable(FrozenModel):
 
 
 def parse_table(text: str, where: str = "torchforge/data/channels.toml") -> ChannelsTable:
-    try:
-        table = ChannelsTable.model_validate(parse_toml(text, where))
-    except ValidationError as exc:
-        raise DataError(f"{where} does not match its schema:\n{exc}") from exc
+    table = parse_table_as(ChannelsTable, text, where)
     for number, rule in enumerate(table.rules, 1):
         for name in rule.channels:
             if name not in table.channels:

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from pydantic import ValidationError
 
 from torchforge import data as tables
 from torchforge import localchannel
-from torchforge.data import FrozenModel, Meta, data_text, parse_toml
+from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, ToolMissingError, UsageError
 from torchforge.proc import Command
 
@@ -43,10 +42,7 @@ class ImagesTable(FrozenModel):
 
 
 def parse_table(text: str, where: str = "torchforge/data/images.toml") -> ImagesTable:
-    try:
-        table = ImagesTable.model_validate(parse_toml(text, where))
-    except ValidationError as exc:
-        raise DataError(f"{where} does not match its schema:\n{exc}") from exc
+    table = parse_table_as(ImagesTable, text, where)
     toolkits = tables.load().cuda.toolkits
     for key, image in table.images.items():
         if key != "cpu" and key not in toolkits:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -452,6 +452,21 @@ def parse_toml(text: str, where: str) -> dict[str, object]:
     return raw
 
 
+TableModel = TypeVar("TableModel", bound=BaseModel)
+
+
+def validate_table(model: type[TableModel], raw: dict[str, object], where: str, hint: str | None = None) -> TableModel:
+    """Validate one parsed data table; a schema mismatch is a DataError naming the file (and `hint`)."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise DataError(f"{where} does not match its schema:\n{exc}", hint) from exc
+
+
+def parse_table_as(model: type[TableModel], text: str, where: str, hint: str | None = None) -> TableModel:
+    return validate_table(model, parse_toml(text, where), where, hint)
+
+
 def _read(name: str) -> dict[str, object]:
     return parse_toml(data_text(name), f"torchforge/data/{name}.toml")
 
@@ -459,12 +474,9 @@ def _read(name: str) -> dict[str, object]:
 @cache
 def load() -> Data:
     """All tables, validated and cross-checked. Cached: the files are read once per process."""
-    tables: dict[str, BaseModel] = {}
-    for name, model in _FILES.items():
-        try:
-            tables[name] = model.model_validate(_read(name))
-        except ValidationError as exc:
-            raise DataError(f"torchforge/data/{name}.toml does not match its schema:\n{exc}") from exc
+    tables: dict[str, BaseModel] = {
+        name: validate_table(model, _read(name), f"torchforge/data/{name}.toml") for name, model in _FILES.items()
+    }
     data = Data.model_validate(tables)
     problems = check_invariants(data)
     if problems:

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from pydantic import ValidationError, field_validator
+from pydantic import field_validator
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from torchforge.data import FrozenModel, Meta, data_text, parse_toml
+from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, UsageError
 
 DATA_FILE = "torchforge/data/failures.toml"
@@ -155,11 +155,8 @@ def _pattern_source(signature: Signature) -> list[str]:
 
 def parse_catalog(text: str, where: str = DATA_FILE) -> Catalog:
     """Validate failures.toml text and compile every pattern; DataError names the offending key."""
-    raw = parse_toml(text, where)
-    try:
-        table = FailuresTable.model_validate(raw)
-    except ValidationError as exc:
-        raise DataError(f"{where} does not match its schema:\n{exc}", "each [signatures.ID] needs title, patterns or literals, explanation, fix, source") from exc
+    table = parse_table_as(FailuresTable, text, where,
+                           "each [signatures.ID] needs title, patterns or literals, explanation, fix, source")
     if not table.signatures:
         raise DataError(f"{where} has no [signatures.*] tables", "add at least one signature")
     compiled: list[CompiledSignature] = []

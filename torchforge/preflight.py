@@ -25,14 +25,13 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
 from rich.table import Table
 
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
 from torchforge.containers import ContainerSettings, image_for, require_image
-from torchforge.data import FrozenModel, Meta, data_text, parse_toml
+from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
@@ -91,11 +90,7 @@ class PreflightTable(FrozenModel):
 
 
 def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> PreflightTable:
-    raw = parse_toml(text, where)
-    try:
-        table = PreflightTable.model_validate(raw)
-    except ValidationError as exc:
-        raise DataError(f"{where} does not match its schema:\n{exc}") from exc
+    table = parse_table_as(PreflightTable, text, where)
     for key in ("gib_per_job_cuda", "gib_per_job_cpu"):
         if getattr(table.jobs, key) <= 0:
             raise DataError(f"{where} jobs.{key} must be positive")

@@ -20,7 +20,6 @@ from torchforge.resolve import (
     AppliedFix,
     BundledFile,
     MagmaPlan,
-    Status,
     Variant,
     bundle_rule,
     bundled_files,
