@@ -168,12 +168,13 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     if settings.magma_only:
         return steps
     # Variants that differ only in Python build one after another, so the later ones find the cache warm.
-    groups: dict[str, list[Variant]] = {}
+    groups: dict[str, list[tuple[Variant, RecipeContext]]] = {}
     digests = patch_digests(settings.patches)
     for variant in render_plan.variants:
-        groups.setdefault(group_key(pytorch_context(variant, patch_names), digests), []).append(variant)
-    for variant in (v for members in groups.values() for v in members):
-        add("pytorch", variant.id, variant.filename_stem, pytorch_context(variant, patch_names),
+        context = pytorch_context(variant, patch_names)
+        groups.setdefault(group_key(context, digests), []).append((variant, context))
+    for variant, context in (pair for members in groups.values() for pair in members):
+        add("pytorch", variant.id, variant.filename_stem, context,
             channel_data.for_variant(variant, settings.site_channels), settings.patches,
             (variant.magma.id,) if variant.magma else (), variant.settings)
     return steps
