@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +12,7 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge import containers
@@ -28,17 +27,6 @@ from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
 from torchforge.wheelbuild import build_wheels
-
-
-_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/label/[A-Za-z0-9._-]+)?$")
-
-
-def check_channel_arg(url: str) -> str:
-    """--channel takes what conda's -c takes: a URL, a local folder, or a channel name (conda-forge)."""
-    if url.strip() and ("://" in url or _CHANNEL_NAME.match(url) or Path(url).is_dir()):
-        return url
-    raise UsageError(f"--channel {url!r} is not a channel URL, folder or name",
-                     "for example --channel conda-forge, --channel https://my.mirror/conda-forge or --channel ./local")
 
 
 def _cache_plan(step: Step) -> str:
@@ -133,8 +121,7 @@ def register(app: typer.Typer) -> None:
         if no_cache and cache is not None:
             raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         check_dir(out_dir, "--out")
-        for url in channel or ():
-            check_channel_arg(url)
+        check_channel_args(channel)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
         if fmt == "wheel":

@@ -12,7 +12,7 @@ from torchforge import config as site_config
 from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, nonempty_path, selection_from_flags,
+    SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, out
 from torchforge.errors import UsageError
@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
         if requirement is not None and not requirement.strip():
             raise UsageError("--requirement is empty", "give a pip requirement, e.g. torchforge==0.1.0, or leave it out")
         check_dir(out_dir, "--out")
+        check_channel_args(channel)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          None, source)
         # Resolve the target now: a typo fails here, not hours into a CI run.

@@ -10,7 +10,7 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, nonempty_path, selection_from_flags,
+    SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge import containers
@@ -44,11 +44,12 @@ def register(app: typer.Typer) -> None:
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
         check_dir(out_dir, "--out")
+        channels = check_channel_args(channel)
         render_plan = plan(selection)
         site = site_config.load(config)
         settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
         report = run_preflight(render_plan, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
-                               site=site, extra_channels=tuple(channel or ()), container=settings, check_channels=True,
+                               site=site, extra_channels=channels, container=settings, check_channels=True,
                                magma_only=magma_only)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))

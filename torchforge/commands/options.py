@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +37,22 @@ MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exist
 
 def _digests(patches: list[Path] | None) -> tuple[str, ...]:
     return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
+
+
+_CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/label/[A-Za-z0-9._-]+)?$")
+
+
+def check_channel_arg(url: str) -> str:
+    """--channel takes what conda's -c takes: a URL, a local folder, or a channel name (conda-forge)."""
+    if url.strip() and ("://" in url or _CHANNEL_NAME.match(url) or Path(url).is_dir()):
+        return url
+    raise UsageError(f"--channel {url!r} is not a channel URL, folder or name",
+                     "for example --channel conda-forge, --channel https://my.mirror/conda-forge or --channel ./local")
+
+
+def check_channel_args(urls: list[str] | None) -> tuple[str, ...]:
+    """Every --channel of a command, checked; build, doctor and ci take the same ones."""
+    return tuple(check_channel_arg(url) for url in urls or ())
 
 
 def nonempty_path(value: str | Path) -> Path:
