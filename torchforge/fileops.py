@@ -103,9 +103,14 @@ def scratch(root: Path, purpose: str) -> Iterator[Path]:
     included): that is how `clean_stale` tells a killed run's leftovers from a live run's work."""
     ensure_dir(root)
     with deferred_interrupt():  # a Ctrl-C between creating the folder and locking it would strand it
-        folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{purpose}-", dir=root))
-        fd = os.open(folder / _OWNER, os.O_CREAT | os.O_RDWR, 0o600)
+        # Made and locked under a "new-" name, then renamed (the lock stays with the open file): a folder named
+        # for its purpose is owned from the moment it exists. A run killed before the rename leaves a "new-"
+        # folder, which a later run removes like any other scratch folder nobody owns.
+        unborn = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}new-", dir=root))
+        fd = os.open(unborn / _OWNER, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        folder = unborn.with_name(f"{SCRATCH_PREFIX}{purpose}-{unborn.name.removeprefix(f'{SCRATCH_PREFIX}new-')}")
+        os.rename(unborn, folder)
     try:
         yield folder
     finally:
