@@ -54,8 +54,11 @@ LABEL = "org.torchforge.inputs"
 SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 # What conda-build and the fixtures' recipes need: compilers, make, Python 3.11 with venv (conda runs from a venv
 # as in .venv-conda), patchelf and file (conda-build's post-processing), patch (source edits), libarchive13
-# (python-libarchive-c, which conda-build imports, loads it).
-PACKAGES = ("gcc", "g++", "make", "python3", "python3-venv", "patchelf", "file", "patch", "libarchive13")
+# (python-libarchive-c, which conda-build imports, loads it). python3-dev, -setuptools and -pip: the stand-in
+# `python` of tests/stubchannel.py made with bin_dir=/usr/bin links to /usr/bin/python3.11, which must build
+# extensions and install with pip inside as it does on this machine (Debian 12's Python, the same version).
+PACKAGES = ("gcc", "g++", "make", "python3", "python3-venv", "python3-dev", "python3-setuptools", "python3-pip",
+            "patchelf", "file", "patch", "libarchive13")
 IMAGE_PYTHON = "3.11.2"  # bookworm's python3
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -241,11 +244,11 @@ def ensure(cuda: bool = True) -> list[str]:
 def site_images(cuda: bool) -> str:
     """The [images] of a torchforge.toml naming these local images."""
     text = (f'[images.cpu]\nimage = "{CPU}"\ncuda_home = ""\nprovides = "Debian 12 gcc 12, conda 26.7.1 + '
-            f'conda-build 26.7.1 (tests/container_image.py)"\nconda_build = true\nsource = "made here"\n')
+            f'conda-build 26.7.1 (tests/container_image.py)"\nconda_build = true\n')
     if cuda:
         text += (f'[images."{CUDA_VERSION}"]\nimage = "{CUDA}"\ncuda_home = "{CUDA_HOME}"\nprovides = "this '
                  f'machine\'s CUDA {CUDA_VERSION} toolkit (no cuDNN, no NCCL) over the cpu image"\n'
-                 f'conda_build = true\nsource = "made here"\n')
+                 f'conda_build = true\n')
     return text
 
 

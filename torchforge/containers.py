@@ -23,6 +23,8 @@ from torchforge.errors import DataError, ToolMissingError, UsageError
 from torchforge.proc import Command
 
 CONTAINER_TOOLS = ("docker", "podman")  # the first one on PATH is used; both take the same `run` flags used here
+# Picks one of them (a name or a path) where both are on PATH, e.g. a docker client without a daemon beside podman.
+TOOL_VARIABLE = "TORCHFORGE_CONTAINER_TOOL"
 # conda and conda-build write under $HOME; an arbitrary --user has no home in the image, /tmp exists in every one.
 HOME_IN_CONTAINER = "/tmp"
 
@@ -74,7 +76,11 @@ def no_image(accel: str) -> UsageError:
 
 
 def probe_tool() -> str | None:
-    """The container client: docker, else podman, else None (the one probe; a dry run needs only the client)."""
+    """The container client: $TORCHFORGE_CONTAINER_TOOL, else docker, else podman, else None (the one probe; a
+    dry run needs only the client)."""
+    chosen = os.environ.get(TOOL_VARIABLE)
+    if chosen:
+        return shutil.which(chosen)
     for tool in CONTAINER_TOOLS:
         found = shutil.which(tool)
         if found is not None:
@@ -86,6 +92,10 @@ def find_tool() -> str:
     found = probe_tool()
     if found is not None:
         return found
+    chosen = os.environ.get(TOOL_VARIABLE)
+    if chosen:
+        raise ToolMissingError(f"{TOOL_VARIABLE}={chosen} names no program on PATH",
+                               f"set it to docker or podman (or a path to one), or unset it to use the first found")
     raise ToolMissingError("--container needs docker or podman on PATH; neither was found",
                            "install docker or podman, or build without --container on a machine with the CUDA toolkit")
 
