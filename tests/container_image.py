@@ -57,8 +57,9 @@ SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 # (python-libarchive-c, which conda-build imports, loads it). python3-dev, -setuptools and -pip: the stand-in
 # `python` of tests/stubchannel.py made with bin_dir=/usr/bin links to /usr/bin/python3.11, which must build
 # extensions and install with pip inside as it does on this machine (Debian 12's Python, the same version).
+# cmake and ninja: the stand-in channel's cmake/ninja are markers, so the recipes run the machine's, as here.
 PACKAGES = ("gcc", "g++", "make", "python3", "python3-venv", "python3-dev", "python3-setuptools", "python3-pip",
-            "patchelf", "file", "patch", "libarchive13")
+            "patchelf", "file", "patch", "libarchive13", "cmake", "ninja-build")
 IMAGE_PYTHON = "3.11.2"  # bookworm's python3
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
