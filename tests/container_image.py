@@ -130,6 +130,12 @@ def check_podman() -> None:
         raise Unavailable("podman is not on PATH (apt-get install podman runc; see README, 'Builds in containers')")
     if shutil.which("runc") is None:
         raise Unavailable("runc is not on PATH (apt-get install runc: crun cannot run on this host's cgroups)")
+    if not tool_venvs.vendored_conda_present():
+        raise Unavailable(f"the conda wheels the images install are missing from {tool_venvs.VENDOR}")
+    if os.geteuid() != 0:
+        # debootstrap needs root, and this configuration (storage in the checkout, runc, cgroupfs) is rootful
+        # podman's; rootless podman was not tried here.
+        raise Unavailable("the local images are made with debootstrap and run with rootful podman: run as root")
     info = _podman("info", "--format", "{{.Host.OCIRuntime.Name}}", timeout=120)
     if info.returncode != 0:
         raise Unavailable(f"`podman info` fails: {info.stderr.decode(errors='replace').strip()[-500:]}")
