@@ -132,6 +132,11 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
     for path in [*readonly, *(p for p in map(localchannel.folder_of, channels) if p is not None)]:
         mounts.setdefault(path.resolve(), True)
     argv = [settings.tool, "run", "--rm", "--user", f"{settings.uid}:{settings.gid}"]
+    if Path(settings.tool).name == "podman" and settings.uid != 0:
+        # Rootless podman maps the container's uids onto the caller's subordinate range: without keep-id the
+        # build runs as a uid that cannot write the mounted output folder (seen here: "Permission denied").
+        # keep-id maps the caller's own uid through; rootful podman refuses it ("only supported in rootless mode").
+        argv += ["--userns", "keep-id"]
     for path, read_only in mounts.items():
         inside = launchers.get(path, str(path))
         argv += ["--volume", f"{path}:{inside}" + (":ro" if read_only else "")]
