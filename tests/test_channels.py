@@ -324,6 +324,21 @@ def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Pat
     assert report.engine == "conda-build"
 
 
+def test_doctor_contacts_the_container_engine_a_client_without_its_daemon_fails(tmp_path: Path) -> None:
+    from torchforge.preflight import run_preflight
+
+    docker = tmp_path / "bin" / "docker"  # what a docker client prints, and its status, when no daemon answers
+    docker.parent.mkdir()
+    docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+                      "Is the docker daemon running?' >&2\nexit 1\n")
+    docker.chmod(0o755)
+    report = run_preflight(selection("2.5.1", "cpu", "3.10"), engine="auto", source=None, jobs=None, runner=Runner(),
+                           out=tmp_path, container=containers.ContainerSettings(str(docker)))
+    row = next(c for c in report.checks if c.name == "container tool")
+    assert row.status.value == "fail" and "`docker info` fails: Cannot connect to the Docker daemon" in row.detail
+    assert row.fix is not None and "TORCHFORGE_CONTAINER_TOOL=podman" in row.fix
+
+
 def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     Path("site.toml").write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\n'

@@ -10,6 +10,7 @@ Skipped, with the reason, where podman cannot run (tests/container_image.check_p
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -66,10 +67,12 @@ def _forge_in_container(tool: CondaTool, podman: dict[str, str], root: Path, arg
     forge = Forge(root / "out", stubs, tool, site, {p.folder: p for p in [*planned, *_planned(render_plan, None)]})
     # conda's own variables (tool.env) go to the `conda create` below, not into the image: wrap passes the
     # engine command's variables only.
-    result = cli("build", *args, "--container", "--config", str(site), "--out", str(forge.out),
-                 env={**podman, **bundled}, timeout=1800)
+    # With its preflight, which contacts podman and finds the images (the fixtures' args skip it elsewhere).
+    result = cli("build", *(a for a in args if a != "--skip-preflight"), "--container", "--config", str(site),
+                 "--out", str(forge.out), env={**podman, **bundled}, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "using conda-build inside the build image (--container)" in result.stderr
+    assert "(`podman info` answers)" in result.stderr
     assert not list(forge.out.glob(".torchforge-tmp-*"))
     return forge
 
@@ -121,3 +124,20 @@ def test_cuda_magma_like_then_torch_like_built_in_the_cuda_image_install_and_imp
     prefix = _imports_and_runs(forge, tmp_path / "torch-env", forge.planned[torch_id].stem)
     # The cuDNN stand-in the recipe bundled inside the image (from the mounted folder).
     _bundled_cudnn_loads(prefix)
+
+
+def test_doctor_finds_the_local_images_through_podman_and_warns_for_one_it_would_pull(
+        podman_env: dict[str, str], tmp_path: Path) -> None:
+    site = tmp_path / "torchforge.toml"
+    site.write_text(container_image.site_images(cuda=False) +
+                    '[images."12.4"]\nimage = "registry.example/builder:cuda12.4"\ncuda_home = "/usr/local/cuda-12.4"\n'
+                    'provides = "CUDA 12.4"\nconda_build = true\n')
+    result = cli("doctor", "--container", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.11", "--json",
+                 "--config", str(site), "--out", str(tmp_path / "out"), env=podman_env)
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["container tool"]["status"] == "ok"
+    assert checks["image (cpu)"]["status"] == "ok" and container_image.CPU in checks["image (cpu)"]["detail"]
+    assert checks["image (CUDA 12.4)"]["status"] == "warn"
+    assert "registry.example/builder:cuda12.4 is not on this machine" in checks["image (CUDA 12.4)"]["detail"]
+    # the bundled cuDNN is the image's: not looked for on this machine
+    assert not [name for name in checks if name.startswith("bundled ")]

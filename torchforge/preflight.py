@@ -30,7 +30,7 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import ContainerSettings, image_for, require_image
+from torchforge.containers import TOOL_VARIABLE, ContainerSettings, image_for, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -622,8 +622,9 @@ def _check_container(ctx: _Context, container: ContainerSettings) -> None:
     if not container.tool:
         ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
                 "install docker or podman, or build without --container on a machine with the CUDA toolkit")
+        answers = False
     else:
-        ctx.add("container tool", Level.OK, f"{container.tool} (the engine that runs the images is not contacted here)")
+        answers = _container_engine_answers(ctx, container.tool)
     for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
         name = f"image ({'cpu' if accel == 'cpu' else 'CUDA ' + accel})"
         try:
@@ -631,7 +632,26 @@ def _check_container(ctx: _Context, container: ContainerSettings) -> None:
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        ctx.add(name, Level.OK, f"{image.image} via {container.tool}: {image.provides}")
+        found = answers and ctx.run(container.tool, "image", "inspect", "--format", "{{.Id}}", image.image)
+        if answers and not (found and found[0] == 0):
+            ctx.add(name, Level.WARN, f"{image.image} is not on this machine: the first build pulls it ({image.provides})",
+                    f"make sure its registry is reachable, or `{Path(container.tool).name} pull {image.image}` first")
+        else:
+            ctx.add(name, Level.OK, f"{image.image} via {container.tool}: {image.provides}")
+
+
+def _container_engine_answers(ctx: _Context, tool: str) -> bool:
+    """`docker info` / `podman info`: the client alone is not enough (a docker client without a daemon)."""
+    name = Path(tool).name
+    answered = ctx.run(tool, "info")
+    if answered is not None and answered[0] == 0:
+        ctx.add("container tool", Level.OK, f"{tool} (`{name} info` answers)")
+        return True
+    why = (answered[1].strip().splitlines() or ["no output"])[-1] if answered else "it does not start"
+    other = "podman" if name == "docker" else "docker"
+    ctx.add("container tool", Level.FAIL, f"{tool} is on PATH but `{name} info` fails: {why}",
+            f"start {name}'s service, or set {TOOL_VARIABLE}={other} to use {other} instead")
+    return False
 
 
 def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
@@ -701,7 +721,8 @@ def run_preflight(
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
     _check_source(ctx, source)
-    _check_bundled(ctx)
+    if container is None:  # with --container the bundled libraries are the image's, not visible here
+        _check_bundled(ctx)
     _check_driver(ctx)
     if check_channels:
         site = site or SiteConfig()
