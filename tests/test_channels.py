@@ -144,11 +144,19 @@ def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
     with pytest.raises(DataError, match="unknown channel 'b'"):
         parse_table(text)
     assert data_channels("magma", "2.5.1", None, "12.4", "linux-64") == ()
-    images = '[meta]\nsource = "x"\n[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n'
+    images = ('[meta]\nsource = "x"\n[derive]\nrepository = "r"\nprefix = "/p"\ninstaller_url = "https://i/m.sh"\n'
+              'checksum_url = "https://i/m.sh.sha256"\nconda_build = "1"\nchannel = "c"\nsource = "s"\n'
+              '[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n')
     with pytest.raises(DataError, match="CUDA 99.9 is missing from cuda.toml"):
         containers.parse_table(images)
     with pytest.raises(DataError, match="cuda_home must be an absolute path"):
         containers.parse_table(images.replace("99.9", "12.4").replace('"/c"', '"c"'))
+    with pytest.raises(DataError, match="exactly one of image .* and base"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"', 'image = "a"\nbase = "b"'))
+    with pytest.raises(DataError, match="exactly one of image .* and base"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"\n', ''))
+    with pytest.raises(DataError, match="glibc '2' is not a version"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"', 'image = "a"\nglibc = "2"'))
 
 
 # ---- --container ---------------------------------------------------------------------------------------------
