@@ -138,12 +138,18 @@ def reference(accel: str, image: Image) -> str:
     return derivation(accel, image).tag if image.derived else image.image
 
 
+def describe(accel: str, image: Image) -> str:
+    """The image for messages: its reference, and for a derived one the base it is made from."""
+    return f"{reference(accel, image)} (derived from {image.base}: conda-build added)" if image.derived else image.image
+
+
 def no_image(accel: str) -> UsageError:
     known = ", ".join(load_table().images)
     return UsageError(
         f"no build image is known for {'cpu' if accel == 'cpu' else 'CUDA ' + accel}",
         f"images with a source exist for {known}; name one in torchforge.toml, e.g. [images.\"{accel}\"] "
-        "image = \"registry.example/cuda-builder:tag\", cuda_home = \"/usr/local/cuda\", conda_build = true",
+        "image = \"registry.example/cuda-builder:tag\", cuda_home = \"/usr/local/cuda\" (an image with conda-build), "
+        "or base = \"registry.example/cuda:tag\" (torchforge adds conda-build to it)",
     )
 
 
