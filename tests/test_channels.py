@@ -486,3 +486,30 @@ def test_the_derived_image_is_built_only_when_the_tool_lacks_its_tag(tmp_path: P
     assert verbs == ["image", "build", "image"]  # probed twice, built once
     assert containers.ensure_derived("11.8", settings, Runner(), out) is None  # an image used as it is
     assert not list(out.rglob(".torchforge-tmp-*"))
+
+
+def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(tmp_path: Path) -> None:
+    (pytorch, accel, python, _), expected = ERAS["2.6+-split-cuda"]  # 2.9.0, CUDA 12.8
+    image = containers.load_table().images[accel]
+    derived = containers.derivation(accel, image)
+    args = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--out", str(tmp_path)]
+    assert main(["ci", "github", *args]) == 0 and main(["ci", "gitlab", *args]) == 0
+    github = YAML(typ="safe").load((tmp_path / Provider.GITHUB.path).read_text())
+    gitlab = YAML(typ="safe").load((tmp_path / Provider.GITLAB.path).read_text())
+    (variant,) = plan(selection(pytorch, accel, python)).variants
+    job = next(body for body in github["jobs"].values() if body.get("name") == variant.id)
+    # GitHub: the whole job in the AlmaLinux 8 base (glibc 2.28 runs node20), conda-build added first
+    assert job["container"] == {"image": "pytorch/manylinux2_28-builder:cuda12.8"}
+    assert job["env"] == {"CUDA_HOME": "/usr/local/cuda-12.8"}
+    names = [step["name"] for step in job["steps"]]
+    assert names[:3] == ["Check out", "Add conda-build to the image (torchforge's derivation)", "Install torchforge"]
+    assert "Set up Python for torchforge" not in names
+    assert job["steps"][1]["run"].startswith(derived.script)  # the same script the derived Dockerfile runs
+    (build,) = [s["run"] for s in job["steps"] if s.get("run", "").startswith("torchforge build")]
+    assert "--container" not in shlex.split(build)  # already inside the image
+    # GitLab: `image:` is the base; the script derives first (in a subshell), then builds with that conda on PATH
+    body = gitlab[variant.id]
+    assert body["image"] == "pytorch/manylinux2_28-builder:cuda12.8"
+    assert body["script"][0] == f"(\n{derived.script})\n"
+    assert body["script"][1] == 'export PATH="/opt/torchforge-conda/bin:$PATH"'
+    assert "--container" not in body["script"][-1]
