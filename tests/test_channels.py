@@ -513,3 +513,21 @@ def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(
     assert body["script"][0] == f"(\n{derived.script})\n"
     assert body["script"][1] == 'export PATH="/opt/torchforge-conda/bin:$PATH"'
     assert "--container" not in body["script"][-1]
+
+
+def test_doctor_names_the_base_and_derived_image_a_machine_without_the_toolkit_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchforge.preflight import run_preflight
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # no nvcc here
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    report = run_preflight(selection("2.9.0", "12.8,13.2", "3.12"), engine="auto", source=None, jobs=None,
+                           runner=Runner(), out=tmp_path)
+    checks = {c.name: c for c in report.checks}
+    assert checks["nvcc (CUDA 12.8)"].status.value == "fail"
+    found = checks["image (CUDA 12.8)"]
+    tag = containers.derivation("12.8", containers.load_table().images["12.8"]).tag
+    assert found.status.value == "ok"
+    assert found.detail.startswith(f"{tag} (derived from pytorch/manylinux2_28-builder:cuda12.8: conda-build added)")
+    assert "--container" in (found.fix or "")
+    assert checks["image (CUDA 13.2)"].status.value == "warn"
