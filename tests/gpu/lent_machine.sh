@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU checks as run on the lent H100 (device tool: 10 minutes a call, 64 MiB carried, the machine given back
+# 30 s after a call), in two calls that share /tmp while the machine stays warm:
+#
+#   call 1 (carry .whl .gpu):  tests/gpu/lent_machine.sh start   # install, probe, magma build in the background,
+#                                                                 # real cuDNN bundle check meanwhile
+#   call 2 (carry .gpu2):      tests/gpu/lent_machine.sh finish  # wait for magma, install it, GPU check program
+#
+# .whl: torchforge's own dependencies as cp312 wheels (tests/gpu/real_cudnn_bundle.py's docstring lists them);
+# .gpu: the MAGMA source (../shared does not travel: magma-2.6.1-generated.tar.gz recompressed with xz to fit);
+# .gpu2: Debian's liblapack3/libblas3/libgfortran5/libquadmath0 .debs (the check program needs a CPU LAPACK; the image has none
+# that CMake finds). Everything is written to $OUT (logs, JSON) so it comes back.
+set -uo pipefail
+step="${1:?usage: $0 start|finish}"
+out="${OUT:-/tmp/gpu-out}"
+work=/tmp/gpu
+mkdir -p "$out" "$work"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/bin:/tmp/site/bin:$PATH
+repo=$PWD
+site_packages="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
+# A CUDA_HOME that holds the toolkit and NVIDIA's pip-installed libraries (cuBLAS, cuSPARSE come as wheels there):
+# every entry linked, the toolkit's first, and the unversioned .so names CMake's find_library looks for.
+merged_cuda_home() {
+  local toolkit dest=/tmp/cuda entry name
+  toolkit="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+  rm -rf "$dest" && mkdir -p "$dest/include" "$dest/lib64"
+  # bin is copied, not linked: nvcc finds TOP (include, lib64 of nvcc.profile) from where its binary really is
+  cp -a "$toolkit/bin" "$dest/bin"
+  for entry in nvvm targets share extras; do [ -e "$toolkit/$entry" ] && ln -s "$toolkit/$entry" "$dest/$entry"; done
+  for entry in "$toolkit"/include/* "$site_packages"/nvidia/*/include/*; do
+    [ -e "$dest/include/$(basename "$entry")" ] || ln -s "$entry" "$dest/include/"
+  done
+  for entry in "$toolkit"/lib64/* "$site_packages"/nvidia/*/lib/*; do
+    [ -e "$dest/lib64/$(basename "$entry")" ] || ln -s "$entry" "$dest/lib64/"
+  done
+  for entry in "$dest"/lib64/lib*.so.[0-9]*; do
+    name="${entry##*/}"; name="${name%%.so.*}.so"
+    [ -e "$dest/lib64/$name" ] || ln -s "$entry" "$dest/lib64/$name"
+  done
+  ln -s lib64 "$dest/lib"
+  echo "$dest"
+}
+
+case "$step" in
+start)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 3
+  mkdir -p /tmp/bin
+  printf '#!/bin/sh\nexec python3 -c "import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))" "$@"\n' \
+    > /tmp/bin/torchforge && chmod +x /tmp/bin/torchforge
+  {
+    nvidia-smi -L; nvcc --version | tail -2; gcc --version | head -1; cmake --version | head -1
+    command -v make ninja patchelf ccache
+    python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.backends.cudnn.version())'
+    ls "$site_packages/nvidia" "$site_packages"/nvidia/*/lib | head -80
+    find / -xdev -name cublas_v2.h 2>/dev/null | head
+    ldconfig -p | grep -E 'lapack|blas|libz\.so' | head
+  } > "$out/probe.txt" 2>&1
+  export CUDA_HOME
+  CUDA_HOME="$(merged_cuda_home)"
+  echo "CUDA_HOME=$CUDA_HOME" >> "$out/probe.txt"
+  # magma in the background (setsid: it outlives this call while the machine stays warm), timed
+  setsid bash -c "start=\$(date +%s); torchforge build --magma-only --pytorch 2.9.0 --py 3.12 --cuda 13.0 \
+    --arch-list 9.0 --magma-source $repo/.gpu/magma-2.6.1.tar.xz --engine rattler-build --jobs $(nproc) \
+    --skip-preflight --out $work/channel > $work/magma-build.txt 2>&1; echo \$? > $work/magma-rc; \
+    echo \$(( \$(date +%s) - start )) > $work/magma-seconds" < /dev/null > /dev/null 2>&1 &
+  torchforge doctor --magma-only --pytorch 2.9.0 --cuda 13.0 --arch-list 9.0 --out "$work/doctor-channel" \
+    > "$out/doctor.txt" 2>&1
+  echo "doctor exit $?" >> "$out/doctor.txt"
+  # meanwhile: the real cuDNN through the pytorch recipe's bundling step (CPU-light)
+  python3 tests/gpu/real_cudnn_bundle.py --cudnn-dir "$site_packages/nvidia/cudnn/lib" \
+    --cusparselt-dir "$(dirname "$(ls "$site_packages"/nvidia/*/lib/libcusparseLt.so.0 | head -1)")" \
+    --out "$out" > "$out/cudnn.txt" 2>&1
+  echo "real_cudnn_bundle exit $?" >> "$out/cudnn.txt"
+  # stay inside the call limit, then hand over to `finish`
+  for _ in $(seq 1 60); do [ -e "$work/magma-rc" ] && break; sleep 7; done
+  cp "$work/magma-build.txt" "$out/" 2>/dev/null
+  tail -c 3000 "$work/channel/logs/"magma-*.log > "$out/magma-log-tail.txt" 2>/dev/null
+  echo "magma rc: $(cat "$work/magma-rc" 2>/dev/null || echo running) after $(cat "$work/magma-seconds" 2>/dev/null) s"
+  ;;
+finish)
+  for _ in $(seq 1 55); do [ -e "$work/magma-rc" ] && break; sleep 7; done
+  echo "magma rc: $(cat "$work/magma-rc" 2>/dev/null || echo running) after $(cat "$work/magma-seconds" 2>/dev/null) s"
+  cp "$work/magma-build.txt" "$out/" 2>/dev/null
+  tail -c 6000 "$work/channel/logs/"magma-*.log > "$out/magma-log-tail.txt" 2>/dev/null
+  [ "$(cat "$work/magma-rc" 2>/dev/null)" = 0 ] || exit 6
+  mkdir -p /tmp/lapack && for deb in .gpu2/*.deb; do dpkg -x "$deb" /tmp/lapack; done
+  lapack="$(ls /tmp/lapack/usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3* | head -1)"
+  blas="$(ls /tmp/lapack/usr/lib/x86_64-linux-gnu/blas/libblas.so.3* | head -1)"
+  export LD_LIBRARY_PATH=/tmp/lapack/usr/lib/x86_64-linux-gnu  # libgfortran for the CHECK program only
+  MAGMA_CHECK_CMAKE_ARGS="-DCHECK_LAPACK_LIBRARIES=$lapack;$blas" CUDA_HOME=/tmp/cuda \
+    MAGMA_CHECK_ONLY=1 tests/gpu/run_gpu_check.sh "$repo/.gpu/magma-2.6.1.tar.xz" 9.0 13.0 "$work" \
+    2>&1 | tee "$out/magma-check.txt"
+  exit "${PIPESTATUS[0]}"
+  ;;
+*) echo "usage: $0 start|finish" >&2; exit 2 ;;
+esac
