@@ -100,6 +100,9 @@ def image_for(accel: str, site: Mapping[str, Image] | None = None) -> Image | No
     return load_table().images.get(accel)
 
 
+DERIVE_SCRIPT = "derive.sh"  # the derivation's script, beside the Dockerfile that runs it
+
+
 def _label(accel: str) -> str:
     return "cpu" if accel == "cpu" else f"cuda{accel}"
 
@@ -119,9 +122,7 @@ class Derivation:
         return self.files[DERIVE_SCRIPT]
 
 
-DERIVE_SCRIPT = "derive.sh"
-
-
+@cache  # every wrapped command of a plan asks for its image's tag
 def derivation(accel: str, image: Image) -> Derivation:
     derive = load_table().derive
     installer = derive.installer_url.rsplit("/", 1)[-1]
