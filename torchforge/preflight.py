@@ -30,7 +30,7 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import ContainerSettings, image_for, require_image
+from torchforge.containers import ContainerSettings, describe, image_for, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -631,7 +631,7 @@ def _check_container(ctx: _Context, container: ContainerSettings) -> None:
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        ctx.add(name, Level.OK, f"{image.image} via {container.tool}: {image.provides}")
+        ctx.add(name, Level.OK, f"{describe(accel, image)} via {container.tool}: {image.provides}")
 
 
 def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
@@ -647,9 +647,11 @@ def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
             ctx.add(f"image (CUDA {cuda})", Level.WARN, f"no build image with a source is known for CUDA {cuda}",
                     f"install the toolkit here, or name an image in torchforge.toml [images.\"{cuda}\"]")
         else:
-            ctx.add(f"image (CUDA {cuda})", Level.OK, f"{image.image} provides what {' and '.join(failed)} lack: {image.provides}",
-                    "torchforge build --container (docker or podman)" + ("" if image.conda_build else
-                                                                          "; this image needs conda-build added"))
+            ctx.add(f"image (CUDA {cuda})", Level.OK,
+                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.provides}",
+                    "torchforge build --container (docker or podman)" + (
+                        "" if image.derived or image.conda_build else
+                        f"; this image has no conda-build: name it as base in torchforge.toml [images.\"{cuda}\"]"))
 
 
 def _variants(selection_or_variants: Selection | RenderPlan | Sequence[Variant]) -> tuple[Variant, ...]:
