@@ -683,7 +683,7 @@ def run_preflight(
     `machine` overrides the probed cores/memory/platform (tests, or planning for another machine).
     `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
     `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
-    `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN needed).
+    `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN, no bundled libraries, no channels).
     """
     table = load_table()
     ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
@@ -702,10 +702,11 @@ def run_preflight(
     _check_tools(ctx, table)
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
-    _check_source(ctx, source)
-    _check_bundled(ctx)
+    if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels
+        _check_source(ctx, source)
+        _check_bundled(ctx)
     _check_driver(ctx)
-    if check_channels:
+    if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
         buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]
         for finding in channelcheck.check(buildable, out=out or Path.cwd(), extra=extra_channels, site=site.channels):
