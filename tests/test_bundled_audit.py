@@ -93,3 +93,23 @@ def test_a_bundled_copy_whose_own_dependency_is_missing_fails(cuda_like: Path, t
     subprocess.run([patchelf, "--set-rpath", "$ORIGIN:$ORIGIN/../../../..", "--force-rpath",
                     str(lib / "libcudnn.so.9")], check=True)
     assert unresolved(tmp_path) == {"libcudnn_graph.so.9"}
+
+
+@pytest.mark.parametrize(("depends", "unresolved_names"), [
+    (["python >=3.11,<3.12.0a0"], set()),  # every conda python run-depends on zlib (data/rpath.toml cites why)
+    (["zlib"], set()),
+    (["pytorch-cuda >=12.4,<12.5"], {"libz.so.1"}),
+])
+def test_libz_of_a_bundled_cudnn_comes_through_python(tmp_path: Path, depends: list[str],
+                                                       unresolved_names: set[str]) -> None:
+    """The real cuDNN 9 sub-libraries need libz.so.1 (seen in nvidia-cudnn-cu13 9.19.0.56); the official
+    packages bundled them without naming zlib, which python's run-exported zlib provides."""
+    (tmp_path / "src.c").write_text("int zlibVersion(void);\nint use(void) { return zlibVersion() != 0; }\n")
+    lib = tmp_path / "pkg" / SITE / "torch" / "lib"
+    lib.mkdir(parents=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libcudnn_graph.so.9"), str(tmp_path / "src.c"),
+                    "-Wl,-soname,libcudnn_graph.so.9", "-Wl,--disable-new-dtags,-rpath,$ORIGIN:$ORIGIN/../../../..",
+                    "-Wl,--no-as-needed", "-l:libz.so.1"], check=True)
+    (tmp_path / "pkg" / "info").mkdir()
+    (tmp_path / "pkg" / "info" / "index.json").write_text(json.dumps({"name": "pytorch", "depends": depends}))
+    assert unresolved(tmp_path / "pkg") == unresolved_names

@@ -144,11 +144,19 @@ def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
     with pytest.raises(DataError, match="unknown channel 'b'"):
         parse_table(text)
     assert data_channels("magma", "2.5.1", None, "12.4", "linux-64") == ()
-    images = '[meta]\nsource = "x"\n[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n'
+    images = ('[meta]\nsource = "x"\n[derive]\nrepository = "r"\nprefix = "/p"\ninstaller_url = "https://i/m.sh"\n'
+              'checksum_url = "https://i/m.sh.sha256"\nconda_build = "1"\nchannel = "c"\nsource = "s"\n'
+              '[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n')
     with pytest.raises(DataError, match="CUDA 99.9 is missing from cuda.toml"):
         containers.parse_table(images)
     with pytest.raises(DataError, match="cuda_home must be an absolute path"):
         containers.parse_table(images.replace("99.9", "12.4").replace('"/c"', '"c"'))
+    with pytest.raises(DataError, match="exactly one of image .* and base"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"', 'image = "a"\nbase = "b"'))
+    with pytest.raises(DataError, match="exactly one of image .* and base"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"\n', ''))
+    with pytest.raises(DataError, match="glibc '2' is not a version"):
+        containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"', 'image = "a"\nglibc = "2"'))
 
 
 # ---- --container ---------------------------------------------------------------------------------------------
@@ -265,9 +273,15 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     assert "neither was found" in capsys.readouterr().err
     monkeypatch.setenv("PATH", str(only_podman))
     request = ["--dry-run", "--container", "--py", "3.12", "--out", str(tmp_path / "out")]
-    assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8"]) == ExitCode.USAGE
-    assert "no build image is known for CUDA 12.8" in capsys.readouterr().err
-    assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.6"]) == ExitCode.TOOL_MISSING
+    # CUDA 13.2 (2.12+) has no image with a source: refused before anything runs, naming the fix
+    assert main(["build", *request, "--pytorch", "2.12.0", "--cuda", "13.2"]) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "no build image is known for CUDA 13.2" in err and '[images."13.2"]' in err and "[dry-run]" not in err
+    # a site image without conda-build is refused; named as a base, it is derived instead
+    config = tmp_path / "no-conda.toml"
+    config.write_text('[images."12.8"]\nimage = "registry.example/cuda:12.8"\ncuda_home = "/usr/local/cuda-12.8"\n'
+                      'conda_build = false\n')
+    assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8", "--config", str(config)]) == ExitCode.TOOL_MISSING
     assert "has no conda-build" in capsys.readouterr().err
     assert main(["build", *request, "--cuda", "cpu", "--engine", "rattler-build"]) == ExitCode.USAGE
     assert "--container runs conda-build" in capsys.readouterr().err
@@ -275,10 +289,10 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     assert "not win-64" in capsys.readouterr().err
     # a site names its own image for a CUDA version the data has none for
     config = tmp_path / "site.toml"
-    config.write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\ncuda_home = "/usr/local/cuda-12.8"\n')
-    code = main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8", "--config", str(config)])
+    config.write_text('[images."13.2"]\nimage = "registry.example/builder:cuda13.2"\ncuda_home = "/usr/local/cuda-13.2"\n')
+    code = main(["build", *request, "--pytorch", "2.12.0", "--cuda", "13.2", "--config", str(config)])
     assert code == 0
-    assert "registry.example/builder:cuda12.8 conda build" in capsys.readouterr().err
+    assert "registry.example/builder:cuda13.2 conda build" in capsys.readouterr().err
 
 
 # ---- CI -------------------------------------------------------------------------------------------------------
@@ -313,12 +327,16 @@ def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: s
 def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Path) -> None:
     from torchforge.preflight import run_preflight
 
-    selection_ = selection("2.5.1", "11.8,12.8", "3.10")
+    selection_ = selection("2.12.0", "12.6,13.2", "3.12")
     report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(), out=tmp_path,
                            container=containers.ContainerSettings(""))
     statuses = {c.name: c.status.value for c in report.checks}
+    details = {c.name: c.detail for c in report.checks}
     assert statuses["container tool"] == "fail"
-    assert statuses["image (CUDA 11.8)"] == "ok" and statuses["image (CUDA 12.8)"] == "fail"
+    assert statuses["image (CUDA 12.6)"] == "ok" and statuses["image (CUDA 13.2)"] == "fail"
+    # the derived image and its base are named
+    assert "torchforge/builder:cuda12.6-" in details["image (CUDA 12.6)"]
+    assert "pytorch/manylinux2_28-builder:cuda12.6" in details["image (CUDA 12.6)"]
     # nvcc and the host compiler are the image's: not checked on this machine
     assert not any(name.startswith(("nvcc", "host compiler")) for name in statuses)
     assert report.engine == "conda-build"
@@ -341,15 +359,15 @@ def test_doctor_contacts_the_container_engine_a_client_without_its_daemon_fails(
 
 def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    Path("site.toml").write_text('[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\n'
-                                 'cuda_home = "/usr/local/cuda-12.8"\n')
-    args = ["--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--out", "."]
-    assert main(["ci", "gitlab", *args]) == ExitCode.USAGE  # no image with a source for 12.8
+    Path("site.toml").write_text('[images."13.2"]\nimage = "registry.example/builder:cuda13.2"\n'
+                                 'cuda_home = "/usr/local/cuda-13.2"\n')
+    args = ["--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12", "--out", "."]
+    assert main(["ci", "gitlab", *args]) == ExitCode.USAGE  # no image with a source for 13.2
     assert main(["ci", "gitlab", *args, "--config", "site.toml"]) == 0
     doc = YAML(typ="safe").load(Path(".gitlab-ci.yml").read_text())
-    job = doc["pytorch-2.9.0-cu128-py312-linux_64"]
-    assert job["image"] == "registry.example/builder:cuda12.8"
-    assert job["variables"]["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    job = doc["pytorch-2.12.0-cu132-py312-linux_64"]
+    assert job["image"] == "registry.example/builder:cuda13.2"
+    assert job["variables"]["CUDA_HOME"] == "/usr/local/cuda-13.2"
     build = next(line for line in job["script"] if "torchforge build" in line)
     assert shlex.split(build)[-4:] == ["--config", "site.toml", "--out", "forge-channel"]
 
@@ -406,3 +424,142 @@ def test_a_channel_argument_names_a_local_folder_only_when_written_as_one(tmp_pa
     assert folder_of("local") == Path("local")  # an existing folder, as conda reads it
     assert folder_of("/srv/missing") == Path("/srv/missing")  # reported as a missing folder, not a name
     assert folder_of("./missing") == Path("./missing")
+
+
+# ---- derived images (a `base` entry: conda-build added by torchforge) ----------------------------------------
+
+
+def test_the_derived_dockerfile_of_cuda_12_8_comes_from_the_data() -> None:
+    table = containers.load_table()
+    image = table.images["12.8"]
+    derive = table.derive
+    derived = containers.derivation("12.8", image)
+    dockerfile = derived.files["Dockerfile"].splitlines()
+    assert dockerfile[1:] == [f"FROM {image.base}", "COPY derive.sh /tmp/torchforge-derive.sh",
+                              "RUN sh /tmp/torchforge-derive.sh && rm -f /tmp/torchforge-derive.sh",
+                              f"ENV PATH={derive.prefix}/bin:$PATH"]
+    assert image.base == "pytorch/manylinux2_28-builder:cuda12.8" and image.cuda_home == "/usr/local/cuda-12.8"
+    installer = "Miniforge3-26.3.2-3-Linux-x86_64.sh"
+    script = derived.script.splitlines()
+    assert f"curl -fsSL --retry 3 -o {installer} {derive.installer_url}" in script
+    assert f"sha256sum -c {installer}.sha256" in script
+    assert f"bash {installer} -b -p /opt/torchforge-conda" in script
+    assert ("/opt/torchforge-conda/bin/conda install --yes --name base --override-channels --channel conda-forge "
+            "conda-build=26.7.1") in script
+    # content-addressed: the tag names the CUDA version and the hash of both files; another base, another tag
+    assert re.fullmatch(r"torchforge/builder:cuda12\.8-[0-9a-f]{12}", derived.tag)
+    assert containers.derivation("12.8", image).tag == derived.tag
+    assert containers.derivation("12.9", table.images["12.9"]).tag.split("-")[-1] != derived.tag.split("-")[-1]
+
+
+def test_container_dry_run_builds_the_derived_image_before_running_in_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # a dry run needs no client
+    out = tmp_path / "out"
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12",
+                                     "--out", str(out), "--no-cache")
+    assert code == 0, err
+    tag = containers.derivation("12.8", containers.load_table().images["12.8"]).tag
+    folder = out / "images" / tag.split(":")[1]
+    commands = [shlex.split(line) for line in lines]
+    probe = commands.index(["docker", "image", "inspect", tag])
+    build = commands.index(["docker", "build", "--tag", tag, "--file", str(folder / "Dockerfile"), str(folder)])
+    runs = [i for i, argv in enumerate(commands) if argv[:2] == ["docker", "run"] and tag in argv]
+    # probed and built once, before the first build in it (magma-cuda128), then pytorch in the same image
+    assert probe + 1 == build and len(runs) == 2 and build < runs[0]
+    assert sum(argv[:2] == ["docker", "build"] for argv in commands) == 1
+    assert docker_run(lines[runs[1]])[1]["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    assert not out.exists()  # nothing written by a dry run
+
+
+def test_a_site_image_entry_skips_the_derivation(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    config = tmp_path / "site.toml"
+    config.write_text('[images."12.8"]\nimage = "registry.example/torchforge/builder:cuda12.8"\n'
+                      'cuda_home = "/usr/local/cuda-12.8"\nglibc = "2.28"\n')
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12",
+                                     "--out", str(tmp_path / "out"), "--config", str(config))
+    assert code == 0, err
+    assert not any(line.startswith(("docker build", "docker image")) for line in lines)
+    assert "registry.example/torchforge/builder:cuda12.8 conda build" in lines[-1]
+    # a site `base` is derived like the data's
+    config.write_text('[images."13.2"]\nbase = "registry.example/cuda:13.2"\ncuda_home = "/usr/local/cuda-13.2"\n')
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
+                                     "--out", str(tmp_path / "out"), "--config", str(config))
+    assert code == 0, err
+    assert any(line.startswith("docker build --tag torchforge/builder:cuda13.2-") for line in lines)
+    config.write_text('[images."13.2"]\nimage = "a"\nbase = "b"\ncuda_home = "/usr/local/cuda-13.2"\n')
+    assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
+                 "--out", str(tmp_path / "out"), "--config", str(config)]) == ExitCode.USAGE
+    assert "exactly one of image" in capsys.readouterr().err
+
+
+def test_the_derived_image_is_built_only_when_the_tool_lacks_its_tag(tmp_path: Path) -> None:
+    """A stand-in container client (a real executable run by the real runner) that records its argv and
+    knows the tags it was asked to build."""
+    tool = tmp_path / "bin" / "docker"
+    tool.parent.mkdir()
+    calls = tmp_path / "calls"
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                    f'if [ "$1" = image ]; then grep -qx "build --tag $3 .*" {calls}; exit $?; fi\n'
+                    '[ "$1" = build ] && test -s "$5" && test -s "$(dirname "$5")/derive.sh"\n')
+    tool.chmod(0o755)
+    settings = containers.ContainerSettings(str(tool))
+    out = tmp_path / "out"
+    first = containers.ensure_derived("12.8", settings, Runner(), out)
+    assert first is not None
+    folder = containers.derived_folder(out, first)
+    assert (folder / "Dockerfile").read_text() == first.files["Dockerfile"]
+    assert (folder / "derive.sh").read_text() == first.script
+    again = containers.ensure_derived("12.8", settings, Runner(), out)
+    assert again == first
+    verbs = [line.split()[0] for line in calls.read_text().splitlines()]
+    assert verbs == ["image", "build", "image"]  # probed twice, built once
+    assert containers.ensure_derived("11.8", settings, Runner(), out) is None  # an image used as it is
+    assert not list(out.rglob(".torchforge-tmp-*"))
+
+
+def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(tmp_path: Path) -> None:
+    (pytorch, accel, python, _), expected = ERAS["2.6+-split-cuda"]  # 2.9.0, CUDA 12.8
+    image = containers.load_table().images[accel]
+    derived = containers.derivation(accel, image)
+    args = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--out", str(tmp_path)]
+    assert main(["ci", "github", *args]) == 0 and main(["ci", "gitlab", *args]) == 0
+    github = YAML(typ="safe").load((tmp_path / Provider.GITHUB.path).read_text())
+    gitlab = YAML(typ="safe").load((tmp_path / Provider.GITLAB.path).read_text())
+    (variant,) = plan(selection(pytorch, accel, python)).variants
+    job = next(body for body in github["jobs"].values() if body.get("name") == variant.id)
+    # GitHub: the whole job in the AlmaLinux 8 base (glibc 2.28 runs node20), conda-build added first
+    assert job["container"] == {"image": "pytorch/manylinux2_28-builder:cuda12.8"}
+    assert job["env"] == {"CUDA_HOME": "/usr/local/cuda-12.8"}
+    names = [step["name"] for step in job["steps"]]
+    assert names[:3] == ["Check out", "Add conda-build to the image (torchforge's derivation)", "Install torchforge"]
+    assert "Set up Python for torchforge" not in names
+    assert job["steps"][1]["run"].startswith(derived.script)  # the same script the derived Dockerfile runs
+    (build,) = [s["run"] for s in job["steps"] if s.get("run", "").startswith("torchforge build")]
+    assert "--container" not in shlex.split(build)  # already inside the image
+    # GitLab: `image:` is the base; the script derives first (in a subshell), then builds with that conda on PATH
+    body = gitlab[variant.id]
+    assert body["image"] == "pytorch/manylinux2_28-builder:cuda12.8"
+    assert body["script"][0] == f"(\n{derived.script})\n"
+    assert body["script"][1] == 'export PATH="/opt/torchforge-conda/bin:$PATH"'
+    assert "--container" not in body["script"][-1]
+
+
+def test_doctor_names_the_base_and_derived_image_a_machine_without_the_toolkit_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchforge.preflight import run_preflight
+
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # no nvcc here
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    report = run_preflight(selection("2.9.0", "12.8,13.2", "3.12"), engine="auto", source=None, jobs=None,
+                           runner=Runner(), out=tmp_path)
+    checks = {c.name: c for c in report.checks}
+    assert checks["nvcc (CUDA 12.8)"].status.value == "fail"
+    found = checks["image (CUDA 12.8)"]
+    tag = containers.derivation("12.8", containers.load_table().images["12.8"]).tag
+    assert found.status.value == "ok"
+    assert found.detail.startswith(f"{tag} (derived from pytorch/manylinux2_28-builder:cuda12.8: conda-build added)")
+    assert "--container" in (found.fix or "")
+    assert checks["image (CUDA 13.2)"].status.value == "warn"

@@ -273,6 +273,9 @@ LINT_CASES = {
     # the oldest era's image and channels, and a release after 2.5 with an extra channel for every build
     "era-1.8": ("--pytorch", "1.8.1", "--cuda", "11.1,cpu", "--py", "3.9"),
     "after-2.5-with-channel": ("--pytorch", "2.6.0", "--cuda", "11.8", "--py", "3.12", "-c", "file:///srv/extra"),
+    # AlmaLinux 8 bases (glibc 2.28): `container:` jobs whose first step derives conda-build into the base
+    "derived-12.8-and-13.0": ("--pytorch", "2.9.0", "--cuda", "12.8,13.0", "--py", "3.12",
+                              "--upload-to", "file:///srv/channel"),
     "options": ("--cuda", "12.4", "--py", "3.12", "--arch-list", "8.0;9.0", "--build-number", "2", "--debug",
                 "--env", "USE_NCCL=0", "--env", "NOTE=two words", "--upload-to", "quetz+https://q.example/ch"),
 }

@@ -65,6 +65,9 @@ def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path) -> Non
     assert lines and "fail" in lines[0] and "cublas_v2.h, libcublas.so" in result.stdout
     assert "libcublas-dev-13-0" in result.stdout and "libcusparse-dev-13-0" in result.stdout
     assert "cuDNN" not in result.stdout  # --magma-only: MAGMA does not link cuDNN
+    # nor does it bundle libraries, read the pytorch source or need a channel (its recipe has no requirements)
+    rows = [line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")]
+    assert rows and not [row for row in rows if row.startswith(("bundled ", "channel ", "requirements (", "source"))]
     assert "checks failed (cuBLAS (CUDA 13.0), cuSPARSE (CUDA 13.0))" in result.stderr
 
 

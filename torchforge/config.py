@@ -7,9 +7,14 @@ Found as `--config PATH`, else `./torchforge.toml` in the current folder; none m
     mirrors = { "https://conda.anaconda.org/" = "https://mirror.example/conda/" }  # URL prefix -> mirror prefix
 
     [images."11.8"]
-    image = "registry.example/pytorch/conda-builder:cuda11.8"
+    image = "registry.example/pytorch/conda-builder:cuda11.8"   # used as it is (a pushed derived image too)
     cuda_home = "/usr/local/cuda-11.8"
     conda_build = true
+    glibc = "2.17"                                               # < 2.28: GitHub jobs run it with --container
+
+    [images."12.8"]
+    base = "registry.example/cuda:12.8"                          # torchforge derives conda-build into it
+    cuda_home = "/usr/local/cuda-12.8"
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.channels import SiteChannels
-from torchforge.containers import Image
-from torchforge.errors import UsageError
+from torchforge.containers import Image, check_entry
+from torchforge.errors import DataError, UsageError
 
 FILE_NAME = "torchforge.toml"
 
@@ -37,10 +42,12 @@ class _Channels(_Strict):
 
 
 class _Image(_Strict):
-    image: str
+    image: str = ""
+    base: str = ""
     cuda_home: str = ""
     provides: str = "named in torchforge.toml"
     conda_build: bool = True
+    glibc: str = ""
 
 
 class _File(_Strict):
@@ -83,11 +90,17 @@ def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
             for e in exc.errors()
         )
         raise UsageError(f"{path} is not a valid torchforge config: {problems}",
-                         "allowed: [channels] replace, mirrors; [images.\"X.Y\"] image, cuda_home, provides, conda_build") from exc
+                         "allowed: [channels] replace, mirrors; [images.\"X.Y\"] image or base, cuda_home, provides, "
+                         "conda_build, glibc") from exc
     where = str(path)
     replace = tuple(_check_url(u, f"{where} [channels] replace") for u in spec.channels.replace) \
         if spec.channels.replace is not None else None
     mirrors = {prefix: _check_url(target, f"{where} [channels] mirrors") for prefix, target in spec.channels.mirrors.items()}
-    images = {key: Image(image=i.image, cuda_home=i.cuda_home, provides=i.provides, conda_build=i.conda_build,
-                         source=where) for key, i in spec.images.items()}
+    images = {key: Image(image=i.image, base=i.base, cuda_home=i.cuda_home, provides=i.provides,
+                         conda_build=i.conda_build, glibc=i.glibc, source=where) for key, i in spec.images.items()}
+    for key, image in images.items():
+        try:
+            check_entry(image, f"{where} [images.\"{key}\"]")
+        except DataError as exc:
+            raise UsageError(exc.message, "write image = \"registry/name:tag\" or base = \"registry/name:tag\"") from exc
     return SiteConfig(SiteChannels(replace, mirrors, where), images, path)

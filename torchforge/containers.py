@@ -4,11 +4,18 @@
 Paths are mounted at the same absolute path inside the container, so the engine's argv, its file:// channel
 URLs and the recipe's paths stay exactly what they are outside: the wrapped command is the unwrapped one
 with a `docker run ... IMAGE` prefix, and --dry-run prints it through the one runner.
+
+An image entry with `base` instead of `image` is derived: torchforge renders a Dockerfile adding a pinned
+conda + conda-build ([derive] in the data) to the base, tags it by the hash of what it renders
+(`torchforge/builder:cuda12.8-<hash>`), and builds it through the runner before the first build that needs
+it, unless the container tool already has that tag.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,10 +24,11 @@ from pathlib import Path
 
 
 from torchforge import data as tables
-from torchforge import localchannel
+from torchforge import fileops, localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, ToolMissingError, UsageError
-from torchforge.proc import Command
+from torchforge.proc import Command, Runner
+from torchforge.render import render_template
 
 CONTAINER_TOOLS = ("docker", "podman")  # the first one on PATH is used; both take the same `run` flags used here
 # Picks one of them (a name or a path) where both are on PATH, e.g. a docker client without a daemon beside podman.
@@ -30,16 +38,35 @@ HOME_IN_CONTAINER = "/tmp"
 
 
 class Image(FrozenModel):
-    image: str
+    image: str = ""  # used as it is
+    base: str = ""  # instead of image: derived (conda + conda-build added) before use
     cuda_home: str
     provides: str
-    conda_build: bool
+    conda_build: bool = False
+    glibc: str = ""  # "" when not known
+    source: str
+
+    @property
+    def derived(self) -> bool:
+        return bool(self.base)
+
+
+class Derive(FrozenModel):
+    """How a `base` image gets conda-build: a pinned Miniforge installer, then conda-build from a channel."""
+
+    repository: str  # the derived image's name; its tag is <key>-<hash of the rendered files>
+    prefix: str
+    installer_url: str
+    checksum_url: str
+    conda_build: str
+    channel: str
     source: str
 
 
 class ImagesTable(FrozenModel):
     schema_: int = 1
     meta: Meta
+    derive: Derive
     images: dict[str, Image]
 
 
@@ -51,7 +78,16 @@ def parse_table(text: str, where: str = "torchforge/data/images.toml") -> Images
             raise DataError(f"{where} images.{key}: CUDA {key} is missing from cuda.toml")
         if (key == "cpu") != (image.cuda_home == "") or (image.cuda_home and not image.cuda_home.startswith("/")):
             raise DataError(f"{where} images.{key}: cuda_home must be an absolute path for CUDA and empty for cpu")
+        check_entry(image, f"{where} images.{key}")
     return table
+
+
+def check_entry(image: Image, where: str) -> None:
+    """An entry names exactly one of `image` (used as it is) and `base` (derived)."""
+    if bool(image.image) == bool(image.base):
+        raise DataError(f"{where}: give exactly one of image (used as it is) and base (conda-build is added to it)")
+    if image.glibc and not re.fullmatch(r"\d+\.\d+", image.glibc):
+        raise DataError(f"{where}: glibc {image.glibc!r} is not a version like 2.28")
 
 
 @cache
@@ -66,12 +102,57 @@ def image_for(accel: str, site: Mapping[str, Image] | None = None) -> Image | No
     return load_table().images.get(accel)
 
 
+DERIVE_SCRIPT = "derive.sh"  # the derivation's script, beside the Dockerfile that runs it
+
+
+def _label(accel: str) -> str:
+    return "cpu" if accel == "cpu" else f"cuda{accel}"
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """The derived image of a `base` entry: the files of its build context and its content-addressed tag."""
+
+    base: str
+    tag: str
+    files: Mapping[str, str]  # name -> text: Dockerfile and the script it runs
+    prefix: str  # where conda lives inside (first on PATH)
+
+    @property
+    def script(self) -> str:
+        """The shell script that adds conda-build to the base (CI jobs running in the base run it too)."""
+        return self.files[DERIVE_SCRIPT]
+
+
+@cache  # every wrapped command of a plan asks for its image's tag
+def derivation(accel: str, image: Image) -> Derivation:
+    derive = load_table().derive
+    installer = derive.installer_url.rsplit("/", 1)[-1]
+    fields = {"base": image.base, "prefix": derive.prefix, "installer": installer, "installer_url": derive.installer_url,
+              "checksum_url": derive.checksum_url, "channel": derive.channel, "conda_build": derive.conda_build}
+    files = {"Dockerfile": render_template("container/Dockerfile.j2", **fields),
+             DERIVE_SCRIPT: render_template("container/derive.sh.j2", **fields)}
+    digest = hashlib.sha256("\0".join(f"{name}\0{text}" for name, text in sorted(files.items())).encode()).hexdigest()
+    return Derivation(image.base, f"{derive.repository}:{_label(accel)}-{digest[:12]}", files, derive.prefix)
+
+
+def reference(accel: str, image: Image) -> str:
+    """The image a build runs in: the entry's image, or the tag of the image derived from its base."""
+    return derivation(accel, image).tag if image.derived else image.image
+
+
+def describe(accel: str, image: Image) -> str:
+    """The image for messages: its reference, and for a derived one the base it is made from."""
+    return f"{reference(accel, image)} (derived from {image.base}: conda-build added)" if image.derived else image.image
+
+
 def no_image(accel: str) -> UsageError:
     known = ", ".join(load_table().images)
     return UsageError(
         f"no build image is known for {'cpu' if accel == 'cpu' else 'CUDA ' + accel}",
         f"images with a source exist for {known}; name one in torchforge.toml, e.g. [images.\"{accel}\"] "
-        "image = \"registry.example/cuda-builder:tag\", cuda_home = \"/usr/local/cuda\", conda_build = true",
+        "image = \"registry.example/cuda-builder:tag\", cuda_home = \"/usr/local/cuda\" (an image with conda-build), "
+        "or base = \"registry.example/cuda:tag\" (torchforge adds conda-build to it)",
     )
 
 
@@ -149,8 +230,34 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
         argv += ["--env", f"{name}={value}"]
     if command.cwd is not None:
         argv += ["--workdir", str(command.cwd)]
-    argv += [image.image, *command.argv]
+    argv += [reference(accel, image), *command.argv]
     return Command(argv=tuple(argv), secrets=command.secrets)
+
+
+def derived_folder(out: Path, derived: Derivation) -> Path:
+    """Where the build context of a derived image is written: under the output folder, named by its tag."""
+    return out / "images" / derived.tag.rsplit(":", 1)[-1]
+
+
+def ensure_derived(accel: str, settings: ContainerSettings, runner: Runner, out: Path,
+                   log_file: Path | None = None) -> Derivation | None:
+    """Build the derived image of `accel` unless the container tool has its tag (one `image inspect` probe).
+
+    Both commands go through the runner: a dry run prints the probe and the build (it cannot know the answer)."""
+    image = image_for(accel, settings.images)
+    if image is None or not image.derived:
+        return None
+    derived = derivation(accel, image)
+    probe = runner.run(Command((settings.tool, "image", "inspect", derived.tag)), check=False)
+    if not probe.dry_run and probe.returncode == 0:
+        return derived
+    folder = derived_folder(out, derived)
+    if not runner.dry_run:
+        for name, text in derived.files.items():
+            fileops.atomic_write(folder / name, text)
+    runner.run(Command((settings.tool, "build", "--tag", derived.tag, "--file", str(folder / "Dockerfile"), str(folder))),
+               log_file=log_file)
+    return derived
 
 
 def require_image(accel: str, images: Mapping[str, Image] | None = None) -> Image:
@@ -158,10 +265,11 @@ def require_image(accel: str, images: Mapping[str, Image] | None = None) -> Imag
     image = image_for(accel, images)
     if image is None:
         raise no_image(accel)
-    if not image.conda_build:
+    if not image.derived and not image.conda_build:
         raise ToolMissingError(
             f"the image {image.image} of {'cpu' if accel == 'cpu' else 'CUDA ' + accel} has no conda-build ({image.provides})",
-            f"derive an image from it with conda-build installed and name it in torchforge.toml [images.\"{accel}\"]",
+            f"name it as the base instead in torchforge.toml [images.\"{accel}\"] base = \"{image.image}\" (torchforge "
+            "then derives an image with conda-build from it), or name an image that has conda-build",
         )
     return image
 

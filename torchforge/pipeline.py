@@ -267,6 +267,7 @@ class Pipeline:
         self.on_line = on_line
         self._ccache: str | None = find_ccache() if settings.caching else None
         self._first_seconds: dict[str, float] = {}  # cache key -> wall time of the group's first build
+        self._images_ready: set[str] = set()  # accels whose derived image was built or found (--container)
         launcher = own_launcher({**os.environ, **settings.extra_env})
         if settings.use_cache and launcher is not None:
             on_event(f"compile launcher from the environment ({launcher}): torchforge's compile cache is off")
@@ -358,6 +359,14 @@ class Pipeline:
         try:
             command = self.engine.command(job)
             if self.settings.container is not None:
+                if step.accel not in self._images_ready:
+                    # Before the first build in a derived image: build it unless the tool already has its tag.
+                    derived = containers.ensure_derived(step.accel, self.settings.container, self.runner, out,
+                                                        log_file=None if self.runner.dry_run else log)
+                    if derived is not None:
+                        self.on_event(f"image {derived.tag}: {derived.base} + conda-build "
+                                      f"({containers.derived_folder(out, derived) / 'Dockerfile'})")
+                    self._images_ready.add(step.accel)
                 # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
                 writable = [out, *([Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else [])]
                 readonly = [Path(step.local_source)] if step.local_source else []

@@ -30,7 +30,7 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import TOOL_VARIABLE, ContainerSettings, image_for, require_image
+from torchforge.containers import TOOL_VARIABLE, ContainerSettings, describe, image_for, reference, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -632,12 +632,15 @@ def _check_container(ctx: _Context, container: ContainerSettings) -> None:
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        found = answers and ctx.run(container.tool, "image", "inspect", "--format", "{{.Id}}", image.image)
+        ref = reference(accel, image)
+        found = answers and ctx.run(container.tool, "image", "inspect", "--format", "{{.Id}}", ref)
         if answers and not (found and found[0] == 0):
-            ctx.add(name, Level.WARN, f"{image.image} is not on this machine: the first build pulls it ({image.provides})",
-                    f"make sure its registry is reachable, or `{Path(container.tool).name} pull {image.image}` first")
+            pulled = image.base or image.image
+            what = f"the first build derives it from {pulled}" if image.derived else "the first build pulls it"
+            ctx.add(name, Level.WARN, f"{ref} is not on this machine: {what} ({image.provides})",
+                    f"make sure its registry is reachable, or `{Path(container.tool).name} pull {pulled}` first")
         else:
-            ctx.add(name, Level.OK, f"{image.image} via {container.tool}: {image.provides}")
+            ctx.add(name, Level.OK, f"{describe(accel, image)} via {container.tool}: {image.provides}")
 
 
 def _container_engine_answers(ctx: _Context, tool: str) -> bool:
@@ -667,9 +670,11 @@ def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
             ctx.add(f"image (CUDA {cuda})", Level.WARN, f"no build image with a source is known for CUDA {cuda}",
                     f"install the toolkit here, or name an image in torchforge.toml [images.\"{cuda}\"]")
         else:
-            ctx.add(f"image (CUDA {cuda})", Level.OK, f"{image.image} provides what {' and '.join(failed)} lack: {image.provides}",
-                    "torchforge build --container (docker or podman)" + ("" if image.conda_build else
-                                                                          "; this image needs conda-build added"))
+            ctx.add(f"image (CUDA {cuda})", Level.OK,
+                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.provides}",
+                    "torchforge build --container (docker or podman)" + (
+                        "" if image.derived or image.conda_build else
+                        f"; this image has no conda-build: name it as base in torchforge.toml [images.\"{cuda}\"]"))
 
 
 def _variants(selection_or_variants: Selection | RenderPlan | Sequence[Variant]) -> tuple[Variant, ...]:
@@ -701,7 +706,7 @@ def run_preflight(
     `machine` overrides the probed cores/memory/platform (tests, or planning for another machine).
     `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
     `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
-    `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN needed).
+    `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN, no bundled libraries, no channels).
     """
     table = load_table()
     ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
@@ -720,11 +725,12 @@ def run_preflight(
     _check_tools(ctx, table)
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
-    _check_source(ctx, source)
-    if container is None:  # with --container the bundled libraries are the image's, not visible here
-        _check_bundled(ctx)
+    if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels
+        _check_source(ctx, source)
+        if container is None:  # with --container the bundled libraries are the image's, not visible here
+            _check_bundled(ctx)
     _check_driver(ctx)
-    if check_channels:
+    if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
         buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]
         for finding in channelcheck.check(buildable, out=out or Path.cwd(), extra=extra_channels, site=site.channels):

@@ -88,6 +88,11 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def render_template(template: str, **fields: object) -> str:
+    """One template of recipe_templates/ with the given fields (the same environment and filters as the recipes)."""
+    return _environment().get_template(template).render(**fields)
+
+
 def _render(template: str, context: RecipeContext, **extra: object) -> str:
     fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
     fields.update(is_windows=context.is_windows, has_source_edits=context.has_source_edits,

@@ -18,6 +18,8 @@ mkdir -p "$out" "$work"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/bin:/tmp/site/bin:$PATH
 repo=$PWD
+pytorch="${PYTORCH:-2.9.0}"  # 2.13.0 plans MAGMA 2.10.0
+magma_source="${MAGMA_SOURCE:-$repo/.gpu/magma-2.6.1.tar.xz}"
 site_packages="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 
 # A CUDA_HOME that holds the toolkit and NVIDIA's pip-installed libraries (cuBLAS, cuSPARSE come as wheels there):
@@ -61,12 +63,13 @@ start)
   export CUDA_HOME
   CUDA_HOME="$(merged_cuda_home)"
   echo "CUDA_HOME=$CUDA_HOME" >> "$out/probe.txt"
+  rm -f "$work/magma-rc" "$work/magma-seconds"
   # magma in the background (setsid: it outlives this call while the machine stays warm), timed
-  setsid bash -c "start=\$(date +%s); torchforge build --magma-only --pytorch 2.9.0 --py 3.12 --cuda 13.0 \
-    --arch-list 9.0 --magma-source $repo/.gpu/magma-2.6.1.tar.xz --engine rattler-build --jobs $(nproc) \
+  setsid bash -c "start=\$(date +%s); torchforge build --magma-only --pytorch $pytorch --py 3.12 --cuda 13.0 \
+    --arch-list 9.0 --magma-source $magma_source --engine rattler-build --jobs $(nproc) \
     --skip-preflight --out $work/channel > $work/magma-build.txt 2>&1; echo \$? > $work/magma-rc; \
     echo \$(( \$(date +%s) - start )) > $work/magma-seconds" < /dev/null > /dev/null 2>&1 &
-  torchforge doctor --magma-only --pytorch 2.9.0 --cuda 13.0 --arch-list 9.0 --out "$work/doctor-channel" \
+  torchforge doctor --magma-only --pytorch "$pytorch" --cuda 13.0 --arch-list 9.0 --out "$work/doctor-channel" \
     > "$out/doctor.txt" 2>&1
   echo "doctor exit $?" >> "$out/doctor.txt"
   # meanwhile: the real cuDNN through the pytorch recipe's bundling step (CPU-light)
@@ -91,7 +94,7 @@ finish)
   blas="$(ls /tmp/lapack/usr/lib/x86_64-linux-gnu/blas/libblas.so.3* | head -1)"
   export LD_LIBRARY_PATH=/tmp/lapack/usr/lib/x86_64-linux-gnu  # libgfortran for the CHECK program only
   MAGMA_CHECK_CMAKE_ARGS="-DCHECK_LAPACK_LIBRARIES=$lapack;$blas" CUDA_HOME=/tmp/cuda \
-    MAGMA_CHECK_ONLY=1 tests/gpu/run_gpu_check.sh "$repo/.gpu/magma-2.6.1.tar.xz" 9.0 13.0 "$work" \
+    MAGMA_CHECK_ONLY=1 PYTORCH="$pytorch" tests/gpu/run_gpu_check.sh "$magma_source" 9.0 13.0 "$work" \
     2>&1 | tee "$out/magma-check.txt"
   exit "${PIPESTATUS[0]}"
   ;;

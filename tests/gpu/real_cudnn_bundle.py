@@ -15,7 +15,8 @@ of the gcc stand-ins:
      GPU, 0 = CUDNN_STATUS_SUCCESS).
 Writes OUT/real_cudnn_bundle.json and exits 0 only if every step passed.
 
-It is a script, not a pytest test: CI has no GPU. NOT RUN YET (the device was paused when it was written).
+It is a script, not a pytest test: CI has no GPU. Run on the lent H100 on 2026-11-23 through tests/gpu/lent_machine.sh
+(tests/gpu/README.md has the figures).
 
 On the device (python3 there is 3.12 with torch 2.11.0+cu130; gcc, patchelf and torchforge's own Python
 dependencies must travel). Here, in the repo root, once:
