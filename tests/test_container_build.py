@@ -44,12 +44,14 @@ def podman_env() -> dict[str, str]:
     return {**container_image.podman_env(), TOOL_VARIABLE: "podman"}
 
 
-def _forge_in_container(tool: CondaTool, podman: dict[str, str], root: Path, args: list[str]) -> Forge:
-    """`torchforge build ARGS --container` in a new process, against stand-ins for its requirements.
+def prepare(tool: CondaTool, root: Path, args: list[str], *, in_container: bool) -> tuple[Forge, dict[str, str]]:
+    """Stand-ins for the requirements of `torchforge build ARGS`, its site torchforge.toml and the planned
+    packages, without building: (the forge, the variables naming the bundled-library stand-ins).
 
-    The stand-ins' python and patchelf link to /usr/bin, where the image holds the same Debian Python 3.11 as
-    this machine, so the package built inside installs and imports here too. The bundled-library stand-ins
-    of a CUDA recipe lie beside the stand-in channel, which the build mounts (read-only, at the same path)."""
+    `in_container`: the stand-ins' python and patchelf link to /usr/bin, where the image holds the same Debian
+    Python 3.11 as this machine, so the package built inside installs and imports here too; the bundled-library
+    stand-ins lie beside the stand-in channel, which the build mounts (read-only, at the same path); the site
+    names the local images. Otherwise as tests/test_conda_build.py builds on this machine."""
     render_plan = _plan(args)
     built_here = {"magma-"} | {c.name + " " for c in render_plan.companions}
     specs = {"pip"}
@@ -57,18 +59,24 @@ def _forge_in_container(tool: CondaTool, podman: dict[str, str], root: Path, arg
     for files in folders:
         specs.update(s for s in recipe_requirements(str(files["meta.yaml"])) if not (s + " ").startswith(tuple(built_here)))
     stubs = root / "stubs"
-    make_stub_channel(stubs, sorted(specs), bin_dir=Path("/usr/bin"))
+    make_stub_channel(stubs, sorted(specs), bin_dir=Path("/usr/bin") if in_container else None)
+    stand_ins = stubs / "bundled" / "lib" if in_container else root / "bundled" / "lib"
     bundled = {name: value for files in folders
-               for name, value in _bundle_stand_ins(str(files.get("build.sh", "")), stubs / "bundled" / "lib").items()}
+               for name, value in _bundle_stand_ins(str(files.get("build.sh", "")), stand_ins).items()}
     site = root / "torchforge.toml"
-    site.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n' +
-                    container_image.site_images(cuda=container_image.cuda_available()))
+    images = container_image.site_images(cuda=container_image.cuda_available()) if in_container else ""
+    site.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n' + images)
     planned = [Planned(c.id, c.filename_stem, c.subdir, None) for c in render_plan.companions]
-    forge = Forge(root / "out", stubs, tool, site, {p.folder: p for p in [*planned, *_planned(render_plan, None)]})
+    return Forge(root / "out", stubs, tool, site, {p.folder: p for p in [*planned, *_planned(render_plan, None)]}), bundled
+
+
+def _forge_in_container(tool: CondaTool, podman: dict[str, str], root: Path, args: list[str]) -> Forge:
+    """`torchforge build ARGS --container` in a new process, against stand-ins for its requirements."""
+    forge, bundled = prepare(tool, root, args, in_container=True)
     # conda's own variables (tool.env) go to the `conda create` below, not into the image: wrap passes the
-    # engine command's variables only.
-    # With its preflight, which contacts podman and finds the images (the fixtures' args skip it elsewhere).
-    result = cli("build", *(a for a in args if a != "--skip-preflight"), "--container", "--config", str(site),
+    # engine command's variables only. With its preflight, which contacts podman and finds the images (the
+    # fixtures' args skip it elsewhere).
+    result = cli("build", *(a for a in args if a != "--skip-preflight"), "--container", "--config", str(forge.site),
                  "--out", str(forge.out), env={**podman, **bundled}, timeout=1800)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "using conda-build inside the build image (--container)" in result.stderr
