@@ -200,6 +200,13 @@ def check_cudnn(accel: str, image: Image, cudnn: str) -> str:
     raise UsageError(f"the image {image.image} carries cuDNN {image.cudnn}; {bundled}", fix)
 
 
+def cudnn_step(wheel: CudnnWheel, *, python: str, cudnn_dir: str, cuda_home: str, base: str) -> str:
+    """The script that installs `wheel` with `python`'s pip into `cudnn_dir` and removes the base's own cuDNN."""
+    return render_template("container/cudnn.sh.j2", cudnn=wheel.version, requirement=wheel.requirement,
+                           requirement_line=wheel.requirement_line, python=python, cudnn_dir=cudnn_dir,
+                           cuda_home=cuda_home, base=base)
+
+
 @dataclass(frozen=True)
 class Derivation:
     """The derived image of a `base` entry: the files of its build context and its content-addressed tag."""
@@ -237,12 +244,12 @@ def derivation(accel: str, image: Image, cudnn: str = "") -> Derivation:
     cudnn_dir = f"{table.cudnn_wheels.prefix}/{cudnn}" if wheel else ""
     fields = {"base": image.base, "prefix": derive.prefix, "installer": installer, "installer_url": derive.installer_url,
               "checksum_url": derive.checksum_url, "channel": derive.channel, "conda_build": derive.conda_build,
-              "cudnn": wheel.version if wheel else "", "cuda_home": image.cuda_home, "cudnn_dir": cudnn_dir,
-              "requirement": wheel.requirement if wheel else "", "requirement_line": wheel.requirement_line if wheel else ""}
+              "cudnn": wheel.version if wheel else ""}
     files = {"Dockerfile": render_template("container/Dockerfile.j2", **fields),
              DERIVE_SCRIPT: render_template("container/derive.sh.j2", **fields)}
-    if wheel:
-        files[CUDNN_SCRIPT] = render_template("container/cudnn.sh.j2", **fields)
+    if wheel:  # the derived conda's pip (Miniforge ships pip)
+        files[CUDNN_SCRIPT] = cudnn_step(wheel, python=f"{derive.prefix}/bin/python", cudnn_dir=cudnn_dir,
+                                         cuda_home=image.cuda_home, base=image.base)
     digest = hashlib.sha256("\0".join(f"{name}\0{text}" for name, text in sorted(files.items())).encode()).hexdigest()
     label = _label(accel) + (f"-cudnn{cudnn}" if wheel else "")
     return Derivation(image.base, f"{derive.repository}:{label}-{digest[:12]}", files, derive.prefix,

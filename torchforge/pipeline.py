@@ -269,7 +269,7 @@ class Pipeline:
         self.on_line = on_line
         self._ccache: str | None = find_ccache() if settings.caching else None
         self._first_seconds: dict[str, float] = {}  # cache key -> wall time of the group's first build
-        self._images_ready: set[tuple[str, str]] = set()  # (accel, cuDNN) whose derived image was built or found
+        self._images_ready: set[str] = set()  # images (tags) built or found already (--container)
         launcher = own_launcher({**os.environ, **settings.extra_env})
         if settings.use_cache and launcher is not None:
             on_event(f"compile launcher from the environment ({launcher}): torchforge's compile cache is off")
@@ -361,7 +361,10 @@ class Pipeline:
         try:
             command = self.engine.command(job)
             if self.settings.container is not None:
-                if (step.accel, step.cudnn) not in self._images_ready:
+                image = containers.image_for(step.accel, self.settings.container.images)
+                # One image per tag: a base that carries the variant's cuDNN gives magma and pytorch the same one.
+                ready = containers.reference(step.accel, image, step.cudnn) if image is not None else step.accel
+                if ready not in self._images_ready:
                     # Before the first build in a derived image: build it unless the tool already has its tag.
                     derived = containers.ensure_derived(step.accel, self.settings.container, self.runner, out,
                                                         log_file=None if self.runner.dry_run else log, cudnn=step.cudnn)
@@ -369,7 +372,7 @@ class Pipeline:
                         added = f" + cuDNN {derived.cudnn} ({derived.cudnn_dir})" if derived.cudnn else ""
                         self.on_event(f"image {derived.tag}: {derived.base} + conda-build{added} "
                                       f"({containers.derived_folder(out, derived) / 'Dockerfile'})")
-                    self._images_ready.add((step.accel, step.cudnn))
+                    self._images_ready.add(ready)
                 # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
                 writable = [out, *([Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else [])]
                 readonly = [Path(step.local_source)] if step.local_source else []
