@@ -331,3 +331,47 @@ def test_jetson_builds_bundle_nothing_jetpack_provides_cudnn() -> None:
         assert classify(request).jetson == "orin"
         assert rendered(request)[2] == []
     assert rendered(Request("2.5.1", "12.4", "3.10", "linux-aarch64"))[2]  # not Jetson: bundled as on linux-64
+
+
+# ---- 2.6+: the triton the wheel requires, as conda-forge's `triton` (conda-forge's pytorch pins the same) ------
+# (release, CUDA, subdir, Python, the run requirement or None), from the Requires-Dist of PyPI `torch==X`
+# (manylinux x86_64, cp312; same metadata-only resolve): `triton==V; platform_system == "Linux" and
+# platform_machine == "x86_64"` up to 2.10, no machine marker from 2.11, `python_version < "3.15"` from 2.13,
+# `triton~=3.8.0` in 2.14.
+WHEEL_TRITON = (
+    ("2.6.0", "12.6", "linux-64", "3.12", "triton ==3.2.0"),
+    ("2.7.1", "12.8", "linux-64", "3.12", "triton ==3.3.1"),   # 2.7.0: 3.3.0
+    ("2.9.0", "12.8", "linux-64", "3.12", "triton ==3.5.0"),
+    ("2.9.1", "12.8", "linux-64", "3.12", "triton ==3.5.1"),
+    ("2.10.0", "12.8", "linux-aarch64", "3.12", None),         # platform_machine == "x86_64"
+    ("2.11.0", "13.0", "linux-aarch64", "3.12", "triton ==3.6.0"),
+    ("2.12.1", "13.0", "linux-64", "3.12", "triton ==3.7.1"),  # 2.12.0: 3.7.0
+    ("2.13.0", "13.0", "linux-64", "3.15", None),              # python_version < "3.15"
+    ("2.14.1", "13.0", "linux-64", "3.12", "triton >=3.8.0,<3.9.0a0"),
+)
+
+
+@pytest.mark.parametrize(("pytorch", "cuda", "subdir", "python", "triton"), WHEEL_TRITON,
+                         ids=[f"{p[0]}-{p[2]}-py{p[3]}" for p in WHEEL_TRITON])
+def test_beyond_conda_cuda_builds_require_the_wheels_triton(pytorch: str, cuda: str, subdir: str, python: str,
+                                                            triton: str | None) -> None:
+    requirements, _, _ = rendered(Request(pytorch, cuda, python, subdir))
+    tritons = [spec(r) for r in requirements["run"] if "triton" in name_of(r)]
+    assert tritons == ([spec(triton)] if triton else [])
+    cpu, _, _ = rendered(Request(pytorch, "cpu", python, subdir))
+    assert not [r for r in cpu["run"] if "triton" in name_of(r)]
+
+
+@pytest.mark.parametrize(("pytorch", "cuda", "subdir", "exported"), [
+    ("2.7.1", "12.8", "linux-64", False),     # no wheel of 2.7 links NVSHMEM
+    ("2.8.0", "12.8", "linux-64", True),
+    ("2.9.1", "12.8", "linux-64", True),      # PyPI torch 2.9.x METADATA: nvidia-nvshmem-cu12==3.3.20
+    ("2.13.0", "13.0", "linux-aarch64", True),
+    ("2.13.0", "cpu", "linux-64", False),
+    ("2.9.1", "12.8", "win-64", False),       # NVSHMEM has no Windows build
+])
+def test_beyond_conda_cuda_builds_leave_nvshmem_out(pytorch: str, cuda: str, subdir: str, exported: bool) -> None:
+    """The wheels take libnvshmem_host.so.3 from nvidia-nvshmem-cuXX; no conda package of it was checked and it
+    is not bundled, so a build machine that has NVSHMEM (the manylinux2_28 images do) must not link it."""
+    _, env, _ = rendered(Request(pytorch, cuda, "3.12", subdir))
+    assert (env.get("USE_NVSHMEM") == "0") is exported and (exported or "USE_NVSHMEM" not in env)

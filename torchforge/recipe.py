@@ -191,9 +191,13 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
             run.append(f"cuda-version >={cuda},<{upper}")
             run.extend(runtime.split_packages)
         triton = release.triton_by_patch.get(request.pytorch, release.triton)
-        if triton and not data.platform(platform).windows and (
+        on_platform = (not data.platform(platform).windows if release.triton_subdirs is None
+                       else platform in release.triton_subdirs)
+        if triton and on_platform and (
                 release.triton_python is None or versions.matches(python, release.triton_python)):
-            run.append(f"torchtriton =={triton}")
+            # an exact version, or a range where the wheel's pin is one (2.14: triton~=3.8.0)
+            run.append(f"{release.triton_package} {triton}" if triton[0] in "<>=!~" else
+                       f"{release.triton_package} =={triton}")
     facts = data.platform(platform)
     if release.selector == "mutex":
         # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).

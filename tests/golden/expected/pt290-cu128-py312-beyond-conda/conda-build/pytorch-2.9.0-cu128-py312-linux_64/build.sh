@@ -19,6 +19,7 @@ export USE_CUDA=1
 export TORCH_NVCC_FLAGS='-Xfatbin -compress-all'
 export USE_STATIC_NCCL=1
 export NCCL_ROOT_DIR="$CUDA_HOME"
+export USE_NVSHMEM=0
 export _GLIBCXX_USE_CXX11_ABI=1
 export TORCH_CUDA_ARCH_LIST='7.0;7.5;8.0;8.6;9.0;10.0;12.0'
 export USE_STATIC_CUDNN=0
