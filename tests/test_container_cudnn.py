@@ -212,3 +212,19 @@ def test_an_image_with_the_variants_cudnn_needs_no_extra_step(tmp_path: Path, ca
     assert image == containers.derivation("12.8", site_image).tag == containers.derivation("12.8", site_image, "9.10.2.21").tag
     assert "cuda12.8-cudnn" not in image and not set(CUDNN_ENV) & set(env)
     assert sum(line.startswith("docker build") for line in lines) == 1
+
+
+def test_every_cudnn_of_a_release_built_in_a_base_image_has_a_pinned_wheel() -> None:
+    """Each cuDNN pytorch.toml names for a CUDA version whose data image is a base can be added to it."""
+    from torchforge import data as tables
+
+    images = containers.load_table().images
+    for release, facts in tables.load().pytorch.releases.items():
+        for cuda, build in facts.cuda.items():
+            image = images.get(cuda)
+            if image is None or not image.derived:
+                continue
+            for cudnn in {build.cudnn, *(p.cudnn[cuda] for p in facts.patch.values() if cuda in p.cudnn)} - {None}:
+                wheel = containers.cudnn_wheel(cuda, str(cudnn))
+                assert wheel is not None, (release, cuda, cudnn)
+                assert wheel.package == f"nvidia-cudnn-cu{cuda.split('.')[0]}"
