@@ -53,7 +53,7 @@ def test_each_cu130_release_derives_an_image_with_its_own_cudnn(
     commands = [shlex.split(line) for line in lines]
     build = commands.index(["docker", "build", "--tag", tag, "--file", str(folder / "Dockerfile"), str(folder)])
     assert build < next(i for i, line in enumerate(lines) if line.startswith("docker run") and tag in line)
-    assert f"+ cuDNN {cudnn} (/opt/torchforge-cudnn/{cudnn})" in err
+    assert f"+ cuDNN {cudnn} in /opt/torchforge-cudnn/{cudnn} (" in err
     # the build finds that cuDNN (CMake's FindCUDNN, and build.sh's bundling step) and no other
     assert {name: env[name] for name in CUDNN_ENV} == {"CUDNN_INCLUDE_DIR": f"/opt/torchforge-cudnn/{cudnn}/include",
                                                      "CUDNN_LIB_DIR": f"/opt/torchforge-cudnn/{cudnn}/lib"}
@@ -147,6 +147,8 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
     out = tmp_path / "out"
     assert main(["doctor", *request, "--out", str(out), "--json"]) == ExitCode.PREFLIGHT_FAILED
     report = capsys.readouterr().out
+    # this machine's cuDNN is not looked at: the image's is what the build bundles
+    assert '"name": "image (CUDA 12.8)"' in report and '"name": "bundled libcudnn' not in report
     for words in ("registry.example/builder:cuda12.8 carries cuDNN 9.19.0.56", "bundle cuDNN 9.10.2.21",
                   'cudnn = \\"9.10.2.21\\"', "or a base there"):
         assert words in report
@@ -161,6 +163,11 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
     err = capsys.readouterr().err
     assert "image (CUDA 12.8)" in err and "preflight: " in err
     assert not out.exists()  # nothing built, nothing written
+    # a CI file would run the same build in that image: refused as well, nothing written
+    ci_out = tmp_path / "ci"
+    ci_out.mkdir()
+    assert main(["ci", "gitlab", *request[1:], "--out", str(ci_out)]) == ExitCode.USAGE
+    assert "carries cuDNN 9.19.0.56" in capsys.readouterr().err and not any(ci_out.iterdir())
 
 
 def test_cudnn_checks_per_kind_of_image(tmp_path: Path) -> None:

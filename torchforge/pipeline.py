@@ -369,7 +369,7 @@ class Pipeline:
                     derived = containers.ensure_derived(step.accel, self.settings.container, self.runner, out,
                                                         log_file=None if self.runner.dry_run else log, cudnn=step.cudnn)
                     if derived is not None:
-                        added = f" + cuDNN {derived.cudnn} ({derived.cudnn_dir})" if derived.cudnn else ""
+                        added = f" + cuDNN {derived.cudnn} in {derived.cudnn_dir}" if derived.cudnn else ""
                         self.on_event(f"image {derived.tag}: {derived.base} + conda-build{added} "
                                       f"({containers.derived_folder(out, derived) / 'Dockerfile'})")
                     self._images_ready.add(ready)

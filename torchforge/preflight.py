@@ -718,7 +718,8 @@ def run_preflight(
     max_jobs = _check_jobs(ctx, jobs, table)
     if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels
         _check_source(ctx, source)
-        _check_bundled(ctx)
+        if container is None:  # in a container the bundled libraries are the image's (its cuDNN: _check_container)
+            _check_bundled(ctx)
     _check_driver(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
