@@ -163,6 +163,10 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
     err = capsys.readouterr().err
     assert "image (CUDA 12.8)" in err and "preflight: " in err
     assert not out.exists()  # nothing built, nothing written
+    # a dry run has no preflight, but stops at the same cuDNN check (it would print builds that cannot run)
+    assert main(["build", "--dry-run", *request, "--out", str(out)]) == ExitCode.PREFLIGHT_FAILED
+    err = capsys.readouterr().err
+    assert "carries cuDNN 9.19.0.56" in err and "[dry-run]" not in err
     # a CI file would run the same build in that image: refused as well, nothing written
     ci_out = tmp_path / "ci"
     ci_out.mkdir()

@@ -31,7 +31,7 @@ from pathlib import Path
 from torchforge import data as tables
 from torchforge import fileops, localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
-from torchforge.errors import DataError, ToolMissingError, UsageError
+from torchforge.errors import DataError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.render import render_template
 
@@ -394,3 +394,13 @@ def check_images(accels: Iterable[str], settings: ContainerSettings) -> None:
     """Before any build: every variant's image is known and carries conda-build."""
     for accel in dict.fromkeys(accels):
         require_image(accel, settings.images)
+
+
+def check_cudnns(pairs: Iterable[tuple[str, str]], settings: ContainerSettings) -> None:
+    """Preflight's cuDNN check for a run without preflight (--dry-run): (accel, bundled cuDNN) pairs whose image
+    cannot give that cuDNN stop it as they stop the real build (PreflightError)."""
+    for accel, cudnn in dict.fromkeys(pairs):
+        try:
+            check_cudnn(accel, require_image(accel, settings.images), cudnn)
+        except UsageError as exc:
+            raise PreflightError(exc.message, exc.hint) from exc
