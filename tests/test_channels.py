@@ -166,6 +166,8 @@ def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
         containers.parse_table(valid.replace('image = "a"', 'image = "a"\ncudnn = "9.1.0"'))
     with pytest.raises(DataError, match="is not <a package of cudnn_wheels.packages>==<X.Y.Z.B>"):
         containers.parse_table(valid.replace('"nvidia-cudnn-cu12==9.10.2.21"', '"nvidia-cudnn-cu11==9.10.2.21"'))
+    with pytest.raises(DataError, match="keys are CUDA major versions"):
+        containers.parse_table(valid.replace('{ "12" = ', '{ "12.8" = '))
     with pytest.raises(DataError, match="give the sha256"):
         containers.parse_table(valid.replace("a" * 64, "a" * 63))
 

@@ -104,6 +104,8 @@ def parse_table(text: str, where: str = "torchforge/data/images.toml") -> Images
     wheels = table.cudnn_wheels
     if not wheels.prefix.startswith("/"):
         raise DataError(f"{where} cudnn_wheels.prefix must be an absolute path")
+    if not all(major.isdigit() for major in wheels.packages):
+        raise DataError(f"{where} cudnn_wheels.packages: keys are CUDA major versions (\"12\"), not {list(wheels.packages)}")
     for requirement, hashes in wheels.sha256.items():
         package, _, version = requirement.partition("==")
         if package not in wheels.packages.values() or not _CUDNN.fullmatch(version):
