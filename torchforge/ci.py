@@ -32,12 +32,12 @@ from torchforge import __version__, fileops, platforms
 from torchforge import channels as channel_data
 from torchforge.compilecache import group_key
 from torchforge.config import SiteConfig
-from torchforge.containers import Image, derivation, require_image
+from torchforge.containers import Image, check_cudnn, derivation, require_image
 from torchforge.data import FrozenModel, data_text
 from torchforge.errors import DataError, UsageError
 from torchforge.recipe import magma_context, pytorch_context
 from torchforge.render import RenderPlan
-from torchforge.resolve import MagmaPlan, Variant
+from torchforge.resolve import MagmaPlan, Variant, bundled_cudnn
 from torchforge.targets import Target
 from torchforge.variant import CPU
 from torchforge.versions import nodot
@@ -176,6 +176,9 @@ class Job:
     glibc: str = ""  # the image's, "" when not known
     derive_script: str = ""  # adds conda-build to the base (torchforge/data/images.toml [derive])
     derive_prefix: str = ""  # where that conda lives (first on PATH after the script)
+    # CUDNN_LIB_DIR / CUDNN_INCLUDE_DIR where the derivation adds the variant's cuDNN (as `torchforge build --container`)
+    derive_env: tuple[tuple[str, str], ...] = ()
+    derive_cudnn: str = ""  # the cuDNN the derivation adds
     channels: tuple[str, ...] = ()  # after forge-channel/ and the --channel ones; shown above each job
 
     @property
@@ -322,14 +325,17 @@ def ci_plan(
     site = site or SiteConfig()
     images = {accel: require_image(accel, site.images) for accel in accels} if platform == "linux-64" else {}
 
-    def image_of(accel: str) -> dict[str, Any]:
+    def image_of(accel: str, cudnn: str = "") -> dict[str, Any]:
         image: Image | None = images.get(accel)
         if image is None:
             return {}
+        check_cudnn(accel, image, cudnn)  # an image with another cuDNN than the build string's is refused
         fields: dict[str, Any] = {"image": image.base or image.image, "cuda_home": image.cuda_home, "glibc": image.glibc}
         if image.derived:
-            derived = derivation(accel, image)
-            fields.update(derive_script=derived.script, derive_prefix=derived.prefix)
+            # The same derivation as `torchforge build --container`: conda-build, and the variant's cuDNN.
+            derived = derivation(accel, image, cudnn)
+            fields.update(derive_script=derived.script, derive_prefix=derived.prefix,
+                          derive_env=tuple(sorted(derived.env.items())), derive_cudnn=derived.cudnn)
         return fields
 
     jobs: list[Job] = []
@@ -357,7 +363,7 @@ def ci_plan(
             argv=pytorch_argv(variant, extra_args), needs=needs, after=None if after == key else after,
             runner=per_accel.get(request.accel, base_runner),
             cache_key=group_key(pytorch_context(variant), ()),
-            **image_of(request.accel),
+            **image_of(request.accel, bundled_cudnn(variant)),
             channels=channel_data.for_variant(variant, site.channels),
         ))
     # A magma job runs when it is chosen and when any pytorch job that needs it is chosen.
@@ -389,7 +395,8 @@ def _note_channels(parent: CommentedMap, job: Job, *, indent: int, key: str | No
     if job.image:
         text += f"\nimage: {job.image}"
         if job.derive_script:
-            text += " (+ conda-build: torchforge's derivation, run as the job's first step)"
+            added = f" and cuDNN {job.derive_cudnn}" if job.derive_cudnn else ""
+            text += f" (+ conda-build{added}: torchforge's derivation, run as the job's first step)"
         if key is None and not job.in_container:  # GitHub
             glibc = f"glibc {job.glibc}" if job.glibc else "an unknown glibc"
             text += (f"\nnot a `container:` job: the image has {glibc}, GitHub's node20 actions need >= {NODE20_GLIBC} "
@@ -414,6 +421,9 @@ def _header(plan: CiPlan, provider: Provider) -> str:
     if any(job.derive_script for job in plan.jobs):
         lines.append("A job in a base image first adds conda + conda-build to it (torchforge/data/images.toml [derive]), "
                      "as `torchforge build --container` derives its image locally.")
+    if any(job.derive_cudnn for job in plan.jobs):
+        lines.append("A pytorch job whose base lacks the cuDNN its build string names adds it from NVIDIA's pinned pip wheel "
+                     "([cudnn_wheels]) and points CUDNN_LIB_DIR and CUDNN_INCLUDE_DIR at it.")
     if plan.upload is not None and plan.upload.token_vars:
         names = ", ".join(plan.upload.token_vars)
         if provider is Provider.GITHUB:
@@ -462,7 +472,8 @@ def _github_container_steps(plan: CiPlan, job: Job) -> list[CommentedMap]:
     derivation's conda), torchforge in a venv of the job's own, put on PATH for the later steps."""
     steps = [_action_step("Check out", "checkout", {"persist-credentials": False})]
     if job.derive_script:
-        steps.append(_step("Add conda-build to the image (torchforge's derivation)",
+        added = f" and cuDNN {job.derive_cudnn}" if job.derive_cudnn else ""
+        steps.append(_step(f"Add conda-build{added} to the image (torchforge's derivation)",
                            LiteralScalarString(job.derive_script + f'echo "{job.derive_prefix}/bin" >> "$GITHUB_PATH"\n')))
     install = ["python3 -m venv .torchforge-venv",
                ".torchforge-venv/bin/python -m pip install " + shlex.quote(plan.requirement),
@@ -530,8 +541,9 @@ def _github_build_job(plan: CiPlan, job: Job) -> CommentedMap:
     body["runs-on"] = _runs_on(job.runner)
     if job.in_container:
         body["container"] = CommentedMap(image=job.image)
-        if job.cuda_home:
-            body["env"] = CommentedMap(CUDA_HOME=job.cuda_home)
+        env = {**({"CUDA_HOME": job.cuda_home} if job.cuda_home else {}), **dict(job.derive_env)}
+        if env:
+            body["env"] = CommentedMap(env)
     body["timeout-minutes"] = timeout_minutes(job.runner)
     body["permissions"] = CommentedMap({"contents": "read"})
     body["steps"] = steps
@@ -627,8 +639,9 @@ def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> Comme
     if job.image:
         # The job runs in the CUDA version's build image (toolkit, cuDNN, NCCL, compiler, conda-build).
         body["image"] = job.image
-    if job.cuda_home:
-        body["variables"] = CommentedMap({"CUDA_HOME": job.cuda_home})
+    variables = {**({"CUDA_HOME": job.cuda_home} if job.cuda_home else {}), **dict(job.derive_env)}
+    if variables:
+        body["variables"] = CommentedMap(variables)
     # GitLab overwrites a cache key in place, so one key per compile-cache group is reused by every Python
     # of that group; `when: always` keeps the objects of a failed or timed-out build.
     body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[job.cache_path + "/"], when="always")

@@ -30,14 +30,14 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import ContainerSettings, describe, image_for, require_image
+from torchforge.containers import ContainerSettings, check_cudnn, describe, image_for, require_image
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
-from torchforge.resolve import Variant, bundled_files
+from torchforge.resolve import Variant, bundled_cudnn, bundled_files
 from torchforge.variant import Selection
 
 ENGINES = ("auto", "conda-build", "rattler-build")
@@ -618,7 +618,7 @@ def _check_driver(ctx: _Context) -> None:
                     "or with a kernel driver branch it does not support (error 803). Building itself does not need the driver")
 
 
-def _check_container(ctx: _Context, container: ContainerSettings) -> None:
+def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bool) -> None:
     if not container.tool:
         ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
                 "install docker or podman, or build without --container on a machine with the CUDA toolkit")
@@ -631,7 +631,21 @@ def _check_container(ctx: _Context, container: ContainerSettings) -> None:
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        ctx.add(name, Level.OK, f"{describe(accel, image)} via {container.tool}: {image.provides}")
+        # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
+        cudnns = [c for c in dict.fromkeys(bundled_cudnn(v) for v in ctx.variants if v.request.accel == accel
+                                           and v.status is not VariantStatus.REFUSED) if c and not magma_only] or [""]
+        try:
+            warnings = [w for w in (check_cudnn(accel, image, c) for c in cudnns) if w]
+        except ForgeError as exc:
+            ctx.add(name, Level.FAIL, exc.message, exc.hint)
+            continue
+        detail = f"{'; '.join(describe(accel, image, c) for c in cudnns)} via {container.tool}: {image.contents}"
+        if warnings:
+            ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}",
+                    f"give the image's cuDNN in torchforge.toml [images.\"{accel}\"] cudnn = \"X.Y.Z.B\" (checked before "
+                    "any build), or name a base there so torchforge adds the variant's cuDNN")
+        else:
+            ctx.add(name, Level.OK, detail)
 
 
 def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
@@ -648,7 +662,7 @@ def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
                     f"install the toolkit here, or name an image in torchforge.toml [images.\"{cuda}\"]")
         else:
             ctx.add(f"image (CUDA {cuda})", Level.OK,
-                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.provides}",
+                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.contents}",
                     "torchforge build --container (docker or podman)" + (
                         "" if image.derived or image.conda_build else
                         f"; this image has no conda-build: name it as base in torchforge.toml [images.\"{cuda}\"]"))
@@ -692,7 +706,7 @@ def run_preflight(
     if container is not None:
         # The toolkit, cuDNN, NCCL and host compiler are the image's, not this machine's.
         resolved = "conda-build"
-        _check_container(ctx, container)
+        _check_container(ctx, container, magma_only)
     else:
         resolved = _check_engine(ctx, engine)
         _check_nvcc(ctx)
@@ -704,7 +718,8 @@ def run_preflight(
     max_jobs = _check_jobs(ctx, jobs, table)
     if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels
         _check_source(ctx, source)
-        _check_bundled(ctx)
+        if container is None:  # in a container the bundled libraries are the image's (its cuDNN: _check_container)
+            _check_bundled(ctx)
     _check_driver(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
