@@ -146,6 +146,8 @@ def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
     assert data_channels("magma", "2.5.1", None, "12.4", "linux-64") == ()
     images = ('[meta]\nsource = "x"\n[derive]\nrepository = "r"\nprefix = "/p"\ninstaller_url = "https://i/m.sh"\n'
               'checksum_url = "https://i/m.sh.sha256"\nconda_build = "1"\nchannel = "c"\nsource = "s"\n'
+              '[cudnn_wheels]\nprefix = "/w"\npackages = { "12" = "nvidia-cudnn-cu12" }\nsource = "s"\n'
+              f'[cudnn_wheels.sha256]\n"nvidia-cudnn-cu12==9.10.2.21" = ["{"a" * 64}"]\n'
               '[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n')
     with pytest.raises(DataError, match="CUDA 99.9 is missing from cuda.toml"):
         containers.parse_table(images)
@@ -157,6 +159,17 @@ def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
         containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"\n', ''))
     with pytest.raises(DataError, match="glibc '2' is not a version"):
         containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"', 'image = "a"\nglibc = "2"'))
+    valid = images.replace("99.9", "12.4")
+    assert containers.parse_table(valid.replace('image = "a"', 'image = "a"\ncudnn = "9.1.0.70"')).images["12.4"].cudnn
+    # cuDNN: the full version (the build string's three parts are not enough to name a wheel or an image)
+    with pytest.raises(DataError, match="cudnn '9.1.0' is not a full cuDNN version"):
+        containers.parse_table(valid.replace('image = "a"', 'image = "a"\ncudnn = "9.1.0"'))
+    with pytest.raises(DataError, match="is not <a package of cudnn_wheels.packages>==<X.Y.Z.B>"):
+        containers.parse_table(valid.replace('"nvidia-cudnn-cu12==9.10.2.21"', '"nvidia-cudnn-cu11==9.10.2.21"'))
+    with pytest.raises(DataError, match="keys are CUDA major versions"):
+        containers.parse_table(valid.replace('{ "12" = ', '{ "12.8" = '))
+    with pytest.raises(DataError, match="give the sha256"):
+        containers.parse_table(valid.replace("a" * 64, "a" * 63))
 
 
 # ---- --container ---------------------------------------------------------------------------------------------
@@ -459,16 +472,21 @@ def test_container_dry_run_builds_the_derived_image_before_running_in_it(
     code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12",
                                      "--out", str(out), "--no-cache")
     assert code == 0, err
-    tag = containers.derivation("12.8", containers.load_table().images["12.8"]).tag
-    folder = out / "images" / tag.split(":")[1]
+    image = containers.load_table().images["12.8"]
     commands = [shlex.split(line) for line in lines]
-    probe = commands.index(["docker", "image", "inspect", tag])
-    build = commands.index(["docker", "build", "--tag", tag, "--file", str(folder / "Dockerfile"), str(folder)])
-    runs = [i for i, argv in enumerate(commands) if argv[:2] == ["docker", "run"] and tag in argv]
-    # probed and built once, before the first build in it (magma-cuda128), then pytorch in the same image
-    assert probe + 1 == build and len(runs) == 2 and build < runs[0]
-    assert sum(argv[:2] == ["docker", "build"] for argv in commands) == 1
-    assert docker_run(lines[runs[1]])[1]["CUDA_HOME"] == "/usr/local/cuda-12.8"
+    # magma-cuda128 in the image with conda-build only, pytorch in the one that adds its cuDNN 9.10.2.21 (the
+    # base's cuDNN is not known: its tag moves): each probed and built once, before the first build in it
+    for tag, cudnn in ((containers.derivation("12.8", image).tag, ""),
+                       (containers.derivation("12.8", image, "9.10.2.21").tag, "9.10.2.21")):
+        folder = out / "images" / tag.split(":")[1]
+        probe = commands.index(["docker", "image", "inspect", tag])
+        build = commands.index(["docker", "build", "--tag", tag, "--file", str(folder / "Dockerfile"), str(folder)])
+        (run,) = [i for i, argv in enumerate(commands) if argv[:2] == ["docker", "run"] and tag in argv]
+        assert probe + 1 == build < run
+        env = docker_run(lines[run])[1]
+        assert env["CUDA_HOME"] == "/usr/local/cuda-12.8"
+        assert env.get("CUDNN_LIB_DIR") == (f"/opt/torchforge-cudnn/{cudnn}/lib" if cudnn else None)
+    assert sum(argv[:2] == ["docker", "build"] for argv in commands) == 2
     assert not out.exists()  # nothing written by a dry run
 
 
@@ -523,18 +541,22 @@ def test_the_derived_image_is_built_only_when_the_tool_lacks_its_tag(tmp_path: P
 def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(tmp_path: Path) -> None:
     (pytorch, accel, python, _), expected = ERAS["2.6+-split-cuda"]  # 2.9.0, CUDA 12.8
     image = containers.load_table().images[accel]
-    derived = containers.derivation(accel, image)
+    (variant,) = plan(selection(pytorch, accel, python)).variants
+    derived = containers.derivation(accel, image, variant.cudnn or "")  # the same as `torchforge build --container`
+    assert derived.cudnn == "9.10.2.21"
     args = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--out", str(tmp_path)]
     assert main(["ci", "github", *args]) == 0 and main(["ci", "gitlab", *args]) == 0
     github = YAML(typ="safe").load((tmp_path / Provider.GITHUB.path).read_text())
     gitlab = YAML(typ="safe").load((tmp_path / Provider.GITLAB.path).read_text())
-    (variant,) = plan(selection(pytorch, accel, python)).variants
     job = next(body for body in github["jobs"].values() if body.get("name") == variant.id)
-    # GitHub: the whole job in the AlmaLinux 8 base (glibc 2.28 runs node20), conda-build added first
+    # GitHub: the whole job in the AlmaLinux 8 base (glibc 2.28 runs node20), conda-build and cuDNN added first
     assert job["container"] == {"image": "pytorch/manylinux2_28-builder:cuda12.8"}
-    assert job["env"] == {"CUDA_HOME": "/usr/local/cuda-12.8"}
+    cudnn_env = {"CUDNN_INCLUDE_DIR": "/opt/torchforge-cudnn/9.10.2.21/include",
+                 "CUDNN_LIB_DIR": "/opt/torchforge-cudnn/9.10.2.21/lib"}
+    assert job["env"] == {"CUDA_HOME": "/usr/local/cuda-12.8", **cudnn_env}
     names = [step["name"] for step in job["steps"]]
-    assert names[:3] == ["Check out", "Add conda-build to the image (torchforge's derivation)", "Install torchforge"]
+    assert names[:3] == ["Check out", "Add conda-build and cuDNN 9.10.2.21 to the image (torchforge's derivation)",
+                         "Install torchforge"]
     assert "Set up Python for torchforge" not in names
     assert job["steps"][1]["run"].startswith(derived.script)  # the same script the derived Dockerfile runs
     (build,) = [s["run"] for s in job["steps"] if s.get("run", "").startswith("torchforge build")]
@@ -542,6 +564,7 @@ def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(
     # GitLab: `image:` is the base; the script derives first (in a subshell), then builds with that conda on PATH
     body = gitlab[variant.id]
     assert body["image"] == "pytorch/manylinux2_28-builder:cuda12.8"
+    assert body["variables"] == {"CUDA_HOME": "/usr/local/cuda-12.8", **cudnn_env}
     assert body["script"][0] == f"(\n{derived.script})\n"
     assert body["script"][1] == 'export PATH="/opt/torchforge-conda/bin:$PATH"'
     assert "--container" not in body["script"][-1]

@@ -11,6 +11,7 @@ Found as `--config PATH`, else `./torchforge.toml` in the current folder; none m
     cuda_home = "/usr/local/cuda-11.8"
     conda_build = true
     glibc = "2.17"                                               # < 2.28: GitHub jobs run it with --container
+    cudnn = "8.7.0.84"                                           # the cuDNN it carries: variants bundling another are refused
 
     [images."12.8"]
     base = "registry.example/cuda:12.8"                          # torchforge derives conda-build into it
@@ -46,6 +47,7 @@ class _Image(_Strict):
     base: str = ""
     cuda_home: str = ""
     provides: str = "named in torchforge.toml"
+    cudnn: str = ""  # the image's cuDNN (X.Y.Z.B); "" = not known
     conda_build: bool = True
     glibc: str = ""
 
@@ -91,16 +93,17 @@ def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
         )
         raise UsageError(f"{path} is not a valid torchforge config: {problems}",
                          "allowed: [channels] replace, mirrors; [images.\"X.Y\"] image or base, cuda_home, provides, "
-                         "conda_build, glibc") from exc
+                         "cudnn, conda_build, glibc") from exc
     where = str(path)
     replace = tuple(_check_url(u, f"{where} [channels] replace") for u in spec.channels.replace) \
         if spec.channels.replace is not None else None
     mirrors = {prefix: _check_url(target, f"{where} [channels] mirrors") for prefix, target in spec.channels.mirrors.items()}
     images = {key: Image(image=i.image, base=i.base, cuda_home=i.cuda_home, provides=i.provides,
-                         conda_build=i.conda_build, glibc=i.glibc, source=where) for key, i in spec.images.items()}
+                         cudnn=i.cudnn, conda_build=i.conda_build, glibc=i.glibc, source=where) for key, i in spec.images.items()}
     for key, image in images.items():
         try:
             check_entry(image, f"{where} [images.\"{key}\"]")
         except DataError as exc:
-            raise UsageError(exc.message, "write image = \"registry/name:tag\" or base = \"registry/name:tag\"") from exc
+            raise UsageError(exc.message, "write image = \"registry/name:tag\" or base = \"registry/name:tag\"; "
+                                          "cudnn = \"9.10.2.21\" (the full version)") from exc
     return SiteConfig(SiteChannels(replace, mirrors, where), images, path)

@@ -9,6 +9,11 @@ An image entry with `base` instead of `image` is derived: torchforge renders a D
 conda + conda-build ([derive] in the data) to the base, tags it by the hash of what it renders
 (`torchforge/builder:cuda12.8-<hash>`), and builds it through the runner before the first build that needs
 it, unless the container tool already has that tag.
+
+A variant that bundles cuDNN must be built against exactly the cuDNN its build string names. An image entry
+carries one cuDNN (`cudnn`): one that differs is refused before any build (`check_cudnn`). A derived image gets
+the variant's own cuDNN from NVIDIA's pinned pip wheel ([cudnn_wheels]) unless its base already has it, so its
+tag is one per (CUDA, cuDNN), and the container run points CUDNN_LIB_DIR / CUDNN_INCLUDE_DIR at it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 from torchforge import data as tables
 from torchforge import fileops, localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
-from torchforge.errors import DataError, ToolMissingError, UsageError
+from torchforge.errors import DataError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.render import render_template
 
@@ -35,6 +40,7 @@ CONTAINER_TOOLS = ("docker", "podman")  # the first one on PATH is used; both ta
 TOOL_VARIABLE = "TORCHFORGE_CONTAINER_TOOL"
 # conda and conda-build write under $HOME; an arbitrary --user has no home in the image, /tmp exists in every one.
 HOME_IN_CONTAINER = "/tmp"
+_CUDNN = re.compile(r"\d+\.\d+\.\d+\.\d+")  # cuDNN's full version, as its library and pip wheel name it
 
 
 class Image(FrozenModel):
@@ -42,6 +48,7 @@ class Image(FrozenModel):
     base: str = ""  # instead of image: derived (conda + conda-build added) before use
     cuda_home: str
     provides: str
+    cudnn: str = ""  # the cuDNN the image carries (X.Y.Z.B); "" when not known
     conda_build: bool = False
     glibc: str = ""  # "" when not known
     source: str
@@ -49,6 +56,11 @@ class Image(FrozenModel):
     @property
     def derived(self) -> bool:
         return bool(self.base)
+
+    @property
+    def contents(self) -> str:
+        """What the image carries, for messages."""
+        return f"{self.provides}, cuDNN {self.cudnn}" if self.cudnn else self.provides
 
 
 class Derive(FrozenModel):
@@ -63,10 +75,20 @@ class Derive(FrozenModel):
     source: str
 
 
+class CudnnWheels(FrozenModel):
+    """NVIDIA's cuDNN pip wheels a derived image installs: one package per CUDA major, each version pinned by hash."""
+
+    prefix: str  # the wheel's include/ and lib/ go to <prefix>/<version>/
+    packages: dict[str, str]  # CUDA major -> package name
+    sha256: dict[str, tuple[str, ...]]  # "package==version" -> sha256 of its linux x86_64 wheel(s)
+    source: str
+
+
 class ImagesTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     derive: Derive
+    cudnn_wheels: CudnnWheels
     images: dict[str, Image]
 
 
@@ -79,6 +101,20 @@ def parse_table(text: str, where: str = "torchforge/data/images.toml") -> Images
         if (key == "cpu") != (image.cuda_home == "") or (image.cuda_home and not image.cuda_home.startswith("/")):
             raise DataError(f"{where} images.{key}: cuda_home must be an absolute path for CUDA and empty for cpu")
         check_entry(image, f"{where} images.{key}")
+        if key == "cpu" and image.cudnn:
+            raise DataError(f"{where} images.cpu: a cpu image carries no cuDNN")
+    wheels = table.cudnn_wheels
+    if not wheels.prefix.startswith("/"):
+        raise DataError(f"{where} cudnn_wheels.prefix must be an absolute path")
+    if not all(major.isdigit() for major in wheels.packages):
+        raise DataError(f"{where} cudnn_wheels.packages: keys are CUDA major versions (\"12\"), not {list(wheels.packages)}")
+    for requirement, hashes in wheels.sha256.items():
+        package, _, version = requirement.partition("==")
+        if package not in wheels.packages.values() or not _CUDNN.fullmatch(version):
+            raise DataError(f"{where} cudnn_wheels.sha256: {requirement!r} is not <a package of cudnn_wheels.packages>"
+                            "==<X.Y.Z.B>")
+        if not hashes or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes):
+            raise DataError(f"{where} cudnn_wheels.sha256.{requirement}: give the sha256 (64 hex) of each wheel")
     return table
 
 
@@ -88,6 +124,8 @@ def check_entry(image: Image, where: str) -> None:
         raise DataError(f"{where}: give exactly one of image (used as it is) and base (conda-build is added to it)")
     if image.glibc and not re.fullmatch(r"\d+\.\d+", image.glibc):
         raise DataError(f"{where}: glibc {image.glibc!r} is not a version like 2.28")
+    if image.cudnn and not _CUDNN.fullmatch(image.cudnn):
+        raise DataError(f"{where}: cudnn {image.cudnn!r} is not a full cuDNN version like 9.10.2.21")
 
 
 @cache
@@ -103,10 +141,74 @@ def image_for(accel: str, site: Mapping[str, Image] | None = None) -> Image | No
 
 
 DERIVE_SCRIPT = "derive.sh"  # the derivation's script, beside the Dockerfile that runs it
+CUDNN_SCRIPT = "cudnn.sh"  # the cuDNN step of a derivation that adds the variant's cuDNN
 
 
 def _label(accel: str) -> str:
     return "cpu" if accel == "cpu" else f"cuda{accel}"
+
+
+@dataclass(frozen=True)
+class CudnnWheel:
+    """The pip wheel of one cuDNN for one CUDA major, pinned by version and hash."""
+
+    package: str
+    version: str
+    hashes: tuple[str, ...]
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def requirement_line(self) -> str:
+        """A requirements-file line: pip's hash-checking mode refuses any other file."""
+        return " ".join([self.requirement, *(f"--hash=sha256:{h}" for h in self.hashes)])
+
+
+def cudnn_wheel(accel: str, cudnn: str) -> CudnnWheel | None:
+    """The recorded wheel of cuDNN `cudnn` for CUDA `accel`'s major; None when there is none."""
+    wheels = load_table().cudnn_wheels
+    package = wheels.packages.get(accel.split(".")[0])
+    hashes = wheels.sha256.get(f"{package}=={cudnn}") if package else None
+    return CudnnWheel(package, cudnn, hashes) if package and hashes else None
+
+
+def adds_cudnn(image: Image, cudnn: str) -> bool:
+    """The derivation installs cuDNN `cudnn`: a variant bundles it and the base does not carry it already."""
+    return image.derived and bool(cudnn) and image.cudnn != cudnn
+
+
+def check_cudnn(accel: str, image: Image, cudnn: str) -> str:
+    """Whether `image` can build the variants of `accel` that bundle cuDNN `cudnn` ("": they bundle none): raises
+    UsageError where it cannot (the package would bundle another cuDNN than its build string names); returns a
+    warning where the image's cuDNN is not known, else ""."""
+    if not cudnn or image.cudnn == cudnn:
+        return ""
+    bundled = f"the CUDA {accel} variants bundle cuDNN {cudnn}, the one their build string names"
+    own_image = (f"name an image with cuDNN {cudnn} in torchforge.toml [images.\"{accel}\"]: "
+                 f"image = \"registry.example/builder:tag\", cudnn = \"{cudnn}\"")
+    wheel = cudnn_wheel(accel, cudnn)
+    if image.derived:
+        if wheel is not None:
+            return ""
+        raise UsageError(
+            f"the base {image.base} carries {'cuDNN ' + image.cudnn if image.cudnn else 'an unknown cuDNN'}; {bundled}, "
+            f"and no pip wheel of it for CUDA {accel} is recorded to add (torchforge/data/images.toml [cudnn_wheels])",
+            own_image)
+    if not image.cudnn:
+        return (f"the cuDNN of {image.image} is not known; {bundled}: another one shows only after the compile, "
+                "when the build reads the bundled copy's version")
+    fix = own_image + (f", or a base there (an image with the CUDA {accel} toolkit) so torchforge derives one with "
+                       f"cuDNN {cudnn} from NVIDIA's pip wheel" if wheel is not None else "")
+    raise UsageError(f"the image {image.image} carries cuDNN {image.cudnn}; {bundled}", fix)
+
+
+def cudnn_step(wheel: CudnnWheel, *, python: str, cudnn_dir: str, cuda_home: str, base: str) -> str:
+    """The script that installs `wheel` with `python`'s pip into `cudnn_dir` and removes the base's own cuDNN."""
+    return render_template("container/cudnn.sh.j2", cudnn=wheel.version, requirement=wheel.requirement,
+                           requirement_line=wheel.requirement_line, python=python, cudnn_dir=cudnn_dir,
+                           cuda_home=cuda_home, base=base)
 
 
 @dataclass(frozen=True)
@@ -115,35 +217,61 @@ class Derivation:
 
     base: str
     tag: str
-    files: Mapping[str, str]  # name -> text: Dockerfile and the script it runs
+    files: Mapping[str, str]  # name -> text: Dockerfile and the scripts it runs
     prefix: str  # where conda lives inside (first on PATH)
+    cudnn: str = ""  # the cuDNN it adds ("" when none)
+    cudnn_dir: str = ""  # where: include/ and lib/
 
     @property
     def script(self) -> str:
-        """The shell script that adds conda-build to the base (CI jobs running in the base run it too)."""
-        return self.files[DERIVE_SCRIPT]
+        """The shell script that adds conda-build (and the cuDNN) to the base: CI jobs running in the base run it too."""
+        return self.files[DERIVE_SCRIPT] + (self.files[CUDNN_SCRIPT] if CUDNN_SCRIPT in self.files else "")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a build in the image needs to find the added cuDNN (build.sh bundles from CUDNN_LIB_DIR too)."""
+        if not self.cudnn_dir:
+            return {}
+        return {"CUDNN_INCLUDE_DIR": f"{self.cudnn_dir}/include", "CUDNN_LIB_DIR": f"{self.cudnn_dir}/lib"}
 
 
 @cache  # every wrapped command of a plan asks for its image's tag
-def derivation(accel: str, image: Image) -> Derivation:
-    derive = load_table().derive
+def derivation(accel: str, image: Image, cudnn: str = "") -> Derivation:
+    """The derived image of `image` for builds that bundle cuDNN `cudnn` ("" for none, e.g. magma)."""
+    table = load_table()
+    derive = table.derive
     installer = derive.installer_url.rsplit("/", 1)[-1]
+    wheel = None
+    if adds_cudnn(image, cudnn):
+        check_cudnn(accel, image, cudnn)  # raises where no wheel is recorded
+        wheel = cudnn_wheel(accel, cudnn)
+    cudnn_dir = f"{table.cudnn_wheels.prefix}/{cudnn}" if wheel else ""
     fields = {"base": image.base, "prefix": derive.prefix, "installer": installer, "installer_url": derive.installer_url,
-              "checksum_url": derive.checksum_url, "channel": derive.channel, "conda_build": derive.conda_build}
+              "checksum_url": derive.checksum_url, "channel": derive.channel, "conda_build": derive.conda_build,
+              "cudnn": wheel.version if wheel else ""}
     files = {"Dockerfile": render_template("container/Dockerfile.j2", **fields),
              DERIVE_SCRIPT: render_template("container/derive.sh.j2", **fields)}
+    if wheel:  # the derived conda's pip (Miniforge ships pip)
+        files[CUDNN_SCRIPT] = cudnn_step(wheel, python=f"{derive.prefix}/bin/python", cudnn_dir=cudnn_dir,
+                                         cuda_home=image.cuda_home, base=image.base)
     digest = hashlib.sha256("\0".join(f"{name}\0{text}" for name, text in sorted(files.items())).encode()).hexdigest()
-    return Derivation(image.base, f"{derive.repository}:{_label(accel)}-{digest[:12]}", files, derive.prefix)
+    label = _label(accel) + (f"-cudnn{cudnn}" if wheel else "")
+    return Derivation(image.base, f"{derive.repository}:{label}-{digest[:12]}", files, derive.prefix,
+                      cudnn if wheel else "", cudnn_dir)
 
 
-def reference(accel: str, image: Image) -> str:
+def reference(accel: str, image: Image, cudnn: str = "") -> str:
     """The image a build runs in: the entry's image, or the tag of the image derived from its base."""
-    return derivation(accel, image).tag if image.derived else image.image
+    return derivation(accel, image, cudnn).tag if image.derived else image.image
 
 
-def describe(accel: str, image: Image) -> str:
+def describe(accel: str, image: Image, cudnn: str = "") -> str:
     """The image for messages: its reference, and for a derived one the base it is made from."""
-    return f"{reference(accel, image)} (derived from {image.base}: conda-build added)" if image.derived else image.image
+    if not image.derived:
+        return image.image
+    derived = derivation(accel, image, cudnn)
+    added = "conda-build" + (f" and cuDNN {derived.cudnn} added" if derived.cudnn else " added")
+    return f"{derived.tag} (derived from {image.base}: {added})"
 
 
 def no_image(accel: str) -> UsageError:
@@ -190,8 +318,11 @@ class ContainerSettings:
 
 
 def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable: Iterable[Path],
-         readonly: Iterable[Path] = (), channels: Iterable[str] = ()) -> Command:
+         readonly: Iterable[Path] = (), channels: Iterable[str] = (), cudnn: str = "") -> Command:
     """`command` run inside the image of `accel`, as the calling user, with the given folders mounted.
+
+    `cudnn`: the cuDNN the build bundles ("" for none); a derived image that adds it is pointed at by
+    CUDNN_LIB_DIR and CUDNN_INCLUDE_DIR.
 
     `writable`: the output channel (recipes, staging, logs live under it) and the compile cache;
     `readonly`: a local source tree; local channels among `channels` are mounted read-only too.
@@ -226,11 +357,13 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
     if image.cuda_home:
         # The toolkit is the image's: the host's CUDA_HOME names a folder that does not exist inside.
         env["CUDA_HOME"] = image.cuda_home
+    if image.derived:
+        env.update(derivation(accel, image, cudnn).env)
     for name, value in sorted(env.items()):
         argv += ["--env", f"{name}={value}"]
     if command.cwd is not None:
         argv += ["--workdir", str(command.cwd)]
-    argv += [reference(accel, image), *command.argv]
+    argv += [reference(accel, image, cudnn), *command.argv]
     return Command(argv=tuple(argv), secrets=command.secrets)
 
 
@@ -240,14 +373,14 @@ def derived_folder(out: Path, derived: Derivation) -> Path:
 
 
 def ensure_derived(accel: str, settings: ContainerSettings, runner: Runner, out: Path,
-                   log_file: Path | None = None) -> Derivation | None:
+                   log_file: Path | None = None, cudnn: str = "") -> Derivation | None:
     """Build the derived image of `accel` unless the container tool has its tag (one `image inspect` probe).
 
     Both commands go through the runner: a dry run prints the probe and the build (it cannot know the answer)."""
     image = image_for(accel, settings.images)
     if image is None or not image.derived:
         return None
-    derived = derivation(accel, image)
+    derived = derivation(accel, image, cudnn)
     probe = runner.run(Command((settings.tool, "image", "inspect", derived.tag)), check=False)
     if not probe.dry_run and probe.returncode == 0:
         return derived
@@ -267,7 +400,7 @@ def require_image(accel: str, images: Mapping[str, Image] | None = None) -> Imag
         raise no_image(accel)
     if not image.derived and not image.conda_build:
         raise ToolMissingError(
-            f"the image {image.image} of {'cpu' if accel == 'cpu' else 'CUDA ' + accel} has no conda-build ({image.provides})",
+            f"the image {image.image} of {'cpu' if accel == 'cpu' else 'CUDA ' + accel} has no conda-build ({image.contents})",
             f"name it as the base instead in torchforge.toml [images.\"{accel}\"] base = \"{image.image}\" (torchforge "
             "then derives an image with conda-build from it), or name an image that has conda-build",
         )
@@ -278,3 +411,13 @@ def check_images(accels: Iterable[str], settings: ContainerSettings) -> None:
     """Before any build: every variant's image is known and carries conda-build."""
     for accel in dict.fromkeys(accels):
         require_image(accel, settings.images)
+
+
+def check_cudnns(pairs: Iterable[tuple[str, str]], settings: ContainerSettings) -> None:
+    """Preflight's cuDNN check for a run without preflight (--dry-run): (accel, bundled cuDNN) pairs whose image
+    cannot give that cuDNN stop it as they stop the real build (PreflightError)."""
+    for accel, cudnn in dict.fromkeys(pairs):
+        try:
+            check_cudnn(accel, require_image(accel, settings.images), cudnn)
+        except UsageError as exc:
+            raise PreflightError(exc.message, exc.hint) from exc

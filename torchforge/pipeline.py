@@ -26,7 +26,7 @@ from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
-from torchforge.resolve import Variant
+from torchforge.resolve import Variant, bundled_cudnn
 
 
 class Action(str, Enum):
@@ -58,6 +58,7 @@ class Step:
     # Compile cache group: steps with the same key differ only in Python and share compiled objects.
     cache_key: str | None = None
     cache_first: str | None = None  # the group's first step to build (it fills the cache); None for that one
+    cudnn: str = ""  # the cuDNN a pytorch build bundles (full version): its image must carry exactly that one
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     first_of_group: dict[str, str] = {}
 
     def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
-            patches: tuple[Path, ...] = (), needs: tuple[str, ...] = (), planned: str | None = None) -> None:
+            patches: tuple[Path, ...] = (), needs: tuple[str, ...] = (), planned: str | None = None,
+            cudnn: str = "") -> None:
         found, stale = (None, "") if settings.force else _existing(stem, context.platform, settings, planned)
         location = context.source.location
         # a local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build
@@ -144,7 +146,7 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
                           {**render_files(context, engine.recipe_format), **patch_files(patches)}, context.script_env,
                           Action.REUSE if found else Action.BUILD, found or stale, needs,
                           channels, context.cuda or "cpu", local, index_fields,
-                          key, first if first != ident else None))
+                          key, first if first != ident else None, cudnn))
 
     if not settings.magma_only:
         # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
@@ -176,7 +178,7 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     for variant, context in (pair for members in groups.values() for pair in members):
         add("pytorch", variant.id, variant.filename_stem, context,
             channel_data.for_variant(variant, settings.site_channels), settings.patches,
-            (variant.magma.id,) if variant.magma else (), variant.settings)
+            (variant.magma.id,) if variant.magma else (), variant.settings, bundled_cudnn(variant))
     return steps
 
 
@@ -267,7 +269,7 @@ class Pipeline:
         self.on_line = on_line
         self._ccache: str | None = find_ccache() if settings.caching else None
         self._first_seconds: dict[str, float] = {}  # cache key -> wall time of the group's first build
-        self._images_ready: set[str] = set()  # accels whose derived image was built or found (--container)
+        self._images_ready: set[str] = set()  # images (tags) built or found already (--container)
         launcher = own_launcher({**os.environ, **settings.extra_env})
         if settings.use_cache and launcher is not None:
             on_event(f"compile launcher from the environment ({launcher}): torchforge's compile cache is off")
@@ -359,14 +361,18 @@ class Pipeline:
         try:
             command = self.engine.command(job)
             if self.settings.container is not None:
-                if step.accel not in self._images_ready:
+                image = containers.image_for(step.accel, self.settings.container.images)
+                # One image per tag: a base that carries the variant's cuDNN gives magma and pytorch the same one.
+                ready = containers.reference(step.accel, image, step.cudnn) if image is not None else step.accel
+                if ready not in self._images_ready:
                     # Before the first build in a derived image: build it unless the tool already has its tag.
                     derived = containers.ensure_derived(step.accel, self.settings.container, self.runner, out,
-                                                        log_file=None if self.runner.dry_run else log)
+                                                        log_file=None if self.runner.dry_run else log, cudnn=step.cudnn)
                     if derived is not None:
-                        self.on_event(f"image {derived.tag}: {derived.base} + conda-build "
+                        added = f" + cuDNN {derived.cudnn} in {derived.cudnn_dir}" if derived.cudnn else ""
+                        self.on_event(f"image {derived.tag}: {derived.base} + conda-build{added} "
                                       f"({containers.derived_folder(out, derived) / 'Dockerfile'})")
-                    self._images_ready.add(step.accel)
+                    self._images_ready.add(ready)
                 # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
                 writable = [out, *([Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else [])]
                 readonly = [Path(step.local_source)] if step.local_source else []
@@ -374,7 +380,7 @@ class Pipeline:
                     writable.append(cache.directory)
                     readonly.append(Path(cache.ccache))
                 command = containers.wrap(command, accel=step.accel, settings=self.settings.container,
-                                          writable=writable, readonly=readonly, channels=channels)
+                                          writable=writable, readonly=readonly, channels=channels, cudnn=step.cudnn)
             self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)

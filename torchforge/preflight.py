@@ -30,14 +30,15 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import TOOL_VARIABLE, ContainerSettings, describe, image_for, reference, require_image
+from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, check_cudnn, describe, image_for, reference,
+                                   require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
 from torchforge.proc import Command, Runner
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
-from torchforge.resolve import Variant, bundled_files
+from torchforge.resolve import Variant, bundled_cudnn, bundled_files
 from torchforge.variant import Selection
 
 ENGINES = ("auto", "conda-build", "rattler-build")
@@ -618,7 +619,7 @@ def _check_driver(ctx: _Context) -> None:
                     "or with a kernel driver branch it does not support (error 803). Building itself does not need the driver")
 
 
-def _check_container(ctx: _Context, container: ContainerSettings) -> None:
+def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bool) -> None:
     if not container.tool:
         ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
                 "install docker or podman, or build without --container on a machine with the CUDA toolkit")
@@ -632,15 +633,29 @@ def _check_container(ctx: _Context, container: ContainerSettings) -> None:
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        ref = reference(accel, image)
-        found = answers and ctx.run(container.tool, "image", "inspect", "--format", "{{.Id}}", ref)
-        if answers and not (found and found[0] == 0):
+        # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
+        cudnns = [c for c in dict.fromkeys(bundled_cudnn(v) for v in ctx.variants if v.request.accel == accel
+                                           and v.status is not VariantStatus.REFUSED) if c and not magma_only] or [""]
+        try:
+            warnings = [w for w in (check_cudnn(accel, image, c) for c in cudnns) if w]
+        except ForgeError as exc:
+            ctx.add(name, Level.FAIL, exc.message, exc.hint)
+            continue
+        detail = f"{'; '.join(describe(accel, image, c) for c in cudnns)} via {container.tool}: {image.contents}"
+        fixes = [f"give the image's cuDNN in torchforge.toml [images.\"{accel}\"] cudnn = \"X.Y.Z.B\" (checked before "
+                 "any build), or name a base there so torchforge adds the variant's cuDNN"] if warnings else []
+        # Only where the engine answers: is each image (or derived tag) already here, or fetched at the first build?
+        missing = [r for r in dict.fromkeys(reference(accel, image, c) for c in cudnns)
+                   if answers and not _has_image(ctx, container.tool, r)]
+        if missing:
             pulled = image.base or image.image
             what = f"the first build derives it from {pulled}" if image.derived else "the first build pulls it"
-            ctx.add(name, Level.WARN, f"{ref} is not on this machine: {what} ({image.provides})",
-                    f"make sure its registry is reachable, or `{Path(container.tool).name} pull {pulled}` first")
+            warnings.append(f"{', '.join(missing)} is not on this machine: {what}")
+            fixes.append(f"make sure its registry is reachable, or `{Path(container.tool).name} pull {pulled}` first")
+        if warnings:
+            ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}", "; ".join(fixes))
         else:
-            ctx.add(name, Level.OK, f"{describe(accel, image)} via {container.tool}: {image.provides}")
+            ctx.add(name, Level.OK, detail)
 
 
 def _container_engine_answers(ctx: _Context, tool: str) -> bool:
@@ -657,6 +672,11 @@ def _container_engine_answers(ctx: _Context, tool: str) -> bool:
     return False
 
 
+def _has_image(ctx: _Context, tool: str, reference: str) -> bool:
+    found = ctx.run(tool, "image", "inspect", "--format", "{{.Id}}", reference)
+    return found is not None and found[0] == 0
+
+
 def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
     """Where this machine lacks a variant's nvcc or host compiler, name the image that has them."""
     images = site.images if site else {}
@@ -671,7 +691,7 @@ def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
                     f"install the toolkit here, or name an image in torchforge.toml [images.\"{cuda}\"]")
         else:
             ctx.add(f"image (CUDA {cuda})", Level.OK,
-                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.provides}",
+                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.contents}",
                     "torchforge build --container (docker or podman)" + (
                         "" if image.derived or image.conda_build else
                         f"; this image has no conda-build: name it as base in torchforge.toml [images.\"{cuda}\"]"))
@@ -715,7 +735,7 @@ def run_preflight(
     if container is not None:
         # The toolkit, cuDNN, NCCL and host compiler are the image's, not this machine's.
         resolved = "conda-build"
-        _check_container(ctx, container)
+        _check_container(ctx, container, magma_only)
     else:
         resolved = _check_engine(ctx, engine)
         _check_nvcc(ctx)
@@ -727,7 +747,7 @@ def run_preflight(
     max_jobs = _check_jobs(ctx, jobs, table)
     if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels
         _check_source(ctx, source)
-        if container is None:  # with --container the bundled libraries are the image's, not visible here
+        if container is None:  # in a container the bundled libraries are the image's (its cuDNN: _check_container)
             _check_bundled(ctx)
     _check_driver(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)

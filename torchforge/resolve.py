@@ -718,6 +718,17 @@ def bundled_files(data: Data, request: Request, cuda: str | None) -> tuple[Bundl
     )
 
 
+def bundled_cudnn(variant: Variant, data: Data | None = None) -> str:
+    """The cuDNN (full version, the build string's) a Linux CUDA variant copies into torch/lib; "" when it
+    bundles none (cpu, Jetson, Windows, or a statically linked cuDNN)."""
+    data = data or tables.load()
+    request = variant.request
+    if not request.is_cuda or variant.jetson or not variant.cudnn or data.platform(request.platform).family != "linux":
+        return ""
+    files = bundled_files(data, request, request.accel)
+    return variant.cudnn if any(f.dir_var == data.bundle.linux_dirs["cudnn"].var for f in files) else ""
+
+
 def _env_entry_applies(entry: BuildEnvEntry, request: Request, cuda: str | None) -> bool:
     # `when` "linux"/"osx" is the platform's business (platforms.Platform.env_value)
     if entry.when == "cuda" and cuda is None or entry.when == "cpu" and cuda is not None:

@@ -26,6 +26,7 @@ from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResul
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
+from torchforge.resolve import bundled_cudnn
 from torchforge.wheelbuild import build_wheels
 
 
@@ -151,6 +152,9 @@ def register(app: typer.Typer) -> None:
             tool = containers.probe_tool() or ("docker" if dry_run else containers.find_tool())
             container_settings = containers.ContainerSettings(tool, site.images)
             containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
+            if dry_run and not magma_only:  # no preflight: its cuDNN check still stops what the real build would not run
+                containers.check_cudnns([(v.request.accel, bundled_cudnn(v)) for v in render_plan.variants],
+                                        container_settings)
         else:
             chosen, why = select_engine(engine, require_available=not dry_run)
         err.print(why)
