@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack test goldens bench clean
+.PHONY: help venv demo demo-repack test goldens bench container-image container-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,12 @@ goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the
 
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench
+
+container-image: $(STAMP)  ## make the local podman build images for --container (rebuilds only what changed; root, podman, runc, debootstrap)
+	$(BIN)/python -m tests.container_image
+
+container-check: container-image  ## the real `torchforge build --container` builds with podman (tests/test_container_build.py)
+	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
 clean:  ## remove the virtualenv and generated output
 	rm -rf $(VENV) recipes forge-channel build dist .pytest_cache

@@ -123,14 +123,15 @@ def patchelf_executable() -> Path:
     return path
 
 
-def python_stub(version: str, alias: bool = False) -> Stub:
+def python_stub(version: str, alias: bool = False, bin_dir: Path | None = None) -> Stub:
     """The stand-in `python` of `version`. With `alias`, a series this machine lacks is offered anyway as
     this machine's interpreter under that version (`lib/pythonX.Y` links to the real folder): only for
-    measurements that must not care which Python it is (bench/bench_compile_cache.py), never as a real one."""
+    measurements that must not care which Python it is (bench/bench_compile_cache.py), never as a real one.
+    `bin_dir`: see make_stub_channel."""
     series = ".".join(version.split(".")[:2])
     links: dict[str, str] = {}
     try:
-        executable = base_python(series)
+        executable = bin_dir / f"python{series}" if bin_dir else base_python(series)
         real = series
     except FileNotFoundError:
         if not alias:
@@ -148,16 +149,16 @@ def python_stub(version: str, alias: bool = False) -> Stub:
     )
 
 
-def stub_for(spec: str, runnable: bool = True, python_alias: bool = False) -> Stub:
+def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None) -> Stub:
     """The stand-in for `spec`. `runnable=False` gives metadata only (enough for a solve, e.g. `conda render`
     of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub."""
     name, version, build = stub_version(spec)
     if not runnable:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
     elif name == "python":
-        stub = python_stub(version, python_alias)
+        stub = python_stub(version, python_alias, bin_dir)
     elif name == "patchelf":
-        stub = Stub(name, version, links={"bin/patchelf": str(patchelf_executable())})
+        stub = Stub(name, version, links={"bin/patchelf": str(bin_dir / "patchelf" if bin_dir else patchelf_executable())})
     else:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
     return Stub(stub.name, stub.version, build or stub.build, stub.files, stub.links)
@@ -192,15 +193,17 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
 
 
 def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,), *,
-                      runnable: bool = True, python_alias: bool = False) -> list[Path]:
+                      runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None) -> list[Path]:
     """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed.
 
     `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
     `python_alias`: see python_stub.
+    `bin_dir`: the folder of the `pythonX.Y` and `patchelf` the stand-ins link to, instead of this machine's
+    (e.g. /usr/bin, for a Debian build image whose /usr/bin holds the same Python as this machine's).
     """
     seen: dict[tuple[str, str, str], Stub] = {}
     for spec in specs:
-        stub = stub_for(spec, runnable, python_alias)
+        stub = stub_for(spec, runnable, python_alias, bin_dir)
         seen.setdefault((stub.name, stub.version, stub.build), stub)
     written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in seen.values()]
     index(channel)

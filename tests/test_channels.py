@@ -19,7 +19,7 @@ from torchforge.cli import main
 from torchforge.errors import DataError, ExitCode, ToolMissingError
 from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
 from torchforge.engines.conda_build import CondaBuildEngine
-from torchforge.proc import Runner
+from torchforge.proc import Command, Runner
 from torchforge.render import plan
 from torchforge.variant import Options, Selection
 
@@ -202,6 +202,7 @@ def docker_run(line: str) -> tuple[list[str], dict[str, str], list[str], str, li
 
 def test_container_dry_run_for_a_cuda_and_a_cpu_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(containers.TOOL_VARIABLE, raising=False)
     tools = tmp_path / "bin"
     docker = executable(tools, "docker")
     launcher = executable(tools, "sccache")
@@ -248,16 +249,32 @@ def test_container_commands_go_through_the_runner(tmp_path: Path) -> None:
     assert [r.step.kind for r in results] == ["companion", "companion", "pytorch"]  # pytorch-mutex cpu, cpuonly
     assert all(r.ok for r in results)
     command = runner.history[-1]
-    assert command.argv[:5] == ("/usr/bin/podman", "run", "--rm", "--user", "1000:1000")
+    assert command.argv[:7] == ("/usr/bin/podman", "run", "--rm", "--user", "1000:1000", "--userns", "keep-id")
     assert "pytorch/conda-builder:cpu" in command.argv and command.env == {}
+    # keep-id only for rootless podman: rootful podman refuses it, docker has no such mode
+    for tool, uid in (("/usr/bin/podman", 0), ("/usr/bin/docker", 1000)):
+        wrapped = containers.wrap(Command(("conda", "build", "r")), accel="cpu", writable=[tmp_path / "out"],
+                                  settings=containers.ContainerSettings(tool, uid=uid, gid=uid))
+        assert wrapped.argv[:5] == (tool, "run", "--rm", "--user", f"{uid}:{uid}") and "--userns" not in wrapped.argv
 
 
 def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(containers.TOOL_VARIABLE, raising=False)
     only_podman = tmp_path / "podman-only"
     podman = executable(only_podman, "podman")
     monkeypatch.setenv("PATH", str(only_podman))
     assert containers.find_tool() == str(podman)
+    # both on PATH: docker first, unless TORCHFORGE_CONTAINER_TOOL picks (a docker client without a daemon)
+    docker = executable(tmp_path / "docker-too", "docker")
+    monkeypatch.setenv("PATH", f"{docker.parent}{os.pathsep}{only_podman}")
+    assert containers.find_tool() == str(docker)
+    monkeypatch.setenv(containers.TOOL_VARIABLE, "podman")
+    assert containers.find_tool() == str(podman)
+    monkeypatch.setenv(containers.TOOL_VARIABLE, "nerdctl")
+    with pytest.raises(ToolMissingError, match="TORCHFORGE_CONTAINER_TOOL=nerdctl names no program on PATH"):
+        containers.find_tool()
+    monkeypatch.delenv(containers.TOOL_VARIABLE)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(ToolMissingError, match="docker or podman"):
         containers.find_tool()
@@ -336,6 +353,21 @@ def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Pat
     # nvcc and the host compiler are the image's: not checked on this machine
     assert not any(name.startswith(("nvcc", "host compiler")) for name in statuses)
     assert report.engine == "conda-build"
+
+
+def test_doctor_contacts_the_container_engine_a_client_without_its_daemon_fails(tmp_path: Path) -> None:
+    from torchforge.preflight import run_preflight
+
+    docker = tmp_path / "bin" / "docker"  # what a docker client prints, and its status, when no daemon answers
+    docker.parent.mkdir()
+    docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+                      "Is the docker daemon running?' >&2\nexit 1\n")
+    docker.chmod(0o755)
+    report = run_preflight(selection("2.5.1", "cpu", "3.10"), engine="auto", source=None, jobs=None, runner=Runner(),
+                           out=tmp_path, container=containers.ContainerSettings(str(docker)))
+    row = next(c for c in report.checks if c.name == "container tool")
+    assert row.status.value == "fail" and "`docker info` fails: Cannot connect to the Docker daemon" in row.detail
+    assert row.fix is not None and "TORCHFORGE_CONTAINER_TOOL=podman" in row.fix
 
 
 def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

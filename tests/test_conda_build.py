@@ -174,8 +174,9 @@ def _bundle_stand_ins(build_sh: str, folder: Path) -> dict[str, str]:
     return env
 
 
-def _published(forge: Forge) -> None:
-    """Exactly the planned packages are in the channel, RPATH-clean, built by conda-build with its test phase."""
+def _published(forge: Forge, build_line: re.Pattern[str] = _CONDA_BUILD_LINE) -> None:
+    """Exactly the planned packages are in the channel, RPATH-clean, built by conda-build with its test phase
+    (`build_line`: the runner's log line of the build command)."""
     for subdir in {p.subdir for p in forge.planned.values()}:
         repodata = json.loads((forge.out / subdir / "repodata.json").read_text())
         assert sorted(repodata["packages.conda"]) == \
@@ -185,7 +186,7 @@ def _published(forge: Forge) -> None:
         assert report.ok, report.findings
     for variant in (v for v in forge.planned if v.startswith(f"pytorch-{PYTORCH}-")):
         log = _log(forge, variant)
-        assert _CONDA_BUILD_LINE.search(log) and "TEST END" in log  # conda-build's own test phase ran `import torch`
+        assert build_line.search(log) and "TEST END" in log  # conda-build's own test phase ran `import torch`
         # conda_build_config.yaml gives numpy, so conda-build does not fall back to its default.
         assert "variant is still conda-build's default" not in log
 
@@ -219,6 +220,15 @@ def _imports_and_runs(forge: Forge, scratch: Path, stem: str) -> Path:
     return prefix
 
 
+def _bundled_cudnn_loads(prefix: Path) -> None:
+    """The bundled cuDNN stand-in is the one the build string names (cudnn9.20.0 -> 92000), loaded from torch/lib."""
+    result = subprocess.run([str(prefix / "bin" / "python"), "-c",
+                             "import torch; print(torch.cudnn_version(), torch.cudnn_create())"],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["92000", "0"]
+
+
 needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE,
                                 reason=f"needs nvcc {NVCC_RELEASE} on PATH (magma_like is compiled for sm_80 and sm_90)")
 
@@ -248,12 +258,7 @@ def test_cuda_magma_like_then_torch_like_against_it_built_published_installed_an
     assert sorted({line.rsplit(".", 2)[-2] for line in listing.splitlines() if line.startswith("ELF file")}) == \
         ["sm_80", "sm_90"]
     prefix = _imports_and_runs(forge, tmp_path / "torch-env", forge.planned[torch_id].stem)
-    # The bundled cuDNN stand-in is the one the build string names (cudnn9.20.0 -> 92000), loaded from torch/lib.
-    result = subprocess.run([str(prefix / "bin" / "python"), "-c",
-                             "import torch; print(torch.cudnn_version(), torch.cudnn_create())"],
-                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["92000", "0"]
+    _bundled_cudnn_loads(prefix)
 
 
 @pytest.mark.slow

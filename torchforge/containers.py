@@ -36,6 +36,8 @@ from torchforge.proc import Command, Runner
 from torchforge.render import render_template
 
 CONTAINER_TOOLS = ("docker", "podman")  # the first one on PATH is used; both take the same `run` flags used here
+# Picks one of them (a name or a path) where both are on PATH, e.g. a docker client without a daemon beside podman.
+TOOL_VARIABLE = "TORCHFORGE_CONTAINER_TOOL"
 # conda and conda-build write under $HOME; an arbitrary --user has no home in the image, /tmp exists in every one.
 HOME_IN_CONTAINER = "/tmp"
 _CUDNN = re.compile(r"\d+\.\d+\.\d+\.\d+")  # cuDNN's full version, as its library and pip wheel name it
@@ -283,7 +285,11 @@ def no_image(accel: str) -> UsageError:
 
 
 def probe_tool() -> str | None:
-    """The container client: docker, else podman, else None (the one probe; a dry run needs only the client)."""
+    """The container client: $TORCHFORGE_CONTAINER_TOOL, else docker, else podman, else None (the one probe; a
+    dry run needs only the client)."""
+    chosen = os.environ.get(TOOL_VARIABLE)
+    if chosen:
+        return shutil.which(chosen)
     for tool in CONTAINER_TOOLS:
         found = shutil.which(tool)
         if found is not None:
@@ -295,6 +301,10 @@ def find_tool() -> str:
     found = probe_tool()
     if found is not None:
         return found
+    chosen = os.environ.get(TOOL_VARIABLE)
+    if chosen:
+        raise ToolMissingError(f"{TOOL_VARIABLE}={chosen} names no program on PATH",
+                               f"set it to docker or podman (or a path to one), or unset it to use the first found")
     raise ToolMissingError("--container needs docker or podman on PATH; neither was found",
                            "install docker or podman, or build without --container on a machine with the CUDA toolkit")
 
@@ -334,6 +344,11 @@ def wrap(command: Command, *, accel: str, settings: ContainerSettings, writable:
     for path in [*readonly, *(p for p in map(localchannel.folder_of, channels) if p is not None)]:
         mounts.setdefault(path.resolve(), True)
     argv = [settings.tool, "run", "--rm", "--user", f"{settings.uid}:{settings.gid}"]
+    if Path(settings.tool).name == "podman" and settings.uid != 0:
+        # Rootless podman maps the container's uids onto the caller's subordinate range: without keep-id the
+        # build runs as a uid that cannot write the mounted output folder (seen here: "Permission denied").
+        # keep-id maps the caller's own uid through; rootful podman refuses it ("only supported in rootless mode").
+        argv += ["--userns", "keep-id"]
     for path, read_only in mounts.items():
         inside = launchers.get(path, str(path))
         argv += ["--volume", f"{path}:{inside}" + (":ro" if read_only else "")]

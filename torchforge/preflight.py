@@ -30,7 +30,8 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import ContainerSettings, check_cudnn, describe, image_for, require_image
+from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, check_cudnn, describe, image_for, reference,
+                                   require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -622,8 +623,9 @@ def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bo
     if not container.tool:
         ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
                 "install docker or podman, or build without --container on a machine with the CUDA toolkit")
+        answers = False
     else:
-        ctx.add("container tool", Level.OK, f"{container.tool} (the engine that runs the images is not contacted here)")
+        answers = _container_engine_answers(ctx, container.tool)
     for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
         name = f"image ({'cpu' if accel == 'cpu' else 'CUDA ' + accel})"
         try:
@@ -640,12 +642,39 @@ def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bo
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
         detail = f"{'; '.join(describe(accel, image, c) for c in cudnns)} via {container.tool}: {image.contents}"
+        fixes = [f"give the image's cuDNN in torchforge.toml [images.\"{accel}\"] cudnn = \"X.Y.Z.B\" (checked before "
+                 "any build), or name a base there so torchforge adds the variant's cuDNN"] if warnings else []
+        # Only where the engine answers: is each image (or derived tag) already here, or fetched at the first build?
+        missing = [r for r in dict.fromkeys(reference(accel, image, c) for c in cudnns)
+                   if answers and not _has_image(ctx, container.tool, r)]
+        if missing:
+            pulled = image.base or image.image
+            what = f"the first build derives it from {pulled}" if image.derived else "the first build pulls it"
+            warnings.append(f"{', '.join(missing)} is not on this machine: {what}")
+            fixes.append(f"make sure its registry is reachable, or `{Path(container.tool).name} pull {pulled}` first")
         if warnings:
-            ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}",
-                    f"give the image's cuDNN in torchforge.toml [images.\"{accel}\"] cudnn = \"X.Y.Z.B\" (checked before "
-                    "any build), or name a base there so torchforge adds the variant's cuDNN")
+            ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}", "; ".join(fixes))
         else:
             ctx.add(name, Level.OK, detail)
+
+
+def _container_engine_answers(ctx: _Context, tool: str) -> bool:
+    """`docker info` / `podman info`: the client alone is not enough (a docker client without a daemon)."""
+    name = Path(tool).name
+    answered = ctx.run(tool, "info")
+    if answered is not None and answered[0] == 0:
+        ctx.add("container tool", Level.OK, f"{tool} (`{name} info` answers)")
+        return True
+    why = (answered[1].strip().splitlines() or ["no output"])[-1] if answered else "it does not start"
+    other = "podman" if name == "docker" else "docker"
+    ctx.add("container tool", Level.FAIL, f"{tool} is on PATH but `{name} info` fails: {why}",
+            f"start {name}'s service, or set {TOOL_VARIABLE}={other} to use {other} instead")
+    return False
+
+
+def _has_image(ctx: _Context, tool: str, reference: str) -> bool:
+    found = ctx.run(tool, "image", "inspect", "--format", "{{.Id}}", reference)
+    return found is not None and found[0] == 0
 
 
 def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
