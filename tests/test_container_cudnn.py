@@ -167,6 +167,9 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
     assert main(["build", "--dry-run", *request, "--out", str(out)]) == ExitCode.PREFLIGHT_FAILED
     err = capsys.readouterr().err
     assert "carries cuDNN 9.19.0.56" in err and "[dry-run]" not in err
+    # --skip-preflight skips the machine's checks, not this one: the plan cannot build in that image
+    assert main(["build", "--skip-preflight", *request, "--out", str(out)]) == ExitCode.PREFLIGHT_FAILED
+    assert "carries cuDNN 9.19.0.56" in capsys.readouterr().err and not out.exists()
     # a CI file would run the same build in that image: refused as well, nothing written
     ci_out = tmp_path / "ci"
     ci_out.mkdir()

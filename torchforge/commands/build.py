@@ -152,7 +152,9 @@ def register(app: typer.Typer) -> None:
             tool = containers.probe_tool() or ("docker" if dry_run else containers.find_tool())
             container_settings = containers.ContainerSettings(tool, site.images)
             containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
-            if dry_run and not magma_only:  # no preflight: its cuDNN check still stops what the real build would not run
+            if (dry_run or skip_preflight) and not magma_only:
+                # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
+                # (build.sh stops after the whole compile), which is about the plan, not about this machine.
                 containers.check_cudnns([(v.request.accel, bundled_cudnn(v)) for v in render_plan.variants],
                                         container_settings)
         else:
