@@ -272,8 +272,17 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     monkeypatch.setenv(containers.TOOL_VARIABLE, "podman")
     assert containers.find_tool() == str(podman)
     monkeypatch.setenv(containers.TOOL_VARIABLE, "nerdctl")
-    with pytest.raises(ToolMissingError, match="TORCHFORGE_CONTAINER_TOOL=nerdctl names no program on PATH"):
+    with pytest.raises(ToolMissingError, match="TORCHFORGE_CONTAINER_TOOL=nerdctl names no docker or podman program"):
         containers.find_tool()
+    # another program on PATH is not a container client, and a dry run does not fall back to printing `docker`
+    executable(only_podman, "ls")
+    for chosen in ("ls", str(only_podman / "ls"), "nerdctl"):
+        monkeypatch.setenv(containers.TOOL_VARIABLE, chosen)
+        assert containers.probe_tool() is None
+        assert main(["build", "--dry-run", "--container", "--cuda", "cpu", "--py", "3.12",
+                     "--out", str(tmp_path / "refused")]) == ExitCode.TOOL_MISSING
+        assert f"{containers.TOOL_VARIABLE}={chosen} names no docker or podman" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
     monkeypatch.delenv(containers.TOOL_VARIABLE)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(ToolMissingError, match="docker or podman"):

@@ -289,7 +289,8 @@ def probe_tool() -> str | None:
     dry run needs only the client)."""
     chosen = os.environ.get(TOOL_VARIABLE)
     if chosen:
-        return shutil.which(chosen)
+        # docker or podman by name or path (podman-remote, docker.exe too); another program takes other flags
+        return shutil.which(chosen) if Path(chosen).name.startswith(CONTAINER_TOOLS) else None
     for tool in CONTAINER_TOOLS:
         found = shutil.which(tool)
         if found is not None:
@@ -297,14 +298,18 @@ def probe_tool() -> str | None:
     return None
 
 
-def find_tool() -> str:
+def find_tool(*, dry_run: bool = False) -> str:
+    """The client to run. A dry run with none prints `docker` (it only shows the commands); a
+    $TORCHFORGE_CONTAINER_TOOL that names no docker or podman is refused either way."""
     found = probe_tool()
     if found is not None:
         return found
     chosen = os.environ.get(TOOL_VARIABLE)
     if chosen:
-        raise ToolMissingError(f"{TOOL_VARIABLE}={chosen} names no program on PATH",
-                               f"set it to docker or podman (or a path to one), or unset it to use the first found")
+        raise ToolMissingError(f"{TOOL_VARIABLE}={chosen} names no docker or podman program on PATH",
+                               "set it to docker or podman (or a path to one), or unset it to use the first found")
+    if dry_run:
+        return CONTAINER_TOOLS[0]
     raise ToolMissingError("--container needs docker or podman on PATH; neither was found",
                            "install docker or podman, or build without --container on a machine with the CUDA toolkit")
 

@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
                                  "drop --container and build on a machine of that platform")
             chosen, why = _container_engine(engine)
             # A dry run only prints the command, so it needs no client here (it then prints `docker run`).
-            tool = containers.probe_tool() or ("docker" if dry_run else containers.find_tool())
+            tool = containers.find_tool(dry_run=dry_run)
             container_settings = containers.ContainerSettings(tool, site.images)
             containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
             if (dry_run or skip_preflight) and not magma_only:
