@@ -171,11 +171,12 @@ def _base(log: list[str]) -> str:
     rootfs = _fresh(HOME / "build" / "rootfs")
     _check(subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
                            str(rootfs), MIRROR], capture_output=True, timeout=1800), "debootstrap")
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    imported = _podman("import", "--change", f"LABEL {LABEL}={digest}", "--change", f"ENV PATH={PATH}",
-                       "-", BASE, stdin=tar.stdout.fileno() if tar.stdout else None)
-    tar.wait()
+    with subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE) as tar:  # closes its pipe
+        imported = _podman("import", "--change", f"LABEL {LABEL}={digest}", "--change", f"ENV PATH={PATH}",
+                           "-", BASE, stdin=tar.stdout.fileno() if tar.stdout else None)
     _check(imported, "podman import")
+    if tar.returncode != 0:
+        raise RuntimeError(f"tar of {rootfs} failed ({tar.returncode})")
     shutil.rmtree(rootfs)
     log.append(f"made {BASE}")
     return digest

@@ -151,7 +151,7 @@ def test_the_data_rejects_unknown_channels_and_cuda_versions() -> None:
               '[images."99.9"]\nimage = "a"\ncuda_home = "/c"\nprovides = "p"\nconda_build = true\nsource = "s"\n')
     with pytest.raises(DataError, match="CUDA 99.9 is missing from cuda.toml"):
         containers.parse_table(images)
-    with pytest.raises(DataError, match="cuda_home must be an absolute path"):
+    with pytest.raises(DataError, match="cuda_home .c. is not an absolute path"):
         containers.parse_table(images.replace("99.9", "12.4").replace('"/c"', '"c"'))
     with pytest.raises(DataError, match="exactly one of image .* and base"):
         containers.parse_table(images.replace("99.9", "12.4").replace('image = "a"', 'image = "a"\nbase = "b"'))
@@ -520,6 +520,16 @@ def test_a_site_image_entry_skips_the_derivation(tmp_path: Path, capsys: pytest.
     assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
                  "--out", str(tmp_path / "out"), "--config", str(config)]) == ExitCode.USAGE
     assert "exactly one of image" in capsys.readouterr().err
+    # keys and cuda_home are checked as the data's are: a CUDA torchforge does not know, a relative toolkit path,
+    # a cpu image with a toolkit; each refused with what was wrong, before anything is planned
+    for entry, words in (('[images."99.9"]\nimage = "a"\n', "CUDA 99.9 is missing from cuda.toml"),
+                         ('[images."13.2"]\nimage = "a"\ncuda_home = "cuda"\n', "cuda_home 'cuda' is not an absolute"),
+                         ('[images.cpu]\nimage = "a"\ncuda_home = "/usr/local/cuda"\n', "a cpu image has no cuda_home")):
+        config.write_text(entry)
+        assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
+                     "--out", str(tmp_path / "refused"), "--config", str(config)]) == ExitCode.USAGE
+        err = capsys.readouterr().err
+        assert words in err and "key is cpu or a CUDA X.Y" in err and not (tmp_path / "refused").exists()
 
 
 def test_the_derived_image_is_built_only_when_the_tool_lacks_its_tag(tmp_path: Path) -> None:

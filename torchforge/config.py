@@ -27,7 +27,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.channels import SiteChannels
-from torchforge.containers import Image, check_entry
+from torchforge import data as tables
+from torchforge.containers import Image, check_keyed_entry
 from torchforge.errors import DataError, UsageError
 
 FILE_NAME = "torchforge.toml"
@@ -102,8 +103,11 @@ def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
                          cudnn=i.cudnn, conda_build=i.conda_build, glibc=i.glibc, source=where) for key, i in spec.images.items()}
     for key, image in images.items():
         try:
-            check_entry(image, f"{where} [images.\"{key}\"]")
+            check_keyed_entry(key, image, f"{where} [images.\"{key}\"]", tables.load().cuda.toolkits,
+                              cuda_home_required=False)
         except DataError as exc:
-            raise UsageError(exc.message, "write image = \"registry/name:tag\" or base = \"registry/name:tag\"; "
+            raise UsageError(exc.message, "an [images.\"X.Y\"] key is cpu or a CUDA X.Y (\"12.8\"); write "
+                                          "image = \"registry/name:tag\" or base = \"registry/name:tag\", cuda_home "
+                                          "= \"/usr/local/cuda-12.8\" (absolute; default /usr/local/cuda), "
                                           "cudnn = \"9.10.2.21\" (the full version)") from exc
     return SiteConfig(SiteChannels(replace, mirrors, where), images, path)

@@ -96,13 +96,7 @@ def parse_table(text: str, where: str = "torchforge/data/images.toml") -> Images
     table = parse_table_as(ImagesTable, text, where)
     toolkits = tables.load().cuda.toolkits
     for key, image in table.images.items():
-        if key != "cpu" and key not in toolkits:
-            raise DataError(f"{where} images.{key}: CUDA {key} is missing from cuda.toml")
-        if (key == "cpu") != (image.cuda_home == "") or (image.cuda_home and not image.cuda_home.startswith("/")):
-            raise DataError(f"{where} images.{key}: cuda_home must be an absolute path for CUDA and empty for cpu")
-        check_entry(image, f"{where} images.{key}")
-        if key == "cpu" and image.cudnn:
-            raise DataError(f"{where} images.cpu: a cpu image carries no cuDNN")
+        check_keyed_entry(key, image, f"{where} images.{key}", toolkits, cuda_home_required=True)
     wheels = table.cudnn_wheels
     if not wheels.prefix.startswith("/"):
         raise DataError(f"{where} cudnn_wheels.prefix must be an absolute path")
@@ -116,6 +110,19 @@ def parse_table(text: str, where: str = "torchforge/data/images.toml") -> Images
         if not hashes or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes):
             raise DataError(f"{where} cudnn_wheels.sha256.{requirement}: give the sha256 (64 hex) of each wheel")
     return table
+
+
+def check_keyed_entry(key: str, image: Image, where: str, toolkits: Mapping[str, object], *,
+                      cuda_home_required: bool) -> None:
+    """An entry under its key: "cpu" or a CUDA X.Y of cuda.toml, a cuda_home that fits it, then check_entry.
+    A site may leave cuda_home out: the recipes then use their default, /usr/local/cuda."""
+    if key != "cpu" and key not in toolkits:
+        raise DataError(f"{where}: CUDA {key} is missing from cuda.toml (known: cpu, {', '.join(toolkits)})")
+    if key == "cpu" and (image.cuda_home or image.cudnn):
+        raise DataError(f"{where}: a cpu image has no cuda_home and carries no cuDNN")
+    if key != "cpu" and (image.cuda_home or cuda_home_required) and not image.cuda_home.startswith("/"):
+        raise DataError(f"{where}: cuda_home {image.cuda_home!r} is not an absolute path")
+    check_entry(image, where)
 
 
 def check_entry(image: Image, where: str) -> None:
