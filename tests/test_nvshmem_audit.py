@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from torchforge.rpath import Kind, Layout, audit, hashed_name
+from torchforge.proc import Runner
+from torchforge.rpath import Kind, Layout, audit, find_patchelf, hashed_name
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
@@ -98,5 +99,22 @@ def test_the_self_contained_part_passes_and_loads_plugins_only_by_their_own_name
     # A hashed copy (the treatment of a library that is only linked) is not found by the name dlopen asks for.
     hashed = hashed_name(lib / "nvshmem_bootstrap_uid.so.3")
     (lib / "nvshmem_bootstrap_uid.so.3").rename(lib / hashed)
+    missing = _load(lib, "nvshmem_bootstrap_uid.so.3")
+    assert missing.returncode == 1 and "nvshmem_bootstrap_uid.so.3" in missing.stderr
+
+
+def test_upstreams_self_contained_layout_passes_the_audit_but_finds_no_plugin(nvshmem_like: Path,
+                                                                              tmp_path: Path) -> None:
+    """PyTorch's own bundled (no nvidia-* wheels) builds copy libnvshmem_host.so.3 alone, hashed like any linked
+    library (P@799d09f2:.ci/manywheel/build_cuda.sh DEPS_LIST): the audit has nothing to object to, yet the
+    bootstrap plugin NVSHMEM dlopens at initialisation is not there."""
+    lib = package(tmp_path, nvshmem_like, ["libnvshmem_host.so.3"])
+    host = hashed_name(lib / "libnvshmem_host.so.3")
+    assert host.startswith("libnvshmem_host-") and host.endswith(".so.3")
+    (lib / "libnvshmem_host.so.3").rename(lib / host)
+    patchelf = find_patchelf(Runner())
+    subprocess.run([patchelf, "--replace-needed", "libnvshmem_host.so.3", host, str(lib / "libtorch_cuda.so")],
+                   check=True)
+    assert audit(tmp_path, Layout.CONDA).ok
     missing = _load(lib, "nvshmem_bootstrap_uid.so.3")
     assert missing.returncode == 1 and "nvshmem_bootstrap_uid.so.3" in missing.stderr
