@@ -596,3 +596,16 @@ def test_taking_the_lock_repairs_an_index_that_disagrees_with_the_folder(tmp_pat
         pass
     assert set(_listed(chan)) == {kept.name, late.name}
     assert not (chan / ".tmp").exists()
+
+
+def test_audit_killed_mid_extraction_leaves_nothing_after_the_rerun(big_package: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rpath audit` of an archive extracts it into the user's private scratch root ($TMPDIR/torchforge-<uid>);
+    a SIGKILL leaves that folder behind, and the next run that uses the root removes it."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    root = tmp_path / f"torchforge-{os.getuid()}"
+    extracting = lambda: any(p.is_dir() and any(p.iterdir()) for p in root.glob(f"{SCRATCH}audit-*/pkg"))  # noqa: E731
+    kill_when(["rpath", "audit", str(big_package)], extracting, tmp_path / "killed.log")
+    assert [p.name for p in root.iterdir()], "the killed audit left its scratch folder"
+    rerun(["rpath", "audit", str(big_package)])
+    assert list(root.iterdir()) == []

@@ -10,9 +10,12 @@ MatchSpecs parsed by py-rattler, so upstream's `numpy=1.21.5` equals torchforge'
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from rattler import MatchSpec
@@ -367,16 +370,24 @@ def test_beyond_conda_cuda_builds_require_the_wheels_triton(pytorch: str, cuda: 
     assert not [r for r in cpu["run"] if "triton" in name_of(r)]
 
 
+NVSHMEM_WHEEL = Path(__file__).parent / "fixtures" / "nvshmem_like" / "nvidia_nvshmem_cu13-3.4.5.toml"
+
+
 @pytest.mark.parametrize(("pytorch", "cuda", "subdir", "exported"), [
     ("2.7.1", "12.8", "linux-64", False),     # no wheel of 2.7 links NVSHMEM
     ("2.8.0", "12.8", "linux-64", True),
     ("2.9.1", "12.8", "linux-64", True),      # PyPI torch 2.9.x METADATA: nvidia-nvshmem-cu12==3.3.20
+    ("2.11.0", "13.0", "linux-64", True),     # PyPI torch 2.11.0 METADATA: nvidia-nvshmem-cu13==3.4.5
     ("2.13.0", "13.0", "linux-aarch64", True),
     ("2.13.0", "cpu", "linux-64", False),
     ("2.9.1", "12.8", "win-64", False),       # NVSHMEM has no Windows build
 ])
 def test_beyond_conda_cuda_builds_leave_nvshmem_out(pytorch: str, cuda: str, subdir: str, exported: bool) -> None:
-    """The wheels take libnvshmem_host.so.3 from nvidia-nvshmem-cuXX; no conda package of it was checked and it
-    is not bundled, so a build machine that has NVSHMEM (the manylinux2_28 images do) must not link it."""
-    _, env, _ = rendered(Request(pytorch, cuda, "3.12", subdir))
+    """The wheels take libnvshmem_host.so.3 and its plugins from nvidia-nvshmem-cuXX; bundling them is not sound
+    (licence and audit: eras.toml, README "Inside the package", tests/test_nvshmem_audit.py), so a build machine
+    that has NVSHMEM (the manylinux2_28 images do) must not link it, and none of the wheel's files is copied."""
+    _, env, bundled = rendered(Request(pytorch, cuda, "3.12", subdir))
     assert (env.get("USE_NVSHMEM") == "0") is exported and (exported or "USE_NVSHMEM" not in env)
+    wheel_files = {entry["file"] for entry in tomllib.loads(NVSHMEM_WHEEL.read_text())["library"]}
+    assert len(wheel_files) == 12
+    assert not [name for name in bundled if fnmatch.filter(wheel_files, name) or "nvshmem" in name.lower()]

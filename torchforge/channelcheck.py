@@ -7,13 +7,12 @@ channels it was looked for in; when each has candidates but they conflict, the s
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import localchannel
+from torchforge import fileops, localchannel
 from torchforge.aio import run_async
 from torchforge.recipe import pytorch_context
 from torchforge.resolve import Variant
@@ -81,8 +80,8 @@ def check(variants: Sequence[Variant], *, out: Path, extra: tuple[str, ...], sit
     from rattler import Gateway
 
     findings: list[Finding] = []
-    with tempfile.TemporaryDirectory(prefix="torchforge-repodata-") as tmp:
-        gateway = Gateway(cache_dir=cache_dir or Path(tmp))
+    with fileops.private_scratch("repodata") as tmp:
+        gateway = Gateway(cache_dir=cache_dir or tmp)
         out_url = f"file://{out.resolve()}"
         plans = [(v, channel_data.build_channels(out, extra, channel_data.for_variant(v, site))) for v in variants]
         answering: dict[str, str | None] = {}

@@ -119,6 +119,29 @@ def scratch(root: Path, purpose: str) -> Iterator[Path]:
             os.close(fd)
 
 
+def private_root() -> Path:
+    """This user's folder for scratch work with no output folder to hold it (auditing a package, a channel
+    check, an upload client's config): `$TMPDIR/torchforge-<uid>`, readable by its owner alone."""
+    root = Path(tempfile.gettempdir()) / f"torchforge-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise translate(exc, "temporary folder") from exc
+    if root.is_symlink() or root.stat().st_uid != os.getuid():
+        raise FileSystemError(f"{root} is not a folder of yours", "set TMPDIR to a folder you own")
+    return root
+
+
+@contextmanager
+def private_scratch(purpose: str) -> Iterator[Path]:
+    """`scratch` in `private_root()`, after removing what killed runs left there: an interrupted audit or upload
+    leaves nothing in /tmp for long, and its rerun converges."""
+    root = private_root()
+    clean_stale(root)
+    with scratch(root, purpose) as folder:
+        yield folder
+
+
 @contextmanager
 def deferred_interrupt() -> Iterator[None]:
     """Hold back SIGINT (Ctrl-C) for the duration of a short step that must finish, then deliver it."""

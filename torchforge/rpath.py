@@ -34,6 +34,7 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
+from torchforge import fileops
 from torchforge.data import data_text, parse_toml
 from torchforge.elf import ElfInfo, ElfReadError, iter_tree, maybe_elf, read_elf
 from torchforge.errors import (
@@ -371,8 +372,8 @@ def unpacked(path: Path) -> Iterator[Path]:
     name = path.name
     if not name.endswith((".conda", ".tar.bz2", ".whl")):
         raise UsageError(f"{path} is not a package", "give a .conda, .tar.bz2 or .whl file, or a directory")
-    with tempfile.TemporaryDirectory(prefix="torchforge-audit-") as tmp:
-        dest = Path(tmp) / "pkg"
+    with fileops.private_scratch("audit") as tmp:
+        dest = tmp / "pkg"
         try:
             if name.endswith(".whl"):
                 extract_wheel(path, dest)

@@ -16,13 +16,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from torchforge import fileops
 from torchforge.errors import ToolMissingError, UploadFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.targets import Credential, Target, find_token
@@ -105,10 +105,10 @@ class AnacondaUploader:
             yield env, secrets
             return
         # A private config folder holding only the API URL; the token is never written to it.
-        with tempfile.TemporaryDirectory(prefix="torchforge-anaconda-") as tmp:
-            (Path(tmp) / "data").mkdir()
-            (Path(tmp) / "data" / "config.yaml").write_text(f"url: {json.dumps(self.api_url)}\n", encoding="utf-8")
-            env["BINSTAR_CONFIG_DIR"] = tmp
+        with fileops.private_scratch("anaconda") as tmp:
+            (tmp / "data").mkdir()
+            (tmp / "data" / "config.yaml").write_text(f"url: {json.dumps(self.api_url)}\n", encoding="utf-8")
+            env["BINSTAR_CONFIG_DIR"] = str(tmp)
             yield env, secrets
 
     def _run(self, argv: list[str], what: str) -> str:
