@@ -312,6 +312,8 @@ WHEEL_PINS = (
     ("2.12.0", "13.0", "9.20.0.48", "2.29.7"),
     ("2.13.0", "13.0", "9.20.0.48", "2.29.7"),
     ("2.14.0", "13.0", "9.24.0.43", "2.30.7"),
+    # torch-2.15.0+cu132: cuda-toolkit[...]==13.2.2, nvidia-cudnn-cu13==9.26.0.51, nvidia-nccl-cu13==2.30.7
+    ("2.15.0", "13.2", "9.26.0.51", "2.30.7"),
 )
 
 
@@ -340,7 +342,8 @@ def test_jetson_builds_bundle_nothing_jetpack_provides_cudnn() -> None:
 # (release, CUDA, subdir, Python, the run requirement or None), from the Requires-Dist of PyPI `torch==X`
 # (manylinux x86_64, cp312; same metadata-only resolve): `triton==V; platform_system == "Linux" and
 # platform_machine == "x86_64"` up to 2.10, no machine marker from 2.11, `python_version < "3.15"` from 2.13,
-# `triton~=3.8.0` in 2.14.
+# `triton~=3.8.0` in 2.14, `triton~=3.9.0; platform_system == "Linux" and python_version < "3.16"` in 2.15.0 (x86_64
+# and aarch64 wheels alike).
 WHEEL_TRITON = (
     ("2.6.0", "12.6", "linux-64", "3.12", "triton ==3.2.0"),
     ("2.7.1", "12.8", "linux-64", "3.12", "triton ==3.3.1"),   # 2.7.0: 3.3.0
@@ -351,6 +354,8 @@ WHEEL_TRITON = (
     ("2.12.1", "13.0", "linux-64", "3.12", "triton ==3.7.1"),  # 2.12.0: 3.7.0
     ("2.13.0", "13.0", "linux-64", "3.15", None),              # python_version < "3.15"
     ("2.14.1", "13.0", "linux-64", "3.12", "triton >=3.8.0,<3.9.0a0"),
+    ("2.15.0", "13.2", "linux-64", "3.15", "triton >=3.9.0,<3.10.0a0"),       # < 3.16: 3.15 keeps it
+    ("2.15.0", "13.2", "linux-aarch64", "3.11", "triton >=3.9.0,<3.10.0a0"),
 )
 
 

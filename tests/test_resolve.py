@@ -111,6 +111,46 @@ def test_releases_beyond_conda_are_buildable_with_the_wheel_arch_list() -> None:
     assert any("never published as a conda package" in w for w in variant.warnings)
 
 
+def test_pytorch_2_15_plans_its_default_wheels_cuda_13_2_from_the_wheels_facts() -> None:
+    # torch-2.15.0+cu132 on PyPI: nvidia-cudnn-cu13==9.26.0.51, nvidia-nccl-cu13==2.30.7, Requires-Python >=3.11;
+    # cuobjdump of its libtorch_cuda.so: sm_75 sm_80 sm_86 sm_90 sm_100 sm_120, no PTX (pytorch.toml cites them)
+    variant = classify(Request("2.15.0", "13.2", "3.12", "linux-64"))
+    assert variant.status is Status.BUILDABLE
+    assert (variant.cudnn, variant.nccl, variant.arch_list) == ("9.26.0.51", "2.30.7", "7.5;8.0;8.6;9.0;10.0;12.0")
+    assert variant.build_string == "py3.12_cuda13.2_cudnn9.26.0_0"
+    assert not [w for w in variant.warnings if "not known" in w]
+    assert "supports Python 3.11 to 3.15, not 3.10" in refusals(Request("2.15.0", "13.2", "3.10", "linux-64"))
+    # the wheel's share/cmake/Caffe2/public/cuda.cmake: "PyTorch requires CUDA 12.6 or above."
+    assert "requires CUDA 12.6 or newer" in refusals(Request("2.15.0", "12.4", "3.12", "linux-64"))
+    # 2.13.0 / 2.14.1 wheels' cuda.cmake: 12.1 / 12.6
+    assert "requires CUDA 12.1 or newer" in refusals(Request("2.13.0", "11.8", "3.12", "linux-64"))
+    assert classify(Request("2.13.0", "12.4", "3.12", "linux-64")).status is Status.BUILDABLE
+    assert "requires CUDA 12.6 or newer" in refusals(Request("2.14.1", "12.4", "3.12", "linux-64"))
+    assert "PyTorch 2.15.1 was never released" in refusals(Request("2.15.1", "13.2", "3.12", "linux-64"))
+
+
+def test_pytorch_2_15_cuda_builds_the_sources_do_not_show_say_what_is_not_known() -> None:
+    # Only the default wheel could be read: a CUDA 13.0 plan borrows 2.14's values and says it does not know
+    # whether upstream built 2.15 with CUDA 13.0, rather than claiming there was no such build.
+    variant = classify(Request("2.15.0", "13.0", "3.12", "linux-64"))
+    assert variant.status is Status.BUILDABLE
+    assert (variant.cudnn, variant.arch_list) == ("9.24.0.43", "7.5;8.0;8.6;9.0;10.0;12.0")
+    unknown = [w for w in variant.warnings if "not known" in w]
+    assert any("whether PyTorch 2.15 had an upstream CUDA 13.0 build" in w and "cuDNN 9.24.0.43 as PyTorch 2.14" in w
+               for w in unknown), variant.warnings
+    assert any("arch list of a PyTorch 2.15 CUDA 13.0 build is not known" in w for w in unknown)
+    # a release whose CUDA list is complete still says upstream had no such build
+    complete = classify(Request("2.14.1", "12.8", "3.12", "linux-64"))
+    assert any("no official PyTorch 2.14 build for CUDA 12.8" in w for w in complete.warnings)
+    assert not [w for w in complete.warnings if "not known" in w]
+
+
+def test_no_known_minimum_gcc_is_a_warning_not_a_silent_pass() -> None:
+    variant = classify(Request("2.15.0", "13.2", "3.12", "linux-64", Options(gcc="10.2")))
+    assert variant.status is Status.BUILDABLE
+    assert any("no minimum GCC for PyTorch 2.15" in w and "PyTorch 2.14 needs GCC 11.3" in w for w in variant.warnings)
+
+
 def test_custom_arch_list_makes_a_variant_buildable_not_official() -> None:
     variant = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(arch_list="8.0;9.0")))
     assert variant.status is Status.BUILDABLE and variant.arch_list == "8.0;9.0"

@@ -38,7 +38,9 @@ def test_build_cuda_11_0_py38_plans_pytorch_1_7_1_and_says_why_first(tmp_path: P
 
 def test_default_release_falls_back_to_the_newest_that_can_build() -> None:
     version, reason = default_release(Selection("2.5.1", ("12.8",), ("3.12",), "linux-64"))
-    newest = max(tables.load().pytorch.releases, key=lambda k: tuple(map(int, k.split("."))))
+    # newest among the releases whose CUDA builds the data knows in full (2.15: only its default wheel's)
+    complete = [k for k, r in tables.load().pytorch.releases.items() if r.cuda_incomplete is None]
+    newest = max(complete, key=lambda k: tuple(map(int, k.split("."))))
     assert version.startswith(newest + ".")
     assert "no release published official conda packages of CUDA 12.8" in reason
     assert classify(Request(version, "12.8", "3.12", "linux-64")).status is Status.BUILDABLE
@@ -48,6 +50,15 @@ def test_default_release_of_the_embedded_default_selection_is_the_last_conda_rel
     defaults = tables.load().pytorch.defaults
     selection = Selection(defaults.pytorch, defaults.cuda, defaults.python, defaults.platform)
     assert default_release(selection)[0] == defaults.pytorch
+
+
+def test_default_release_prefers_a_release_whose_cuda_build_is_known() -> None:
+    # 2.15.0's CUDA 13.2 wheel was read; whether 2.15 had a CUDA 12.6 build is not known, so 12.6 gets 2.14.1
+    # (whose CUDA 12.6 wheel is in the data) rather than a 2.15 plan made of 2.14's values.
+    assert default_release(Selection("2.5.1", ("13.2",), ("3.12",), "linux-64"))[0] == "2.15.0"
+    assert default_release(Selection("2.5.1", ("12.6",), ("3.12",), "linux-64"))[0] == "2.14.1"
+    # Python 3.10: 2.15 has no cp310 wheel (Requires-Python >=3.11)
+    assert default_release(Selection("2.5.1", ("13.2",), ("3.10",), "linux-64"))[0] == "2.14.1"
 
 
 def test_default_release_for_cuda_10_1_and_python_3_8_is_1_8_1() -> None:

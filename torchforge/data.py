@@ -98,6 +98,7 @@ class Release(FrozenModel):
     triton_package: str = "torchtriton"  # the conda name: pytorch channel's torchtriton (<= 2.5), conda-forge's triton
     triton_subdirs: tuple[str, ...] | None = None  # the conda subdirs its marker admits; None = every non-Windows one
     cxx11_abi: bool = False
+    cuda_incomplete: str | None = None  # why the CUDA tables may miss upstream builds (None: all are listed)
     cuda_tag: Literal["xy", "full"] = "xy"  # CUDA in the build string: X.Y, or (<= 1.7) the full toolkit version
     python_win: tuple[str, str] | None = None  # Windows Python range where it differed
     patch: dict[str, PatchFacts] = {}

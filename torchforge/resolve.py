@@ -294,6 +294,15 @@ def _choose_magma(data: Data, release_key: str, release: Release, cuda: str, sou
     return source.version
 
 
+def _no_build(release_key: str, release: Release, cuda: str) -> str:
+    """Why the release has no CUDA table for `cuda`: upstream built none, or (cuda_incomplete) the sources
+    torchforge could read do not say whether it did."""
+    if release.cuda_incomplete and cuda not in release.cuda:
+        return (f"whether PyTorch {release_key} had an upstream CUDA {cuda} build, and with which cuDNN and NCCL, "
+                f"is not known: {release.cuda_incomplete}")
+    return f"no official PyTorch {release_key} build for CUDA {cuda}"
+
+
 def newest_cuda_major(release: Release) -> int | None:
     """The newest CUDA major the release was built with upstream: its sources predate any newer one."""
     majors = [versions.parse(c).major for c in release.cuda]
@@ -501,7 +510,7 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             nearest = _nearest_release_value(data, release_key, cuda, "cudnn")
             if nearest:
                 cudnn = nearest[1]
-                check.warn(f"no official PyTorch {release_key} build for CUDA {cuda}: using cuDNN {cudnn} as PyTorch {nearest[0]} did")
+                check.warn(f"{_no_build(release_key, release, cuda)}: using cuDNN {cudnn} as PyTorch {nearest[0]} did")
         if cudnn is None:
             check.refuse(f"no cuDNN version is known for CUDA {cuda}; choose a CUDA listed for PyTorch {release_key}: "
                          f"{', '.join(release.cuda) or 'cpu only'}")
@@ -522,6 +531,11 @@ def classify(request: Request, data: Data | None = None) -> Variant:
             )
         if release.min_gcc and versions.parse(gcc) < versions.parse(release.min_gcc):
             check.refuse(f"PyTorch {release_key} is C++{release.cxx_standard} and needs GCC {release.min_gcc} or newer, not {gcc}")
+        elif release.min_gcc is None and release.cxx_standard >= 20:
+            known = [(k, r.min_gcc) for k, r in data.pytorch.releases.items() if r.min_gcc]
+            hint = "; ".join(f"PyTorch {k} needs GCC {v}" for k, v in known[-1:])
+            check.warn(f"the sources read give no minimum GCC for PyTorch {release_key} (C++{release.cxx_standard}"
+                       f"{'; ' + hint if hint else ''}): GCC {gcc} is checked against nvcc only")
 
     # Official or not.
     platform = request.platform
@@ -669,7 +683,10 @@ def _resolve_arch_list(data: Data, request: Request, release_key: str, release: 
             if release.max_arch:
                 parts = [p for p in parts if arch_key(p) <= arch_key(release.max_arch)]
             arch_list = ";".join(parts)
-            check.warn(f"no official arch list for PyTorch {release_key} with CUDA {cuda}: using PyTorch {nearest[0]}'s ({arch_list})")
+            unknown = (f"the arch list of a PyTorch {release_key} CUDA {cuda} build is not known"
+                       if release.cuda_incomplete and cuda not in release.cuda
+                       else f"no official arch list for PyTorch {release_key} with CUDA {cuda}")
+            check.warn(f"{unknown}: using PyTorch {nearest[0]}'s ({arch_list})")
     for arch in arch_list.split(";"):
         if not arch:
             continue
@@ -794,6 +811,12 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
     return tuple(env.items())
 
 
+def _cuda_unknown(data: Data, version: str, accels: tuple[str, ...]) -> list[str]:
+    """The requested CUDA versions whose upstream builds of `version` torchforge's data may miss."""
+    release = data.pytorch.releases[minor(version)]
+    return [a for a in accels if release.cuda_incomplete and a != "cpu" and a not in release.cuda]
+
+
 def default_release(selection: Selection, data: Data | None = None) -> tuple[str, str]:
     """The release to use when none was asked for, and why: the newest release that published official conda
     packages of every requested CUDA x Python on the platform, else the newest that can build them all."""
@@ -808,9 +831,15 @@ def default_release(selection: Selection, data: Data | None = None) -> tuple[str
         statuses[version] = {classify(request, data).status for request in requests}
         if statuses[version] == {Status.OFFICIAL}:
             return version, f"PyTorch {version}: the newest release with official conda packages of {what}"
-    for version, found in statuses.items():
-        if Status.REFUSED not in found:
-            return version, (f"PyTorch {version}: no release published official conda packages of {what}; "
-                             f"{version} is the newest release that can build them")
+    buildable = [version for version, found in statuses.items() if Status.REFUSED not in found]
+    # A release whose data may miss upstream's build of a requested CUDA (cuda_incomplete) would plan it from
+    # another release's cuDNN and arch list: an older release whose facts are known comes first.
+    known = [version for version in buildable if not _cuda_unknown(data, version, selection.accels)]
+    if buildable:
+        version = (known or buildable)[0]
+        unknown = _cuda_unknown(data, version, selection.accels)
+        return version, (f"PyTorch {version}: no release published official conda packages of {what}; "
+                         f"{version} is the newest release that can build them"
+                         + (f" (its CUDA {', '.join(unknown)} build facts are not known)" if unknown else ""))
     fallback = data.pytorch.defaults.pytorch
     return fallback, f"PyTorch {fallback} (the default): no release in torchforge's data can build {what}"
