@@ -7,6 +7,7 @@ through libnvshmem_host's ${ORIGIN}, which only works while their file names are
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -26,13 +27,13 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds 
 
 
 def _fixture_module():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(FIXTURES / "nvshmem_like"))
-    try:
-        import build as nvshmem_like_build
-    finally:
-        sys.path.pop(0)
-        sys.modules.pop("build", None)  # tests/fixtures/cuda_like has a build module too
-    return nvshmem_like_build
+    # Loaded from its file under its own name: tests/fixtures/cuda_like has a `build` module too, and a plain
+    # `import build` returns whichever one this worker imported first.
+    spec = importlib.util.spec_from_file_location("nvshmem_like_build", FIXTURES / "nvshmem_like" / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
