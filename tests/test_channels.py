@@ -3,6 +3,7 @@ torchforge.toml replacing them, `--container` command lines, and the CI files fo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -282,6 +283,11 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
         assert main(["build", "--dry-run", "--container", "--cuda", "cpu", "--py", "3.12",
                      "--out", str(tmp_path / "refused")]) == ExitCode.TOOL_MISSING
         assert f"{containers.TOOL_VARIABLE}={chosen} names no docker or podman" in capsys.readouterr().err
+        # doctor's row says the same, not "neither was found"
+        assert main(["doctor", "--container", "--cuda", "cpu", "--py", "3.12", "--json",
+                     "--out", str(tmp_path / "refused")]) == ExitCode.PREFLIGHT_FAILED
+        row = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "container tool")
+        assert row["status"] == "fail" and f"{containers.TOOL_VARIABLE}={chosen} names no docker" in row["detail"]
     assert not (tmp_path / "refused").exists()
     monkeypatch.delenv(containers.TOOL_VARIABLE)
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))

@@ -311,14 +311,19 @@ def find_tool(*, dry_run: bool = False) -> str:
     found = probe_tool()
     if found is not None:
         return found
+    if dry_run and not os.environ.get(TOOL_VARIABLE):
+        return CONTAINER_TOOLS[0]
+    raise no_tool()
+
+
+def no_tool() -> ToolMissingError:
+    """Why probe_tool() found none: $TORCHFORGE_CONTAINER_TOOL names no docker or podman, or neither is on PATH."""
     chosen = os.environ.get(TOOL_VARIABLE)
     if chosen:
-        raise ToolMissingError(f"{TOOL_VARIABLE}={chosen} names no docker or podman program on PATH",
-                               "set it to docker or podman (or a path to one), or unset it to use the first found")
-    if dry_run:
-        return CONTAINER_TOOLS[0]
-    raise ToolMissingError("--container needs docker or podman on PATH; neither was found",
-                           "install docker or podman, or build without --container on a machine with the CUDA toolkit")
+        return ToolMissingError(f"{TOOL_VARIABLE}={chosen} names no docker or podman program on PATH",
+                                "set it to docker or podman (or a path to one), or unset it to use the first found")
+    return ToolMissingError("--container needs docker or podman on PATH; neither was found",
+                            "install docker or podman, or build without --container on a machine with the CUDA toolkit")
 
 
 @dataclass(frozen=True)

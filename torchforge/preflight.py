@@ -30,8 +30,8 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, check_cudnn, describe, image_for, reference,
-                                   require_image)
+from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, check_cudnn, describe, image_for, no_tool,
+                                   reference, require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -621,8 +621,8 @@ def _check_driver(ctx: _Context) -> None:
 
 def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bool) -> None:
     if not container.tool:
-        ctx.add("container tool", Level.FAIL, "--container needs docker or podman on PATH; neither was found",
-                "install docker or podman, or build without --container on a machine with the CUDA toolkit")
+        missing = no_tool()  # none on PATH, or TORCHFORGE_CONTAINER_TOOL names no docker or podman
+        ctx.add("container tool", Level.FAIL, missing.message, missing.hint)
         answers = False
     else:
         answers = _container_engine_answers(ctx, container.tool)
