@@ -313,6 +313,22 @@ class Pipeline:
             return None
         return CompileCache(self.settings.compile_cache_root, step.cache_key, self._ccache)
 
+    def _ensure_image(self, step: Step, out: Path, log: Path) -> None:
+        """Before the first build in a derived image: build it unless the tool already has its tag (once per tag:
+        a base that carries the variant's cuDNN gives magma and pytorch the same one)."""
+        assert self.settings.container is not None
+        image = containers.image_for(step.accel, self.settings.container.images)
+        ready = containers.reference(step.accel, image, step.cudnn) if image is not None else step.accel
+        if ready in self._images_ready:
+            return
+        derived = containers.ensure_derived(step.accel, self.settings.container, self.runner, out,
+                                            log_file=None if self.runner.dry_run else log, cudnn=step.cudnn)
+        if derived is not None:
+            added = f" + cuDNN {derived.cudnn} in {derived.cudnn_dir}" if derived.cudnn else ""
+            self.on_event(f"image {derived.tag}: {derived.base} + conda-build{added} "
+                          f"({containers.derived_folder(out, derived) / 'Dockerfile'})")
+        self._images_ready.add(ready)
+
     def _build(self, step: Step) -> StepResult:
         result = self._build_once(step)
         if result.ok and step.cache_key is not None and not self.runner.dry_run:
@@ -361,18 +377,7 @@ class Pipeline:
         try:
             command = self.engine.command(job)
             if self.settings.container is not None:
-                image = containers.image_for(step.accel, self.settings.container.images)
-                # One image per tag: a base that carries the variant's cuDNN gives magma and pytorch the same one.
-                ready = containers.reference(step.accel, image, step.cudnn) if image is not None else step.accel
-                if ready not in self._images_ready:
-                    # Before the first build in a derived image: build it unless the tool already has its tag.
-                    derived = containers.ensure_derived(step.accel, self.settings.container, self.runner, out,
-                                                        log_file=None if self.runner.dry_run else log, cudnn=step.cudnn)
-                    if derived is not None:
-                        added = f" + cuDNN {derived.cudnn} in {derived.cudnn_dir}" if derived.cudnn else ""
-                        self.on_event(f"image {derived.tag}: {derived.base} + conda-build{added} "
-                                      f"({containers.derived_folder(out, derived) / 'Dockerfile'})")
-                    self._images_ready.add(ready)
+                self._ensure_image(step, out, log)
                 # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
                 writable = [out, *([Path(job.env["SCCACHE_DIR"])] if job.env.get("SCCACHE_DIR") else [])]
                 readonly = [Path(step.local_source)] if step.local_source else []
