@@ -3,8 +3,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,18 @@ TORCH = "2.13.0"
 # Larger than every streaming loop's chunk many times over (copy 8 MiB, hash 1 MiB, quetz 1 MiB), so each
 # loop iterates; incompressible, so the archive is really this big. Generated per session, never stored.
 BIG_PAYLOAD_BYTES = 300 << 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_basetemp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """TMPDIR for the whole session: a folder under pytest's basetemp, which pytest rotates away. py-rattler-build's
+    Stage0Recipe.from_yaml leaves a `rattler_build_*` folder per parse in the temporary folder it sees at its first
+    use in a process (set later, it is not read again), hundreds per run; they no longer pile up in /tmp."""
+    folder = tmp_path_factory.mktemp("tmpdir")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", None)  # Python's own tempfile re-reads TMPDIR
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -34,11 +34,16 @@ def _solve(channels: list[Path], specs: list[str], cache: Path) -> dict[str, str
 def channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The companions of a CUDA 12.4 and a cpu PyTorch 2.5.1, built by `torchforge build` with rattler-build."""
     out = tmp_path_factory.mktemp("companions") / "channel"
+    tmpdir = tmp_path_factory.mktemp("tmpdir")
     # Only the companions are built: --magma-only would skip them, so the pytorch steps fail fast on the
     # missing source; the companions are built first and published regardless (--keep-going).
-    main(["build", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12", "--engine", "rattler-build",
-          "--skip-preflight", "--keep-going", "--no-test", "--source", str(out.parent / "no-such-source"),
-          "--out", str(out), "--env", "USE_MAGMA=0"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmpdir))
+        main(["build", "--pytorch", "2.5.1", "--cuda", "12.4,cpu", "--py", "3.12", "--engine", "rattler-build",
+              "--skip-preflight", "--keep-going", "--no-test", "--source", str(out.parent / "no-such-source"),
+              "--out", str(out), "--env", "USE_MAGMA=0"])
+    # four engine runs left nothing in the temporary folder (py-rattler-build's own leftovers included)
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
     return out
 
 
