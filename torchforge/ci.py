@@ -28,7 +28,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from torchforge import __version__, fileops, platforms
+from torchforge import __version__, fileops, platforms, versions
 from torchforge import channels as channel_data
 from torchforge.compilecache import group_key
 from torchforge.config import SiteConfig
@@ -184,7 +184,13 @@ class Job:
     @property
     def in_container(self) -> bool:
         """GitHub runs the whole job in the image: node20 actions need glibc >= 2.28 (actions/checkout#1590)."""
-        return self.image is not None and bool(self.glibc) and _version(self.glibc) >= _version(load_data().tools.container_min_glibc)
+        return self.image is not None and bool(self.glibc) and (
+            versions.parse(self.glibc) >= versions.parse(load_data().tools.container_min_glibc))
+
+    @property
+    def image_env(self) -> dict[str, str]:
+        """The variables a build in the job's image needs: its toolkit, and the cuDNN its derivation adds."""
+        return {**({"CUDA_HOME": self.cuda_home} if self.cuda_home else {}), **dict(self.derive_env)}
 
     @property
     def selectors(self) -> tuple[str, ...]:
@@ -250,10 +256,6 @@ def parse_runner_map(text: str | None, accels: Sequence[str]) -> dict[str, tuple
             raise UsageError(f"--runner-map names {accel!r} twice", "give each CUDA version one entry")
         mapping[accel] = parse_labels(labels, f"--runner-map {accel}")
     return mapping
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("."))
 
 
 def _accel_tag(accel: str) -> str:
@@ -541,7 +543,7 @@ def _github_build_job(plan: CiPlan, job: Job) -> CommentedMap:
     body["runs-on"] = _runs_on(job.runner)
     if job.in_container:
         body["container"] = CommentedMap(image=job.image)
-        env = {**({"CUDA_HOME": job.cuda_home} if job.cuda_home else {}), **dict(job.derive_env)}
+        env = job.image_env
         if env:
             body["env"] = CommentedMap(env)
     body["timeout-minutes"] = timeout_minutes(job.runner)
@@ -639,7 +641,7 @@ def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> Comme
     if job.image:
         # The job runs in the CUDA version's build image (toolkit, cuDNN, NCCL, compiler, conda-build).
         body["image"] = job.image
-    variables = {**({"CUDA_HOME": job.cuda_home} if job.cuda_home else {}), **dict(job.derive_env)}
+    variables = job.image_env
     if variables:
         body["variables"] = CommentedMap(variables)
     # GitLab overwrites a cache key in place, so one key per compile-cache group is reused by every Python

@@ -155,6 +155,11 @@ def _label(accel: str) -> str:
     return "cpu" if accel == "cpu" else f"cuda{accel}"
 
 
+def accel_name(accel: str) -> str:
+    """`cpu` or `CUDA X.Y`, for messages."""
+    return "cpu" if accel == "cpu" else f"CUDA {accel}"
+
+
 @dataclass(frozen=True)
 class CudnnWheel:
     """The pip wheel of one cuDNN for one CUDA major, pinned by version and hash."""
@@ -284,7 +289,7 @@ def describe(accel: str, image: Image, cudnn: str = "") -> str:
 def no_image(accel: str) -> UsageError:
     known = ", ".join(load_table().images)
     return UsageError(
-        f"no build image is known for {'cpu' if accel == 'cpu' else 'CUDA ' + accel}",
+        f"no build image is known for {accel_name(accel)}",
         f"images with a source exist for {known}; name one in torchforge.toml, e.g. [images.\"{accel}\"] "
         "image = \"registry.example/cuda-builder:tag\", cuda_home = \"/usr/local/cuda\" (an image with conda-build), "
         "or base = \"registry.example/cuda:tag\" (torchforge adds conda-build to it)",
@@ -417,7 +422,7 @@ def require_image(accel: str, images: Mapping[str, Image] | None = None) -> Imag
         raise no_image(accel)
     if not image.derived and not image.conda_build:
         raise ToolMissingError(
-            f"the image {image.image} of {'cpu' if accel == 'cpu' else 'CUDA ' + accel} has no conda-build ({image.contents})",
+            f"the image {image.image} of {accel_name(accel)} has no conda-build ({image.contents})",
             f"name it as the base instead in torchforge.toml [images.\"{accel}\"] base = \"{image.image}\" (torchforge "
             "then derives an image with conda-build from it), or name an image that has conda-build",
         )
@@ -431,8 +436,8 @@ def check_images(accels: Iterable[str], settings: ContainerSettings) -> None:
 
 
 def check_cudnns(pairs: Iterable[tuple[str, str]], settings: ContainerSettings) -> None:
-    """Preflight's cuDNN check for a run without preflight (--dry-run): (accel, bundled cuDNN) pairs whose image
-    cannot give that cuDNN stop it as they stop the real build (PreflightError)."""
+    """Preflight's cuDNN check for a run without preflight (--dry-run, --skip-preflight): (accel, bundled cuDNN)
+    pairs whose image cannot give that cuDNN stop it as they stop the real build (PreflightError)."""
     for accel, cudnn in dict.fromkeys(pairs):
         try:
             check_cudnn(accel, require_image(accel, settings.images), cudnn)

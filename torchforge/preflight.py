@@ -30,8 +30,8 @@ from rich.table import Table
 from torchforge import channelcheck
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, check_cudnn, describe, image_for, no_tool,
-                                   reference, require_image)
+from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name, check_cudnn, describe, image_for,
+                                   no_tool, reference, require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError
@@ -627,7 +627,7 @@ def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bo
     else:
         answers = _container_engine_answers(ctx, container.tool)
     for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
-        name = f"image ({'cpu' if accel == 'cpu' else 'CUDA ' + accel})"
+        name = f"image ({accel_name(accel)})"
         try:
             image = require_image(accel, container.images)
         except ForgeError as exc:
