@@ -582,6 +582,18 @@ def test_scratch_of_a_live_process_is_kept_and_of_a_killed_one_removed(tmp_path:
     assert not list(tmp_path.glob(SCRATCH))
 
 
+def test_a_scratch_folder_whose_removal_was_cut_short_is_removed_at_once(tmp_path: Path) -> None:
+    """rmtree of a scratch folder can take its owner file and be killed before the folder goes (seen in CI:
+    a `publish-` folder kept by the rerun of a build killed as it published). Only a `new-` folder, whose
+    creator may be between mkdtemp and its owner file, gets the grace period."""
+    cut_short = tmp_path / f"{fileops.SCRATCH_PREFIX}publish-abc123"
+    (cut_short / "pkg").mkdir(parents=True)
+    being_made = tmp_path / f"{fileops.SCRATCH_PREFIX}new-def456"
+    being_made.mkdir()
+    assert fileops.clean_stale(tmp_path) == [cut_short]
+    assert being_made.is_dir() and not cut_short.exists()
+
+
 def test_taking_the_lock_repairs_an_index_that_disagrees_with_the_folder(tmp_path: Path) -> None:
     """Both halves of a killed writer: an archive renamed in but not indexed, and one unlinked (promote --move,
     unpublish) before the index dropped it. The next writer's lock puts repodata.json right."""

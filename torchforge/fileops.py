@@ -24,7 +24,7 @@ from torchforge.errors import FileSystemError
 
 SCRATCH_PREFIX = ".torchforge-tmp-"
 _OWNER = ".owner"
-# A scratch folder without its owner lock yet is younger than this only while its creator is starting.
+# A "new-" scratch folder without its owner file yet is younger than this only while its creator is starting.
 _UNOWNED_GRACE_S = 60.0
 
 
@@ -162,6 +162,11 @@ def _owned(folder: Path) -> bool:
     try:
         fd = os.open(folder / _OWNER, os.O_RDWR)
     except FileNotFoundError:
+        # A folder named for its purpose was locked before it got that name: without its owner file it is one
+        # whose removal was cut short (rmtree took the owner file, then a SIGKILL came). Only a "new-" folder
+        # may be a live creator's, between mkdtemp and the owner file.
+        if not folder.name.startswith(f"{SCRATCH_PREFIX}new-"):
+            return False
         try:
             return time.time() - folder.stat().st_mtime < _UNOWNED_GRACE_S
         except FileNotFoundError:
