@@ -132,6 +132,8 @@ class Requirement(FrozenModel):
     accel: Literal["cuda", "cpu"] | None = None
     line: int | None = None  # line of the era's upstream file that states it
     added: str | None = None  # why torchforge adds a requirement upstream did not have
+    # host only: the package's run_exports are ignored, as the official package had no run requirement from it
+    ignore_run_exports: bool = False
 
     check_specifiers = field_validator("python", "pytorch")(versions.checked_specifier)
 
@@ -168,12 +170,12 @@ class BuildEnvEntry(FrozenModel):
     check_specifiers = field_validator("pytorch", "cuda", "python")(versions.checked_specifier)
 
 
-class WindowsMagma(FrozenModel):
-    """The prebuilt MAGMA archive upstream's bld.bat linked (MAGMA_HOME)."""
+class WindowsArchive(FrozenModel):
+    """A prebuilt archive upstream's bld.bat downloaded: MAGMA (MAGMA_HOME) or the static MKL (MKL_STATIC_DIR)."""
 
     pytorch: str
     version: str
-    url: str  # {version} and {cuda_nodot} are filled in
+    url: str  # {version} (and for MAGMA {cuda_nodot}) are filled in
     source: str
 
     check_specifiers = field_validator("pytorch")(versions.checked_specifier)
@@ -200,7 +202,8 @@ class ErasTable(FrozenModel):
     build_env: tuple[BuildEnvEntry, ...]
     install: InstallCommands
     rpath: tuple[RpathRule, ...]
-    windows_magma: tuple[WindowsMagma, ...] = ()
+    windows_magma: tuple[WindowsArchive, ...] = ()
+    windows_mkl: tuple[WindowsArchive, ...] = ()
 
 
 # ---- bundle.toml -----------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from enum import Enum
 
 from torchforge import data as tables
 from torchforge import platforms, versions
-from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsMagma
+from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsArchive
 from torchforge.magmasource import MagmaSource
 from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
@@ -757,11 +757,18 @@ def _env_entry_applies(entry: BuildEnvEntry, request: Request, cuda: str | None)
     return not (entry.python and not versions.matches(request.python, entry.python))
 
 
-def windows_magma(data: Data, request: Request, cuda: str | None) -> WindowsMagma | None:
+def windows_magma(data: Data, request: Request, cuda: str | None) -> WindowsArchive | None:
     """The prebuilt MAGMA archive upstream's bld.bat linked, for a Windows CUDA variant of its releases."""
     if cuda is None or not platforms.get(request.platform).facts.windows:
         return None
     return next((m for m in data.eras.windows_magma if versions.matches(request.pytorch, m.pytorch)), None)
+
+
+def windows_mkl(data: Data, request: Request) -> WindowsArchive | None:
+    """The static MKL archive upstream's bld.bat put first on the include and library paths (up to 2.2)."""
+    if not platforms.get(request.platform).facts.windows:
+        return None
+    return next((m for m in data.eras.windows_mkl if versions.matches(request.pytorch, m.pytorch)), None)
 
 
 def _build_env(data: Data, request: Request, release: Release, cuda: str | None, cudnn: str | None,
