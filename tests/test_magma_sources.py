@@ -213,6 +213,24 @@ def test_the_252_edits_apply_to_the_real_tree_and_a_rerun_changes_nothing(magma_
     assert "attr.memoryType" not in (tree / "interface_cuda/interface.cpp").read_text()
 
 
+def test_build_0_of_261_applies_only_its_own_patches_to_the_real_tree(magma_trees: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """magma-cuda115/116 2.6.1 build 0, which PyTorch 1.11 (cu115) and 1.12 (cu116) linked: cmakelists and
+    thread_queue only (B 7c2cfcea:magma/package_files/meta.yaml:7-12); the LU code and the Fermi kernels stay."""
+    plan = plan_magma(tables.load(), "11.6", "2.6.1", "linux-64", build_number=0)
+    assert (plan.build_number, plan.build_string, plan.id) == (0, "0", "magma-cuda116-2.6.1-build0-linux_64")
+    assert list(plan.upstream_patches) == ["cmakelists.patch", "thread_queue.patch"]
+    assert plan.host_spec == "magma-cuda116 ==2.6.1 0"
+    files = {k: str(v) for k, v in render_files(magma_context(plan), RecipeFormat.CONDA_BUILD).items()}
+    assert "number: 0" in files["meta.yaml"] and 'string: "0"' in files["meta.yaml"]
+    tree = link_copy(magma_trees["2.6.1"], tmp_path / "src")
+    apply_twice(files, tree, tmp_path)
+    original = magma_trees["2.6.1"]
+    for path in ("src/zgetrf_batched.cpp", "control/get_batched_crossover.cpp", "CMake.src.cuda"):
+        assert (tree / path).read_text() == (original / path).read_text(), path
+    assert "set(CUDA_SEPARABLE_COMPILATION OFF)" in (tree / "CMakeLists.txt").read_text()
+
+
 @pytest.mark.parametrize(("recipe", "cuda", "tree"), [("2.5.2", "11.5", "2.6.1"), ("2.6.1", CUDA, "2.5.2")])
 def test_the_cmakelists_edits_of_one_version_refuse_the_other_tree(recipe: str, cuda: str, tree: str,
                                                                    magma_trees: dict[str, Path], tmp_path: Path) -> None:

@@ -183,7 +183,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     host[0] = f"python {python}.*"
     run[0] = f"python {python}.*"
     if variant.magma is not None:
-        host.append(f"{variant.magma.name} =={variant.magma.version}")
+        host.append(variant.magma.host_spec)
     run_constrained: list[str] = []
     features: list[str] = []
     if is_cuda:
