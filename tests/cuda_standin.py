@@ -19,12 +19,17 @@ HEADERS = {"cublas_v2.h": _HANDLE["cublas"], "cublas.h": _HANDLE["cublas"], "cub
            "cusparse.h": _HANDLE["cusparse"], "cusparse_v2.h": '#include "cusparse.h"\n', "cudnn.h": ""}
 
 
-def make_stand_in_toolkit(root: Path, *, cudnn: bool = False) -> Path:
+def make_stand_in_toolkit(root: Path, *, cudnn: bool = False, release: str | None = None) -> Path:
+    """`release` ("11.5"): nvcc --version names that CUDA release, so a recipe of an older CUDA (its nvcc check,
+    FindCUDA's CUDA_VERSION) configures here; what compiles is still this machine's nvcc."""
     include, lib = root / "include", root / "lib"
     include.mkdir(parents=True)
     lib.mkdir()
-    for name in ("bin", "nvvm"):
-        (root / name).symlink_to(REAL_CUDA / name)
+    (root / "nvvm").symlink_to(REAL_CUDA / "nvvm")
+    if release is None:
+        (root / "bin").symlink_to(REAL_CUDA / "bin")
+    else:
+        _bin_reporting(root / "bin", release)
     for entry in (REAL_CUDA / "include").iterdir():
         (include / entry.name).symlink_to(entry)
     for entry in (REAL_CUDA / "lib64").iterdir():
@@ -45,3 +50,19 @@ def make_stand_in_toolkit(root: Path, *, cudnn: bool = False) -> Path:
     (targets / "include").symlink_to("../../include")
     (targets / "lib").symlink_to("../../lib")
     return root
+
+
+def _bin_reporting(bin_dir: Path, release: str) -> None:
+    """The real bin/, with an nvcc whose --version line says `release`."""
+    bin_dir.mkdir()
+    for entry in (REAL_CUDA / "bin").iterdir():
+        if entry.name != "nvcc":
+            (bin_dir / entry.name).symlink_to(entry)
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" --version "*|*" -V "*)\n'
+        f'  "{REAL_CUDA}/bin/nvcc" "$@" | sed "s/release [0-9]*\\.[0-9]*, V[0-9.]*/release {release}, V{release}.0/"; exit ;;\n'
+        "esac\n"
+        f'exec "{REAL_CUDA}/bin/nvcc" "$@"\n')
+    nvcc.chmod(0o755)

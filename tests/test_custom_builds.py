@@ -129,3 +129,17 @@ def test_a_custom_magma_never_takes_the_official_name() -> None:
     url = MagmaSource("url", "https://mirror.example/magma-2.6.1.tar.gz")
     via_mirror = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source=url))).magma
     assert via_mirror is not None and via_mirror.build_string == "1" and via_mirror.status is Status.OFFICIAL
+
+
+def test_a_custom_build_of_an_earlier_magma_build_is_pinned_by_its_own_build_string() -> None:
+    """1.12.1 cu116 links magma 2.6.1 build 0; with --arch-list that build becomes torchforge's own (tf<hash>_0),
+    and the pytorch recipe asks for exactly it, never for the official build 0 or the current build 1."""
+    official = classify(Request("1.12.1", "11.6", "3.10", "linux-64")).magma
+    custom = classify(Request("1.12.1", "11.6", "3.10", "linux-64", Options(arch_list="8.0;8.6"))).magma
+    assert official is not None and custom is not None
+    assert official.host_spec == "magma-cuda116 ==2.6.1 0"
+    assert custom.build_string.startswith("tf") and custom.build_string.endswith("_0")
+    assert custom.host_spec == f"magma-cuda116 ==2.6.1 {custom.build_string}"
+    assert custom.id == official.id == "magma-cuda116-2.6.1-build0-linux_64"
+    current = classify(Request("1.13.1", "11.6", "3.10", "linux-64")).magma
+    assert current is not None and current.host_spec == "magma-cuda116 ==2.6.1"

@@ -43,6 +43,25 @@ def test_invariants_catch_an_unknown_magma_version() -> None:
     assert any("MAGMA 9.9.9" in p for p in check_invariants(bad))
 
 
+def test_invariants_catch_a_magma_build_the_data_does_not_describe() -> None:
+    """pytorch.toml's magma_build must name an earlier build of magma.toml, whose `without` names magma fixes."""
+    data = tables.load()
+    release = data.pytorch.releases["1.12"]
+    bad_build = release.cuda["11.6"].model_copy(update={"magma_build": 5})
+    bad_release = release.model_copy(update={"cuda": {**release.cuda, "11.6": bad_build}})
+    magma = data.magma.versions["2.6.1"]
+    earlier = magma.earlier_builds["0"].model_copy(update={"without": ("magma-getrf-shfl", "pt113-cu118-cpp-extension")})
+    bad_magma = magma.model_copy(update={"earlier_builds": {"0": earlier, "3": earlier}})
+    bad = data.model_copy(update={
+        "pytorch": data.pytorch.model_copy(update={"releases": {**data.pytorch.releases, "1.12": bad_release}}),
+        "magma": data.magma.model_copy(update={"versions": {**data.magma.versions, "2.6.1": bad_magma}})})
+    problems = check_invariants(bad)
+    assert any("1.12.cuda.11.6.magma_build 5: magma.toml gives no such earlier build of MAGMA 2.6.1" in p
+               for p in problems), problems
+    assert any("2.6.1.earlier_builds.3: not a build number below 1" in p for p in problems), problems
+    assert any("without names pt113-cu118-cpp-extension, which is no magma fix" in p for p in problems), problems
+
+
 def test_a_malformed_table_is_a_data_error(monkeypatch: pytest.MonkeyPatch) -> None:
     original = tables._read
 

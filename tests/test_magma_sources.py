@@ -1,6 +1,7 @@
-"""The magma recipe against the real MAGMA 2.6.1 and 2.10.0 trees (../shared/sources, unpacked once per session):
-every source edit applies and is idempotent, every edit stops the build loudly when its text is absent, and the
-rendered build.sh configures real MAGMA with an arch list 2.6.1's own GPU_TARGET table does not know (9.0).
+"""The magma recipe against the real MAGMA 2.5.2, 2.6.1 and 2.10.0 trees (../shared/sources, unpacked once per
+session): every source edit applies and is idempotent, every edit stops the build loudly when its text is absent,
+and the rendered build.sh configures real MAGMA with an arch list 2.6.1's own GPU_TARGET table does not know (9.0),
+and 2.5.2 with the official magma-cuda115 flags (GPU_TARGET=All and CUDA 11.5's gencode list, sm_37 to sm_86).
 
 There is no cuBLAS on the test machines: CMake gets a stand-in toolkit (this machine's nvcc, headers and
 runtime, plus empty libcublas/libcusparse compiled here), which is enough to configure and generate.
@@ -41,7 +42,7 @@ def magma_trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pytest.skip("../shared/sources is not beside this checkout")
     root = tmp_path_factory.mktemp("magma-sources")
     trees = {}
-    for version in ("2.6.1", "2.10.0"):
+    for version in ("2.5.2", "2.6.1", "2.10.0"):
         with tarfile.open(SOURCES / f"magma-{version}-generated.tar.gz") as archive:
             archive.extractall(root, filter="data")
         trees[version] = root / f"magma-{version}"
@@ -62,8 +63,18 @@ def stand_in_toolkit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_stand_in_toolkit(tmp_path_factory.mktemp("cuda") / "toolkit")
 
 
-def recipe_files(version: str, arch_list: str | None = None, source: MagmaSource | None = None) -> dict[str, str]:
-    plan = plan_magma(tables.load(), CUDA, version, "linux-64", arch_list, source)
+@pytest.fixture(scope="session")
+def stand_in_toolkit_115(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same, its nvcc --version saying CUDA 11.5: the magma-cuda115 recipe's nvcc check and FindCUDA see the
+    CUDA it is for (configure and generate run no CUDA compile)."""
+    if not (REAL_CUDA / "bin" / "nvcc").exists():
+        pytest.skip("needs a CUDA toolkit with nvcc")
+    return make_stand_in_toolkit(tmp_path_factory.mktemp("cuda115") / "toolkit", release="11.5")
+
+
+def recipe_files(version: str, arch_list: str | None = None, source: MagmaSource | None = None,
+                 cuda: str = CUDA) -> dict[str, str]:
+    plan = plan_magma(tables.load(), cuda, version, "linux-64", arch_list, source)
     return {k: str(v) for k, v in render_files(magma_context(plan), RecipeFormat.CONDA_BUILD).items()}
 
 
@@ -73,6 +84,18 @@ def run_edits(files: dict[str, str], tree: Path, tmp_path: Path, edits: list[dic
     (tmp_path / "source_edits.json").write_text(json.dumps(edits) if edits is not None else files["source_edits.json"])
     return subprocess.run([sys.executable, str(tmp_path / "source_edits.py"), str(tmp_path / "source_edits.json"),
                            str(tree)], capture_output=True, text=True, check=False)
+
+
+def apply_twice(files: dict[str, str], tree: Path, tmp_path: Path) -> None:
+    """Every edit applies once; a second run finds each already applied and changes no file."""
+    edits = json.loads(files["source_edits.json"])
+    first = run_edits(files, tree, tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count("(applied)") == len(edits), first.stdout
+    snapshot = {p: p.read_text() for p in {tree / e["file"] for e in edits}}
+    second = run_edits(files, tree, tmp_path)
+    assert second.returncode == 0 and second.stdout.count("(already-applied)") == len(edits), second.stdout
+    assert {p: p.read_text() for p in snapshot} == snapshot
 
 
 # ---- the version of a source is read from the source -------------------------------------------------------
@@ -101,17 +124,10 @@ EXPECTED_PATCHES = {
 def test_every_edit_applies_to_the_real_tree_and_a_rerun_changes_nothing(
         version: str, magma_trees: dict[str, Path], tmp_path: Path) -> None:
     files = recipe_files(version)
-    edits = json.loads(files["source_edits.json"])
     plan = plan_magma(tables.load(), CUDA, version, "linux-64")
     assert list(plan.upstream_patches) == EXPECTED_PATCHES[version]
     tree = link_copy(magma_trees[version], tmp_path / "src")
-    first = run_edits(files, tree, tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert first.stdout.count("(applied)") == len(edits), first.stdout
-    snapshot = {p: p.read_text() for p in {tree / e["file"] for e in edits}}
-    second = run_edits(files, tree, tmp_path)
-    assert second.returncode == 0 and second.stdout.count("(already-applied)") == len(edits), second.stdout
-    assert {p: p.read_text() for p in snapshot} == snapshot
+    apply_twice(files, tree, tmp_path)
     original = magma_trees[version]
     crossover = (tree / "control/get_batched_crossover.cpp").read_text()
     for precision in "zcds":
@@ -138,11 +154,13 @@ def test_every_edit_applies_to_the_real_tree_and_a_rerun_changes_nothing(
         assert "#if CUDA_VERSION >= 13000" in interface and "cudaDevAttrClockRate" in interface
 
 
-def test_every_edit_stops_the_build_loudly_when_its_text_is_missing(magma_trees: dict[str, Path], tmp_path: Path) -> None:
-    """Each edit's target text removed from a real 2.6.1 tree: every edit fails, names its fix and the text."""
-    files = recipe_files("2.6.1")
+@pytest.mark.parametrize(("version", "cuda"), [("2.6.1", CUDA), ("2.5.2", "11.5")])
+def test_every_edit_stops_the_build_loudly_when_its_text_is_missing(version: str, cuda: str, magma_trees: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    """Each edit's target text removed from a real tree: every edit fails, names its fix and the text."""
+    files = recipe_files(version, cuda=cuda)
     edits = json.loads(files["source_edits.json"])
-    tree = link_copy(magma_trees["2.6.1"], tmp_path / "src")
+    tree = link_copy(magma_trees[version], tmp_path / "src")
     for path in {e["file"] for e in edits}:
         text = (tree / path).read_text()
         for edit in (e for e in edits if e["file"] == path):
@@ -167,6 +185,62 @@ def test_the_261_edits_refuse_the_2100_tree(magma_trees: dict[str, Path], tmp_pa
     # 2.10.0 rewrote CMakeLists.txt, dropped the shfl call and the Fermi gemm; its getrf crossover is unchanged
     assert {"magma-cmakelists", "magma-getrf-shfl", "magma-no-fermi"} <= failed
     assert "magma-getrf-nbparam" not in failed
+
+
+# ---- MAGMA 2.5.2: the official cmakelists.patch of release/1.9-1.11, as torchforge's own edits ----------------
+
+
+def test_the_252_edits_apply_to_the_real_tree_and_a_rerun_changes_nothing(magma_trees: dict[str, Path],
+                                                                          tmp_path: Path) -> None:
+    """magma-cuda115 2.5.2 as upstream built it: cmakelists, thread_queue and cudaPointerAttributes
+    (B release/1.11:magma/package_files/meta.yaml:7-10, Makefile:36)."""
+    files = recipe_files("2.5.2", cuda="11.5")
+    plan = plan_magma(tables.load(), "11.5", "2.5.2", "linux-64")
+    assert list(plan.upstream_patches) == ["cmakelists.patch", "thread_queue.patch", "cudaPointerAttributes.patch"]
+    assert not [w for w in plan.warnings if "cmakelists.patch" in w]
+    tree = link_copy(magma_trees["2.5.2"], tmp_path / "src")
+    apply_twice(files, tree, tmp_path)
+    cmake = (tree / "CMakeLists.txt").read_text()
+    assert "#tf: find_package( OpenMP )" in cmake and "#tf:     find_package( LAPACK )" in cmake
+    assert "set(CUDA_SEPARABLE_COMPILATION OFF)" in cmake and "-static-libstdc++ -fno-exceptions" in cmake
+    assert 'if (GPU_TARGET MATCHES "All")' in cmake and "-Xcompiler -fPIC -DHAVE_CUBLAS ${NV_SM}" not in cmake
+    assert "#tf: cuda_add_library( magma_sparse ${libsparse_all} )" in cmake
+    assert cmake.count("cuda_add_library( magma STATIC ") == 2 and "${CUDA_cusparse_LIBRARY}\n    )" not in cmake
+    assert "install( TARGETS magma ${blas_fix}" in cmake and "sparse/include/*.h" not in cmake
+    assert "#tf: install( FILES \"${CMAKE_BINARY_DIR}/${pkgconfig}\"" in cmake
+    assert "throw std::exception();" not in (tree / "control/thread_queue.cpp").read_text().replace(
+        "/* throw std::exception(); */", "")
+    assert "attr.memoryType" not in (tree / "interface_cuda/interface.cpp").read_text()
+
+
+def test_build_0_of_261_applies_only_its_own_patches_to_the_real_tree(magma_trees: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """magma-cuda115/116 2.6.1 build 0, which PyTorch 1.11 (cu115) and 1.12 (cu116) linked: cmakelists and
+    thread_queue only (B 7c2cfcea:magma/package_files/meta.yaml:7-12); the LU code and the Fermi kernels stay."""
+    plan = plan_magma(tables.load(), "11.6", "2.6.1", "linux-64", build_number=0)
+    assert (plan.build_number, plan.build_string, plan.id) == (0, "0", "magma-cuda116-2.6.1-build0-linux_64")
+    assert list(plan.upstream_patches) == ["cmakelists.patch", "thread_queue.patch"]
+    assert plan.host_spec == "magma-cuda116 ==2.6.1 0"
+    files = {k: str(v) for k, v in render_files(magma_context(plan), RecipeFormat.CONDA_BUILD).items()}
+    assert "number: 0" in files["meta.yaml"] and 'string: "0"' in files["meta.yaml"]
+    tree = link_copy(magma_trees["2.6.1"], tmp_path / "src")
+    apply_twice(files, tree, tmp_path)
+    original = magma_trees["2.6.1"]
+    for path in ("src/zgetrf_batched.cpp", "control/get_batched_crossover.cpp", "CMake.src.cuda"):
+        assert (tree / path).read_text() == (original / path).read_text(), path
+    assert "set(CUDA_SEPARABLE_COMPILATION OFF)" in (tree / "CMakeLists.txt").read_text()
+
+
+@pytest.mark.parametrize(("recipe", "cuda", "tree"), [("2.5.2", "11.5", "2.6.1"), ("2.6.1", CUDA, "2.5.2")])
+def test_the_cmakelists_edits_of_one_version_refuse_the_other_tree(recipe: str, cuda: str, tree: str,
+                                                                   magma_trees: dict[str, Path], tmp_path: Path) -> None:
+    """2.5.2 and 2.6.1 differ exactly where their edits do: each set stops the build on the other's tree."""
+    result = run_edits(recipe_files(recipe, cuda=cuda), link_copy(magma_trees[tree], tmp_path / "src"), tmp_path)
+    assert result.returncode == 1
+    failed = set(re.findall(r"source edit FAILED \[([\w-]+)\]", result.stderr))
+    # 2.5.x names its source list CMake.src (no backends yet), so CMake.patch's edits find no CMake.src.cuda
+    expected = {"magma-cmakelists-2-5-2"} if recipe == "2.5.2" else {"magma-cmakelists", "magma-no-fermi"}
+    assert failed == expected, result.stderr
 
 
 # ---- the rendered cmake invocation on the real trees -------------------------------------------------------
@@ -209,6 +283,28 @@ def test_rendered_cmake_configures_real_magma_261_for_sm90_only(
     assert make_targets(tree / "build") - {"all", "clean", "depend", "edit_cache", "install", "install/local", "install/strip", "list_install_components",
                                            "rebuild_cache"} == {"lib", "magma"}
     compile_gpu_check(tree, stand_in_toolkit, tmp_path)
+
+
+@needs_tools
+def test_rendered_cmake_configures_real_magma_252_with_the_official_cuda115_flags(
+        magma_trees: dict[str, Path], stand_in_toolkit_115: Path, tmp_path: Path) -> None:
+    """magma-cuda115 2.5.2: GPU_TARGET=All with CUDA_ARCH_LIST, the gencode list of B release/1.11:magma/Makefile:6,37
+    (sm_37 to sm_86, which 2.5.2's own GPU_TARGET table partly lacks), separable compilation off, no OpenMP."""
+    tree = link_copy(magma_trees["2.5.2"], tmp_path / "src")
+    files = recipe_files("2.5.2", cuda="11.5")
+    assert "-DGPU_TARGET=All" in files["build.sh"] and "-DCUDA_ARCH_LIST=$CUDA_ARCH_LIST" in files["build.sh"]
+    result = configure(files, tree, stand_in_toolkit_115, tmp_path)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    gencode = ";".join(f"-gencode;arch=compute_{sm},code=sm_{sm}" for sm in ("37", "50", "60", "70", "80", "86"))
+    assert f"CUDA_NVCC_FLAGS: -DHAVE_CUBLAS;-Xfatbin;-compress-all;-Xcompiler;-fPIC;-std=c++11;{gencode};-DADD_" in log
+    assert "-DMIN_CUDA_ARCH=370" in log and "Found OpenMP" not in log and "GPU_TARGET must contain" not in log
+    assert "-- Generating done" in log
+    assert "CUDA_VERSION:STRING=11.5" in (tree / "build" / "CMakeCache.txt").read_text()
+    # separable compilation on would add FindCUDA's device-link step (magma_intermediate_link.o)
+    assert "intermediate_link" not in (tree / "build" / "CMakeFiles" / "magma.dir" / "build.make").read_text()
+    assert make_targets(tree / "build") - {"all", "clean", "depend", "edit_cache", "install", "install/local",
+                                           "install/strip", "list_install_components", "rebuild_cache"} == {"lib", "magma"}
 
 
 @needs_tools

@@ -47,6 +47,20 @@ def driver(release: str, line: int | str) -> str:
     return B.format(release, f"build_pytorch.sh:{line}")
 
 
+def openssl_image(release: str) -> str:
+    return f"B release/{release}:common/install_openssl.sh:5 (the image's /opt/openssl; no openssl in host for Python <= 3.9)"
+
+
+def mkl_archive(release: str, lines: str) -> str:
+    return bat(release, lines) + " (mkl_<version>.7z first on CMAKE_INCLUDE_PATH and LIB)"
+
+
+OLD_ABI = ("B release/1.9:conda/Dockerfile:12,20 (devtoolset-7 GCC builds the old ABI only); exported by the driver "
+           "from release/1.12:conda/build_pytorch.sh:305-307")
+MAGMA_BUILD0 = ("B 7c2cfcea:magma/package_files/meta.yaml:7-12 (build 0, no LU patches); LU patches and build 1 from "
+                "268c55b9:magma/package_files/meta.yaml:10-14 (2022-08-18)")
+
+
 SPLIT_CUDA = ("P .circleci/scripts/binary_linux_build.sh: cu111 (1.8 copy) / cu1[1-2][0-9] (@3c92794d:14-16) "
               "-> BUILD_SPLIT_CUDA=ON, forwarded by meta.yaml script_env")
 
@@ -60,6 +74,10 @@ class Official:
     host_pins: tuple[tuple[str, str], ...]  # host lines with a version (python and magma excluded)
     env: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # name -> (value or ABSENT, citation)
     bundled: tuple[tuple[str, str], ...] = ()  # (file name or glob copied into torch/lib, citation)
+    # host packages upstream's build image provided instead (the official package has no run requirement from them)
+    image: tuple[tuple[str, str], ...] = ()
+    magma: tuple[str, str] | None = None  # the host magma-cudaXYZ requirement, where a case checks it
+    static_mkl: tuple[str | None, str] | None = None  # Windows: the MKL archive version bld.bat links, or ABSENT
 
 
 CASES: dict[str, Official] = {
@@ -76,6 +94,98 @@ CASES: dict[str, Official] = {
              "USE_GLOO_WITH_OPENSSL": (ABSENT, "B main@8c82f759:conda/build_pytorch.sh (not set before 1.9)"),
              "USE_LLVM": (ABSENT, "B main@8c82f759:conda/pytorch-nightly/build.sh (not set before 1.10)")},
     ),
+    "1.9 cu111 py3.9 (image OpenSSL, old ABI from the compiler)": Official(
+        Request("1.9.1", "11.1", "3.9", "linux-64"),
+        run=(("mkl >=2018", meta("1.9", 32)), ("ninja", meta("1.9", 36)), ("typing_extensions", meta("1.9", 37)),
+             ("blas * mkl", meta("1.9", 38)), ("cudatoolkit >=11.1,<11.2", driver("1.9", 266))),
+        host_pins=(("numpy=1.19", meta("1.9", 17)), ("mkl=2020.2", meta("1.9", 20))),
+        image=(("openssl=1.1.1k", openssl_image("1.9")),),
+        magma=("magma-cuda111 ==2.5.2", driver("1.9", 267) + " (unpinned); the branch's magma: "
+               "release/1.9:magma/package_files/meta.yaml:3,13 (2.5.2, build 1, the newest build)"),
+        env={"_GLIBCXX_USE_CXX11_ABI": ("0", OLD_ABI), "USE_GLOO_WITH_OPENSSL": ("1", driver("1.9", 318)),
+             "TORCH_CUDA_ARCH_LIST": ("3.7+PTX;5.0;6.0;6.1;7.0;7.5;8.0;8.6", script("1.9", "39,51"))},
+    ),
+    "1.9 cu111 win-64 (static MKL)": Official(
+        Request("1.9.1", "11.1", "3.9", "win-64"),
+        run=(("mkl >=2018", meta("1.9", 32)), ("libuv", meta("1.9", 34)), ("intel-openmp", meta("1.9", 35)),
+             ("ninja", meta("1.9", 36)), ("typing_extensions", meta("1.9", 37)), ("blas * mkl", meta("1.9", 38)),
+             ("cudatoolkit >=11.1,<11.2", driver("1.9", 266))),
+        host_pins=(("numpy=1.19", meta("1.9", 17)), ("mkl=2020.2", meta("1.9", 20))),
+        env={"TORCH_CUDA_ARCH_LIST": ("3.7+PTX;5.0;6.0;6.1;7.0;7.5;8.0;8.6", bat("1.9", "22,30"))},
+        bundled=(("cudnn*64_*.dll*", bat("1.9", 117)),),
+        static_mkl=("2020.2.254", mkl_archive("1.9", "38-41")),
+    ),
+    "1.11 cu115 py3.9 (MAGMA 2.6.1 build 0, image OpenSSL)": Official(
+        Request("1.11.0", "11.5", "3.9", "linux-64"),
+        run=(("mkl >=2018", meta("1.11", 36)), ("typing_extensions", meta("1.11", 40)),
+             ("blas * mkl", meta("1.11", 41)), ("pytorch-mutex 1.0 cuda", meta("1.11", 42)),
+             ("cudatoolkit >=11.5,<11.6", driver("1.11", 271))),
+        host_pins=(("mkl=2020.2", meta("1.11", 20)), ("numpy=1.19", meta("1.11", 28)), ("llvmdev=9", meta("1.11", 31))),
+        image=(("openssl=1.1.1l", openssl_image("1.11")),),
+        magma=("magma-cuda115 ==2.6.1 0", driver("1.11", 272) + " (unpinned); uploaded 2022-02-23 and 03-01 by "
+               "7c2cfcea:.github/workflows/build-magma-linux.yml:4-8,31,57, before 1.11.0 (2022-03-10); " + MAGMA_BUILD0),
+        env={"_GLIBCXX_USE_CXX11_ABI": ("0", OLD_ABI), "USE_GLOO_WITH_OPENSSL": ("1", driver("1.11", 332)),
+             "USE_STATIC_CUDNN": ("0", script("1.11", 77))},
+        bundled=(("libcudnn*.so.8", script("1.11", 79)),),
+    ),
+    "1.12 cu116 (MAGMA 2.6.1 build 0)": Official(
+        Request("1.12.1", "11.6", "3.10", "linux-64"),
+        run=(("mkl >=2018", meta("1.12", 39)), ("typing_extensions", meta("1.12", 43)),
+             ("blas * mkl", meta("1.12", 45)), ("pytorch-mutex 1.0 cuda", meta("1.12", 47)),
+             ("cudatoolkit >=11.6,<11.7", driver("1.12", 270))),
+        host_pins=(("mkl=2020.2", meta("1.12", 24)), ("numpy=1.21.5", meta("1.12", 31)),
+                   ("openssl=1.1.1l", meta("1.12", 32)), ("llvmdev=9", meta("1.12", 33))),
+        magma=("magma-cuda116 ==2.6.1 0", driver("1.12", 271) + " (unpinned); magma-cuda116 from 29b3c184 "
+               "(2022-03-21), 1.12.1 released 2022-08-05; " + MAGMA_BUILD0),
+        env={"_GLIBCXX_USE_CXX11_ABI": ("0", driver("1.12", 307)), "USE_STATIC_CUDNN": ("0", script("1.12", 78))},
+        bundled=(("libcudnn*.so.8", script("1.12", 80)), ("libcupti.so.11.6", script("1.12", 80))),
+    ),
+    "1.13 cu117 win-64 (static MKL)": Official(
+        Request("1.13.1", "11.7", "3.10", "win-64"),
+        run=(("mkl >=2018", meta("1.13", 39)), ("libuv", meta("1.13", 41)), ("intel-openmp", meta("1.13", 42)),
+             ("typing_extensions", meta("1.13", 43)), ("blas * mkl", meta("1.13", 45)),
+             ("pytorch-mutex 1.0 cuda", meta("1.13", 47)), ("pytorch-cuda >=11.7,<11.8", driver("1.13", 270))),
+        host_pins=(("mkl=2021.4", meta("1.13", 25)), ("numpy=1.21.5", meta("1.13", 31)), ("llvmdev=9", meta("1.13", 33))),
+        bundled=(("cudnn*64_*.dll*", bat("1.13", 109)), ("nvToolsExt64_*.dll*", bat("1.13", 110)),
+                 ("cupti64_*.dll*", bat("1.13", 113)), ("zlibwapi.dll", bat("1.13", "116-117"))),
+        static_mkl=("2020.2.254", mkl_archive("1.13", "41-44")),
+    ),
+    "2.0 cpu win-64 (static MKL)": Official(
+        Request("2.0.0", "cpu", "3.10", "win-64"),
+        run=(("mkl >=2018", meta("2.0", 41)), ("libuv", meta("2.0", 43)), ("intel-openmp", meta("2.0", 44)),
+             ("typing_extensions", meta("2.0", 45)), ("sympy", meta("2.0", 46)), ("filelock", meta("2.0", 47)),
+             ("networkx", meta("2.0", 48)), ("jinja2", meta("2.0", 49)), ("blas * mkl", meta("2.0", 51)),
+             ("pytorch-mutex 1.0 cpu", meta("2.0", 53))),
+        host_pins=(("mkl=2021.4", meta("2.0", 25)), ("numpy=1.21.5", meta("2.0", 31)), ("llvmdev=9", meta("2.0", 35))),
+        env={"USE_CUDA": ("0", driver("2.0", 250))},
+        static_mkl=("2020.2.254", mkl_archive("2.0", "42-45")),
+    ),
+    "2.2 cu121 win-64 (the last static MKL)": Official(
+        Request("2.2.2", "12.1", "3.11", "win-64"),
+        run=(("mkl >=2018", meta("2.2", 44)), ("libuv", meta("2.2", 46)), ("intel-openmp", meta("2.2", 47)),
+             ("typing_extensions", meta("2.2", 51)), ("sympy", meta("2.2", 52)), ("filelock", meta("2.2", 53)),
+             ("networkx", meta("2.2", 54)), ("jinja2", meta("2.2", 55)), ("pyyaml", meta("2.2", 56)),
+             ("blas * mkl", meta("2.2", 58)), ("pytorch-mutex 1.0 cuda", meta("2.2", 60)),
+             ("pytorch-cuda >=12.1,<12.2", driver("2.2", 273))),
+        host_pins=(("mkl=2021.4", meta("2.2", 26)), ("numpy=1.23.5", meta("2.2", 33)), ("llvmdev=9", meta("2.2", 38))),
+        env={"TORCH_CUDA_ARCH_LIST": ("5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0", bat("2.2", "23,29"))},
+        bundled=(("cudnn*64_*.dll*", bat("2.2", 105)), ("nvToolsExt64_*.dll*", bat("2.2", 106)),
+                 ("cupti64_*.dll*", bat("2.2", 109)), ("zlibwapi.dll", bat("2.2", "112-113"))),
+        static_mkl=("2020.2.254", mkl_archive("2.2", "37-40")),
+    ),
+    "2.3 cu121 win-64 (dynamic MKL from mkl-devel)": Official(
+        Request("2.3.1", "12.1", "3.11", "win-64"),
+        run=(("mkl=2021.4", meta("2.3", 44)), ("libuv", meta("2.3", 47)), ("intel-openmp", meta("2.3", 48)),
+             ("typing_extensions", meta("2.3", 52)), ("sympy", meta("2.3", 53)), ("filelock", meta("2.3", 54)),
+             ("networkx", meta("2.3", 55)), ("jinja2", meta("2.3", 56)), ("pyyaml", meta("2.3", 57)),
+             ("blas * mkl", meta("2.3", 59)), ("pytorch-mutex 1.0 cuda", meta("2.3", 61)),
+             ("pytorch-cuda >=12.1,<12.2", driver("2.3", 272))),
+        host_pins=(("mkl-devel=2021.4.0", meta("2.3", 26)), ("numpy=2.0.0rc1", meta("2.3", 33)),
+                   ("llvmdev=9", meta("2.3", 37))),
+        bundled=(("cudnn*64_*.dll*", bat("2.3", 100)), ("nvToolsExt64_*.dll*", bat("2.3", 101)),
+                 ("cupti64_*.dll*", bat("2.3", 104)), ("zlibwapi.dll", bat("2.3", "107-108"))),
+        static_mkl=(ABSENT, meta("2.3", "26-27") + " (mkl-devel instead: builder 896b6df5, 'Use dynamic MKL on Windows')"),
+    ),
     "1.10 cu113": Official(
         Request("1.10.2", "11.3", "3.9", "linux-64"),
         run=(("mkl >=2018", meta("1.10", 35)), ("typing_extensions", meta("1.10", 39)),
@@ -83,6 +193,7 @@ CASES: dict[str, Official] = {
              ("cudatoolkit >=11.3,<11.4", driver("1.10", 268))),
         host_pins=(("numpy=1.19", meta("1.10", 19)), ("mkl=2020.2", meta("1.10", 22)),
                    ("llvmdev=9", meta("1.10", 30))),
+        image=(("openssl=1.1.1k", openssl_image("1.10")),),
         env={"USE_LLVM": ("/opt/llvm_no_cxx11_abi", script("1.10", 9)),
              "LLVM_DIR": ("$USE_LLVM/lib/cmake/llvm", script("1.10", 10)),
              "USE_STATIC_CUDNN": ("1", script("1.10", 63)),
@@ -113,6 +224,7 @@ CASES: dict[str, Official] = {
              "USE_MAGMA": (ABSENT, bat("1.12", "60-64")), "BUILD_SPLIT_CUDA": (ABSENT, SPLIT_CUDA)},
         bundled=(("cudnn*64_*.dll*", bat("1.12", 110)), ("cupti64_*.dll*", bat("1.12", 113)),
                  ("zlibwapi.dll", bat("1.12", "116-117"))),
+        static_mkl=("2020.2.254", mkl_archive("1.12", "42-45")),
     ),
     "1.13 cu117": Official(
         Request("1.13.1", "11.7", "3.10", "linux-64"),
@@ -207,6 +319,7 @@ CASES: dict[str, Official] = {
              "TORCH_CUDA_ARCH_LIST": ("5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0", bat("2.5", 23))},
         bundled=(("cudnn*64_*.dll*", bat("2.5", 102)), ("nvToolsExt64_*.dll*", bat("2.5", 103)),
                  ("cupti64_*.dll*", bat("2.5", 106)), ("zlibwapi.dll", bat("2.5", "109-110"))),
+        static_mkl=(ABSENT, meta("2.5", 26) + " (mkl-devel in host since builder 896b6df5)"),
     ),
     "2.5 cpu": Official(
         Request("2.5.1", "cpu", "3.10", "linux-64"),
@@ -290,10 +403,52 @@ def test_bundled_libraries_are_the_official_ones(case: str) -> None:
     assert bundled == [name for name, _ in official.bundled]
 
 
+def recipe_files(request: Request) -> dict[str, str]:
+    return {k: str(v) for k, v in render_files(pytorch_context(classify(request)), RecipeFormat.CONDA_BUILD).items()}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_what_the_build_image_provided_is_pinned_without_a_run_requirement(case: str) -> None:
+    """The image's OpenSSL of the Python <= 3.9 builds before 2.1: the same version in host, its run export
+    ignored; every other case ignores none."""
+    official = CASES[case]
+    files = recipe_files(official.request)
+    meta_yaml = YAML(typ="safe").load(files["meta.yaml"])
+    host = {spec(r) for r in meta_yaml["requirements"]["host"]}
+    assert {spec(text) for text, _ in official.image} <= host
+    assert set(meta_yaml["build"].get("ignore_run_exports", [])) == {name_of(text) for text, _ in official.image}
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c].magma))
+def test_the_magma_build_linked_is_the_official_one(case: str) -> None:
+    official = CASES[case]
+    assert official.magma is not None
+    requirements, _, _ = rendered(official.request)
+    magma = [r for r in requirements["host"] if name_of(r).startswith("magma-cuda")]
+    assert [spec(r) for r in magma] == [spec(official.magma[0])]
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c].static_mkl))
+def test_windows_links_the_official_mkl(case: str) -> None:
+    official = CASES[case]
+    assert official.static_mkl is not None
+    version, source = official.static_mkl
+    files = recipe_files(official.request)
+    _, env, _ = rendered(official.request)
+    if version is ABSENT:
+        assert "mkl_" not in files["bld.bat"] and "CMAKE_INCLUDE_PATH" not in env, source
+    else:
+        assert f"https://s3.amazonaws.com/ossci-windows/mkl_{version}.7z" in files["bld.bat"], source
+        assert env["CMAKE_INCLUDE_PATH"] == r"%MKL_STATIC_DIR%\include", source
+        assert env["LIB"] == r"%MKL_STATIC_DIR%\lib;%LIB%", source
+
+
 def test_every_table_value_cites_its_source() -> None:
     for official in CASES.values():
-        cited = [*official.run, *official.host_pins, *official.bundled,
-                 *((name, source) for name, (_, source) in official.env.items())]
+        cited = [*official.run, *official.host_pins, *official.bundled, *official.image,
+                 *((name, source) for name, (_, source) in official.env.items()),
+                 *([official.magma] if official.magma else []),
+                 *([official.static_mkl] if official.static_mkl else [])]
         for value, source in cited:
             assert re.search(r"(^B |^P |PyPI)", source) and re.search(r"[:@]\S*\d", source), (value, source)
 

@@ -61,6 +61,9 @@ class CudaBuild(FrozenModel):
     cudnn: str | None = None
     nccl: str | None = None
     magma: str | None = None
+    # the magma-cudaXYZ build number linked where it was an earlier build than magma.toml's (versions.X.earlier_builds)
+    magma_build: int | None = None
+    magma_evidence: str | None = None  # where magma / magma_build are inferred rather than read: why (a warning)
     conda_arch: str | None = None
     conda_arch_win: str | None = None
     wheel_arch: str | None = None
@@ -132,6 +135,8 @@ class Requirement(FrozenModel):
     accel: Literal["cuda", "cpu"] | None = None
     line: int | None = None  # line of the era's upstream file that states it
     added: str | None = None  # why torchforge adds a requirement upstream did not have
+    # host only: the package's run_exports are ignored, as the official package had no run requirement from it
+    ignore_run_exports: bool = False
 
     check_specifiers = field_validator("python", "pytorch")(versions.checked_specifier)
 
@@ -168,12 +173,12 @@ class BuildEnvEntry(FrozenModel):
     check_specifiers = field_validator("pytorch", "cuda", "python")(versions.checked_specifier)
 
 
-class WindowsMagma(FrozenModel):
-    """The prebuilt MAGMA archive upstream's bld.bat linked (MAGMA_HOME)."""
+class WindowsArchive(FrozenModel):
+    """A prebuilt archive upstream's bld.bat downloaded: MAGMA (MAGMA_HOME) or the static MKL (MKL_STATIC_DIR)."""
 
     pytorch: str
     version: str
-    url: str  # {version} and {cuda_nodot} are filled in
+    url: str  # {version} (and for MAGMA {cuda_nodot}) are filled in
     source: str
 
     check_specifiers = field_validator("pytorch")(versions.checked_specifier)
@@ -200,7 +205,8 @@ class ErasTable(FrozenModel):
     build_env: tuple[BuildEnvEntry, ...]
     install: InstallCommands
     rpath: tuple[RpathRule, ...]
-    windows_magma: tuple[WindowsMagma, ...] = ()
+    windows_magma: tuple[WindowsArchive, ...] = ()
+    windows_mkl: tuple[WindowsArchive, ...] = ()
 
 
 # ---- bundle.toml -----------------------------------------------------------------------------------------
@@ -255,9 +261,17 @@ class CmakeStyle(FrozenModel):
     cmake_options: tuple[str, ...]
 
 
+class MagmaBuild(FrozenModel):
+    """An earlier published build of a MAGMA version: the fixes of the later build it did not have yet."""
+
+    without: tuple[str, ...]  # fixes.toml keys
+    source: str
+
+
 class MagmaVersion(FrozenModel):
     sha256: str
     build_number: int
+    earlier_builds: dict[str, MagmaBuild] = {}  # build number -> what it lacked
     build_number_known: bool = True  # False: no official package of this version, the number is conda's default
     cmake_style: str
     pytorch: str | None = None  # PyTorch releases whose source accepts this MAGMA (PEP 440); None: any
@@ -513,6 +527,11 @@ def check_invariants(data: Data) -> list[str]:
                 problems.append(f"{where}.cuda.{cuda_key} is conda but the release has no official conda packages")
             if build.conda and (build.conda_arch is None or build.cudnn is None):
                 problems.append(f"{where}.cuda.{cuda_key}: an official conda build needs conda_arch and cudnn")
+            linked = build.magma or release.magma
+            if build.magma_build is not None and (linked not in data.magma.versions or str(build.magma_build)
+                                                  not in data.magma.versions[linked].earlier_builds):
+                problems.append(f"{where}.cuda.{cuda_key}.magma_build {build.magma_build}: magma.toml gives no such "
+                                f"earlier build of MAGMA {linked}")
             accepted = data.arch_set(cuda_key)
             for field in ("conda_arch", "conda_arch_win", "wheel_arch"):
                 value = getattr(build, field)
@@ -556,6 +575,13 @@ def check_invariants(data: Data) -> list[str]:
             problems.append(f"magma.toml versions.{version_key}.cmake_style names unknown style {magma.cmake_style!r}")
         if magma.pytorch is not None and not versions.is_valid_specifier(magma.pytorch):
             problems.append(f"magma.toml versions.{version_key}.pytorch is not a PEP 440 specifier")
+        for number, earlier in magma.earlier_builds.items():
+            where = f"magma.toml versions.{version_key}.earlier_builds.{number}"
+            if not number.isdigit() or int(number) >= magma.build_number:
+                problems.append(f"{where}: not a build number below {magma.build_number}")
+            problems.extend(f"{where}.without names {key}, which is no magma fix in fixes.toml"
+                            for key in earlier.without
+                            if key not in data.fixes.fixes or data.fixes.fixes[key].package != "magma")
     for version_key in data.magma.preferred:
         if version_key not in data.magma.versions:
             problems.append(f"magma.toml preferred names MAGMA {version_key}, which has no versions entry")

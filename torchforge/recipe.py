@@ -24,6 +24,7 @@ from torchforge.resolve import (
     bundle_rule,
     bundled_files,
     windows_magma,
+    windows_mkl,
 )
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
@@ -75,6 +76,7 @@ class RecipeContext:
     host_requirements: tuple[str, ...] = ()
     run_requirements: tuple[str, ...] = ()
     run_constrained: tuple[str, ...] = ()
+    ignore_run_exports: tuple[str, ...] = ()  # host packages whose run_exports the official package did not have
     features: tuple[str, ...] = ()
     test_imports: tuple[str, ...] = ()
     install_command: str = ""
@@ -97,6 +99,8 @@ class RecipeContext:
     cudnn_version_code: int = 0
     magma_win_version: str = ""
     magma_win_url: str = ""
+    mkl_win_version: str = ""  # the static MKL archive of upstream's bld.bat (Windows, up to 2.2)
+    mkl_win_url: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     package_checks: tuple[str, ...] = ()  # shell tests of the built package's contents
 
@@ -141,6 +145,12 @@ def _select(requirements: tuple[Requirement, ...], python: str, platform: str, i
     return [r.spec for r in requirements if _applies(r, python, platform, is_cuda, pytorch)]
 
 
+def _ignored_run_exports(requirements: tuple[Requirement, ...], python: str, platform: str, is_cuda: bool,
+                         pytorch: str) -> tuple[str, ...]:
+    return tuple(r.spec.split()[0] for r in requirements
+                 if r.ignore_run_exports and _applies(r, python, platform, is_cuda, pytorch))
+
+
 def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
     """--source: a local checkout (path), a tarball (url) or a git mirror; default: upstream git at the tag."""
     if location is None:
@@ -173,7 +183,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     host[0] = f"python {python}.*"
     run[0] = f"python {python}.*"
     if variant.magma is not None:
-        host.append(f"{variant.magma.name} =={variant.magma.version}")
+        host.append(variant.magma.host_spec)
     run_constrained: list[str] = []
     features: list[str] = []
     if is_cuda:
@@ -216,6 +226,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         install_command = install.setup_py if release.conda_official else install.pip
     bundle = _bundle(data, variant, cuda)
     magma_win = windows_magma(data, request, cuda)
+    mkl_win = windows_mkl(data, request)
     tag = f"v{request.pytorch}"
     source = resolve_source(request.options.source, data.pytorch.defaults.source_url, tag)
     return RecipeContext(
@@ -236,6 +247,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         host_requirements=tuple(host),
         run_requirements=tuple(run),
         run_constrained=tuple(run_constrained),
+        ignore_run_exports=_ignored_run_exports(era.host, python, platform, is_cuda, request.pytorch),
         features=tuple(features),
         test_imports=("torch",),
         install_command=install_command,
@@ -250,6 +262,8 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         magma_win_version=magma_win.version if magma_win else "",
         magma_win_url=magma_win.url.format(version=magma_win.version, cuda_nodot=versions.nodot(cuda or ""))
         if magma_win else "",
+        mkl_win_version=mkl_win.version if mkl_win else "",
+        mkl_win_url=mkl_win.url.format(version=mkl_win.version) if mkl_win else "",
         extra={
             "torchforge_variant": variant.id,
             "torchforge_status": variant.status.value,

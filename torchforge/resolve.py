@@ -13,7 +13,7 @@ from enum import Enum
 
 from torchforge import data as tables
 from torchforge import platforms, versions
-from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsMagma
+from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsArchive
 from torchforge.magmasource import MagmaSource
 from torchforge.variant import Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
@@ -51,6 +51,13 @@ class MagmaPlan:
     published: bool = False  # upstream published this magma-cudaXYZ version (magma.toml [published])
     settings: str = "{}"  # JSON of the options that change this binary (gencode, source, patches); "{}": none
     ptx: tuple[str, ...] = ()  # archs that also get PTX: only when --arch-list asks (X.Y+PTX)
+    earlier_build: bool = False  # an older build of the version than magma.toml's current one (magma_build)
+
+    @property
+    def host_spec(self) -> str:
+        """The pytorch recipe's host requirement: the version, and the exact build where an earlier one was linked
+        (an unpinned build would resolve to the current one, with fixes the official package did not have)."""
+        return f"{self.name} =={self.version}" + (f" {self.build_string}" if self.earlier_build else "")
 
     @property
     def status(self) -> Status:
@@ -192,9 +199,12 @@ def _cmake_options(data: Data, version: str, gencode: tuple[str, ...], ptx: tupl
 
 
 def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: str | None = None,
-               source: MagmaSource | None = None, patch_digests: tuple[str, ...] = ()) -> MagmaPlan:
+               source: MagmaSource | None = None, patch_digests: tuple[str, ...] = (),
+               build_number: int | None = None) -> MagmaPlan:
+    """`build_number`: an earlier published build of `version` (magma.toml earlier_builds) instead of the current."""
     warnings: list[str] = []
     magma_version = data.magma.versions[version]
+    earlier = magma_version.earlier_builds.get(str(build_number)) if build_number is not None else None
     gencode = _gencode_from_arch_list(arch_list) if arch_list else data.magma.gencode.get(cuda)
     if gencode is None:
         lower = [c for c in data.magma.gencode if versions.parse(c) < versions.parse(cuda)]
@@ -229,16 +239,20 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
     if not published:
         warnings.append(f"not official: {data.magma.package.name_prefix}{nodot(cuda)} {version} was never published upstream")
     fixes = _applicable_fixes(data, "magma", pytorch=None, cuda=cuda, magma=version, jetson=None)
+    if earlier is not None:
+        fixes = tuple(a for a in fixes if a.key not in earlier.without)
+        warnings.append(f"MAGMA {version} build {build_number}, the build this PyTorch linked: without "
+                        f"{', '.join(earlier.without)} of build {magma_version.build_number} ({earlier.source})")
     for applied in fixes:
         if applied.fix.manual_patch:
             warnings.append(
                 f"{applied.key}: {applied.fix.reason}; add {', '.join(applied.fix.manual_patch)} with --magma-patch"
             )
     return MagmaPlan(
-        id=magma_id(cuda, version, platform),
+        id=magma_id(cuda, version, platform, build_number if earlier else None),
         name=f"{data.magma.package.name_prefix}{nodot(cuda)}",
         version=version,
-        build_number=magma_version.build_number,
+        build_number=build_number if earlier is not None and build_number is not None else magma_version.build_number,
         cuda=cuda,
         cuda_full=data.cuda.toolkits[cuda].full_version,
         url=data.magma.package.url.format(version=version),
@@ -251,6 +265,7 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
         source=source,
         published=published and not custom,
         settings=json.dumps(custom, sort_keys=True),
+        earlier_build=earlier is not None,
     )
 
 
@@ -292,6 +307,16 @@ def _choose_magma(data: Data, release_key: str, release: Release, cuda: str, sou
         return None
     check.not_official.append(f"MAGMA {source.version} from --magma-source instead of {chosen}")
     return source.version
+
+
+def _linked_magma_build(release: Release, cuda: str, magma_version: str, check: _Checker) -> int | None:
+    """The earlier magma build the official package linked (pytorch.toml magma_build), when that MAGMA is built."""
+    build = release.cuda.get(cuda)
+    if build is None or build.magma_build is None or magma_version != (build.magma or release.magma):
+        return None
+    if build.magma_evidence:
+        check.warn(f"MAGMA {magma_version} build {build.magma_build} is inferred: {build.magma_evidence}")
+    return build.magma_build
 
 
 def _no_build(release_key: str, release: Release, cuda: str) -> str:
@@ -584,7 +609,8 @@ def classify(request: Request, data: Data | None = None) -> Variant:
         magma_version = _choose_magma(data, release_key, release, cuda, request.options.magma_source, check)
         if magma_version is not None:
             magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
-                               request.options.magma_source, request.options.magma_patch_digests)
+                               request.options.magma_source, request.options.magma_patch_digests,
+                               _linked_magma_build(release, cuda, magma_version, check))
     elif cuda and platform == "linux-aarch64" and not jetson:
         check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
 
@@ -757,11 +783,18 @@ def _env_entry_applies(entry: BuildEnvEntry, request: Request, cuda: str | None)
     return not (entry.python and not versions.matches(request.python, entry.python))
 
 
-def windows_magma(data: Data, request: Request, cuda: str | None) -> WindowsMagma | None:
+def windows_magma(data: Data, request: Request, cuda: str | None) -> WindowsArchive | None:
     """The prebuilt MAGMA archive upstream's bld.bat linked, for a Windows CUDA variant of its releases."""
     if cuda is None or not platforms.get(request.platform).facts.windows:
         return None
     return next((m for m in data.eras.windows_magma if versions.matches(request.pytorch, m.pytorch)), None)
+
+
+def windows_mkl(data: Data, request: Request) -> WindowsArchive | None:
+    """The static MKL archive upstream's bld.bat put first on the include and library paths (up to 2.2)."""
+    if not platforms.get(request.platform).facts.windows:
+        return None
+    return next((m for m in data.eras.windows_mkl if versions.matches(request.pytorch, m.pytorch)), None)
 
 
 def _build_env(data: Data, request: Request, release: Release, cuda: str | None, cudnn: str | None,
@@ -779,6 +812,7 @@ def _build_env(data: Data, request: Request, release: Release, cuda: str | None,
         if value is not None:
             env[entry.name] = value
     if facts.family == "linux":
+        # also where upstream's compiler chose the old ABI itself (1.9-1.11: pytorch.toml, cxx11_abi)
         env["_GLIBCXX_USE_CXX11_ABI"] = "1" if release.cxx11_abi else "0"
     if cuda:
         assert arch_list is not None

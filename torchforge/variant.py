@@ -65,8 +65,10 @@ class Request:
         )
 
 
-def magma_id(cuda: str, version: str, platform: str) -> str:
-    return f"magma-cuda{nodot(cuda)}-{version}-{platform.replace('-', '_')}"
+def magma_id(cuda: str, version: str, platform: str, earlier_build: int | None = None) -> str:
+    """`earlier_build`: a build number older than the version's current one (its own recipe, e.g. -build0)."""
+    build = f"-build{earlier_build}" if earlier_build is not None else ""
+    return f"magma-cuda{nodot(cuda)}-{version}{build}-{platform.replace('-', '_')}"
 
 
 def split_list(value: str | None) -> list[str]:
