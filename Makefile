@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack test goldens bench container-image container-check clean
+.PHONY: help venv demo demo-repack example docs test goldens bench container-image container-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,13 @@ demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forg
 	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"
 	PYTHONPATH=$(DEMO)/env/lib/python3.11/site-packages $(DEMO)/py/bin/python -c "import torch; print(torch.__version__, torch.__file__); print('torch.ones(3).sum() =', torch.ones(3).sum().item())"
 
+example: $(STAMP)  ## the README's quick start, offline, in a fresh ./try: stand-in channel, build, install, import, upload to file://, install, import
+	rm -rf try
+	$(BIN)/python -m tests.doccheck quickstart
+
+docs: $(STAMP)  ## regenerate the data tables and output examples in README.md and docs/ (review the diff)
+	$(BIN)/python -m tests.docgen
+
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests
 
@@ -50,4 +57,4 @@ container-check: container-image  ## the real `torchforge build --container` bui
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
 clean:  ## remove the virtualenv and generated output
-	rm -rf $(VENV) recipes forge-channel build dist .pytest_cache
+	rm -rf $(VENV) recipes forge-channel try build dist .pytest_cache
