@@ -109,7 +109,7 @@ def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
     if block == quickstart():
         # Imported twice: from the local channel, then from the file:// channel it was uploaded to.
         imports = re.findall(r"^2\.9\.0 3\.0 (\S+)$", result.stdout, re.M)
-        assert [Path(p).parts[-5] for p in imports] == ["env", "env2"], result.stdout
+        assert [Path(p).parts[-6] for p in imports] == ["env", "env2"], result.stdout
         assert "uploaded" in result.stdout
 
 
