@@ -18,13 +18,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)  ## create .venv and install torchforge with its test dependencies
 
-demo: $(STAMP)  ## the main job on the embedded default: render the default recipes into ./recipes, print the variant table
+demo: $(STAMP)  ## the main job on the embedded default: print the variant table, render the default recipes into ./recipes, then demo-repack
 	$(BIN)/torchforge matrix
 	$(BIN)/torchforge render --out recipes --force
 	$(MAKE) --no-print-directory demo-repack
 
 DEMO := .cache/demo
-demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forge-channel, install it with py-rattler, import it
+demo-repack: $(STAMP)  ## download the official torch 2.13.0 CPU wheel (~190 MB), repack it into ./forge-channel, install it with py-rattler, import it from a second venv (.cache/demo/py)
 	$(BIN)/pip download torch==2.13.0 --no-deps --quiet -d $(DEMO)/wheels
 	$(BIN)/torchforge repack $(DEMO)/wheels/torch-2.13.0*.whl --out forge-channel --replace
 	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-py3.11_cpu_0.conda
