@@ -141,6 +141,7 @@ def pointer_problem(page: Path, anchor: str | None = None, section: str | None =
     titles = headings(page)
     if anchor and anchor not in {slug(t) for t in titles}:
         return f"{page.relative_to(ROOT)} has no section #{anchor}"
+    section = " ".join(section.split()) if section else None  # a message may wrap a section name
     if section and section not in {t.replace("`", "") for t in titles}:
         return f"{page.relative_to(ROOT)} has no section {section!r}"
     return None
@@ -163,15 +164,16 @@ def test_every_link_in_the_documentation_names_a_page_and_section_that_exist() -
     assert not problems, "\n".join(problems)
 
 
-# `docs/PAGE.md`, optionally followed by `#anchor` or by a quoted section name (`, "Builds in containers"`).
-POINTER = re.compile(r"docs/([\w/-]+\.md)(?:#([\w-]+)|,? [\"']([^\"']+)[\"'])?")
+# `docs/PAGE.md`, optionally followed by `#anchor` or by a quoted section name (`, "Builds in containers"`), and
+# `README, "Section"` / `README.md#anchor` (the README's own sections).
+POINTER = re.compile(r"(docs/[\w/-]+\.md|README(?:\.md)?)(?:#([\w-]+)|,? [\"']([^\"']+)[\"'])?")
 CODE = ("torchforge", "tests", "bench", ".ci")
 
 
 def code_files() -> list[Path]:
     files = [ROOT / "Makefile"]
     for top in CODE:
-        files += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".py", ".toml", ".j2", "")
+        files += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".py", ".toml", ".j2", ".md", "")
                   and "fixtures" not in p.parts and p.name != "test_docs.py"]
     return files
 
@@ -185,7 +187,8 @@ def test_every_pointer_from_a_message_names_a_section_that_exists() -> None:
             continue
         for found in POINTER.finditer(text):
             seen += 1
-            problem = pointer_problem(ROOT / "docs" / found.group(1), found.group(2), found.group(3))
+            page = ROOT / ("README.md" if found.group(1).startswith("README") else found.group(1))
+            problem = pointer_problem(page, found.group(2), found.group(3))
             if problem:
                 problems.append(f"{path.relative_to(ROOT)}: {found.group(0)}: {problem}")
     assert not problems, "\n".join(problems)
@@ -197,6 +200,11 @@ def test_the_pointer_check_fails_on_a_missing_section() -> None:
     assert pointer_problem(ROOT / "docs" / "channels-and-images.md", section="Builds in boxes")
     assert pointer_problem(ROOT / "docs" / "building.md", anchor="no-such-anchor")
     assert pointer_problem(ROOT / "docs" / "no-such-page.md")
+    assert pointer_problem(ROOT / "README.md", section="Set up") is None
+    assert pointer_problem(ROOT / "README.md", section="Tests and fixtures")  # moved to docs/development.md
+    assert pointer_problem(ROOT / "docs" / "recipes.md", section="Custom builds never pass\n  for official ones") is None
+    assert [m.group(0) for m in POINTER.finditer('see README, "Builds" and docs/a.md#b-c')] == \
+        ['README, "Builds"', "docs/a.md#b-c"]
     assert slug("Quick start: build, install, publish, install again (offline)") == \
         "quick-start-build-install-publish-install-again-offline"
     assert slug("`torchforge doctor`") == "torchforge-doctor"
