@@ -129,8 +129,10 @@ def run_example(command: str) -> str:
     """The output of one documented command, run from the repository root as a user would (stdout and stderr)."""
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "COLUMNS": WIDTH, "NO_COLOR": "1", "TERM": "dumb", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    result = subprocess.run(shlex.split(command, comments=True), cwd=ROOT, env=env, capture_output=True, text=True)
-    lines = [line.rstrip() for line in (result.stdout + result.stderr).splitlines()]
+    # One pipe for both streams, so notes (stderr) and results (stdout) come in the order a terminal shows them.
+    result = subprocess.run(shlex.split(command, comments=True), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = [line.rstrip() for line in result.stdout.splitlines()]
     return "\n".join(lines) + "\n" if lines else ""
 
 
