@@ -209,3 +209,20 @@ def test_the_pointer_check_fails_on_a_missing_section() -> None:
         "quick-start-build-install-publish-install-again-offline"
     assert slug("`torchforge doctor`") == "torchforge-doctor"
 
+
+
+def test_every_documented_torchforge_toml_loads(tmp_path: Path) -> None:
+    """A ```toml block with [channels] or [images] is a site config a reader copies: it must load as one."""
+    from torchforge import config
+
+    found = 0
+    for page in pages():
+        for body in re.findall(r"^```toml\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
+            if not re.search(r"^\[(channels|images)", body, re.M):
+                continue
+            found += 1
+            path = tmp_path / f"{found}-torchforge.toml"
+            path.write_text(body)
+            site = config.load(path)
+            assert site.channels.replace or site.channels.mirrors or site.images, (page, body)
+    assert found >= 1
