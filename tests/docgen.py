@@ -40,19 +40,26 @@ def _table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> str:
 
 
 def releases_table() -> str:
-    table = data.load().pytorch
+    """One row per release: what upstream published (official: torchforge reproduces it) and what it built as
+    wheels only (buildable: torchforge builds it in the same shape); anything else is refused by `matrix`."""
+    facts = data.load()
+    table = facts.pytorch
     rows = []
     for series, release in table.releases.items():
-        conda = [c for c, b in release.cuda.items() if b.conda]
+        platforms = [name for name, platform in facts.platforms.platforms.items()
+                     if release.conda_official and platform.conda_official(series)]
+        conda = [c + (f" ({', '.join(b.conda_platforms)})" if b.conda_platforms else "")
+                 for c, b in release.cuda.items() if b.conda]
         wheel = [c for c, b in release.cuda.items() if b.wheel and not b.conda]
         python = f"{release.python[0]}–{release.python[1]}"
         if release.python_experimental:
             python += f" (+{', '.join(release.python_experimental)} experimental)"
         patches = ", ".join(table.patch_releases.get(series, ())) or "-"
-        rows.append((series, patches, python, ", ".join(conda) or "-", ", ".join(wheel) or "-",
-                     "yes" if release.conda_official else "no", release.magma or "-", release.era))
-    return _table(("release", "patch releases", "Python", "CUDA with official conda packages",
-                   "CUDA upstream built as wheels only", "official conda cpu", "MAGMA", "recipe era"), rows)
+        rows.append((series, patches, python, ", ".join(platforms) or "none", ", ".join(conda) or "-",
+                     ", ".join(wheel) or "-", release.magma or "-", release.era))
+    return _table(("release", "patch releases", "Python", "official conda packages on",
+                   "CUDA with official conda packages", "CUDA upstream built as wheels only (buildable)", "MAGMA the official builds linked",
+                   "recipe era"), rows)
 
 
 def cuda_table() -> str:
