@@ -48,7 +48,7 @@ def fresh_folder(tmp_path: Path) -> Path:
 def test_the_extraction_finds_the_pages_and_blocks() -> None:
     assert {p.name for p in pages()} >= {"README.md", "recipes.md", "building.md", "development.md"}
     modes = {b.mode for b in BLOCKS}
-    assert {"run", "dry-run", "parse", "output", "skip"} <= modes
+    assert {"run", "dry-run", "parse", "output"} <= modes
     assert sum(len(b.lines) for b in BLOCKS) > 40
 
 
