@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack test goldens bench container-image container-check clean
+.PHONY: help venv demo demo-repack example docs test goldens bench container-image container-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -18,13 +18,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)  ## create .venv and install torchforge with its test dependencies
 
-demo: $(STAMP)  ## the main job on the embedded default: render the default recipes into ./recipes, print the variant table
+demo: $(STAMP)  ## the main job on the embedded default: print the variant table, render the default recipes into ./recipes, then demo-repack
 	$(BIN)/torchforge matrix
 	$(BIN)/torchforge render --out recipes --force
 	$(MAKE) --no-print-directory demo-repack
 
 DEMO := .cache/demo
-demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forge-channel, install it with py-rattler, import it
+demo-repack: $(STAMP)  ## download the official torch 2.13.0 CPU wheel (~190 MB), repack it into ./forge-channel, install it with py-rattler, import it from a second venv (.cache/demo/py)
 	$(BIN)/pip download torch==2.13.0 --no-deps --quiet -d $(DEMO)/wheels
 	$(BIN)/torchforge repack $(DEMO)/wheels/torch-2.13.0*.whl --out forge-channel --replace
 	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-py3.11_cpu_0.conda
@@ -32,6 +32,13 @@ demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forg
 	rm -rf $(DEMO)/env
 	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"
 	PYTHONPATH=$(DEMO)/env/lib/python3.11/site-packages $(DEMO)/py/bin/python -c "import torch; print(torch.__version__, torch.__file__); print('torch.ones(3).sum() =', torch.ones(3).sum().item())"
+
+example: $(STAMP)  ## the README's quick start, offline, in a fresh ./try: stand-in channel, build, install, import, upload to file://, install, import
+	rm -rf try
+	$(BIN)/python -m tests.doccheck quickstart
+
+docs: $(STAMP)  ## regenerate the data tables and output examples in README.md and docs/ (review the diff)
+	$(BIN)/python -m tests.docgen
 
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests
@@ -50,4 +57,4 @@ container-check: container-image  ## the real `torchforge build --container` bui
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
 clean:  ## remove the virtualenv and generated output
-	rm -rf $(VENV) recipes forge-channel build dist .pytest_cache
+	rm -rf $(VENV) recipes forge-channel try build dist .pytest_cache

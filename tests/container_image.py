@@ -127,7 +127,7 @@ def _podman(*args: str, stdin: int | None = None, input_: bytes | None = None,
 def check_podman() -> None:
     """Raises Unavailable unless podman is on PATH and can start a container here."""
     if shutil.which("podman") is None:
-        raise Unavailable("podman is not on PATH (apt-get install podman runc; see README, 'Builds in containers')")
+        raise Unavailable("podman is not on PATH (apt-get install podman runc; see docs/channels-and-images.md, 'Builds in containers')")
     if shutil.which("runc") is None:
         raise Unavailable("runc is not on PATH (apt-get install runc: crun cannot run on this host's cgroups)")
     if not tool_venvs.vendored_conda_present():

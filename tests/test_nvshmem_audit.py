@@ -1,5 +1,5 @@
-"""Why the 2.9+ CUDA packages are built with USE_NVSHMEM=0 instead of bundling NVSHMEM (eras.toml, README
-"Inside the package"), checked with the real audit on gcc-built stand-ins shaped like the twelve shared
+"""Why the 2.9+ CUDA packages are built with USE_NVSHMEM=0 instead of bundling NVSHMEM (eras.toml,
+docs/inside-the-package.md, "NVSHMEM is not bundled"), checked with the real audit on gcc-built stand-ins shaped like the twelve shared
 libraries of the real nvidia-nvshmem-cu13 3.4.5 wheel (tests/fixtures/nvshmem_like cites it): the wheel's set,
 copied into torch/lib unmodified, fails the audit (plugins need Open MPI, PMIx, rdma-core, libfabric and UCX, and
 two carry NVIDIA's build path as RUNPATH); the self-contained part passes and its plugins load by bare name

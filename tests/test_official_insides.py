@@ -479,7 +479,7 @@ def test_beyond_conda_the_bundled_cudnn_is_the_official_wheels_pin(pytorch: str,
     assert (variant.cudnn, variant.nccl) == (cudnn, nccl)
     assert variant.build_string == f"py3.12_cuda{cuda}_cudnn{'.'.join(cudnn.split('.')[:3])}_0"
     _, env, bundled = rendered(variant.request)
-    # bundled like 2.5 (README "Inside the package"); CUPTI comes from the cuda-cupti dependency
+    # bundled like 2.5 (docs/inside-the-package.md, "Bundled libraries"); CUPTI comes from the cuda-cupti dependency
     assert bundled == ["libcudnn*.so.9", "libcusparseLt.so.0"] and env["USE_STATIC_CUDNN"] == "0"
 
 
@@ -539,7 +539,7 @@ NVSHMEM_WHEEL = Path(__file__).parent / "fixtures" / "nvshmem_like" / "nvidia_nv
 ])
 def test_beyond_conda_cuda_builds_leave_nvshmem_out(pytorch: str, cuda: str, subdir: str, exported: bool) -> None:
     """The wheels take libnvshmem_host.so.3 and its plugins from nvidia-nvshmem-cuXX; bundling them is not sound
-    (licence and audit: eras.toml, README "Inside the package", tests/test_nvshmem_audit.py), so a build machine
+    (licence and audit: eras.toml, docs/inside-the-package.md, "NVSHMEM is not bundled", tests/test_nvshmem_audit.py), so a build machine
     that has NVSHMEM (the manylinux2_28 images do) must not link it, and none of the wheel's files is copied."""
     _, env, bundled = rendered(Request(pytorch, cuda, "3.12", subdir))
     assert (env.get("USE_NVSHMEM") == "0") is exported and (exported or "USE_NVSHMEM" not in env)

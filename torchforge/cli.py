@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "ci",
     "diagnose",
     "doctor",
+    "tryout",
 )
 
 app = typer.Typer(

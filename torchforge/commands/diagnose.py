@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             out.print_json(json.dumps([d.as_dict() for d in diagnoses]))
         elif diagnoses:
-            out.print(render(diagnoses))
+            out.print(render(diagnoses), soft_wrap=False)  # wrap inside the panels: a cropped fix is no fix
         if not diagnoses:
             # Exit 1 (not a ForgeError): "nothing recognised" is an answer, not a failure of torchforge.
             err.print(f"no known failure signature in {logfile} ({len(catalog().signatures)} signatures checked); "

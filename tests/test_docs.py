@@ -1,0 +1,228 @@
+"""README.md and docs/: every documented shell command is checked (run, dry-run or argument parsing, as its block
+is marked: tests/doccheck.py), generated tables and exact output examples are current (tests/docgen.py), and
+every pointer to the documentation, from a page or from a message in the code, names a page and section that
+exist."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import docgen
+from tests.doccheck import (
+    MODES, ROOT, RUN_LINKS, Block, all_blocks, blocks, pages, parse_problem, program, quickstart, run_block,
+    simple_commands,
+)
+
+BLOCKS = all_blocks()
+# Pages other branches of this session add (linked from README.md and docs/index.md before they are merged):
+# a link to one is allowed while it is missing; once it exists, its sections are checked like any other.
+PENDING_PAGES = {"repack.md", "compile-cache.md", "ci-pipelines.md", "conda-forge-flavour.md", "custom-builds.md",
+                 "troubleshooting.md", "official-builds.md", "upstream-reports.md"}
+
+
+def _ids(selected: list[Block]) -> list[str]:
+    return [b.where for b in selected]
+
+
+def _env() -> dict[str, str]:
+    """A user's shell after `. .venv/bin/activate`: this venv's torchforge first on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "VIRTUAL_ENV": str(Path(sys.executable).parent.parent)}
+
+
+def fresh_folder(tmp_path: Path) -> Path:
+    """A folder like a fresh clone's, for a `run` block: the repository files the commands name, linked."""
+    folder = tmp_path / "clone"
+    folder.mkdir()
+    for name in RUN_LINKS:
+        target = Path(sys.executable).parent.parent if name == ".venv" else ROOT / name
+        (folder / name).symlink_to(target)
+    return folder
+
+
+def test_the_extraction_finds_the_pages_and_blocks() -> None:
+    assert {p.name for p in pages()} >= {"README.md", "recipes.md", "building.md", "development.md"}
+    modes = {b.mode for b in BLOCKS}
+    assert {"run", "dry-run", "parse", "output"} <= modes
+    assert sum(len(b.lines) for b in BLOCKS) > 40
+
+
+def test_every_block_is_marked_with_a_known_mode() -> None:
+    bad = [f"{b.where}: {b.mode!r}" for b in BLOCKS if b.mode not in (*MODES, "output")]
+    bad += [f"{b.where}: `skip` needs a reason" for b in BLOCKS if b.mode == "skip" and not b.reason]
+    bad += [f"{b.where}: output kind {b.reason!r}" for b in BLOCKS if b.mode == "output" and b.reason not in ("exact", "sample")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.mode != "skip"], ids=_ids([b for b in BLOCKS if b.mode != "skip"]))
+def test_every_command_parses(block: Block) -> None:
+    problems = [f"{block.where}: {line}\n  {problem}" for line in block.lines for words in simple_commands(line)
+                if (problem := parse_problem(words))]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parse_check_catches_what_a_user_would_hit() -> None:
+    assert parse_problem(["torchforge", "build", "--cuda", "12.4", "--no-such-flag"])
+    assert parse_problem(["torchforge", "rendr"])
+    assert parse_problem(["torchforge", "build", "--jobs", "many"])
+    assert parse_problem(["make", "no-such-target"])
+    assert parse_problem(["python", "-m", "tests.no_such_module"])
+    assert parse_problem(["torchforge", "rpath", "audit", "x.conda", "--layout", "conda"]) is None
+    assert parse_problem(["torchforge", "build", "--config", "no-such.toml"]) is None  # the user's own file
+
+
+DRY = [b for b in BLOCKS if b.mode == "dry-run"]
+
+
+@pytest.mark.parametrize("block", DRY, ids=_ids(DRY))
+def test_dry_run_blocks_run_with_dry_run(block: Block, tmp_path: Path) -> None:
+    folder = fresh_folder(tmp_path)
+    for line in block.lines:
+        for words in simple_commands(line):
+            if program(words) != "torchforge":
+                continue
+            argv = words if "--dry-run" in words else [*words, "--dry-run"]
+            result = run_block(Block(block.page, block.line, "bash", "run", "", (" ".join(map(_quote, argv)),)),
+                               folder, env=_env(), timeout=300)
+            assert result.returncode == 0, f"{block.where}: {' '.join(argv)}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+
+
+def _quote(word: str) -> str:
+    import shlex
+
+    return shlex.quote(word)
+
+
+RUN = [b for b in BLOCKS if b.mode == "run"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", RUN, ids=_ids(RUN))
+def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
+    result = run_block(block, fresh_folder(tmp_path), env=_env(), timeout=600)
+    assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    if block == quickstart():
+        # Imported twice: from the local channel, then from the file:// channel it was uploaded to.
+        imports = re.findall(r"^2\.9\.0 3\.0 (\S+)$", result.stdout, re.M)
+        assert [Path(p).parts[-6] for p in imports] == ["env", "env2"], result.stdout
+        assert "uploaded" in result.stdout
+
+
+def test_the_readme_is_short_and_its_quick_start_has_at_most_ten_commands() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) < 150
+    assert len(quickstart().lines) <= 10
+
+
+def test_generated_tables_and_exact_outputs_are_current(capsys: pytest.CaptureFixture[str]) -> None:
+    assert docgen.main(["--check"]) == 0, capsys.readouterr().out + "\nrun `make docs` and review the diff"
+
+
+# ---- pointers -----------------------------------------------------------------------------------------------
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = heading.strip().lower().replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def headings(page: Path) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)]
+
+
+def pointer_problem(page: Path, anchor: str | None = None, section: str | None = None) -> str | None:
+    if not page.is_file():
+        return None if page.name in PENDING_PAGES and page.parent.name == "docs" else f"{page} does not exist"
+    titles = headings(page)
+    if anchor and anchor not in {slug(t) for t in titles}:
+        return f"{page.relative_to(ROOT)} has no section #{anchor}"
+    section = " ".join(section.split()) if section else None  # a message may wrap a section name
+    if section and section not in {t.replace("`", "") for t in titles}:
+        return f"{page.relative_to(ROOT)} has no section {section!r}"
+    return None
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_link_in_the_documentation_names_a_page_and_section_that_exist() -> None:
+    problems = []
+    for page in pages():
+        text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for target in LINK.findall(re.sub(r"`[^`\n]*`", "", text)):  # links in code are examples, not links
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            problem = pointer_problem((page.parent / path).resolve() if path else page, anchor or None)
+            if problem:
+                problems.append(f"{page.relative_to(ROOT)}: ({target}) {problem}")
+    assert not problems, "\n".join(problems)
+
+
+# `docs/PAGE.md`, optionally followed by `#anchor` or by a quoted section name (`, "Builds in containers"`), and
+# `README, "Section"` / `README.md#anchor` (the README's own sections).
+POINTER = re.compile(r"(docs/[\w/-]+\.md|README(?:\.md)?)(?:#([\w-]+)|,? [\"']([^\"']+)[\"'])?")
+CODE = ("torchforge", "tests", "bench", ".ci")
+
+
+def code_files() -> list[Path]:
+    files = [ROOT / "Makefile"]
+    for top in CODE:
+        files += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".py", ".toml", ".j2", ".md", "")
+                  and "fixtures" not in p.parts and p.name != "test_docs.py"]
+    return files
+
+
+def test_every_pointer_from_a_message_names_a_section_that_exists() -> None:
+    problems, seen = [], 0
+    for path in code_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for found in POINTER.finditer(text):
+            seen += 1
+            page = ROOT / ("README.md" if found.group(1).startswith("README") else found.group(1))
+            problem = pointer_problem(page, found.group(2), found.group(3))
+            if problem:
+                problems.append(f"{path.relative_to(ROOT)}: {found.group(0)}: {problem}")
+    assert not problems, "\n".join(problems)
+    assert seen >= 3  # the container skip message, the data files' pointers ...
+
+
+def test_the_pointer_check_fails_on_a_missing_section() -> None:
+    assert pointer_problem(ROOT / "docs" / "channels-and-images.md", section="Builds in containers") is None
+    assert pointer_problem(ROOT / "docs" / "channels-and-images.md", section="Builds in boxes")
+    assert pointer_problem(ROOT / "docs" / "building.md", anchor="no-such-anchor")
+    assert pointer_problem(ROOT / "docs" / "no-such-page.md")
+    assert pointer_problem(ROOT / "README.md", section="Set up") is None
+    assert pointer_problem(ROOT / "README.md", section="Tests and fixtures")  # moved to docs/development.md
+    assert pointer_problem(ROOT / "docs" / "recipes.md", section="Custom builds never pass\n  for official ones") is None
+    assert [m.group(0) for m in POINTER.finditer('see README, "Builds" and docs/a.md#b-c')] == \
+        ['README, "Builds"', "docs/a.md#b-c"]
+    assert slug("Quick start: build, install, publish, install again (offline)") == \
+        "quick-start-build-install-publish-install-again-offline"
+    assert slug("`torchforge doctor`") == "torchforge-doctor"
+
+
+
+def test_every_documented_torchforge_toml_loads(tmp_path: Path) -> None:
+    """A ```toml block with [channels] or [images] is a site config a reader copies: it must load as one."""
+    from torchforge import config
+
+    found = 0
+    for page in pages():
+        for body in re.findall(r"^```toml\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
+            if not re.search(r"^\[(channels|images)", body, re.M):
+                continue
+            found += 1
+            path = tmp_path / f"{found}-torchforge.toml"
+            path.write_text(body)
+            site = config.load(path)
+            assert site.channels.replace or site.channels.mirrors or site.images, (page, body)
+    assert found >= 1

