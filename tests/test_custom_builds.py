@@ -129,3 +129,24 @@ def test_a_custom_magma_never_takes_the_official_name() -> None:
     url = MagmaSource("url", "https://mirror.example/magma-2.6.1.tar.gz")
     via_mirror = classify(Request("2.5.1", "12.4", "3.12", "linux-64", Options(magma_source=url))).magma
     assert via_mirror is not None and via_mirror.build_string == "1" and via_mirror.status is Status.OFFICIAL
+
+
+@pytest.mark.parametrize(
+    "custom",
+    [["matrix", "--debug"], ["matrix", "--arch-list", "8.0"], ["matrix", "--env", "USE_NCCL=0"],
+     ["matrix", "--build-number", "3"], ["render", "--source", "tests/fixtures/torch_like"]],
+    ids=["debug", "arch-list", "env", "build-number", "source"],
+)
+def test_options_that_only_customise_a_build_leave_the_default_release_alone(
+        custom: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25 item 2: CUDA 11.8 with Python 3.10 had official conda packages up to 2.5.1; a custom option
+    makes the build custom, it does not make 2.5.1's packages unpublished."""
+    official = "PyTorch 2.5.1: the newest release with official conda packages of CUDA 11.8 with Python 3.10"
+    assert main(["matrix", "--cuda", "11.8", "--py", "3.10"]) == 0
+    assert official in " ".join(capsys.readouterr().err.split())
+    out = ["--out", str(tmp_path / "recipes")] if custom[0] == "render" else []
+    assert main([*custom, *out, "--cuda", "11.8", "--py", "3.10"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert official in err and "no release published" not in err, err
+    if custom[1] != "--build-number":  # and it says the options make the build custom
+        assert f"{custom[1]} makes it a custom build" in err, err

@@ -15,7 +15,7 @@ from torchforge import data as tables
 from torchforge import platforms, versions
 from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsMagma
 from torchforge.magmasource import MagmaSource
-from torchforge.variant import Request, Selection, magma_id
+from torchforge.variant import Options, Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
 
@@ -821,6 +821,27 @@ def default_release(selection: Selection, data: Data | None = None) -> tuple[str
     """The release to use when none was asked for, and why: the newest release that published official conda
     packages of every requested CUDA x Python on the platform, else the newest that can build them all."""
     data = data or tables.load()
+    version, reason = _default_release(replace(selection, options=_release_choosing(selection.options)), data)
+    flags = _customising_flags(selection.options)
+    if flags:
+        reason += f"; {', '.join(flags)} {'makes' if len(flags) == 1 else 'make'} it a custom build"
+    return version, reason
+
+
+def _release_choosing(options: Options) -> Options:
+    """The options that may decide the release: the device profile and the host compiler. The others only
+    customise a build: a custom build of a release does not mean the release published no packages."""
+    return Options(jetson=options.jetson, gcc=options.gcc)
+
+
+def _customising_flags(options: Options) -> list[str]:
+    given = {"--arch-list": options.arch_list, "--debug": options.debug, "--env": options.extra_env,
+             "--source": options.source, "--patch": options.patch_digests,
+             "--magma-source": options.magma_source, "--magma-patch": options.magma_patch_digests}
+    return [flag for flag, value in given.items() if value]
+
+
+def _default_release(selection: Selection, data: Data) -> tuple[str, str]:
     accels = ", ".join(a if a == "cpu" else f"CUDA {a}" for a in selection.accels)
     what = f"{accels} with Python {', '.join(selection.pythons)} on {selection.platform}"
     newest_first = sorted((v for key in data.pytorch.releases for v in _patches(data, key)), key=versions.parse,
