@@ -93,6 +93,9 @@ def parse_env(pairs: list[str]) -> tuple[tuple[str, str], ...]:
         name, sep, value = pair.partition("=")
         if not sep or not _ENV_NAME.match(name):
             raise UsageError(f"--env expects NAME=VALUE, got {pair!r}", "for example --env USE_NCCL=0")
+        if any(c in value for c in "\n\r\0"):
+            raise UsageError(f"--env {name}: its value has a line break or NUL, which no build script can hold on one "
+                             "line", "give the value on one line")
         if name == "MAX_JOBS" and not _WHOLE_NUMBER.match(value):
             raise UsageError(f"--env MAX_JOBS={value}: MAX_JOBS is the number of parallel compile jobs, a whole number "
                              "from 1", "for example --env MAX_JOBS=8, or leave it out (torchforge chooses from memory and cores)")
@@ -152,6 +155,11 @@ class Selection:
                 raise UsageError(f"--py expects X.Y, got {py!r}", "for example --py 3.10,3.12")
         if platform not in tables.PLATFORMS:
             raise UsageError(f"unknown platform {platform!r}", f"use one of {', '.join(tables.PLATFORMS)}")
+        if tables.load().platform(platform).windows:
+            for name, value in options.extra_env:
+                if '"' in value:
+                    raise UsageError(f"--env {name}={value}: bld.bat cannot quote a double quote for cmd.exe "
+                                     '(set "NAME=value" ends at it)', "give the value without the \" character")
         if options.source and options.source_identity is None:
             options = replace(options, source_identity=sourcestate.identity(options.source))
         return cls(pytorch, accels, pythons, platform, options)
