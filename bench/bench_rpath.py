@@ -138,6 +138,13 @@ def run() -> list[Row]:
         repack_s = time.perf_counter() - start
         rows.append(Row("repack", f"torch wheel -> .conda (zstd {DEFAULT_ZSTD_LEVEL}, all threads)", f"{repack_s:.1f} s",
                         f"{archive.stat().st_size / 1e6:.1f} MB (wheel {wheel.stat().st_size / 1e6:.1f} MB)"))
+    # A bad option is refused before the 190 MB wheel is read (tests/test_adversarial.py checks the order).
+    from torchforge.cli import main as cli_main
+
+    refused = WORK / "refused-channel"
+    refuse_s = timed(lambda: cli_main(["repack", str(wheel), "--out", str(refused), "--zstd-level", "99"]), repeat=3)
+    rows.append(Row("repack", "--zstd-level 99 refused on the torch wheel", f"{refuse_s * 1000:.0f} ms",
+                    f"{refuse_s / repack_s:.4f}x a full repack; nothing written: {not refused.exists()}"))
     rows.extend(_compress_subset(root / "torch" / "lib" / "libtorch_cpu.so", runner))
     shutil.rmtree(official, ignore_errors=True)
     shutil.rmtree(ours, ignore_errors=True)

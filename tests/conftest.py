@@ -41,8 +41,18 @@ def reference_dir() -> Path:
     return SHARED_REFERENCE
 
 
+def session_shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder that every xdist worker of this session shares and no later session sees: the session's own
+    basetemp (pytest-N). Under xdist each worker's basetemp is pytest-N/popen-gwK; without it basetemp is pytest-N
+    itself, and its parent (pytest-of-<user>) outlives the session. What tests build with torchforge's code is
+    shared here, so it is rebuilt by each session's code, never reused from an older one."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def cached(name: str, build: Callable[[Path], None]) -> Path:
-    """`CACHE/name`, built once by `build` across sessions and xdist workers (a lock, then a marker)."""
+    """`CACHE/name`, built once by `build` across sessions and xdist workers (a lock, then a marker). Only for
+    what no torchforge code makes (a downloaded wheel, a pip venv): see `session_shared` for the rest."""
     target = CACHE / name
     CACHE.mkdir(parents=True, exist_ok=True)
     with FileLock(str(CACHE / f"{name}.lock")):

@@ -5,12 +5,15 @@ Variables torchforge sets or checks are validated the same way from --env as fro
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.pkgfactory import make_package
 from torchforge.cli import main
+from torchforge.commands.options import selection_from_flags
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.magmasource import MagmaSource
 from torchforge.pipeline import Action, BuildSettings, plan_steps
@@ -143,3 +146,134 @@ def test_a_custom_build_of_an_earlier_magma_build_is_pinned_by_its_own_build_str
     assert custom.id == official.id == "magma-cuda116-2.6.1-build0-linux_64"
     current = classify(Request("1.13.1", "11.6", "3.10", "linux-64")).magma
     assert current is not None and current.host_spec == "magma-cuda116 ==2.6.1"
+
+
+@pytest.mark.parametrize(
+    "custom",
+    [["matrix", "--debug"], ["matrix", "--arch-list", "8.0"], ["matrix", "--env", "USE_NCCL=0"],
+     ["matrix", "--build-number", "3"], ["render", "--source", "tests/fixtures/torch_like"]],
+    ids=["debug", "arch-list", "env", "build-number", "source"],
+)
+def test_options_that_only_customise_a_build_leave_the_default_release_alone(
+        custom: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25 item 2: CUDA 11.8 with Python 3.10 had official conda packages up to 2.5.1; a custom option
+    makes the build custom, it does not make 2.5.1's packages unpublished."""
+    official = "PyTorch 2.5.1: the newest release with official conda packages of CUDA 11.8 with Python 3.10"
+    assert main(["matrix", "--cuda", "11.8", "--py", "3.10"]) == 0
+    assert official in " ".join(capsys.readouterr().err.split())
+    out = ["--out", str(tmp_path / "recipes")] if custom[0] == "render" else []
+    assert main([*custom, *out, "--cuda", "11.8", "--py", "3.10"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert official in err and "no release published" not in err, err
+    if custom[1] != "--build-number":  # and it says the options make the build custom
+        assert f"{custom[1]} makes it a custom build" in err, err
+
+
+# ---------------------------------------------------------------- issue 25 item 3: what a local --source holds
+
+FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
+
+
+def _build_string(source: str, arch_list: str | None = None) -> str:
+    selection = selection_from_flags("2.5.1", "12.4", "3.12", None, arch_list=arch_list, source=source,
+                                     env=["USE_MAGMA=0"])
+    variant = classify(selection.requests()[0])
+    assert variant.status is Status.BUILDABLE and variant.build_string, variant.refusals
+    return variant.build_string
+
+
+def _git(tree: Path, *argv: str) -> None:
+    subprocess.run(["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@example.org", *argv],
+                   check=True, capture_output=True)
+
+
+def test_a_local_source_is_identified_by_its_content_not_its_spelling(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "torch_like"
+    shutil.copytree(FIXTURE, tree)
+    monkeypatch.chdir(tmp_path)
+    spellings = {_build_string(s) for s in ("torch_like", str(tree), "./torch_like/", "../" + tmp_path.name + "/torch_like")}
+    assert len(spellings) == 1, spellings
+    before = spellings.pop()
+    readme = tree / "README.md"
+    readme.write_text(readme.read_text() + "edited\n")
+    edited = _build_string("torch_like")
+    assert edited != before
+    (tree / "README.md").chmod(0o755)  # a mode is content too
+    assert _build_string("torch_like") != edited
+
+
+def test_a_git_source_is_identified_by_head_and_its_uncommitted_changes(tmp_path: Path) -> None:
+    tree = tmp_path / "checkout"
+    shutil.copytree(FIXTURE, tree)
+    _git(tree, "init", "-q")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "one")
+    clean = _build_string(str(tree))
+    (tree / "build").mkdir()  # what git ignores is not the source
+    (tree / ".gitignore").write_text("build/\n")
+    _git(tree, "add", ".gitignore")
+    _git(tree, "commit", "-qm", "ignore build/")
+    committed = _build_string(str(tree))
+    assert committed != clean
+    (tree / "build" / "object.o").write_bytes(b"\0")
+    assert _build_string(str(tree)) == committed
+    setup = tree / "setup.py"
+    setup.write_text(setup.read_text() + "# edited\n")
+    dirty = _build_string(str(tree))
+    assert dirty != committed
+    (tree / "new.py").write_text("x = 1\n")  # an untracked file is an uncommitted change
+    untracked = _build_string(str(tree))
+    assert untracked not in (dirty, committed)
+    (tree / "new.py").unlink()
+    _git(tree, "checkout", "--", "setup.py")
+    assert _build_string(str(tree)) == committed
+
+
+def test_the_source_fixture_inside_this_checkout_is_identified_by_its_own_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/fixtures/torch_like lives inside torchforge's own git tree: spelled three ways, one build string."""
+    monkeypatch.chdir(FIXTURE.parents[2])
+    strings = {_build_string(s) for s in ("tests/fixtures/torch_like", str(FIXTURE), "./tests/fixtures/torch_like/")}
+    assert len(strings) == 1, strings
+
+
+def test_equivalent_arch_lists_give_one_hash() -> None:
+    strings = {_variant(arch_list=a).build_string for a in ("8.0;9.0", "9.0;8.0", "8.0;;9.0", " 8.0 ; 9.0 ")}
+    assert len(strings) == 1, strings
+    assert _variant(arch_list="8.0;9.0").arch_list == "8.0;9.0"
+    assert _variant(arch_list="8.0;9.0+PTX").build_string not in strings
+
+
+def test_the_reuse_message_says_what_it_compared(tmp_path: Path) -> None:
+    out = tmp_path / "channel"
+    tree = tmp_path / "src"
+    shutil.copytree(FIXTURE, tree)
+    selection = selection_from_flags("2.5.1", "12.4", "3.12", None, arch_list="9.0;8.0", source=str(tree),
+                                     env=["USE_MAGMA=0"])
+    variant = plan(selection).variants[0]
+    make_package(out / "linux-64", "pytorch", "2.5.1", variant.build_string,
+                 about_extra={"torchforge_settings": variant.settings})
+    step = next(s for s in plan_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=out, magma_only=False))
+                if s.kind == "pytorch")
+    assert step.action is Action.REUSE
+    assert "same settings" in step.reason and "arch list 8.0;9.0" in step.reason, step.reason
+    assert "source sha256:" in step.reason and "env USE_MAGMA=0" in step.reason, step.reason
+
+
+def test_a_local_magma_tree_is_identified_by_its_content(tmp_path: Path) -> None:
+    tree = tmp_path / "magma"
+    (tree / "include").mkdir(parents=True)
+    header = tree / "include" / "magma_types.h"
+    header.write_text("#define MAGMA_VERSION_MAJOR 2\n#define MAGMA_VERSION_MINOR 6\n#define MAGMA_VERSION_MICRO 1\n")
+
+    def magma_build_string(location: str) -> str:
+        selection = selection_from_flags("2.5.1", "12.4", "3.12", None, magma_source=location)
+        magma = classify(selection.requests()[0]).magma
+        assert magma is not None
+        return magma.build_string
+
+    before = magma_build_string(str(tree))
+    assert magma_build_string(f"{tree}/") == before
+    (tree / "CMakeLists.txt").write_text("project(magma)\n")
+    assert magma_build_string(str(tree)) != before

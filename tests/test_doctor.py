@@ -55,11 +55,12 @@ def full_toolkit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"CUDA_HOME": str(make_stand_in_toolkit(tmp_path_factory.mktemp("cuda") / "toolkit", cudnn=True))}
 
 
-@pytest.mark.skipif(NVCC_RELEASE != "13.0" or Path("/usr/local/cuda/include/cublas_v2.h").exists(),
-                    reason="needs the project's machines: CUDA 13.0 with nvcc but no cuBLAS")
-def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path) -> None:
+@pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 (the project's machines)")
+def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path, tmp_path: Path) -> None:
+    # The machine's CUDA 13.0 without cuBLAS and cuSPARSE, made the same way where the toolkit has them.
+    toolkit = make_stand_in_toolkit(tmp_path / "cuda", cublas=False)
     result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--magma-only",
-                 "--config", str(mirror), env={"CUDA_HOME": "/usr/local/cuda"})
+                 "--config", str(mirror), env={"CUDA_HOME": str(toolkit)})
     assert result.returncode == 9
     lines = [line for line in result.stdout.splitlines() if "cuBLAS (CUDA 13.0)" in line]
     assert lines and "fail" in lines[0] and "cublas_v2.h, libcublas.so" in result.stdout

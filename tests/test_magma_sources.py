@@ -103,7 +103,9 @@ def apply_twice(files: dict[str, str], tree: Path, tmp_path: Path) -> None:
 
 def test_versions_are_read_from_the_real_trees_and_tarballs(magma_trees: dict[str, Path]) -> None:
     for version, tree in magma_trees.items():
-        assert inspect(str(tree)) == MagmaSource("tree", str(tree.resolve()), version)
+        found = inspect(str(tree))
+        assert found == MagmaSource("tree", str(tree.resolve()), version, state=found.state)
+        assert found.state is not None and found.state.startswith("sha256:")  # a plain tree: its content digest
         tarball = inspect(str(SOURCES / f"magma-{version}-generated.tar.gz"))
         assert (tarball.kind, tarball.version) == ("tarball", version)
         assert tarball.sha256 != tables.load().magma.versions[version].sha256  # not the release tarball

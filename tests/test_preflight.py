@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,11 @@ import pytest
 from torchforge.commands.options import selection_from_flags
 from torchforge.errors import DataError, PreflightError
 from torchforge.preflight import (
-    Level, Machine, PreflightReport, choose_max_jobs, load_table, memory_jobs, parse_table, read_mem_available_gib,
+    Level, Machine, PreflightReport, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table, read_mem_available_gib,
     report_table, run_preflight,
 )
 from torchforge.proc import Runner
-from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit
+from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit, path_without
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 HAVE_GCC = shutil.which("gcc") is not None
@@ -151,13 +152,18 @@ def test_a_missing_nvcc_is_reported_with_its_fix(tmp_path: Path, monkeypatch: py
 # ---- CUDA libraries --------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not HAVE_NVCC or (REAL_CUDA / "include" / "cublas_v2.h").exists(),
-                    reason="needs a toolkit with nvcc but no cuBLAS (the project's machines)")
-def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_HOME", str(REAL_CUDA))
+@pytest.mark.skipif(not HAVE_NVCC, reason="needs nvcc")
+def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The machine's nvcc without cuBLAS and cuSPARSE (and no cuDNN): the project's machines, made the same way on
+    # one whose toolkit has them, so this runs (and means the same) on both.
+    toolkit = make_stand_in_toolkit(tmp_path / "cuda", cublas=False)
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    for variable in ("CUDNN_INCLUDE_DIR", "CUDNN_LIB_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr("torchforge.preflight.load_table", _without_system_cudnn(tmp_path / "system"))
     report = _preflight(NVCC_RELEASE or "")
     cublas, cusparse = report.check(f"cuBLAS (CUDA {NVCC_RELEASE})"), report.check(f"cuSPARSE (CUDA {NVCC_RELEASE})")
-    assert cublas.status is Level.FAIL and f"not found in the toolkit at {REAL_CUDA}" in cublas.detail
+    assert cublas.status is Level.FAIL and f"not found in the toolkit at {toolkit}" in cublas.detail
     assert "needed by magma and pytorch" in cublas.detail
     dash = (NVCC_RELEASE or "").replace(".", "-")
     assert f"libcublas-dev-{dash}" in (cublas.fix or "") and f"libcusparse-dev-{dash}" in (cusparse.fix or "")
@@ -179,10 +185,25 @@ def test_a_complete_toolkit_and_cudnn_from_its_own_folders_pass(tmp_path: Path, 
     report = _preflight(NVCC_RELEASE or "")
     for name in ("cuBLAS", "cuSPARSE", "cuDNN"):
         assert report.check(f"{name} (CUDA {NVCC_RELEASE})").status is Level.OK, report.check(f"{name} (CUDA {NVCC_RELEASE})")
+    # Without CUDNN_LIB_DIR only the system folders are left: empty ones fail, ones holding cuDNN pass, on any
+    # machine (the table's real system folders are replaced by folders of this test).
     monkeypatch.delenv("CUDNN_LIB_DIR")
-    assert report.check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.OK
-    if not Path("/usr/include/cudnn.h").exists():  # without CUDNN_LIB_DIR only the system folders are left
-        assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.FAIL
+    system = tmp_path / "system"
+    monkeypatch.setattr("torchforge.preflight.load_table", _without_system_cudnn(system))
+    assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.FAIL
+    (system / "lib" / "libcudnn.so").symlink_to(cudnn / "lib" / "libcudnn.so")
+    assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.OK
+
+
+def _without_system_cudnn(system: Path) -> Callable[[], PreflightTable]:
+    """load_table with cuDNN's system folders replaced by `system`/include and `system`/lib (made empty)."""
+    (system / "include").mkdir(parents=True, exist_ok=True)
+    (system / "lib").mkdir(parents=True, exist_ok=True)
+    table = load_table()
+    cudnn = table.cuda_libraries["cuDNN"].model_copy(update={"system_include": (str(system / "include"),),
+                                                             "system_library": (str(system / "lib"),)})
+    changed = table.model_copy(update={"cuda_libraries": {**table.cuda_libraries, "cuDNN": cudnn}})
+    return lambda: changed
 
 
 # ---- tools -----------------------------------------------------------------------------------------------
@@ -207,9 +228,10 @@ def test_a_path_without_cmake_reports_cmake(tmp_path: Path, monkeypatch: pytest.
 # ---- engine ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("conda") is not None, reason="this machine has conda")
-def test_engine_auto_without_conda_is_the_embedded_rattler_build() -> None:
+def test_engine_auto_without_conda_is_the_embedded_rattler_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import rattler_build
+
+    monkeypatch.setenv("PATH", path_without("conda", tmp_path / "bin"))  # as on a machine without conda
 
     report = _preflight("cpu", pytorch="2.5.1", python="3.10")
     assert report.engine == "rattler-build"
@@ -337,10 +359,10 @@ def _smi_path(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PATH", f"{tmp_path / 'smi'}{os.pathsep}{os.environ['PATH']}")
 
 
-def test_no_nvidia_smi_is_not_a_problem_for_building() -> None:
-    if shutil.which("nvidia-smi"):
-        pytest.skip("this machine has nvidia-smi")
-    assert _preflight("13.0").check("driver").status is Level.OK
+def test_no_nvidia_smi_is_not_a_problem_for_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", path_without("nvidia-smi", tmp_path / "bin"))  # as on a machine without a GPU driver
+    driver = _preflight("13.0").check("driver")
+    assert driver.status is Level.OK and "no nvidia-smi" in driver.detail
 
 
 def test_driver_535_against_cuda_12_8_and_13_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """`torchforge repack` on the real torch 2.13.0 CPU wheel: audit, install with py-rattler, import.
 
 The wheel (190 MB, conftest's `torch_wheel`) and a Python 3.11 venv with torch's pure-Python dependencies
-are cached under .cache/torchforge-tests (gitignored); the repacked channel is built once per test session.
+are cached under .cache/torchforge-tests (gitignored); the repacked channel is built once per test session, in
+the session's own temporary folder (conftest.session_shared), so no session reuses one that older code made.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.conftest import TORCH, cached
+from tests.conftest import TORCH, cached, session_shared
 from torchforge.elf import read_elf
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit, find_patchelf
@@ -69,7 +70,7 @@ def _killed_while_unpacking(wheel: Path, chan: Path) -> int:
 def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repacked channel, made the hard way: a first repack is SIGKILLed mid-unpack (as an OOM kill or a
     cancelled CI job would), and the same repack then has to succeed and remove what the killed one left."""
-    shared = tmp_path_factory.getbasetemp().parent / "repacked-torch"
+    shared = session_shared(tmp_path_factory) / "repacked-torch"
     with FileLock(str(shared) + ".lock"):
         marker = shared / ".complete"
         if not marker.exists() or not marker.read_text().strip():  # empty: made before the kill was part of it
@@ -78,6 +79,16 @@ def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
             repack(torch_wheel, shared / "chan", Runner())
             (shared / ".complete").write_text(str(left))
     return shared / "chan"
+
+
+def test_the_repacked_channel_belongs_to_this_session(channel: Path, extracted: Path,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 25 item 15: run without xdist, the channel once lived in pytest-of-<user>/, which outlives the
+    session, and a later session reused a channel that older code had made."""
+    base = tmp_path_factory.getbasetemp()
+    session = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    assert session.name.startswith("pytest-") and session.name[len("pytest-"):].isdigit(), session
+    assert channel.is_relative_to(session) and extracted.is_relative_to(session)
 
 
 def test_a_repack_killed_mid_unpack_left_scratch_that_the_rerun_removed(channel: Path) -> None:
@@ -92,7 +103,7 @@ def extracted(channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repacked archive extracted once (read-only use; tests that modify it take a hard-link copy)."""
     from conda_package_handling import api as cph
 
-    shared = tmp_path_factory.getbasetemp().parent / "repacked-torch-extracted"
+    shared = session_shared(tmp_path_factory) / "repacked-torch-extracted"
     with FileLock(str(shared) + ".lock"):
         if not (shared / ".complete").exists():
             shutil.rmtree(shared, ignore_errors=True)

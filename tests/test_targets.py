@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,17 @@ def test_named_target_and_overrides(tmp_path: Path) -> None:
         resolve("file:///x", api_url="http://127.0.0.1:9")
 
 
-def test_token_lookup_order_and_repr(tmp_path: Path) -> None:
+def test_token_lookup_order_and_repr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "team.toml").write_text('kind = "quetz"\nurl = "http://h:1/c"\ntoken_env = "TEAM_KEY"\n')
     t = resolve("team", channels_dir=tmp_path)
-    if importlib.util.find_spec("keyring") is None:  # with a keyring installed, the user's keyring answers
-        assert find_token(t, env={}) is None
+    # Without the keyring package, nothing else holds a token; with one, its answer is used: both on any machine
+    # (a stand-in module for the keyring, whether or not this machine has the package).
+    monkeypatch.setitem(sys.modules, "keyring", None)  # `import keyring` raises ImportError
+    assert find_token(t, env={}) is None
+    stored = {("torchforge", "team"): "from-the-keyring"}
+    monkeypatch.setitem(sys.modules, "keyring", types.SimpleNamespace(get_password=lambda s, u: stored.get((s, u))))
+    held = find_token(t, env={})
+    assert held is not None and (held.value, held.source) == ("from-the-keyring", "keyring torchforge/team")
     cred = find_token(t, env={"QUETZ_API_KEY": "generic", "TEAM_KEY": "specific-secret"})
     assert cred is not None and cred.value == "specific-secret" and cred.source == "$TEAM_KEY"
     assert "specific-secret" not in repr(cred) and "specific-secret" not in str(cred)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.stubchannel import Stub, make_stub_channel, recipe_requirements, write_stub
-from torchforge import localchannel
+from torchforge import localchannel, sourcestate
 from torchforge.cli import main
 from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
@@ -28,7 +28,9 @@ from torchforge.variant import Options, Request, Selection
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 REQUEST = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11"]
 # --source makes a custom build: its build string carries the hash of the settings (torchforge.resolve).
-STEM = "pytorch-2.9.0-" + str(classify(Request("2.9.0", "cpu", "3.11", "linux-64", Options(source=str(FIXTURE)))).build_string)
+# A local source is identified by its content or git state (torchforge.sourcestate), as the CLI does.
+SOURCE = Options(source=str(FIXTURE), source_identity=sourcestate.identity(str(FIXTURE)))
+STEM = "pytorch-2.9.0-" + str(classify(Request("2.9.0", "cpu", "3.11", "linux-64", SOURCE)).build_string)
 
 
 def rendered_recipe() -> str:
@@ -79,7 +81,7 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
     assert list(repodata["packages.conda"]) == [f"{STEM}.conda"]
     assert not list(built.glob(".torchforge-tmp-*"))
     # The engine recorded the variant's settings in info/about.json, where the reuse check reads them.
-    assert json.loads(str(localchannel.about_extra(package)["torchforge_settings"])) == {"source": str(FIXTURE)}
+    assert json.loads(str(localchannel.about_extra(package)["torchforge_settings"])) == {"source": SOURCE.source_identity}
     # The pipeline publishes only after torchforge.rpath.audit passed; check the RPATH the recipe set.
     from torchforge.rpath import Layout, audit
 
@@ -120,7 +122,7 @@ def test_second_identical_build_reuses_the_package(built: Path, stubs: Path,
 
 CUDA_REQUEST = ["--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.11"]
 # --source makes it a custom build (`_tf<hash>` before the build number); the rest is the official string.
-CUDA_STEM = "pytorch-2.5.1-" + str(classify(Request("2.5.1", "12.4", "3.11", "linux-64", Options(source=str(FIXTURE)))).build_string)
+CUDA_STEM = "pytorch-2.5.1-" + str(classify(Request("2.5.1", "12.4", "3.11", "linux-64", SOURCE)).build_string)
 CUDA_ID = "pytorch-2.5.1-cu124-py311-linux_64"
 
 

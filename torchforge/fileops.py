@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -222,3 +223,12 @@ def translate(exc: OSError, role: str | None = None) -> FileSystemError:
     prefix = f"{role}: " if role and exc.filename is not None else ""
     return FileSystemError(f"{prefix}cannot use {where}{extra}: {what}",
                            _HINTS.get(exc.errno or 0, "check the path and its permissions"))
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's content, read in blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -6,7 +6,6 @@ py-rattler's `index_fs`, so the result is readable by conda, mamba, pixi and py-
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from torchforge.aio import run_async
-from torchforge.fileops import clean_stale, ensure_dir, move_into_place, scratch
+from torchforge.fileops import clean_stale, ensure_dir, move_into_place, scratch, sha256_file
 
 LOCK_NAME = ".torchforge.lock"
 ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
@@ -158,15 +157,7 @@ def same_content(a: Path, b: Path) -> bool:
     """Whether two files hold the same bytes (size first, then sha256 of both)."""
     if a.stat().st_size != b.stat().st_size:
         return False
-    return _sha256(a) == _sha256(b)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(COPY_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sha256_file(a) == sha256_file(b)
 
 
 def info_json(archive: Path, name: str) -> dict[str, object]:

@@ -4,13 +4,14 @@ read from the source itself (include/magma_types.h), so a recipe never labels a 
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.errors import UsageError
+from torchforge import sourcestate
+from torchforge.fileops import sha256_file
 
 VERSION_HEADER = "include/magma_types.h"
 _DEFINE = re.compile(r"^\s*#\s*define\s+MAGMA_VERSION_(MAJOR|MINOR|MICRO)\s+(\d+)\s*$", re.MULTILINE)
@@ -23,6 +24,7 @@ class MagmaSource:
     location: str  # absolute path, or the URL as given
     version: str | None = None  # None for a URL: it is not read before the build
     sha256: str | None = None  # of a local tarball
+    state: str | None = None  # of a local tree: its content or git state (sourcestate.identity)
 
     @property
     def is_local(self) -> bool:
@@ -56,14 +58,6 @@ def _tarball_header(path: Path) -> tuple[str, str]:
                      "pass a MAGMA release tarball (magma-X.Y.Z.tar.gz) or an unpacked tree")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def inspect(location: str) -> MagmaSource:
     """Classify `location` and read the version of a local source; a bad local source is a usage error."""
     if "://" in location:
@@ -77,12 +71,13 @@ def inspect(location: str) -> MagmaSource:
             raise UsageError(f"--magma-source {path} has no {VERSION_HEADER}: it is not a MAGMA source tree",
                              "pass the folder that holds MAGMA's CMakeLists.txt, or a release tarball")
         text = header.read_text(encoding="utf-8", errors="replace")
-        return MagmaSource("tree", str(path.resolve()), version_from_header(text, str(header)))
+        return MagmaSource("tree", str(path.resolve()), version_from_header(text, str(header)),
+                           state=sourcestate.identity(str(path)))
     if path.is_file():
         if not path.name.endswith(_TARBALL_SUFFIXES):
             raise UsageError(f"--magma-source {path} is neither a folder nor a tarball",
                              f"pass a MAGMA tree or a tarball ({', '.join(_TARBALL_SUFFIXES)})")
         text, where = _tarball_header(path)
-        return MagmaSource("tarball", str(path.resolve()), version_from_header(text, where), _sha256(path))
+        return MagmaSource("tarball", str(path.resolve()), version_from_header(text, where), sha256_file(path))
     raise UsageError(f"--magma-source {location} does not exist",
                      "pass a MAGMA source tree, a local release tarball or a URL of one")

@@ -26,7 +26,7 @@ from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
-from torchforge.resolve import Variant, bundled_cudnn
+from torchforge.resolve import Variant, bundled_cudnn, describe_settings
 
 
 class Action(str, Enum):
@@ -99,26 +99,30 @@ class StepResult:
     first_seconds: float | None = None  # wall time of the group's first build, for a later Python
 
 
-def _same_settings(archive: Path, planned: str | None) -> bool:
-    """A package is reused only when it was built with the planned settings (recorded in about.json extra)."""
-    if planned is None:
-        return True
-    recorded = localchannel.about_extra(archive).get("torchforge_settings", "{}")
-    return json.loads(str(recorded)) == json.loads(planned)
+def _recorded_settings(archive: Path) -> dict[str, object]:
+    """The settings a package was built with (about.json extra; none recorded: upstream's)."""
+    recorded = json.loads(str(localchannel.about_extra(archive).get("torchforge_settings", "{}")))
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | None = None) -> tuple[str | None, str]:
-    """(why it can be reused, or None; why an existing package of that name cannot)."""
+    """(why it can be reused, or None; why an existing package of that name cannot). A package is reused only
+    when it was built with the planned settings, and the reason says what was compared."""
     stale = ""
     places = [(settings.out, f"already in {settings.out}")]
     places += [(d, f"found in {url}") for url in settings.channels if (d := localchannel.folder_of(url)) is not None]
+    wanted = json.loads(planned) if planned is not None else None
     for directory, reason in places:
         archive = localchannel.find(directory, subdir, stem)
         if archive is None:
             continue
-        if _same_settings(archive, planned):
+        if wanted is None:
             return reason, ""
-        stale = f"{archive} was built with other settings; rebuilding"
+        recorded = _recorded_settings(archive)
+        if recorded == wanted:
+            return f"{reason}, built with the same settings ({describe_settings(wanted)})", ""
+        stale = (f"{archive} was built with other settings ({describe_settings(recorded)}; planned: "
+                 f"{describe_settings(wanted)}); rebuilding")
     return None, stale
 
 

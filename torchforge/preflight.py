@@ -34,7 +34,7 @@ from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name,
                                    no_tool, reference, require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
-from torchforge.errors import DataError, ForgeError, PreflightError
+from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
@@ -57,6 +57,7 @@ class Jobs(FrozenModel):
     reserve_cores: int
     max_jobs: int
     max_jobs_aarch64_cuda: int
+    max_jobs_per_core: int
 
 
 class Disk(FrozenModel):
@@ -95,8 +96,8 @@ def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> Pre
     for key in ("gib_per_job_cuda", "gib_per_job_cpu"):
         if getattr(table.jobs, key) <= 0:
             raise DataError(f"{where} jobs.{key} must be positive")
-    if min(table.jobs.max_jobs, table.jobs.max_jobs_aarch64_cuda) < 1:
-        raise DataError(f"{where} jobs.max_jobs and jobs.max_jobs_aarch64_cuda must be at least 1")
+    if min(table.jobs.max_jobs, table.jobs.max_jobs_aarch64_cuda, table.jobs.max_jobs_per_core) < 1:
+        raise DataError(f"{where} jobs.max_jobs, jobs.max_jobs_aarch64_cuda and jobs.max_jobs_per_core must be at least 1")
     return table
 
 
@@ -227,6 +228,26 @@ def choose_max_jobs(cores: int, mem_available_gib: float | None, *, cuda: bool, 
     if mem_available_gib is not None:
         candidates.append(memory_jobs(mem_available_gib, cuda=cuda, table=table))
     return max(1, min(candidates))
+
+
+def checked_jobs(jobs: int | None, extra_env: tuple[tuple[str, str], ...], cores: int | None = None,
+                 table: PreflightTable | None = None) -> int | None:
+    """The MAX_JOBS asked for (--jobs or --env MAX_JOBS; None: torchforge chooses), refused before anything runs
+    when this machine cannot run that many compile jobs (a huge value hangs GNU make's jobserver)."""
+    cores = cores or os.cpu_count() or 1
+    limit = cores * (table or load_table()).jobs.max_jobs_per_core
+    from_env = dict(extra_env).get("MAX_JOBS")
+    asked = [(f"--jobs {jobs}", jobs)] if jobs is not None else []
+    if from_env is not None:  # parse_env checked that it is a whole number from 1
+        asked.append((f"--env MAX_JOBS={from_env}", int(from_env)))
+    for flag, value in asked:
+        if value > limit:
+            raise UsageError(f"{flag} is more than this machine can run: {cores} cores x "
+                             f"{(table or load_table()).jobs.max_jobs_per_core} jobs per core = {limit} at most",
+                             f"use {limit} or less, or leave --jobs out (torchforge chooses from memory and cores)")
+    if len(asked) == 2 and asked[0][1] != asked[1][1]:
+        raise UsageError(f"{asked[0][0]} and {asked[1][0]} disagree", "give one of them")
+    return asked[0][1] if asked else None
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

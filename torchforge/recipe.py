@@ -72,6 +72,7 @@ class RecipeContext:
     source: Source
     script_env: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    literal_env: frozenset[str] = frozenset()  # names whose value is the user's --env: quoted literally
     build_requirements: tuple[str, ...] = ()
     host_requirements: tuple[str, ...] = ()
     run_requirements: tuple[str, ...] = ()
@@ -243,6 +244,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         source=Source(source.kind, source.location, source.rev, patches=patches),
         script_env=tuple(n for n in data.eras.script_env.names if n not in env_names or _reads_itself(variant, n)),
         env=variant.env,
+        literal_env=frozenset(name for name, _ in request.options.extra_env),
         build_requirements=tuple(build),
         host_requirements=tuple(host),
         run_requirements=tuple(run),

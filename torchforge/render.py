@@ -60,11 +60,18 @@ def yaml_scalar(value: object) -> str:
     return json.dumps(text)
 
 
-def shell_word(value: str) -> str:
-    """Quote for POSIX sh while keeping $VAR and ${VAR:-x} expansions live (double quotes when needed)."""
-    if "$" in value and "'" not in value and "$ORIGIN" not in value:
+def shell_word(value: str, literal: bool = False) -> str:
+    """Quote for POSIX sh while keeping $VAR and ${VAR:-x} expansions of torchforge's own values live (double
+    quotes when needed); a `literal` value (the user's --env) is single-quoted: nothing in it runs or expands."""
+    if not literal and "$" in value and "'" not in value and "$ORIGIN" not in value:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
     return shlex.quote(value)
+
+
+def batch_value(value: str, literal: bool = False) -> str:
+    """A value inside cmd.exe's `set "NAME=value"`: a `literal` one (the user's --env) has `%` doubled so that no
+    %VAR% expands; torchforge's own values keep their %VAR% references. `"` and line breaks are refused earlier."""
+    return value.replace("%", "%%") if literal else value
 
 
 def rattler_env(name: str) -> str:
@@ -84,6 +91,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["yaml"] = yaml_scalar
     env.filters["shell"] = shell_word
+    env.filters["batch"] = batch_value
     env.filters["rattler_env"] = rattler_env
     return env
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from torchforge import data as tables
-from torchforge import platforms, versions
+from torchforge import platforms, sourcestate, versions
 from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsArchive
 from torchforge.magmasource import MagmaSource
-from torchforge.variant import Request, Selection, magma_id
+from torchforge.variant import Options, Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
 
@@ -230,7 +231,7 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
     if arch_list:
         custom["gencode"] = [*gencode, *(f"{g}+PTX" for g in _ptx_from_arch_list(arch_list))]
     if source is not None and _custom_source(source, magma_version.sha256):
-        custom["source"] = f"sha256:{source.sha256}" if source.sha256 else source.location
+        custom["source"] = f"sha256:{source.sha256}" if source.sha256 else (source.state or source.location)
     if patch_digests:
         custom["patches"] = list(patch_digests)
     if custom:
@@ -384,7 +385,7 @@ def _jetson_device(data: Data, request: Request, check: _Checker) -> tuple[str, 
 # Variables torchforge itself sets or checks: from --env they are validated like the options they stand for.
 _SWITCHES = ("USE_CUDA", "USE_MAGMA", "DEBUG")
 _OPTION_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "DEBUG")  # --arch-list and --debug
-
+_UNCHANGED_BINARY = ("MAX_JOBS",)  # as --jobs: how many compilers run, not what they make
 
 def _apply_env_options(request: Request, check: _Checker) -> Request:
     """--env TORCH_CUDA_ARCH_LIST / DEBUG act as --arch-list / --debug; USE_CUDA / USE_MAGMA must agree with the
@@ -396,9 +397,11 @@ def _apply_env_options(request: Request, check: _Checker) -> Request:
             check.refuse(f"--env {name}={env[name]}: torchforge reads {name} as 0 or 1")
     arch = env.get("TORCH_CUDA_ARCH_LIST")
     if arch is not None:
-        if options.arch_list is not None and options.arch_list != arch:
+        if options.arch_list is not None and normal_arch_list(options.arch_list) != normal_arch_list(arch):
             check.refuse(f"--arch-list {options.arch_list!r} and --env TORCH_CUDA_ARCH_LIST={arch!r} disagree; give one")
         options = replace(options, arch_list=arch)
+    if options.arch_list is not None:
+        options = replace(options, arch_list=normal_arch_list(options.arch_list))
     if env.get("DEBUG") == "1":
         options = replace(options, debug=True)
     if env.get("USE_CUDA") == "0" and request.is_cuda:
@@ -408,6 +411,17 @@ def _apply_env_options(request: Request, check: _Checker) -> Request:
     return replace(request, options=options)
 
 
+def normal_arch_list(arch_list: str) -> str:
+    """One spelling per set of arches: PyTorch splits the list at ';' and blanks, and the order and repeats of its
+    entries change no binary, so '9.0;8.0', '8.0;;9.0' and '8.0 9.0' all become '8.0;9.0'. A list with a value
+    that is not an arch is left in its order (the arch check refuses it)."""
+    parts = list(dict.fromkeys(p for p in re.split(r"[;\s]+", arch_list) if p))
+    try:
+        return ";".join(sorted(parts, key=lambda p: (arch_key(p), p)))
+    except ValueError:
+        return ";".join(parts)
+
+
 def variant_settings(request: Request) -> dict[str, object]:
     """Every option of `request` that changes the binary; empty for a build with upstream's settings."""
     options = request.options
@@ -415,7 +429,8 @@ def variant_settings(request: Request) -> dict[str, object]:
     if options.arch_list:
         settings["arch_list"] = options.arch_list
     # Variables that stand for an option count once, as that option: both doors give the same package.
-    env = {name: value for name, value in sorted(options.extra_env) if name not in _OPTION_VARIABLES}
+    env = {name: value for name, value in sorted(options.extra_env)
+           if name not in _OPTION_VARIABLES + _UNCHANGED_BINARY}
     if env:
         settings["env"] = env
     if options.patch_digests:
@@ -423,8 +438,25 @@ def variant_settings(request: Request) -> dict[str, object]:
     if options.debug:
         settings["debug"] = True
     if options.source:
-        settings["source"] = options.source
+        # what a local source holds (its content or git state), not how its path was spelled
+        settings["source"] = options.source_identity or options.source
     return settings
+
+
+def describe_settings(settings: dict[str, object]) -> str:
+    """The recorded settings of a package for a message: 'arch list 8.0;9.0, env USE_NCCL=0, source git tree ...'."""
+    if not settings:
+        return "upstream's settings"
+    parts = []
+    for key, value in sorted(settings.items()):
+        if key == "env" and isinstance(value, dict):
+            value = " ".join(f"{name}={text}" for name, text in value.items())
+        elif key == "source":
+            value = sourcestate.describe(str(value))
+        elif isinstance(value, list):
+            value = ";".join(str(v)[:12] for v in value)
+        parts.append(f"{key.replace('_', ' ')} {value}" if value is not True else key)
+    return ", ".join(parts)
 
 
 def settings_hash(settings: dict[str, object]) -> str | None:
@@ -855,6 +887,28 @@ def default_release(selection: Selection, data: Data | None = None) -> tuple[str
     """The release to use when none was asked for, and why: the newest release that published official conda
     packages of every requested CUDA x Python on the platform, else the newest that can build them all."""
     data = data or tables.load()
+    version, reason = _default_release(replace(selection, options=_release_choosing(selection.options)), data)
+    flags = _customising_flags(selection.options)
+    if flags:
+        reason += f"; {', '.join(flags)} {'makes' if len(flags) == 1 else 'make'} it a custom build"
+    return version, reason
+
+
+def _release_choosing(options: Options) -> Options:
+    """The options that may decide the release: the device profile and the host compiler. The others only
+    customise a build: a custom build of a release does not mean the release published no packages."""
+    return Options(jetson=options.jetson, gcc=options.gcc)
+
+
+def _customising_flags(options: Options) -> list[str]:
+    given = {"--arch-list": options.arch_list, "--debug": options.debug,
+             "--env": [name for name, _ in options.extra_env if name not in _UNCHANGED_BINARY],
+             "--source": options.source, "--patch": options.patch_digests,
+             "--magma-source": options.magma_source, "--magma-patch": options.magma_patch_digests}
+    return [flag for flag, value in given.items() if value]
+
+
+def _default_release(selection: Selection, data: Data) -> tuple[str, str]:
     accels = ", ".join(a if a == "cpu" else f"CUDA {a}" for a in selection.accels)
     what = f"{accels} with Python {', '.join(selection.pythons)} on {selection.platform}"
     newest_first = sorted((v for key in data.pytorch.releases for v in _patches(data, key)), key=versions.parse,

@@ -7,9 +7,10 @@ forms (`pytorch-2.5.1-cu124-py312-linux_64`, `magma-cuda124-2.6.1-linux_64`) are
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torchforge import data as tables
+from torchforge import sourcestate
 from torchforge.errors import UsageError
 from torchforge.magmasource import MagmaSource
 from torchforge.versions import nodot
@@ -19,6 +20,10 @@ _VERSION_XY = re.compile(r"^\d+\.\d+$")
 _VERSION_XYZ = re.compile(r"^\d+\.\d+\.\d+$")
 _GCC_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_WHOLE_NUMBER = re.compile(r"^[1-9][0-9]*$")
+# rattler-build reads build.number as an unsigned 64-bit integer and refuses more ("number too large to fit in
+# target type"); conda-build takes any integer: the smaller bound is the one every engine accepts.
+MAX_BUILD_NUMBER = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Options:
     extra_env: tuple[tuple[str, str], ...] = ()
     gcc: str | None = None
     source: str | None = None
+    source_identity: str | None = None  # what a local --source holds (sourcestate.identity); else the spelling
     magma_source: MagmaSource | None = None
     patch_digests: tuple[str, ...] = ()  # sha256 of each --patch file (pytorch recipes), in order
     magma_patch_digests: tuple[str, ...] = ()  # sha256 of each --magma-patch file, in order
@@ -89,8 +95,21 @@ def parse_env(pairs: list[str]) -> tuple[tuple[str, str], ...]:
         name, sep, value = pair.partition("=")
         if not sep or not _ENV_NAME.match(name):
             raise UsageError(f"--env expects NAME=VALUE, got {pair!r}", "for example --env USE_NCCL=0")
+        if any(c in value for c in "\n\r\0"):
+            raise UsageError(f"--env {name}: its value has a line break or NUL, which no build script can hold on one "
+                             "line", "give the value on one line")
+        if name == "MAX_JOBS" and not _WHOLE_NUMBER.match(value):
+            raise UsageError(f"--env MAX_JOBS={value}: MAX_JOBS is the number of parallel compile jobs, a whole number "
+                             "from 1", "for example --env MAX_JOBS=8, or leave it out (torchforge chooses from memory and cores)")
         result.append((name, value))
     return tuple(result)
+
+
+def check_build_number(number: int, flag: str = "--build-number") -> int:
+    if not 0 <= number <= MAX_BUILD_NUMBER:
+        raise UsageError(f"{flag} {number} is outside what the engines accept (0 to {MAX_BUILD_NUMBER})",
+                         f"give a build number from 0 to {MAX_BUILD_NUMBER}, e.g. {flag} 1")
+    return number
 
 
 @dataclass(frozen=True)
@@ -121,6 +140,7 @@ class Selection:
                             ("--source", options.source)):
             if value is not None and not value.strip(" ;,"):
                 raise UsageError(f"{flag} is empty", f"give a value, or leave {flag} out")
+        check_build_number(options.build_number)
         if options.gcc is not None and not _GCC_VERSION.match(options.gcc):
             raise UsageError(f"--gcc expects a GCC version such as 12 or 11.4, got {options.gcc!r}", "for example --gcc 12")
         pytorch = pytorch or defaults.pytorch
@@ -137,6 +157,13 @@ class Selection:
                 raise UsageError(f"--py expects X.Y, got {py!r}", "for example --py 3.10,3.12")
         if platform not in tables.PLATFORMS:
             raise UsageError(f"unknown platform {platform!r}", f"use one of {', '.join(tables.PLATFORMS)}")
+        if tables.load().platform(platform).windows:
+            for name, value in options.extra_env:
+                if '"' in value:
+                    raise UsageError(f"--env {name}={value}: bld.bat cannot quote a double quote for cmd.exe "
+                                     '(set "NAME=value" ends at it)', "give the value without the \" character")
+        if options.source and options.source_identity is None:
+            options = replace(options, source_identity=sourcestate.identity(options.source))
         return cls(pytorch, accels, pythons, platform, options)
 
     def requests(self) -> list[Request]:

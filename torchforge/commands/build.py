@@ -21,7 +21,7 @@ from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
-from torchforge.preflight import report_table, run_preflight
+from torchforge.preflight import checked_jobs, report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
@@ -125,6 +125,7 @@ def register(app: typer.Typer) -> None:
         check_channel_args(channel)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
+        jobs = checked_jobs(jobs, selection.options.extra_env)
         if fmt == "wheel":
             wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
                                   jobs=jobs, force=force, on_event=note)

@@ -59,6 +59,11 @@ def register(app: typer.Typer) -> None:
         check_channel_args(channel)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          None, source)
+        if provider is Provider.GITHUB:
+            for name, value in selection.options.extra_env:
+                if "${{" in value:  # GitHub evaluates ${{ }} in every `run:` before any shell quoting applies
+                    raise UsageError(f"--env {name}={value}: GitHub Actions would evaluate its ${{{{ }}}} expression",
+                                     "give the value without ${{, or write the variable into the workflow yourself")
         # Resolve the target now: a typo fails here, not hours into a CI run.
         target = resolve(upload_to) if upload_to is not None else None
         given: list[tuple[str, str | None]] = [

@@ -15,7 +15,7 @@ from torchforge.commands.options import (
 from torchforge import config as site_config
 from torchforge import containers
 from torchforge.console import out
-from torchforge.preflight import report_table, run_preflight
+from torchforge.preflight import checked_jobs, report_table, run_preflight
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
+        jobs = checked_jobs(jobs, selection.options.extra_env)
         check_dir(out_dir, "--out")
         channels = check_channel_args(channel)
         render_plan = plan(selection)

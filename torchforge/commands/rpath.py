@@ -14,6 +14,7 @@ from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner
 from torchforge.repack import DEFAULT_ZSTD_LEVEL
 from torchforge.rpath import AuditReport, Layout, apply_plan, audit, audit_tree, plan_fix, summarize
+from torchforge.variant import check_build_number
 
 
 def _table(report: AuditReport, show_all: bool) -> Table:
@@ -109,6 +110,7 @@ def register(app: typer.Typer) -> None:
         """Convert official torch wheels into conda packages (pytorch-X.Y.Z-pyM.m_cpu_0) in a channel."""
         from torchforge.repack import repack
 
+        check_build_number(build_number)
         for wheel in wheels:
             with Progress(TextColumn("{task.description}"), console=err, transient=True) as progress:
                 task = progress.add_task(f"repacking {wheel.name}")
