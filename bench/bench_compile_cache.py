@@ -30,12 +30,12 @@ FIXTURE = ROOT / "tests" / "fixtures" / "torch_heavy"
 PYTHONS = "3.10,3.11,3.12"
 
 
-def _env() -> tuple[tuple[str, str], ...]:
-    return (("TORCH_HEAVY_TUS", os.environ.get("TORCH_HEAVY_TUS", "120")), ("TORCH_HEAVY_CUDA_ARCHS", "80"),
-            ("TORCH_HEAVY_CUDA_TUS", "8"))
+def _env(quick: bool) -> tuple[tuple[str, str], ...]:
+    tus = "3" if quick else os.environ.get("TORCH_HEAVY_TUS", "120")
+    return (("TORCH_HEAVY_TUS", tus), ("TORCH_HEAVY_CUDA_ARCHS", "80"), ("TORCH_HEAVY_CUDA_TUS", "1" if quick else "8"))
 
 
-def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
+def _engine_rows(engine_name: str, stubs: Path, tmp: Path, quick: bool) -> list[Row]:
     from torchforge.channels import SiteChannels
     from torchforge.engines.choice import select_engine
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
@@ -46,18 +46,18 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
     engine, _ = select_engine(engine_name)
     out = tmp / engine_name / "channel"
     cache = tmp / engine_name / "cache"
-    selection = Selection.from_flags("2.9.0", "cpu", PYTHONS, None, Options(source=str(FIXTURE), extra_env=_env()))
+    selection = Selection.from_flags("2.9.0", "cpu", PYTHONS, None, Options(source=str(FIXTURE), extra_env=_env(quick)))
     site = SiteChannels(replace=(f"file://{stubs}",))  # the stand-in channel instead of every data channel
     settings = BuildSettings(out=out, site_channels=site, cache_root=cache, extra_env={"MAX_JOBS": "2"})
     results = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection), engine, settings))
                if r.step.kind == "pytorch"]  # companion metapackages, if planned, are not compiled
     failed = [r for r in results if not r.ok]
     if failed:
-        return [Row("compile cache", f"{engine_name}: build failed", "-", failed[0].error.splitlines()[0][:120])]
+        return [Row("compile cache", f"{engine_name}: build failed", "-", failed[0].error.splitlines()[0][:120], ok=False)]
     first, *later = results
     # The fixed overhead: the first Python once more, into a fresh channel, with the cache now complete.
     again = Selection.from_flags("2.9.0", "cpu", PYTHONS.split(",")[0], None,
-                                 Options(source=str(FIXTURE), extra_env=_env()))
+                                 Options(source=str(FIXTURE), extra_env=_env(quick)))
     settings_again = BuildSettings(out=tmp / engine_name / "again", site_channels=site, cache_root=cache,
                                    extra_env={"MAX_JOBS": "2"})
     (overhead,) = [r for r in Pipeline(engine, Runner(), settings_again).run(plan_steps(plan(again), engine, settings_again))
@@ -74,7 +74,7 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path) -> list[Row]:
     return rows
 
 
-def run() -> list[Row]:
+def run(quick: bool = False) -> list[Row]:
     sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from tests.stubchannel import make_stub_channel, recipe_requirements
@@ -84,19 +84,19 @@ def run() -> list[Row]:
 
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp_name:
         tmp = Path(tmp_name)
-        selection = Selection.from_flags("2.9.0", "cpu", PYTHONS, None, Options(source=str(FIXTURE), extra_env=_env()))
+        selection = Selection.from_flags("2.9.0", "cpu", PYTHONS, None, Options(source=str(FIXTURE), extra_env=_env(quick)))
         specs = [spec for variant in plan(selection).variants
                  for spec in recipe_requirements(render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"])]
         stubs = tmp / "stubs"
         make_stub_channel(stubs, [*specs, "pip"], python_alias=True)
-        rows = _engine_rows("rattler-build", stubs, tmp)
+        rows = _engine_rows("rattler-build", stubs, tmp, quick)
         tool = find_conda_tool()
         if tool is None:
             return rows + [Row("compile cache", "conda-build", "-", HOW_TO_GET_ONE)]
         saved = dict(os.environ)
         os.environ.update(tool.env(tmp / "conda"))
         try:
-            return rows + _engine_rows("conda-build", stubs, tmp)
+            return rows + _engine_rows("conda-build", stubs, tmp, quick)
         finally:
             os.environ.clear()
             os.environ.update(saved)
