@@ -113,7 +113,8 @@ cache)
   export -f cache_builds
   export work pytorch magma_source CUDA_HOME
   setsid bash -c cache_builds < /dev/null > "$work/cache-driver.txt" 2>&1 &
-  for _ in $(seq 1 78); do [ -e "$work/cache-done" ] && break; sleep 7; done
+  # wait inside the call's 600 s (the wheels' install came first), then report what is there
+  while [ ! -e "$work/cache-done" ] && [ "$SECONDS" -lt 540 ]; do sleep 5; done
   collect
   ;;
 collect)
