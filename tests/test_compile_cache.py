@@ -356,15 +356,16 @@ def build_magma(tree: Path, out: Path, *, arch_list: str = "8.0", **more: object
     return result
 
 
-def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group() -> None:
-    def key(cuda: str = NVCC_RELEASE, arch_list: str = "8.0") -> str:
+def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group_and_another_pytorch_release_is_not() -> None:
+    def key(cuda: str = "12.8", arch_list: str = "8.0", pytorch: str = "2.9.0") -> str:
         from torchforge.recipe import magma_context
 
-        selection = Selection("2.9.0", (cuda,), ("3.12",), "linux-64",
+        selection = Selection(pytorch, (cuda,), ("3.12",), "linux-64",
                               Options(arch_list=arch_list, magma_source=inspect(str(FINDCUDA))))
         return group_key(magma_context(plan(selection).magma[0]), ())
 
-    assert key() == key() and len({key(), key(arch_list="9.0"), key(cuda="12.8")}) == 3
+    assert key() == key(pytorch="2.8.0") == key(pytorch="2.10.0")  # they plan the same magma-cuda128 package
+    assert len({key(), key(arch_list="9.0"), key(cuda=NVCC_RELEASE)}) == 3
 
 
 @pytest.mark.slow
