@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack example docs test goldens bench container-image container-check clean
+.PHONY: help venv demo demo-repack example docs test goldens bench bench-quick container-image container-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the
 
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench
+
+bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benchmark fails the run; no figures to quote)
+	$(BIN)/python -m bench --quick
 
 container-image: $(STAMP)  ## make the local podman build images for --container (rebuilds only what changed; root, podman, runc, debootstrap)
 	$(BIN)/python -m tests.container_image

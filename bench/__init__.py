@@ -1,4 +1,8 @@
-"""Benchmarks (`make bench`). Each `bench_*.py` module has `run() -> list[Row]`; ratios are taken in one run."""
+"""Benchmarks (`make bench`). Each `bench_*.py` module has `run(quick: bool) -> list[Row]`; ratios are taken in one run.
+
+`quick` (`python -m bench --quick`, `make bench-quick`, run by CI): every benchmark once at small sizes, so a
+broken benchmark fails CI; its figures are not measurements and nothing asserts a time.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ class Row:
     measure: str
     value: str
     note: str = ""
+    ok: bool = True  # False: the benchmark could not measure (a build failed); `python -m bench` exits 1
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:
@@ -23,5 +28,3 @@ def timed(fn: Callable[[], object], repeat: int = 1) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best
-
-

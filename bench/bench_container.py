@@ -42,7 +42,8 @@ def _build(root: Path, in_container: bool) -> float:
     return seconds
 
 
-def run() -> list[Row]:
+def run(quick: bool = False) -> list[Row]:
+    rounds = 1 if quick else ROUNDS
     sys.path.insert(0, str(ROOT))  # the helpers live in the test package
     from tests import container_image
 
@@ -56,11 +57,11 @@ def run() -> list[Row]:
     inside: list[float] = []
     here: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-container-") as tmp_name:
-        for i in range(ROUNDS):
+        for i in range(rounds):
             here.append(_build(Path(tmp_name) / f"here-{i}", in_container=False))
             inside.append(_build(Path(tmp_name) / f"inside-{i}", in_container=True))
     return [
         Row("container", "torch_like cpu (conda-build): in podman / on this machine", f"{min(inside) / min(here):.3f}",
-            f"best of {ROUNDS}: {min(inside):.1f} s in localhost/torchforge-conda-builder:cpu, {min(here):.1f} s here"),
+            f"best of {rounds}: {min(inside):.1f} s in localhost/torchforge-conda-builder:cpu, {min(here):.1f} s here"),
         Row("container", "make container-image with current images", f"{current:.2f} s", "label checks only"),
     ]

@@ -20,6 +20,7 @@ from torchforge.rpath import Layout, audit_tree, find_patchelf, fix_and_audit, p
 
 WORK = Path(__file__).resolve().parents[1] / ".bench" / "rpath"
 SUBSET_MB = 32
+QUICK_SUBSET_MB = 1
 
 
 def _wheel(runner: Runner) -> Path:
@@ -65,7 +66,7 @@ def _official_loop(tree: Path, runner: Runner, patchelf: str) -> int:
     return count
 
 
-def _compress_subset(lib: Path, runner: Runner) -> list[Row]:
+def _compress_subset(lib: Path, subset_mb: int) -> list[Row]:
     from conda_package_handling import api as cph
 
     rows = []
@@ -74,7 +75,7 @@ def _compress_subset(lib: Path, runner: Runner) -> list[Row]:
         (stage / "info").mkdir(parents=True)
         (stage / "info" / "index.json").write_text('{"name": "subset", "version": "0", "build": "0"}')
         with lib.open("rb") as fh:
-            (stage / "payload.bin").write_bytes(fh.read(SUBSET_MB << 20))
+            (stage / "payload.bin").write_bytes(fh.read(subset_mb << 20))
         files = ["payload.bin", "info/index.json"]
         results = {}
         for label, ext, kwargs in (
@@ -90,7 +91,7 @@ def _compress_subset(lib: Path, runner: Runner) -> list[Row]:
             size = (out / f"subset-0-0{ext}").stat().st_size
             results[label] = (seconds, size)
             rows.append(Row("compress subset", label, f"{seconds:.2f} s, {size / 1e6:.1f} MB",
-                            f"first {SUBSET_MB} MB of libtorch_cpu.so"))
+                            f"first {subset_mb} MB of libtorch_cpu.so"))
         (t19, s19), (t3, s3), (tl, sl), (tbz, sbz) = results.values()
         for level, (t, s) in ((3, (t3, s3)), (DEFAULT_ZSTD_LEVEL, (tl, sl))):
             rows.append(Row("compress subset", f"level {level} vs level 19", f"{t19 / t:.0f}x faster, {100 * (s / s19 - 1):+.0f}% size",
@@ -99,14 +100,15 @@ def _compress_subset(lib: Path, runner: Runner) -> list[Row]:
     return rows
 
 
-def run() -> list[Row]:
+def run(quick: bool = False) -> list[Row]:
+    repeat = 1 if quick else 3
     runner = Runner()
     WORK.mkdir(parents=True, exist_ok=True)
     wheel = _wheel(runner)
     root = _unpacked(wheel)
     rows: list[Row] = []
 
-    audit_s = timed(lambda: audit_tree(root), repeat=3)
+    audit_s = timed(lambda: audit_tree(root), repeat=repeat)
     count = len(audit_tree(root).files)
     rows.append(Row("rpath audit", "unpacked torch 2.13 wheel", f"{audit_s:.3f} s", f"{count} ELF files; target < 0.5 s"))
 
@@ -145,7 +147,7 @@ def run() -> list[Row]:
     refuse_s = timed(lambda: cli_main(["repack", str(wheel), "--out", str(refused), "--zstd-level", "99"]), repeat=3)
     rows.append(Row("repack", "--zstd-level 99 refused on the torch wheel", f"{refuse_s * 1000:.0f} ms",
                     f"{refuse_s / repack_s:.4f}x a full repack; nothing written: {not refused.exists()}"))
-    rows.extend(_compress_subset(root / "torch" / "lib" / "libtorch_cpu.so", runner))
+    rows.extend(_compress_subset(root / "torch" / "lib" / "libtorch_cpu.so", QUICK_SUBSET_MB if quick else SUBSET_MB))
     shutil.rmtree(official, ignore_errors=True)
     shutil.rmtree(ours, ignore_errors=True)
     return rows

@@ -8,15 +8,20 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from types import CodeType
 
 import pytest
 from elftools.elf.elffile import ELFFile
 
+from tests.cuda_standin import make_stand_in_toolkit
 from tests.stubchannel import make_stub_channel, recipe_requirements
+from tests.test_build import NVCC_RELEASE, needs_nvcc
 from torchforge.channels import SiteChannels
 from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, read_stats
+from torchforge.magmasource import inspect
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.proc import Runner
@@ -25,6 +30,7 @@ from torchforge.render import RecipeFormat, plan, render_files
 from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
+FINDCUDA = Path(__file__).parent / "fixtures" / "magma_findcuda"  # MAGMA 2.6.1's FindCUDA build, in miniature
 # Small: three generated C++ units (the bench builds 120, plus CUDA units).
 ENV = (("TORCH_HEAVY_TUS", "3"),)
 PYTHONS = "3.10,3.11"
@@ -141,10 +147,51 @@ def test_the_stats_log_parser_counts_hits_and_names_misses(tmp_path: Path) -> No
     assert read_stats(tmp_path / "absent.log") == CacheStats()
     log = tmp_path / "stats.log"  # the format ccache 4.14 writes (one `# file` line, then counters)
     log.write_text("# gen/a.cpp\ncache_miss\ndirect_cache_miss\n# gen/b.cpp\ndirect_cache_hit\n"
-                   "# gen/c.cpp\npreprocessed_cache_hit\n")
+                   "# gen/c.cpp\npreprocessed_cache_hit\n# ../magmablas/k.cu\ndirect_cache_hit\n"
+                   "# ../magmablas/k.cu\nunsupported_compiler_option\n")  # FindCUDA's nvcc -M scan: no object
     stats = read_stats(log)
-    assert (stats.hits, stats.misses, stats.missed_files) == (2, 1, ("gen/a.cpp",))
-    assert stats.summary() == "2/3 objects reused (67 %)"
+    assert (stats.hits, stats.misses, stats.missed_files) == (3, 1, ("gen/a.cpp",))
+    assert (stats.host.hits, stats.host.misses, stats.cuda.hits, stats.cuda.misses) == (2, 1, 1, 0)
+    assert stats.summary() == "host 2/3 reused, CUDA 1/1 reused; 3/4 objects reused (75 %)"
+
+
+def test_objects_the_build_log_names_beyond_the_cache_calls_are_reported_as_compiled_without_it(tmp_path: Path) -> None:
+    """MAGMA 2.6.1 before FindCUDA went through the cache: every host object a hit, the kernels compiled anew
+    out of ccache's sight. The summary must not say 100 %."""
+    stats_log = tmp_path / "stats.log"
+    stats_log.write_text("".join(f"# ../control/c{i}.cpp\ndirect_cache_hit\n" for i in range(3)))
+    build_log = tmp_path / "build.log"  # rattler-build's log prefix, make's and ninja's progress lines
+    build_log.write_text("".join(f"│ │ [ {i}%] Building CXX object CMakeFiles/magma.dir/control/c{i}.cpp.o\n" for i in range(3))
+                         + "".join(f"[{i}/9] Building NVCC (Device) object CMakeFiles/magma.dir/magmablas/"
+                                   f"magma_generated_k{i}.cu.o\n" for i in range(4))
+                         + "[ 99%] Building NVCC (Device) object CMakeFiles/magma.dir/magmablas/magma_generated_k0.cu.o\n"
+                         + "Building C object CMakeFiles/x.dir/x.c.o\nLinking CXX static library lib/libmagma.a\n")
+    stats = read_stats(stats_log, build_log)
+    assert (stats.host.total, stats.host.uncached, stats.cuda.total, stats.cuda.uncached) == (4, 1, 4, 4)
+    assert stats.summary() == ("host 3/4 reused (1 compiled without the cache), CUDA 0/4 reused (4 compiled without "
+                               "the cache); 3/8 objects reused (38 %)")
+
+
+@needs_nvcc
+def test_the_nvcc_wrapper_compiles_through_ccache_and_misses_on_another_arch(tmp_path: Path) -> None:
+    """CUDA_NVCC_EXECUTABLE's wrapper with the real ccache and nvcc: the same call again is a hit, another
+    gencode list is a miss (device code keyed by its arch list)."""
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    (tmp_path / "work").mkdir()
+    source = tmp_path / "work" / "k.cu"
+    source.write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n")
+    def compile_with(arch: str) -> CacheStats:
+        stats_log = tmp_path / "work" / f"stats-{arch}-{len(list(tmp_path.glob('work/stats-*.log')))}.log"
+        env = cache.build_env(tmp_path / "work", stats_log)
+        wrapper = env["CUDA_NVCC_EXECUTABLE"]
+        argv = [wrapper, "-c", "k.cu", "-o", "k.o", "-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+        subprocess.run(argv, cwd=tmp_path / "work", check=True, env={**os.environ, **env})
+        return read_stats(stats_log)
+
+    assert (compile_with("80").cuda.misses, compile_with("80").cuda.hits, compile_with("90").cuda.misses) == (1, 1, 1)
 
 
 def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
@@ -152,6 +199,8 @@ def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
     cache.prepare()
     env = cache.build_env(tmp_path / "staging", tmp_path / "stats.log")
     assert env["CMAKE_CUDA_COMPILER_LAUNCHER"] == env["CMAKE_CXX_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
+    wrapper = Path(env["CUDA_NVCC_EXECUTABLE"])  # FindCUDA's nvcc: a script that runs the real one through ccache
+    assert os.access(wrapper, os.X_OK) and 'exec /usr/bin/ccache "$nvcc" "$@"' in wrapper.read_text()
     config = Path(env["CCACHE_CONFIGPATH"]).read_text()
     assert f"base_dir = {(tmp_path / 'staging').resolve()}\n" in config
     assert "hash_dir = false\n" in config and "compiler_check = content\n" in config
@@ -287,3 +336,79 @@ def test_container_builds_get_the_cache_folder_and_the_ccache_binary(tmp_path: P
     assert f"{cache_dir}:{cache_dir}" in volumes and f"{ccache}:{ccache}:ro" in volumes
     assert env["CCACHE_CONFIGPATH"].startswith(str(out.resolve()))  # under the mounted output channel
     assert "--croot" in inner and not out.exists()
+
+
+def findcuda_tree(root: Path, kernels: int) -> Path:
+    """A copy of the FindCUDA fixture with `kernels` generated CUDA files (the fixture's own number is the bench's)."""
+    tree = root / "magma-2.6.1"
+    shutil.copytree(FINDCUDA, tree)
+    (tree / "magmablas" / "kernels.txt").write_text(f"{kernels}\n")
+    return tree
+
+
+def build_magma(tree: Path, out: Path, *, arch_list: str = "8.0", **more: object) -> StepResult:
+    engine = RattlerBuildEngine()
+    selection = Selection("2.9.0", (NVCC_RELEASE,), ("3.12",), "linux-64",
+                          Options(arch_list=arch_list, magma_source=inspect(str(tree))))
+    settings = BuildSettings(out=out, magma_only=True, force=True, **more)  # type: ignore[arg-type]
+    (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection), engine, settings))
+    assert result.ok, result.error + (result.log.read_text()[-3000:] if result.log else "")
+    return result
+
+
+def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group_and_another_pytorch_release_is_not() -> None:
+    def key(cuda: str = "12.8", arch_list: str = "8.0", pytorch: str = "2.9.0") -> str:
+        from torchforge.recipe import magma_context
+
+        selection = Selection(pytorch, (cuda,), ("3.12",), "linux-64",
+                              Options(arch_list=arch_list, magma_source=inspect(str(FINDCUDA))))
+        return group_key(magma_context(plan(selection).magma[0]), ())
+
+    assert key() == key(pytorch="2.8.0") == key(pytorch="2.10.0")  # they plan the same magma-cuda128 package
+    assert len({key(), key(arch_list="9.0"), key(cuda=NVCC_RELEASE)}) == 3
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_a_findcuda_magma_rebuild_compiles_no_cuda_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MAGMA 2.6.1's way (find_package(CUDA), cuda_add_library) through the magma recipe and the pipeline: the
+    rebuild takes every kernel from the cache (ccache statistics), reports against the cold build, and packs
+    the same library. A user's own CUDA_NVCC_EXECUTABLE is left alone, and the summary says the kernels were
+    then compiled without the cache."""
+    monkeypatch.setenv("CUDA_HOME", str(make_stand_in_toolkit(tmp_path / "cuda")))  # FindCUDA wants cuBLAS
+    tree, out = findcuda_tree(tmp_path, 3), tmp_path / "channel"
+    cold = build_magma(tree, out)
+    assert cold.cache is not None and cold.cache.hits == 0
+    assert (cold.cache.cuda.misses, cold.cache.cuda.built, cold.cache.cuda.uncached) == (3, 3, 0)
+    assert cold.cold_seconds is None and cold.artifact is not None
+    cold_library = (extract(cold.artifact, tmp_path / "cold") / "lib" / "libmagma.a").read_bytes()
+
+    warm = build_magma(tree, out)
+    assert warm.cache is not None and warm.cache.misses == 0 and warm.cache.uncached == 0
+    assert (warm.cache.cuda.hits, warm.cache.host.hits) == (3, cold.cache.host.misses)
+    assert not [f for f in warm.cache.missed_files if f.endswith(".cu")]
+    assert warm.cold_seconds == pytest.approx(cold.seconds, abs=0.1)
+    assert warm.artifact is not None
+    assert (extract(warm.artifact, tmp_path / "warm") / "lib" / "libmagma.a").read_bytes() == cold_library
+    assert "CUDA 3/3 reused" in warm.log.read_text()  # type: ignore[union-attr]
+
+    real_nvcc = str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+    own = build_magma(tree, out, extra_env={"CUDA_NVCC_EXECUTABLE": real_nvcc})
+    assert own.cache is not None and own.cache.cuda.calls == 0 and own.cache.cuda.uncached == 3
+    assert "CUDA 0/3 reused (3 compiled without the cache)" in own.cache.summary()
+
+
+def test_the_results_table_reports_a_rebuild_against_its_cold_build_and_a_later_python_against_the_first(
+        tmp_path: Path) -> None:
+    from torchforge.commands.build import _cache_result
+    from torchforge.compilecache import KindStats
+
+    (step,) = [s for s in plan_steps(plan(selection("3.11")), RattlerBuildEngine(), BuildSettings(out=tmp_path))
+               if s.kind == "pytorch"]
+    # MAGMA 2.6.1 rebuilt on the lent H100 (docs/compile-cache.md): the line its results table printed
+    stats = CacheStats(KindStats(hits=941, built=931), KindStats(hits=397, built=397))
+    rebuild = StepResult(step, True, seconds=35.2, cache=stats, cold_seconds=336.4, first_seconds=300.0)
+    assert _cache_result(rebuild) == ("host 941/941 reused, CUDA 397/397 reused; 1338/1338 objects reused (100 %); "
+                                      "35 s = 10 % of the cold build (336 s; 301 s saved)")
+    later = StepResult(step, True, seconds=30.0, cache=CacheStats(KindStats(hits=5, misses=1)), first_seconds=300.0)
+    assert _cache_result(later).endswith("30 s = 10 % of the first Python (300 s; 270 s saved)")

