@@ -30,6 +30,7 @@ cmake .. \
   "-DCUDA_ARCH_LIST=$CUDA_ARCH_LIST" \
   "-DCUDA_TOOLKIT_ROOT_DIR=$CUDA_HOME" \
   -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
+  "-DCUDA_NVCC_EXECUTABLE=${CUDA_NVCC_EXECUTABLE:-$CUDA_HOME/bin/nvcc}" \
   -DCMAKE_INSTALL_PREFIX="$PREFIX"
 # Only the magma target: the testers, lapacktest and magma_sparse need a LAPACK and hours to build.
 make -j"$MAX_JOBS" magma
