@@ -23,6 +23,9 @@ class MagmaSource:
     location: str  # absolute path, or the URL as given
     version: str | None = None  # None for a URL: it is not read before the build
     sha256: str | None = None  # of a local tarball
+    # A tree as the user typed it: its build string's custom hash takes this, as --source's does, so `torchforge
+    # ci` on the user's machine and the CI job in its own checkout name the package alike.
+    given: str = ""
 
     @property
     def is_local(self) -> bool:
@@ -77,7 +80,7 @@ def inspect(location: str) -> MagmaSource:
             raise UsageError(f"--magma-source {path} has no {VERSION_HEADER}: it is not a MAGMA source tree",
                              "pass the folder that holds MAGMA's CMakeLists.txt, or a release tarball")
         text = header.read_text(encoding="utf-8", errors="replace")
-        return MagmaSource("tree", str(path.resolve()), version_from_header(text, str(header)))
+        return MagmaSource("tree", str(path.resolve()), version_from_header(text, str(header)), given=location)
     if path.is_file():
         if not path.name.endswith(_TARBALL_SUFFIXES):
             raise UsageError(f"--magma-source {path} is neither a folder nor a tarball",

@@ -220,7 +220,7 @@ def plan_magma(data: Data, cuda: str, version: str, platform: str, arch_list: st
     if arch_list:
         custom["gencode"] = [*gencode, *(f"{g}+PTX" for g in _ptx_from_arch_list(arch_list))]
     if source is not None and _custom_source(source, magma_version.sha256):
-        custom["source"] = f"sha256:{source.sha256}" if source.sha256 else source.location
+        custom["source"] = f"sha256:{source.sha256}" if source.sha256 else (source.given or source.location)
     if patch_digests:
         custom["patches"] = list(patch_digests)
     if custom:
