@@ -169,7 +169,9 @@ def run_pipeline(bundled: dict[str, str], number: int) -> Run:
     variables = {"CI_PIPELINE_SOURCE": "web", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELS),
                  "PIP_DISABLE_PIP_VERSION_CHECK": "1", **bundled}
     argv = [str(GCL), "--container-executable", "podman", "--volume", f"{SHARED}:{SHARED}", "--concurrency", "1",
-            "--pull-policy", "if-not-present", "--helper-image", HELPER, "--no-color", "--manual", "promote"]
+            "--pull-policy", "if-not-present", "--helper-image", HELPER, "--no-color", "--manual", "promote",
+            # the jobs without an image (upload, promote) run on this machine, each in its own folder
+            "--shell-isolation", "--ignore-predefined-vars", "CI_PIPELINE_SOURCE"]
     for name, value in variables.items():
         argv += ["--variable", f"{name}={value}"]
     env = {**os.environ, **container_image.podman_env()}

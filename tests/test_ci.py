@@ -155,7 +155,9 @@ def test_job_graph(tmp_path: Path, provider: Provider) -> None:
     assert graph[promote] == {upload}
     assert [shlex.split(c) for c in commands[promote]] == [
         ["torchforge", "promote", spec, "--to", "anaconda://my-org", "--from-label", "staging", "--label", "main"]
-        for spec in ("magma-cuda118/2.6.1", "magma-cuda124/2.6.1", "pytorch/2.5.1")]
+        # every package the upload sent: magma, the companions (pytorch-mutex, pytorch-cuda), pytorch
+        for spec in ("magma-cuda118/2.6.1", "magma-cuda124/2.6.1", "pytorch-mutex/1.0", "pytorch-cuda/11.8",
+                     "pytorch-cuda/12.4", "pytorch/2.5.1")]
 
 
 def test_job_commands_parse_as_torchforge_build(tmp_path: Path) -> None:
@@ -434,8 +436,8 @@ def test_staging_label_then_promote_for_a_directory_channel(tmp_path: Path) -> N
     doc = load(path)
     assert doc["upload"]["script"][-1].endswith("upload --from forge-channel --to file:///srv/channel --label staging --skip-existing")
     assert doc["promote"]["rules"] == [{"if": '$TORCHFORGE_UPLOAD == "true"', "when": "manual"}]
-    assert doc["promote"]["script"][-1].endswith(
-        "promote pytorch/2.13.0 --to file:///srv/channel --from-label staging --label main")
+    promoted = [line.split("promote ", 1)[1].split()[0] for line in doc["promote"]["script"] if " promote " in line]
+    assert promoted == ["pytorch-mutex/1.0", "cpuonly/2.0", "pytorch/2.13.0"]  # what the upload sent to staging
     gitlab_schema(tmp_path)
 
 
@@ -460,3 +462,16 @@ def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, 
         seen.add((magma.filename_stem, variant.filename_stem, group_key(magma_context(magma), ()),
                   group_key(pytorch_context(variant), ())))
     assert len(seen) == 1, seen
+
+
+def test_smoke_check_arch_coverage() -> None:
+    """The GPU's sm_XY must be compiled in, or PTX at or below it (JIT); the whole check ran on the lent H100
+    against torch 2.11.0+cu130 (docs/ci-pipelines.md, the closing note)."""
+    from torchforge.ci_smoke import _arch_covered
+
+    official = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.11.0+cu130 on the H100
+    assert _arch_covered((9, 0), official)
+    assert not _arch_covered((8, 9), official)  # an L4/L40 (sm_89) is not compiled in, and there is no PTX
+    assert _arch_covered((8, 9), ["sm_80", "compute_80"])  # PTX for 8.0 runs there through the driver's JIT
+    assert not _arch_covered((7, 5), ["sm_80", "compute_80"])  # PTX never runs on an older GPU
+    assert _arch_covered((9, 0), ["sm_90a"]) and not _arch_covered((10, 0), ["sm_90a"])  # arch-specific: 9.0 only

@@ -453,7 +453,8 @@ def _upload(target: Target, runner: tuple[str, ...], render_plan: RenderPlan) ->
     staging = load_data().upload.staging_label if target.kind in LABELLED else ""
     if not staging or staging in target.labels:
         return Upload(target=target.name, token_vars=target.token_vars, runner=runner)
-    stems = [m.filename_stem for m in render_plan.magma] + [v.filename_stem for v in render_plan.variants]
+    # The companions too (pytorch-mutex, cpuonly, pytorch-cuda): the upload sent them into staging with the rest.
+    stems = [p.filename_stem for p in (*render_plan.magma, *render_plan.companions, *render_plan.variants)]
     specs = tuple(dict.fromkeys("/".join(stem.rsplit("-", 2)[:2]) for stem in stems))
     return Upload(target=target.name, token_vars=target.token_vars, runner=runner, staging=staging,
                   promote_to=target.labels, promote_specs=specs)

@@ -23,9 +23,10 @@ from typing import Any
 def _arch_covered(capability: tuple[int, int], arch_list: list[str]) -> bool:
     major, minor = capability
     number = major * 10 + minor
-    if f"sm_{number}" in arch_list:
+    # sm_90a / sm_100f: cubins with the arch-specific (family) features of that same compute capability.
+    if {f"sm_{number}", f"sm_{number}a", f"sm_{number}f"} & set(arch_list):
         return True
-    # PTX runs on a newer GPU of the same major version only through JIT; sm_90a-style names are exact-match only.
+    # PTX is compiled by the driver for the GPU it runs on, at or above its own compute capability.
     ptx = [int(a[len("compute_"):]) for a in arch_list if a.startswith("compute_") and a[len("compute_"):].isdigit()]
     return any(p <= number for p in ptx)
 
