@@ -475,3 +475,14 @@ def test_smoke_check_arch_coverage() -> None:
     assert _arch_covered((8, 9), ["sm_80", "compute_80"])  # PTX for 8.0 runs there through the driver's JIT
     assert not _arch_covered((7, 5), ["sm_80", "compute_80"])  # PTX never runs on an older GPU
     assert _arch_covered((9, 0), ["sm_90a"]) and not _arch_covered((10, 0), ["sm_90a"])  # arch-specific: 9.0 only
+
+
+def test_skip_preflight_reaches_every_build_job_and_nothing_else(tmp_path: Path) -> None:
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.12",
+                    "--skip-preflight")
+    assert code == 0
+    graph, commands = gitlab_graph(load(path))
+    for job, lines in commands.items():
+        builds = [shlex.split(line) for line in lines if line.startswith("torchforge build ")]
+        assert all("--skip-preflight" in argv for argv in builds) and (builds or job.startswith("test-")), job
+    assert "--skip-preflight" in path.read_text().splitlines()[1]  # the regenerate line keeps it

@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
             "--upload-to", help="Add a last job that uploads to this target (URL or channels/ name).")] = None,
         requirement: Annotated[str | None, typer.Option(
             "--requirement", help="pip requirement that installs torchforge in each job (default: this version).")] = None,
+        skip_preflight: Annotated[bool, typer.Option(
+            "--skip-preflight", help="Build jobs run `torchforge build --skip-preflight` (for an image whose toolkit the "
+                                     "checks refuse, e.g. one without cuBLAS for a source that needs none).")] = False,
         force: Annotated[bool, typer.Option("--force", help="Replace a file there that torchforge did not write.")] = False,
         channel: Annotated[list[str] | None, typer.Option(
             "--channel", "-c", help="Extra channel URL for every build job (repeatable), as for build.")] = None,
@@ -78,7 +81,7 @@ def register(app: typer.Typer) -> None:
             ("--arch-list", arch_list, arch_list is not None), ("--build-number", str(build_number), build_number != 0),
             ("--debug", None, debug), ("--jetson", jetson, jetson is not None), ("--source", source, source is not None),
             ("--magma-source", magma_source, magma_source is not None), ("--gpu-runner", gpu_runner, gpu_runner is not None),
-            ("--test-script", test_script, test_script is not None),
+            ("--test-script", test_script, test_script is not None), ("--skip-preflight", None, skip_preflight),
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
         ]
@@ -91,7 +94,8 @@ def register(app: typer.Typer) -> None:
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
                      regenerate=regenerate_line(provider, given), site=site_config.load(config),
-                     extra_args=site_args(channel or (), str(config) if config else None), gpu_runner=gpu_runner,
+                     extra_args=site_args(channel or (), str(config) if config else None)
+                     + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
                      test_script=test_script, magma_source=magma_source)
         path = write_file(render(ci, provider), out_dir, provider, force=force)
         out.print(str(path))
