@@ -486,3 +486,35 @@ def test_skip_preflight_reaches_every_build_job_and_nothing_else(tmp_path: Path)
         builds = [shlex.split(line) for line in lines if line.startswith("torchforge build ")]
         assert all("--skip-preflight" in argv for argv in builds) and (builds or job.startswith("test-")), job
     assert "--skip-preflight" in path.read_text().splitlines()[1]  # the regenerate line keeps it
+
+
+def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_caches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each build job's own command, dry-run in a checkout: it plans the package (name, version, build string)
+    the test jobs install and fills the compile cache the job saves. The magma job once lacked --arch-list and
+    planned another magma than its pytorch job needs (found by the real run, tests/ci_local.py)."""
+    fixtures = Path(__file__).parent / "fixtures"
+    for name in ("magma_like", "torch_like"):
+        shutil.copytree(fixtures / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.11",
+                    "--arch-list", "8.0;9.0", "--source", "torch_like", "--magma-source", "magma_like")
+    assert code == 0
+    doc = load(path)
+    graph, commands = gitlab_graph(doc)
+    installed = set()
+    for job in (j for j in graph if j.startswith("test-")):
+        (create,) = [line for line in doc[job]["script"] if line.startswith("conda create ")]
+        installed |= {"-".join(spec.replace("==", "").split()) for spec in shlex.split(create) if " ==" in spec}
+    planned = set()
+    capsys.readouterr()
+    for job, lines in commands.items():
+        if job.startswith("test-"):
+            continue
+        argv = shlex.split(lines[0])
+        assert cli_main([*argv[1:], "--dry-run"]) == 0, job
+        output = capsys.readouterr()
+        text = output.out + output.err
+        assert "fills " + doc[job]["cache"]["key"].removeprefix("ccache-") in text, job
+        planned |= set(re.findall(r"\b((?:magma-cuda\d+|pytorch)-[\d.]+-\S+_\d+)\b", text))
+    assert installed and installed <= planned, (installed, planned)

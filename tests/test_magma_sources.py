@@ -80,7 +80,7 @@ def run_edits(files: dict[str, str], tree: Path, tmp_path: Path, edits: list[dic
 
 def test_versions_are_read_from_the_real_trees_and_tarballs(magma_trees: dict[str, Path]) -> None:
     for version, tree in magma_trees.items():
-        assert inspect(str(tree)) == MagmaSource("tree", str(tree.resolve()), version)
+        assert inspect(str(tree)) == MagmaSource("tree", str(tree.resolve()), version, given=str(tree))
         tarball = inspect(str(SOURCES / f"magma-{version}-generated.tar.gz"))
         assert (tarball.kind, tarball.version) == ("tarball", version)
         assert tarball.sha256 != tables.load().magma.versions[version].sha256  # not the release tarball

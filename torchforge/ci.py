@@ -311,10 +311,13 @@ def site_args(channels: Sequence[str], config: str | None) -> tuple[str, ...]:
 
 def magma_argv(magma: MagmaPlan, variant: Variant, extra: Sequence[str] = (), magma_source: str | None = None) -> tuple[str, ...]:
     # --pytorch picks the MAGMA release the PyTorch release was built with; --platform the subdir.
+    # --arch-list too: it changes MAGMA's gencode and build string, and the pytorch jobs need exactly this package
+    # (left out, the job built another magma than the one its pytorch jobs install: found by ci-local).
     request = variant.request
     source = ("--magma-source", magma_source) if magma_source else ()
+    arch = ("--arch-list", request.options.arch_list) if request.options.arch_list else ()
     return ("torchforge", "build", "--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda,
-            "--platform", request.platform, *source, *extra, "--out", CHANNEL_DIR)
+            "--platform", request.platform, *arch, *source, *extra, "--out", CHANNEL_DIR)
 
 
 def pytorch_argv(variant: Variant, extra: Sequence[str] = (), magma_source: str | None = None) -> tuple[str, ...]:
