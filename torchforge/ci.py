@@ -489,15 +489,16 @@ def _test_commands(plan: CiPlan, test: TestJob, bindir: str) -> list[str]:
     channel = f'"file://$PWD/{data.channel}"'  # a directory target is an absolute file:// URL
     windows = platforms.get(test.build.platform).facts.windows
     python = f"{data.env}/python.exe" if windows else f"{data.env}/bin/python"
-    channels = " ".join(f"-c {shlex.quote(c)}" for c in test.build.channels)
-    create = (f"conda create --yes --quiet --prefix {data.env} --override-channels -c {channel} {channels} "
-              + " ".join(shlex.quote(spec) for spec in test.specs))
+    # The variant's channels after the pipeline's own: the packages' dependencies come from there.
+    rest = [arg for url in test.build.channels for arg in ("-c", url)]
+    create = (f"conda create --yes --quiet --prefix {data.env} --override-channels -c {channel} "
+              + shlex.join([*rest, *test.specs]))
     flags = shlex.join(["--version", test.version, *(["--cuda"] if test.gpu else [])])
     # The smoke check's text is in the file once, as a variable (SMOKE_VARIABLE); `python -c` runs it.
     script = shlex.quote(plan.test_script) if plan.test_script else f'-c "${SMOKE_VARIABLE}"'
     check = f"{python} {script} {flags}"
     return [bindir + f"torchforge upload --from {CHANNEL_DIR} --to {channel} --skip-existing --no-verify",
-            create.replace("  ", " "), check]
+            create, check]
 
 
 def _promote_commands(upload: Upload, bindir: str) -> list[str]:
