@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack example docs test goldens bench bench-quick container-image container-check clean
+.PHONY: help venv demo demo-repack example docs test goldens bench bench-quick container-image container-check ci-local clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ container-image: $(STAMP)  ## make the local podman build images for --container
 
 container-check: container-image  ## the real `torchforge build --container` builds with podman (tests/test_container_build.py)
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
+
+ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipeline for the torch_heavy fixture here, twice, with gitlab-ci-local + podman (logs in .cache/ci-local)
+	nice $(BIN)/python -m tests.ci_local
 
 clean:  ## remove the virtualenv and generated output
 	rm -rf $(VENV) recipes forge-channel try build dist .pytest_cache

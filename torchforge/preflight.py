@@ -36,6 +36,7 @@ from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
 from torchforge.proc import Command, Runner
+from torchforge.recipe import resolve_source
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
 from torchforge.resolve import Variant, bundled_cudnn, bundled_files
@@ -69,6 +70,7 @@ class Disk(FrozenModel):
 class Tool(FrozenModel):
     why: str
     fix: str
+    clone_only: bool = False  # needed only when a source is cloned (not for a local --source or MAGMA's tarball)
 
 
 class CudaLibrary(FrozenModel):
@@ -448,8 +450,11 @@ def _check_cuda_libraries(ctx: _Context, table: PreflightTable, magma_only: bool
                         + (" (or the system folders)" if library.system_include else ""))
 
 
-def _check_tools(ctx: _Context, table: PreflightTable) -> None:
+def _check_tools(ctx: _Context, table: PreflightTable, clones: bool) -> None:
     for tool, info in table.tools.items():
+        if info.clone_only and not clones:
+            ctx.add(tool, Level.OK, "not needed: no source is cloned (a local --source, or MAGMA's tarball)")
+            continue
         try:
             if tool == "patchelf":
                 from torchforge.rpath import find_patchelf  # also checks the version (0.18.x is broken)
@@ -763,7 +768,7 @@ def run_preflight(
         _check_host_compiler(ctx)
         _check_cuda_libraries(ctx, table, magma_only)
         _suggest_images(ctx, site)
-    _check_tools(ctx, table)
+    _check_tools(ctx, table, clones=not magma_only and resolve_source(source, "", "").kind == "git")
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
     if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels

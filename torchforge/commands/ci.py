@@ -11,8 +11,8 @@ import typer
 from torchforge import config as site_config
 from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
+    PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
 from torchforge.console import err, out
 from torchforge.errors import UsageError
@@ -36,17 +36,26 @@ def register(app: typer.Typer) -> None:
         out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Repository root that receives .github/workflows/torchforge.yml or .gitlab-ci.yml.")],
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
-        jetson: JetsonOpt = None, env: EnvOpt = None, source: SourceOpt = None,
+        jetson: JetsonOpt = None, env: EnvOpt = None, source: SourceOpt = None, magma_source: MagmaSourceOpt = None,
         runner: Annotated[str | None, typer.Option(
             "--runner", help="Runner label(s) of every job, joined with '+', e.g. self-hosted+linux+gpu "
                              "(default: self-hosted runners of the platform).")] = None,
         runner_map: Annotated[str | None, typer.Option(
             "--runner-map", help="Runner label(s) per CUDA version, e.g. 11.8=gpu-a,12.4=self-hosted+gpu-b; "
                                  "unmapped versions use --runner.")] = None,
+        gpu_runner: Annotated[str | None, typer.Option(
+            "--gpu-runner", help="Runner label(s) of the CUDA variants' test jobs, joined with '+' (default: torchforge.toml "
+                                 "[ci] gpu_runner, else a self-hosted runner labelled gpu).")] = None,
+        test_script: Annotated[str | None, typer.Option(
+            "--test-script", help="A Python file in the repository each test job runs with the fresh environment's Python "
+                                  "(given --version X.Y.Z, and --cuda for a CUDA variant) instead of torchforge's smoke check.")] = None,
         upload_to: Annotated[str | None, typer.Option(
             "--upload-to", help="Add a last job that uploads to this target (URL or channels/ name).")] = None,
         requirement: Annotated[str | None, typer.Option(
             "--requirement", help="pip requirement that installs torchforge in each job (default: this version).")] = None,
+        skip_preflight: Annotated[bool, typer.Option(
+            "--skip-preflight", help="Build jobs run `torchforge build --skip-preflight` (for an image whose toolkit the "
+                                     "checks refuse, e.g. one without cuBLAS for a source that needs none).")] = False,
         force: Annotated[bool, typer.Option("--force", help="Replace a file there that torchforge did not write.")] = False,
         channel: Annotated[list[str] | None, typer.Option(
             "--channel", "-c", help="Extra channel URL for every build job (repeatable), as for build.")] = None,
@@ -57,8 +66,11 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--requirement is empty", "give a pip requirement, e.g. torchforge==0.1.0, or leave it out")
         check_dir(out_dir, "--out")
         check_channel_args(channel)
+        if test_script is not None and (not test_script.strip() or Path(test_script).is_absolute()):
+            raise UsageError(f"--test-script {test_script!r} is not a file in the repository",
+                             "give its path relative to the repository root, e.g. ci/smoke.py")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         None, source)
+                                         None, source, magma_source)
         if provider is Provider.GITHUB:
             for name, value in selection.options.extra_env:
                 if "${{" in value:  # GitHub evaluates ${{ }} in every `run:` before any shell quoting applies
@@ -73,6 +85,8 @@ def register(app: typer.Typer) -> None:
         optional: list[tuple[str, str | None, bool]] = [
             ("--arch-list", arch_list, arch_list is not None), ("--build-number", str(build_number), build_number != 0),
             ("--debug", None, debug), ("--jetson", jetson, jetson is not None), ("--source", source, source is not None),
+            ("--magma-source", magma_source, magma_source is not None), ("--gpu-runner", gpu_runner, gpu_runner is not None),
+            ("--test-script", test_script, test_script is not None), ("--skip-preflight", None, skip_preflight),
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
         ]
@@ -85,9 +99,11 @@ def register(app: typer.Typer) -> None:
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
                      regenerate=regenerate_line(provider, given), site=site_config.load(config),
-                     extra_args=site_args(channel or (), str(config) if config else None))
+                     extra_args=site_args(channel or (), str(config) if config else None)
+                     + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
+                     test_script=test_script, magma_source=magma_source)
         path = write_file(render(ci, provider), out_dir, provider, force=force)
         out.print(str(path))
         magma = sum(1 for job in ci.jobs if job.kind == "magma")
-        err.print(f"wrote {provider.value} CI with {magma} magma and {len(ci.jobs) - magma} pytorch job(s)"
+        err.print(f"wrote {provider.value} CI with {magma} magma, {len(ci.jobs) - magma} pytorch and {len(ci.tests)} test job(s)"
                   + (f" and an upload to {ci.upload.target}" if ci.upload else "") + f" into {path}")
