@@ -59,8 +59,8 @@ container-image: $(STAMP)  ## make the local podman build images for --container
 container-check: container-image  ## the real `torchforge build --container` builds with podman (tests/test_container_build.py)
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
-ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipeline for the torch_heavy fixture here, twice, with gitlab-ci-local + podman (logs in .cache/ci-local)
-	nice $(BIN)/python -m tests.ci_local
+ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipeline for the torch_heavy fixture here, twice, with gitlab-ci-local + podman, and check its logs (.cache/ci-local); about 30 min
+	nice $(BIN)/python -m pytest -n 0 -m ci_local tests/test_ci_local.py
 
 clean:  ## remove the virtualenv and generated output
 	rm -rf $(VENV) recipes forge-channel try build dist .pytest_cache

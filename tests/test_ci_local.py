@@ -2,6 +2,7 @@
 (tests/ci_local.py), then its logs and the directory channel it uploaded into are read back.
 
 Skipped, with the reason, where podman, node/npm or rsync cannot run (as tests/test_container_build.py).
+About 30 minutes on two cores: `make ci-local` runs it (`-m ci_local`); `make test` deselects it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from tests import ci_local, container_image
+
+pytestmark = pytest.mark.ci_local
 
 RUNS = 2
 JOB_LINE = re.compile(r"^(\S+)\s+starting (\S+) \((\w+)\)$", re.MULTILINE)
