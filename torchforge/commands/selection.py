@@ -13,9 +13,16 @@ from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
+from torchforge.commands import flavour as flavour_commands
 from torchforge.console import err, out, warn
+from torchforge.flavours import Flavour, check as check_flavour
+from torchforge.flavours import conda_forge
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
+
+FlavourOpt = Annotated[Flavour, typer.Option(
+    "--flavour", help="Package shape: official (the pytorch channel's; the only one up to 2.5) or conda-forge "
+                      "(conda-forge's libtorch / pytorch / pytorch-gpu shape, 2.6 and newer).")]
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
 
@@ -70,8 +77,15 @@ def register(app: typer.Typer) -> None:
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
+        flavour: FlavourOpt = Flavour.OFFICIAL,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
+        if flavour is Flavour.CONDA_FORGE:
+            if pytorch:
+                check_flavour(flavour, pytorch)
+            recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
+            flavour_commands.print_matrix(recipes, as_json)
+            return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
         render_plan = plan(selection)
         if as_json:
@@ -92,8 +106,15 @@ def register(app: typer.Typer) -> None:
         magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
+        flavour: FlavourOpt = Flavour.OFFICIAL,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
+        if flavour is Flavour.CONDA_FORGE:
+            if pytorch:
+                check_flavour(flavour, pytorch)
+            recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
+            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source)
+            return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)
         render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],

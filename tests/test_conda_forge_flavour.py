@@ -1,0 +1,218 @@
+"""The conda-forge flavour (torchforge/flavours/conda_forge.py): for every release 2.6-2.13 the rendered recipe,
+for the feedstock's own CUDA and arch list, matches conda-forge/pytorch-cpu-feedstock at that release value by
+value (torchforge/data/conda_forge.toml, each value with its commit:file:line); a CUDA and arch list conda-forge
+never built changes exactly the values that should change; bad requests are refused with what would work."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import jinja2
+import pytest
+from ruamel.yaml import YAML
+
+from torchforge.cli import main
+from torchforge.errors import UsageError
+from torchforge.flavours import conda_forge
+from torchforge.recipe import Source
+
+TABLE = conda_forge.load()
+RELEASES = list(TABLE.releases)
+SOURCE = Source("git", "https://github.com/pytorch/pytorch", "v0")
+KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports")
+
+
+def _pin(function: str):  # conda-build's Jinja functions, written back in the data's notation
+    def call(name: str, exact: bool = False, max_pin: str | None = None) -> str:
+        return f"{function} {name}" + (" exact" if exact else f" {max_pin}" if max_pin else "")
+    return call
+
+
+def rendered_meta(files: dict[str, str]) -> dict:
+    """meta.yaml as conda-build reads it: Jinja first (functions in the data's notation), then YAML."""
+    text = jinja2.Template(files["meta.yaml"]).render(
+        pin_subpackage=_pin("pin_subpackage"), pin_compatible=_pin("pin_compatible"),
+        compiler=lambda lang: f"compiler {lang}", stdlib=lambda lang: f"stdlib {lang}",
+        PKG_HASH="HASH", CONDA_PY="312", torch_cuda_arch_list="ARCH")
+    return YAML(typ="safe").load(text)
+
+
+def output_requirements(meta: dict) -> dict[str, dict[str, list[str]]]:
+    found = {"libtorch": {**{k: meta["requirements"].get(k) or [] for k in KEYS[:4]},
+                          **{k: meta["build"].get(k) or [] for k in KEYS[4:]}}}
+    for output in meta["outputs"][1:]:
+        found[output["name"]] = {**{k: (output.get("requirements") or {}).get(k) or [] for k in KEYS[:4]},
+                                 **{k: output["build"].get(k) or [] for k in KEYS[4:]}}
+    return found
+
+
+def exported(build_sh: str) -> dict[str, str]:
+    pairs = {}
+    for line in build_sh.splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export "):].partition("=")
+            pairs[name] = shlex.split(value)[0] if value else ""
+    return pairs
+
+
+def expected_specs(version: str, output: str, key: str, cuda: str | None, build: int) -> list[str]:
+    """The feedstock's specs of one output, formatted for python 3.12 and blas_impl mkl, straight from the data."""
+    release = TABLE.releases[version]
+    accel = "cuda" if cuda else "cpu"
+    fields = {"version": version, "build": str(build), "blas": "mkl", "cuda_nodot": (cuda or "").replace(".", ""),
+              "cuda": cuda or "", "py": "312"}
+    specs = []
+    for row in release.recipe.requirements:
+        if row.output == output and row.key == key and row.accel in (None, accel) and row.blas in (None, "mkl") \
+                and row.cuda in (None, cuda):
+            specs.append(re.sub(r"\{(\w+)\}", lambda m: fields[m.group(1)], row.spec))
+    return list(dict.fromkeys(specs))
+
+
+def feedstock_cases() -> list[tuple[str, str]]:
+    return [(version, accel) for version, release in TABLE.releases.items() for accel in [*release.cuda, "cpu"]]
+
+
+@pytest.mark.parametrize(("version", "accel"), feedstock_cases())
+def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_value(version: str, accel: str) -> None:
+    release = TABLE.releases[version]
+    cuda = None if accel == "cpu" else accel
+    recipe = conda_forge.plan(version, "linux-64", accel)
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    meta = rendered_meta(files)
+    marker = TABLE.flavour.marker
+
+    # build number: the feedstock's, +200 for CUDA, +100 for MKL (meta.yaml lines cited in the data)
+    build = release.build_number + (200 if cuda else 0) + 100
+    assert meta["build"]["number"] == build == recipe.build_number
+    # outputs: the feedstock's, less the test-suite package torchforge does not render
+    names = [meta["package"]["name"], *(o["name"] for o in meta["outputs"][1:])]
+    assert names == [n for n in release.outputs(recipe.accel) if n not in TABLE.flavour.omitted_outputs]
+    assert [o["name"] for o in meta["outputs"]][0] == "libtorch"
+    # requirements of every output, with the torchforge marker the only difference
+    for output, found in output_requirements(meta).items():
+        for key in KEYS:
+            actual = [str(s).replace(f"_{marker}", "") for s in found[key]]
+            assert actual == expected_specs(version, output, key, cuda, build), (output, key)
+    pytorch_run = output_requirements(meta)["pytorch"]["run"]
+    assert ("__cuda" in pytorch_run) == (cuda is not None)
+    # build strings: conda-forge's words plus the marker, never conda-forge's own string
+    word = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
+    assert meta["build"]["string"] == f"{word}_mkl_{marker}_hHASH_{build}"
+    assert meta["outputs"][1]["build"]["string"] == f"{word}_mkl_{marker}_py312_hHASH_{build}"
+    # the environment of build.sh: every export the feedstock makes for this job, with its value
+    env = exported(files["build.sh"])
+    wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in release.recipe.env
+              if row.accel in (None, recipe.accel) and row.blas in (None, "mkl") and row.cuda in (None, cuda)}
+    if cuda:
+        wanted["TORCH_CUDA_ARCH_LIST"] = release.arch_list[cuda].value
+    assert {k: v for k, v in env.items() if k not in ("CUDA_TARGET", "MAX_JOBS")} == wanted
+    # the activation variable carries the arch list (the feedstock's name where it has one)
+    if cuda:
+        variable = release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST"
+        assert f"export {variable}='{release.arch_list[cuda].value}'" in files["activate.sh"]
+        assert f"cp \"$RECIPE_DIR/$stage.sh\"" in files["build.sh"]
+    else:
+        assert "activate.sh" not in files
+    # pins and compilers of the feedstock's job
+    config = YAML(typ="safe").load(files["conda_build_config.yaml"])
+    ci = release.ci_support[accel]
+    assert config["python"] == list(ci.python.value)
+    assert config["c_compiler_version"] == [ci.c_compiler_version.value]
+    assert {p.name: [p.value] for p in ci.pins}.items() <= config.items()
+    assert config["cuda_compiler_version"] == [cuda or "None"]
+
+
+def _values(version: str, accel: str, arch: str | None) -> dict[str, object]:
+    recipe = conda_forge.plan(version, "linux-64", accel, arch)
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    meta = rendered_meta(files)
+    values: dict[str, object] = {f"{o}.{k}": tuple(v) for o, reqs in output_requirements(meta).items() for k, v in reqs.items()}
+    values.update({f"env.{k}": v for k, v in exported(files["build.sh"]).items()})
+    values.update({f"config.{k}": tuple(v) for k, v in YAML(typ="safe").load(files["conda_build_config.yaml"]).items()})
+    values["build.number"] = meta["build"]["number"]
+    values.update({f"string.{o['name']}": o["build"]["string"] for o in meta["outputs"][1:]})
+    values["string.libtorch"] = meta["build"]["string"]
+    values["extra.cuda"] = meta["extra"]["cuda"]
+    values["activate"] = files["activate.sh"].split("\n", 1)[1]
+    return values
+
+
+def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_should_change() -> None:
+    feedstock = _values("2.9.1", "12.9", None)
+    custom = _values("2.9.1", "12.4", "7.0;8.6")
+    changed = {k for k in feedstock.keys() | custom.keys() if feedstock.get(k) != custom.get(k)}
+    assert changed == {
+        "libtorch.host", "pytorch.host",  # cuda-version 12.4
+        "libtorch.run_constrained",  # the pairing pin names the cuda124 build
+        "env.TORCH_CUDA_ARCH_LIST", "env.CUDA_VERSION", "activate",
+        "config.cuda_compiler_version", "config.torch_cuda_arch_list",
+        "config.c_compiler_version", "config.cxx_compiler_version",  # nvcc 12.4 takes GCC 13 at most
+        "string.libtorch", "string.pytorch", "string.pytorch-gpu", "extra.cuda",
+    }
+    assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.9" not in custom["libtorch.host"]
+    assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
+    assert custom["config.c_compiler_version"] == ("13",) and feedstock["config.c_compiler_version"] == ("14",)
+    assert custom["string.pytorch"] == "cuda124_mkl_torchforge_py312_hHASH_301"
+    assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_301" in custom["libtorch.run_constrained"]
+
+
+def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
+    assert RELEASES == ["2.6.0", "2.7.0", "2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0",
+                        "2.12.1", "2.13.0"]
+    assert conda_forge.check_invariants(TABLE) == []
+    for release in TABLE.releases.values():
+        assert re.fullmatch(r"[0-9a-f]{40}", release.commit)
+        assert all(re.search(r":\d+", row.source) for row in release.recipe.requirements)
+        assert all(re.search(r":\d+", row.source) for row in release.recipe.env)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pytorch", "2.5.1"], "releases up to 2.5 had official conda packages"),
+    (["--pytorch", "2.9.1", "--cuda", "12.4"], "no arch list to follow"),
+    (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "5.0;8.6"], "is not an arch nvcc 13.0 builds"),
+    (["--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.9"], "not 3.9"),
+    (["--pytorch", "2.9.1", "--platform", "win-64"], "not win-64"),
+    (["--pytorch", "2.9.1", "--format", "rattler-build"], "conda-build recipes only"),
+])
+def test_bad_requests_are_refused_with_what_would_work_and_write_nothing(
+        args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["render", "--flavour", "conda-forge", "--out", str(tmp_path / "out"), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "12.4,cpu",
+                 "--arch-list", "7.0;8.6", "--out", str(tmp_path)]) == 0
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert folders == ["libtorch-2.9.1-cpu-linux_64", "libtorch-2.9.1-cuda124-sm70_86-linux_64"]
+    cuda = tmp_path / folders[1]
+    assert sorted(p.name for p in cuda.iterdir()) == ["activate.sh", "build.sh", "conda_build_config.yaml",
+                                                       "deactivate.sh", "meta.yaml"]
+    assert (cuda / "build.sh").stat().st_mode & 0o111
+    capsys.readouterr()
+    assert main(["matrix", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--json"]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert [r["cuda"] for r in rows] == ["12.9", "13.0", "cpu"]
+    assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_py{{ CONDA_PY }}",
+                                  "pytorch-gpu": "cuda129_mkl_torchforge"}
+    assert rows[0]["channel"] == "https://conda.anaconda.org/conda-forge"
+
+
+def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:
+    import subprocess
+    recipe = conda_forge.plan("2.13.0", "linux-64", "12.4", "7.0;8.6")
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    (tmp_path / "a.sh").write_text(files["activate.sh"])
+    (tmp_path / "d.sh").write_text(files["deactivate.sh"])
+    script = f". {tmp_path}/a.sh; echo \"$CF_TORCH_CUDA_ARCH_LIST\"; . {tmp_path}/d.sh; echo \"${{CF_TORCH_CUDA_ARCH_LIST-unset}}\""
+    lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert lines == ["7.0;8.6", "unset"]
+    kept = subprocess.run(["bash", "-c", f"export CF_TORCH_CUDA_ARCH_LIST=9.0; . {tmp_path}/a.sh; . {tmp_path}/d.sh; "
+                           "echo $CF_TORCH_CUDA_ARCH_LIST"], capture_output=True, text=True, check=True).stdout.split()
+    assert kept == ["9.0"]

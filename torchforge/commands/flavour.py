@@ -1,0 +1,56 @@
+"""`render --flavour conda-forge` and `matrix --flavour conda-forge`: the conda-forge flavour's commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from torchforge.console import err, out, warn
+from torchforge.errors import UsageError
+from torchforge.flavours import conda_forge
+from torchforge.recipe import resolve_source
+from torchforge.render import RecipeFormat, write_folders
+
+UPSTREAM = "https://github.com/pytorch/pytorch"
+
+
+def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
+           source: str | None) -> None:
+    if fmt is not RecipeFormat.CONDA_BUILD:
+        raise UsageError("--flavour conda-forge renders conda-build recipes only", "leave --format out")
+    folders: dict[str, dict[str, str | bytes]] = {}
+    for recipe in recipes:
+        files = conda_forge.recipe_files(recipe, resolve_source(source, UPSTREAM, f"v{recipe.version}"))
+        folders[recipe.id] = dict(files)
+    written = write_folders(folders, out_dir, force=force)
+    for recipe in recipes:
+        for message in recipe.warnings:
+            warn(f"{recipe.id}: {message}")
+    for path in written:
+        out.print(str(path))
+    err.print(f"rendered {len(written)} conda-forge-flavour recipe folder(s) into {out_dir} "
+              f"(channel: {conda_forge.load().flavour.channel})")
+
+
+def as_json(recipes: tuple[conda_forge.CondaForgeRecipe, ...]) -> list[dict[str, object]]:
+    return [{
+        "id": r.id, "flavour": "conda-forge", "version": r.version, "platform": r.platform, "cuda": r.cuda or "cpu",
+        "arch_list": r.arch_list, "blas": r.blas, "pythons": list(r.pythons), "build_number": r.build_number,
+        "outputs": {o.name: o.build_string for o in r.outputs}, "feedstock": r.feedstock_commit,
+        "channel": conda_forge.load().flavour.channel, "warnings": list(r.warnings),
+    } for r in recipes]
+
+
+def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool) -> None:
+    if json_output:
+        out.print_json(json.dumps(as_json(recipes)))
+        return
+    table = Table(title=f"torchforge recipes, flavour conda-forge (channel {conda_forge.load().flavour.channel})")
+    for column in ("recipe", "outputs", "build number", "pythons", "notes"):
+        table.add_column(column, overflow="fold")
+    for r in recipes:
+        table.add_row(r.id, ", ".join(f"{o.name} ({o.build_string})" for o in r.outputs), str(r.build_number),
+                      ",".join(r.pythons), f"{len(r.warnings)} warning(s)" if r.warnings else "")
+    out.print(table)
