@@ -216,3 +216,96 @@ def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(t
     kept = subprocess.run(["bash", "-c", f"export CF_TORCH_CUDA_ARCH_LIST=9.0; . {tmp_path}/a.sh; . {tmp_path}/d.sh; "
                            "echo $CF_TORCH_CUDA_ARCH_LIST"], capture_output=True, text=True, check=True).stdout.split()
     assert kept == ["9.0"]
+
+
+# ---- conda render (the real conda-build) ----------------------------------------------------------------
+
+# The oldest and newest release at the feedstock's CUDA, a CPU recipe, and one CUDA conda-forge never built with
+# two arch lists (they must differ in the hash). One Python each: the per-Python outputs are the same template.
+RENDERED = [("2.6.0", "12.6", None), ("2.13.0", "13.0", None), ("2.13.0", "cpu", None),
+            ("2.9.1", "12.4", "7.0;8.6"), ("2.9.1", "12.4", "8.0")]
+
+
+def stand_in_specs(files: dict[str, str], own: set[str]) -> set[str]:
+    """What the stand-in channel must hold for conda-build to solve build and host of one recipe: every spec,
+    with conda_build_config's pins applied to bare names (conda-build does the same) and the compilers named as
+    conda-build resolves them (gcc_linux-64 X, sysroot_linux-64 Y, cuda-nvcc_linux-64 Z)."""
+    config = YAML(typ="safe").load(files["conda_build_config.yaml"])
+    compilers = {"c": ("gcc", "c_compiler_version"), "cxx": ("gxx", "cxx_compiler_version"),
+                 "cuda": ("cuda-nvcc", "cuda_compiler_version")}
+    specs = {"pip", *(f"python {p}" for p in config["python"])}
+    for requirements in output_requirements(rendered_meta(files)).values():
+        for spec in (str(s) for key in ("build", "host", "run") for s in requirements[key]):
+            fields = spec.split()
+            name = fields[0]
+            if name in own or name.startswith(("__", "pin_")):
+                continue
+            if name == "compiler":
+                package, key = compilers[fields[1]]
+                specs.add(f"{package}_linux-64 {config[key][0]}")
+            elif name == "stdlib":
+                specs.add(f"sysroot_linux-64 {config['c_stdlib_version'][0]}")
+            elif fields[1:] in ([], ["*"]) and name.replace("-", "_") in config:
+                version, *build = str(config[name.replace("-", "_")][0]).split()
+                specs.add(f"{name} {version.removesuffix('.*')}" + (f" 0_{build[0].lstrip('*')}" if build else ""))
+            elif len(fields) == 3 and fields[1] == "*":  # a build-string glob: a stand-in whose build matches it
+                specs.add(f"{name} 1.0 0{fields[2].strip('*')}")
+            elif name != "python":
+                specs.add(spec)
+    return specs
+
+
+@pytest.fixture(scope="module")
+def conda_renders(tmp_path_factory: pytest.TempPathFactory):
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from tests.stubchannel import make_stub_channel
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    root = tmp_path_factory.mktemp("cf-render")
+    recipes, specs = {}, set()
+    for version, accel, arch in RENDERED:
+        recipe = conda_forge.plan(version, "linux-64", accel, arch, ("3.12",))
+        files = conda_forge.recipe_files(recipe, SOURCE)
+        folder = root / "recipes" / recipe.id
+        folder.mkdir(parents=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        recipes[(version, accel, arch)] = (recipe, folder)
+        specs |= stand_in_specs(files, {o.name for o in recipe.outputs})
+    make_stub_channel(root / "stubs", sorted(specs), ("linux-64",), runnable=False)
+    return tool, root, recipes
+
+
+def conda_render(conda_renders, case: tuple[str, str, str | None]) -> list[str]:
+    """The package names `conda render --output` plans for one recipe, checked against the planned build strings."""
+    from tests.condabuild import run_conda
+
+    tool, root, recipes = conda_renders
+    recipe, folder = recipes[case]
+    result = run_conda(tool, root / "conda", "render", str(folder), "--override-channels",
+                       "-c", f"file://{root / 'stubs'}", "--output")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    packages = [Path(line).name.removesuffix(".conda") for line in result.stdout.split() if line.endswith(".conda")]
+    word = f"cuda{recipe.cuda.replace('.', '')}" if recipe.cuda else "cpu"
+    meta_name = "pytorch-gpu" if recipe.cuda else "pytorch-cpu"
+    stem = rf"{re.escape(recipe.version)}-{word}_mkl_torchforge"
+    patterns = [rf"libtorch-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}",
+                rf"pytorch-{stem}_py312_h[0-9a-f]{{7}}_{recipe.build_number}",
+                rf"{meta_name}-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}"]
+    assert len(packages) == 3 and all(re.fullmatch(p, n) for p, n in zip(patterns, packages)), packages
+    return packages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", RENDERED[:3], ids=[f"{v}-{a}" for v, a, _ in RENDERED[:3]])
+def test_conda_render_accepts_the_recipe_and_names_the_planned_packages(case, conda_renders) -> None:
+    conda_render(conda_renders, case)
+
+
+@pytest.mark.slow
+def test_a_custom_cuda_renders_and_two_arch_lists_give_two_packages(conda_renders) -> None:
+    """A torchforge build for another arch list is another package: the arch list is part of every hash."""
+    first, second = (conda_render(conda_renders, case) for case in RENDERED[3:])
+    assert all(a != b for a, b in zip(first, second))
