@@ -309,3 +309,26 @@ def test_a_custom_cuda_renders_and_two_arch_lists_give_two_packages(conda_render
     """A torchforge build for another arch list is another package: the arch list is part of every hash."""
     first, second = (conda_render(conda_renders, case) for case in RENDERED[3:])
     assert all(a != b for a, b in zip(first, second))
+
+
+def test_aarch64_renders_generic_blas_for_the_sbsa_target_and_says_the_facts_are_linux_64s(tmp_path: Path) -> None:
+    recipe = conda_forge.plan("2.13.0", "linux-aarch64", "13.0")
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    assert recipe.blas == "generic" and recipe.build_number == TABLE.releases["2.13.0"].build_number + 200
+    assert exported(files["build.sh"])["CUDA_TARGET"] == "sbsa-linux"
+    assert "nomkl" in output_requirements(rendered_meta(files))["pytorch"]["run"]
+    assert any("read for linux-64" in w for w in recipe.warnings)
+
+
+def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into_the_recipe(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.10.0", "--cuda", "cpu", "--patch", str(patch),
+                 "--out", str(tmp_path / "out")]) == 0
+    assert "conda-forge applies 18 source patches to PyTorch 2.10.0" in capsys.readouterr().err.replace("\n", " ")
+    folder = tmp_path / "out" / "libtorch-2.10.0-cpu-linux_64"
+    assert (folder / "fix.patch").read_text() == patch.read_text()
+    meta = rendered_meta({"meta.yaml": (folder / "meta.yaml").read_text()})
+    assert meta["source"]["patches"] == ["fix.patch"]
+    assert not any(p.suffix == ".patch" and p.name != "fix.patch" for p in folder.iterdir())

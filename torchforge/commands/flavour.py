@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,19 +12,20 @@ from torchforge.console import err, out, warn
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
 from torchforge.recipe import resolve_source
-from torchforge.render import RecipeFormat, write_folders
+from torchforge.render import RecipeFormat, patch_files, write_folders
 
 UPSTREAM = "https://github.com/pytorch/pytorch"
 
 
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
-           source: str | None) -> None:
+           source: str | None, patches: list[Path]) -> None:
     if fmt is not RecipeFormat.CONDA_BUILD:
         raise UsageError("--flavour conda-forge renders conda-build recipes only", "leave --format out")
     folders: dict[str, dict[str, str | bytes]] = {}
     for recipe in recipes:
-        files = conda_forge.recipe_files(recipe, resolve_source(source, UPSTREAM, f"v{recipe.version}"))
-        folders[recipe.id] = dict(files)
+        where = resolve_source(source, UPSTREAM, f"v{recipe.version}")
+        files = conda_forge.recipe_files(recipe, dataclasses.replace(where, patches=tuple(p.name for p in patches)))
+        folders[recipe.id] = {**files, **patch_files(patches)}
     written = write_folders(folders, out_dir, force=force)
     for recipe in recipes:
         for message in recipe.warnings:

@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
             if pytorch:
                 check_flavour(flavour, pytorch)
             recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
-            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source)
+            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [])
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)

@@ -25,7 +25,7 @@ Accel = Literal["cuda", "cpu"]
 Blas = Literal["mkl", "generic"]
 OUTPUT_KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports")
 PLATFORMS = {"linux-64": "x86_64-linux", "linux-aarch64": "sbsa-linux"}  # subdir -> CUDA target folder
-_SOURCE = re.compile(r"^[\w./-]+:\d+(; .+)?$")
+_SOURCE = re.compile(r"^[\w./-]+:\d+(-\d+)?(; .+)?$")
 
 
 class Cited(FrozenModel):
@@ -87,6 +87,13 @@ class Activation(FrozenModel):
     source: str
 
 
+class Patches(FrozenModel):
+    """The feedstock's source patches at a release: how many entries its meta.yaml lists, and where."""
+
+    count: int
+    source: str
+
+
 class FeedstockRelease(FrozenModel):
     commit: str
     commit_note: str
@@ -96,6 +103,7 @@ class FeedstockRelease(FrozenModel):
     mkl_offset_source: str
     triton: str
     triton_source: str
+    patches: Patches
     outputs_cuda: tuple[str, ...]
     outputs_cpu: tuple[str, ...]
     cuda: tuple[str, ...]
@@ -153,7 +161,7 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
                 problems.append(f"{where}: CUDA {cuda} is missing from cuda.toml")
         if "cpu" not in release.ci_support:
             problems.append(f"{where}.ci_support lacks the cpu job")
-        cited = [release.build_number_source, release.cuda_offset_source, release.mkl_offset_source,
+        cited = [release.build_number_source, release.patches.source, release.cuda_offset_source, release.mkl_offset_source,
                  release.triton_source, *(a.source for a in release.arch_list.values()),
                  *(r.source for r in release.recipe.requirements), *(e.source for e in release.recipe.env)]
         problems.extend(f"{where}: source {s!r} is not FILE:LINE" for s in cited if not _SOURCE.match(s))
@@ -231,7 +239,9 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
         raise UsageError(f"--flavour conda-forge renders {' and '.join(PLATFORMS)}, not {platform}",
                          "use --platform linux-64 or linux-aarch64, or --flavour official")
     cuda = None if accel == "cpu" else accel
-    warnings: list[str] = []
+    warnings = [f"conda-forge applies {release.patches.count} source patches to PyTorch {version} "
+                f"({release.patches.source} at {release.commit[:12]}); torchforge applies none of them (add your own "
+                "with --patch): a build may fail or differ where the feedstock needed one"]
     blas = settings.blas[platform]
     if platform != "linux-64":
         warnings.append(f"the feedstock facts were read for linux-64; {platform} uses blas_impl {blas} and the same "
