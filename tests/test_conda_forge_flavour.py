@@ -176,6 +176,7 @@ def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
     (["--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.9"], "not 3.9"),
     (["--pytorch", "2.9.1", "--platform", "win-64"], "not win-64"),
     (["--pytorch", "2.9.1", "--format", "rattler-build"], "conda-build recipes only"),
+    (["--pytorch", "2.9.1", "--cuda", "12.4,12.6", "--arch-list", "8.0"], "ambiguous"),
 ])
 def test_bad_requests_are_refused_with_what_would_work_and_write_nothing(
         args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,6 +203,7 @@ def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
     assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_py{{ CONDA_PY }}",
                                   "pytorch-gpu": "cuda129_mkl_torchforge"}
     assert rows[0]["channel"] == "https://conda.anaconda.org/conda-forge"
+    assert rows[0]["magma"] == "libmagma-devel" and rows[2]["magma"] is None  # conda-forge's libmagma, CUDA only
 
 
 def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:
@@ -332,3 +334,22 @@ def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into
     meta = rendered_meta({"meta.yaml": (folder / "meta.yaml").read_text()})
     assert meta["source"]["patches"] == ["fix.patch"]
     assert not any(p.suffix == ".patch" and p.name != "fix.patch" for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("case", list(__import__("tests.golden.conda_forge_regenerate", fromlist=["cases"]).cases()))
+def test_golden(case: str) -> None:
+    from tests.golden.conda_forge_regenerate import GOLDEN, cases, render_case
+
+    rendered = render_case(cases()[case])
+    assert sorted(rendered) == sorted(p.name for p in (GOLDEN / case).iterdir()), "run `make goldens` and review"
+    for folder, files in rendered.items():
+        assert sorted(files) == sorted(p.name for p in (GOLDEN / case / folder).iterdir())
+        for filename, content in files.items():
+            assert content == (GOLDEN / case / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
+
+
+def test_build_says_it_does_not_build_the_flavour_yet_and_what_would_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--out", str(tmp_path / "ch")]) == 2
+    assert "render it with `torchforge render --flavour conda-forge" in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "ch").exists()

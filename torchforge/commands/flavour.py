@@ -41,7 +41,7 @@ def as_json(recipes: tuple[conda_forge.CondaForgeRecipe, ...]) -> list[dict[str,
         "id": r.id, "flavour": "conda-forge", "version": r.version, "platform": r.platform, "cuda": r.cuda or "cpu",
         "arch_list": r.arch_list, "blas": r.blas, "pythons": list(r.pythons), "build_number": r.build_number,
         "outputs": {o.name: o.build_string for o in r.outputs}, "feedstock": r.feedstock_commit,
-        "channel": conda_forge.load().flavour.channel, "warnings": list(r.warnings),
+        "channel": conda_forge.load().flavour.channel, "magma": r.magma, "warnings": list(r.warnings),
     } for r in recipes]
 
 
@@ -50,9 +50,9 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
         out.print_json(json.dumps(as_json(recipes)))
         return
     table = Table(title=f"torchforge recipes, flavour conda-forge (channel {conda_forge.load().flavour.channel})")
-    for column in ("recipe", "outputs", "build number", "pythons", "notes"):
+    for column in ("recipe", "outputs", "build number", "pythons", "magma (conda-forge)", "notes"):
         table.add_column(column, overflow="fold")
     for r in recipes:
         table.add_row(r.id, ", ".join(f"{o.name} ({o.build_string})" for o in r.outputs), str(r.build_number),
-                      ",".join(r.pythons), f"{len(r.warnings)} warning(s)" if r.warnings else "")
+                      ",".join(r.pythons), r.magma or "-", f"{len(r.warnings)} warning(s)" if r.warnings else "")
     out.print(table)

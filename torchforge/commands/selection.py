@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.commands import flavour as flavour_commands
@@ -19,10 +19,6 @@ from torchforge.flavours import Flavour, check as check_flavour
 from torchforge.flavours import conda_forge
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
-
-FlavourOpt = Annotated[Flavour, typer.Option(
-    "--flavour", help="Package shape: official (the pytorch channel's; the only one up to 2.5) or conda-forge "
-                      "(conda-forge's libtorch / pytorch / pytorch-gpu shape, 2.6 and newer).")]
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
 

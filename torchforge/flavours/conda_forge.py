@@ -222,6 +222,12 @@ class CondaForgeRecipe:
         return (f"flavour=conda-forge;feedstock={self.feedstock_commit[:12]};cuda={self.cuda or 'cpu'};"
                 f"arch_list={self.arch_list};blas={self.blas};build={self.build_number}")
 
+    @property
+    def magma(self) -> str | None:
+        """The MAGMA libtorch links: conda-forge's package in host (its run_exports bring libmagma at run time)."""
+        return next((spec for spec in self.outputs[0].requirements["host"]
+                     if spec.split()[0] in ("libmagma-devel", "libmagma", "magma")), None)
+
     def output(self, name: str) -> Output:
         return next(o for o in self.outputs if o.name == name)
 
