@@ -200,7 +200,7 @@ def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
     assert main(["matrix", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--json"]) == 0
     rows = __import__("json").loads(capsys.readouterr().out)
     assert [r["cuda"] for r in rows] == ["12.9", "13.0", "cpu"]
-    assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_py{{ CONDA_PY }}",
+    assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_pyXY",
                                   "pytorch-gpu": "cuda129_mkl_torchforge"}
     assert rows[0]["channel"] == "https://conda.anaconda.org/conda-forge"
     assert rows[0]["magma"] == "libmagma-devel" and rows[2]["magma"] is None  # conda-forge's libmagma, CUDA only
