@@ -57,35 +57,40 @@ def exported(build_sh: str) -> dict[str, str]:
     return pairs
 
 
-def expected_specs(version: str, output: str, key: str, cuda: str | None, build: int) -> list[str]:
-    """The feedstock's specs of one output, formatted for python 3.12 and blas_impl mkl, straight from the data."""
-    release = TABLE.releases[version]
+def expected_specs(version: str, platform: str, output: str, key: str, cuda: str | None, build: int) -> list[str]:
+    """The feedstock's specs of one output, formatted for python 3.12 and the platform's BLAS, from the data."""
+    jobs = TABLE.releases[version].platforms[platform]
+    blas = TABLE.flavour.blas[platform]
     accel = "cuda" if cuda else "cpu"
-    fields = {"version": version, "build": str(build), "blas": "mkl", "cuda_nodot": (cuda or "").replace(".", ""),
+    fields = {"version": version, "build": str(build), "blas": blas, "cuda_nodot": (cuda or "").replace(".", ""),
               "cuda": cuda or "", "py": "312"}
     specs = []
-    for row in release.recipe.requirements:
-        if row.output == output and row.key == key and row.accel in (None, accel) and row.blas in (None, "mkl") \
+    for row in jobs.recipe.requirements:
+        if row.output == output and row.key == key and row.accel in (None, accel) and row.blas in (None, blas) \
                 and row.cuda in (None, cuda):
             specs.append(re.sub(r"\{(\w+)\}", lambda m: fields[m.group(1)], row.spec))
     return list(dict.fromkeys(specs))
 
 
-def feedstock_cases() -> list[tuple[str, str]]:
-    return [(version, accel) for version, release in TABLE.releases.items() for accel in [*release.cuda, "cpu"]]
+def feedstock_cases() -> list[tuple[str, str, str]]:
+    return [(version, platform, accel) for version, release in TABLE.releases.items()
+            for platform, jobs in release.platforms.items() for accel in [*jobs.cuda, "cpu"]]
 
 
-@pytest.mark.parametrize(("version", "accel"), feedstock_cases())
-def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_value(version: str, accel: str) -> None:
+@pytest.mark.parametrize(("version", "platform", "accel"), feedstock_cases())
+def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_value(
+        version: str, platform: str, accel: str) -> None:
     release = TABLE.releases[version]
+    jobs = release.platforms[platform]
+    blas = TABLE.flavour.blas[platform]
     cuda = None if accel == "cpu" else accel
-    recipe = conda_forge.plan(version, "linux-64", accel)
+    recipe = conda_forge.plan(version, platform, accel)
     files = conda_forge.recipe_files(recipe, SOURCE)
     meta = rendered_meta(files)
     marker = TABLE.flavour.marker
 
     # build number: the feedstock's, +200 for CUDA, +100 for MKL (meta.yaml lines cited in the data)
-    build = release.build_number + (200 if cuda else 0) + 100
+    build = release.build_number + (200 if cuda else 0) + (100 if blas == "mkl" else 0)
     assert meta["build"]["number"] == build == recipe.build_number
     # outputs: the feedstock's, less the test-suite package torchforge does not render
     names = [meta["package"]["name"], *(o["name"] for o in meta["outputs"][1:])]
@@ -95,30 +100,30 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
     for output, found in output_requirements(meta).items():
         for key in KEYS:
             actual = [str(s).replace(f"_{marker}", "") for s in found[key]]
-            assert actual == expected_specs(version, output, key, cuda, build), (output, key)
+            assert actual == expected_specs(version, platform, output, key, cuda, build), (output, key)
     pytorch_run = output_requirements(meta)["pytorch"]["run"]
     assert ("__cuda" in pytorch_run) == (cuda is not None)
     # build strings: conda-forge's words plus the marker, never conda-forge's own string
     word = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
-    assert meta["build"]["string"] == f"{word}_mkl_{marker}_hHASH_{build}"
-    assert meta["outputs"][1]["build"]["string"] == f"{word}_mkl_{marker}_py312_hHASH_{build}"
+    assert meta["build"]["string"] == f"{word}_{blas}_{marker}_hHASH_{build}"
+    assert meta["outputs"][1]["build"]["string"] == f"{word}_{blas}_{marker}_py312_hHASH_{build}"
     # the environment of build.sh: every export the feedstock makes for this job, with its value
     env = exported(files["build.sh"])
-    wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in release.recipe.env
-              if row.accel in (None, recipe.accel) and row.blas in (None, "mkl") and row.cuda in (None, cuda)}
+    wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in jobs.recipe.env
+              if row.accel in (None, recipe.accel) and row.blas in (None, blas) and row.cuda in (None, cuda)}
     if cuda:
-        wanted["TORCH_CUDA_ARCH_LIST"] = release.arch_list[cuda].value
+        wanted["TORCH_CUDA_ARCH_LIST"] = jobs.arch_list[cuda].value
     assert {k: v for k, v in env.items() if k not in ("CUDA_TARGET", "MAX_JOBS")} == wanted
     # the activation variable carries the arch list (the feedstock's name where it has one)
     if cuda:
         variable = release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST"
-        assert f"export {variable}='{release.arch_list[cuda].value}'" in files["activate.sh"]
+        assert f"export {variable}='{jobs.arch_list[cuda].value}'" in files["activate.sh"]
         assert f"cp \"$RECIPE_DIR/$stage.sh\"" in files["build.sh"]
     else:
         assert "activate.sh" not in files
     # pins and compilers of the feedstock's job
     config = YAML(typ="safe").load(files["conda_build_config.yaml"])
-    ci = release.ci_support[accel]
+    ci = jobs.ci_support[accel]
     assert config["python"] == list(ci.python.value)
     assert config["c_compiler_version"] == [ci.c_compiler_version.value]
     assert {p.name: [p.value] for p in ci.pins}.items() <= config.items()
@@ -165,8 +170,10 @@ def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
     assert conda_forge.check_invariants(TABLE) == []
     for release in TABLE.releases.values():
         assert re.fullmatch(r"[0-9a-f]{40}", release.commit)
-        assert all(re.search(r":\d+", row.source) for row in release.recipe.requirements)
-        assert all(re.search(r":\d+", row.source) for row in release.recipe.env)
+        assert set(release.platforms) == {"linux-64", "linux-aarch64"}
+        for jobs in release.platforms.values():
+            assert all(re.search(r":\d+", row.source) for row in jobs.recipe.requirements)
+            assert all(re.search(r":\d+", row.source) for row in jobs.recipe.env)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -313,13 +320,16 @@ def test_a_custom_cuda_renders_and_two_arch_lists_give_two_packages(conda_render
     assert all(a != b for a, b in zip(first, second))
 
 
-def test_aarch64_renders_generic_blas_for_the_sbsa_target_and_says_the_facts_are_linux_64s(tmp_path: Path) -> None:
+def test_aarch64_is_conda_forges_sbsa_job_with_generic_blas() -> None:
     recipe = conda_forge.plan("2.13.0", "linux-aarch64", "13.0")
     files = conda_forge.recipe_files(recipe, SOURCE)
     assert recipe.blas == "generic" and recipe.build_number == TABLE.releases["2.13.0"].build_number + 200
-    assert exported(files["build.sh"])["CUDA_TARGET"] == "sbsa-linux"
-    assert "nomkl" in output_requirements(rendered_meta(files))["pytorch"]["run"]
-    assert any("read for linux-64" in w for w in recipe.warnings)
+    env = exported(files["build.sh"])
+    assert env["CUDA_TARGET"] == "sbsa-linux" and env["USE_PRIORITIZED_TEXT_FOR_LD"] == "1"
+    assert "8.7" in env["TORCH_CUDA_ARCH_LIST"].split(";")  # Jetson Orin, on conda-forge's aarch64 CUDA 13 build
+    requirements = output_requirements(rendered_meta(files))
+    assert "nomkl" in requirements["pytorch"]["run"] and "arm-variant * sbsa" in requirements["libtorch"]["build"]
+    assert "8.7" not in conda_forge.plan("2.13.0", "linux-64", "13.0").arch_list.split(";")
 
 
 def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into_the_recipe(

@@ -94,6 +94,15 @@ class Patches(FrozenModel):
     source: str
 
 
+class PlatformJobs(FrozenModel):
+    """What the feedstock's jobs of one subdir build: CUDA versions, arch lists, variant files, requirements."""
+
+    cuda: tuple[str, ...]
+    arch_list: dict[str, Cited]
+    ci_support: dict[str, CiSupport]
+    recipe: RecipeFacts
+
+
 class FeedstockRelease(FrozenModel):
     commit: str
     commit_note: str
@@ -106,11 +115,8 @@ class FeedstockRelease(FrozenModel):
     patches: Patches
     outputs_cuda: tuple[str, ...]
     outputs_cpu: tuple[str, ...]
-    cuda: tuple[str, ...]
     activation: Activation | None = None
-    arch_list: dict[str, Cited]
-    ci_support: dict[str, CiSupport]
-    recipe: RecipeFacts
+    platforms: dict[str, PlatformJobs]
 
     def outputs(self, accel: Accel) -> tuple[str, ...]:
         return self.outputs_cuda if accel == "cuda" else self.outputs_cpu
@@ -150,24 +156,30 @@ def load() -> CondaForgeTable:
 def check_invariants(table: CondaForgeTable) -> list[str]:
     problems: list[str] = []
     toolkits = tables.load().cuda.toolkits
+    if set(table.flavour.blas) != set(PLATFORMS):
+        problems.append(f"conda_forge.toml flavour.blas must name exactly {', '.join(PLATFORMS)}")
     for version, release in table.releases.items():
         where = f"conda_forge.toml releases.{version}"
         if not re.fullmatch(r"[0-9a-f]{40}", release.commit):
             problems.append(f"{where}.commit is not a full git commit")
-        for cuda in release.cuda:
-            if cuda not in release.arch_list or cuda not in release.ci_support:
-                problems.append(f"{where}: CUDA {cuda} lacks its arch_list or ci_support entry")
-            if cuda not in toolkits:
-                problems.append(f"{where}: CUDA {cuda} is missing from cuda.toml")
-        if "cpu" not in release.ci_support:
-            problems.append(f"{where}.ci_support lacks the cpu job")
-        cited = [release.build_number_source, release.patches.source, release.cuda_offset_source, release.mkl_offset_source,
-                 release.triton_source, *(a.source for a in release.arch_list.values()),
-                 *(r.source for r in release.recipe.requirements), *(e.source for e in release.recipe.env)]
+        if set(release.platforms) != set(PLATFORMS):
+            problems.append(f"{where}.platforms must describe exactly {', '.join(PLATFORMS)}")
+        cited = [release.build_number_source, release.patches.source, release.cuda_offset_source,
+                 release.mkl_offset_source, release.triton_source]
+        for platform, jobs in release.platforms.items():
+            for cuda in jobs.cuda:
+                if cuda not in jobs.arch_list or cuda not in jobs.ci_support:
+                    problems.append(f"{where}.platforms.{platform}: CUDA {cuda} lacks its arch_list or ci_support entry")
+                if cuda not in toolkits:
+                    problems.append(f"{where}.platforms.{platform}: CUDA {cuda} is missing from cuda.toml")
+            if "cpu" not in jobs.ci_support:
+                problems.append(f"{where}.platforms.{platform}.ci_support lacks the cpu job")
+            cited += [*(a.source for a in jobs.arch_list.values()), *(r.source for r in jobs.recipe.requirements),
+                      *(e.source for e in jobs.recipe.env)]
+            problems.extend(f"{where}.platforms.{platform}: a requirement names unknown output {row.output!r}"
+                            for row in jobs.recipe.requirements
+                            if row.output not in (*release.outputs_cuda, *release.outputs_cpu))
         problems.extend(f"{where}: source {s!r} is not FILE:LINE" for s in cited if not _SOURCE.match(s))
-        for row in release.recipe.requirements:
-            if row.output not in (*release.outputs_cuda, *release.outputs_cpu):
-                problems.append(f"{where}: a requirement names unknown output {row.output!r}")
         for accel in ("cuda", "cpu"):
             if release.outputs(accel)[:2] != ("libtorch", "pytorch"):  # type: ignore[arg-type]
                 problems.append(f"{where}: the {accel} outputs do not start with libtorch, pytorch")
@@ -249,12 +261,10 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
                 f"({release.patches.source} at {release.commit[:12]}); torchforge applies none of them (add your own "
                 "with --patch): a build may fail or differ where the feedstock needed one"]
     blas = settings.blas[platform]
-    if platform != "linux-64":
-        warnings.append(f"the feedstock facts were read for linux-64; {platform} uses blas_impl {blas} and the same "
-                        "requirements (compare with the feedstock's .ci_support/linux_aarch64_* before relying on it)")
-    arch = _arch_list(version, release, cuda, arch_list)
-    reference = reference_cuda(release, cuda)
-    ci = release.ci_support[reference or "cpu"]
+    jobs = release.platforms[platform]
+    arch = _arch_list(version, jobs, cuda, arch_list)
+    reference = reference_cuda(jobs, cuda)
+    ci = jobs.ci_support[reference or "cpu"]
     if cuda is not None and reference != cuda:
         warnings.append(f"conda-forge never built PyTorch {version} for CUDA {cuda}: compilers, pins and CUDA-specific "
                         f"settings follow its CUDA {reference} job ({ci.file})")
@@ -271,9 +281,10 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     accel_key: Accel = "cuda" if cuda else "cpu"
     fields = {"version": version, "build": str(build), "blas": blas, "cuda_nodot": versions.nodot(cuda) if cuda else "",
               "cuda": cuda or "", "py": "{{ CONDA_PY }}"}
-    outputs = tuple(_output(release, name, accel_key, blas, reference, fields, settings.marker)
+    ours = set(release.outputs(accel_key))
+    outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker)
                     for name in release.outputs(accel_key) if name not in settings.omitted_outputs)
-    env = [(row.name, _format(row.value, fields)) for row in release.recipe.env
+    env = [(row.name, _format(row.value, fields)) for row in jobs.recipe.env
            if _applies(row, accel_key, blas, reference)]
     if cuda:
         env.append(("TORCH_CUDA_ARCH_LIST", arch))
@@ -287,7 +298,7 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     )
 
 
-def _arch_list(version: str, release: FeedstockRelease, cuda: str | None, arch_list: str | None) -> str:
+def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: str | None) -> str:
     if cuda is None:
         if arch_list:
             raise UsageError("--arch-list applies to CUDA builds only", "leave --arch-list out for cpu")
@@ -299,12 +310,12 @@ def _arch_list(version: str, release: FeedstockRelease, cuda: str | None, arch_l
     if versions.parse(cuda) < versions.parse(minimum):
         raise UsageError(f"PyTorch {version} needs CUDA {minimum} or newer, not {cuda}", f"use --cuda {minimum} or newer")
     if arch_list is None:
-        if cuda not in release.arch_list:
+        if cuda not in jobs.arch_list:
             raise UsageError(
                 f"conda-forge never built PyTorch {version} for CUDA {cuda}, so there is no arch list to follow",
                 "give one with --arch-list, e.g. --arch-list '7.0;8.6'; the feedstock's: "
-                + "; ".join(f"CUDA {c}: {a.value}" for c, a in release.arch_list.items()))
-        return release.arch_list[cuda].value
+                + "; ".join(f"CUDA {c}: {a.value}" for c, a in jobs.arch_list.items()))
+        return jobs.arch_list[cuda].value
     accepted = tables.load().arch_set(cuda)
     wrong = [a for a in arch_list.split(";") if not a or (accepted is not None and a.split("+")[0] not in accepted)]
     if wrong:
@@ -323,16 +334,16 @@ def _compiler_version(feedstock: str, cuda: str | None) -> tuple[str, str | None
     return feedstock, None
 
 
-def reference_cuda(release: FeedstockRelease, cuda: str | None) -> str | None:
+def reference_cuda(jobs: PlatformJobs, cuda: str | None) -> str | None:
     """The feedstock CUDA job a CUDA follows: itself where conda-forge built it, else the newest of the same major,
     else the nearest."""
-    if cuda is None or cuda in release.cuda:
+    if cuda is None or cuda in jobs.cuda:
         return cuda
-    major = [c for c in release.cuda if c.split(".")[0] == cuda.split(".")[0]]
+    major = [c for c in jobs.cuda if c.split(".")[0] == cuda.split(".")[0]]
     if major:
         return max(major, key=versions.parse)
-    older = versions.parse(cuda) < versions.parse(min(release.cuda, key=versions.parse))
-    return min(release.cuda, key=versions.parse) if older else max(release.cuda, key=versions.parse)
+    older = versions.parse(cuda) < versions.parse(min(jobs.cuda, key=versions.parse))
+    return min(jobs.cuda, key=versions.parse) if older else max(jobs.cuda, key=versions.parse)
 
 
 def _applies(row: Row | EnvRow, accel: Accel, blas: Blas, reference: str | None) -> bool:
@@ -344,12 +355,11 @@ def _format(text: str, fields: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), text)
 
 
-def _output(release: FeedstockRelease, name: str, accel: Accel, blas: Blas, reference: str | None,
+def _output(jobs: PlatformJobs, name: str, ours: set[str], accel: Accel, blas: Blas, reference: str | None,
             fields: dict[str, str], marker: str) -> Output:
-    ours = set(release.outputs(accel))
     requirements: dict[str, tuple[str, ...]] = {}
     for key in OUTPUT_KEYS:
-        specs = [_mark(_format(r.spec, fields), ours, blas, marker) for r in release.recipe.requirements
+        specs = [_mark(_format(r.spec, fields), ours, blas, marker) for r in jobs.recipe.requirements
                  if r.output == name and r.key == key and _applies(r, accel, blas, reference)]
         requirements[key] = tuple(dict.fromkeys(specs))
     word = f"cuda{fields['cuda_nodot']}" if accel == "cuda" else "cpu"
@@ -449,7 +459,8 @@ def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, pl
     if release is None:
         raise UsageError(f"--flavour conda-forge has no facts for PyTorch {version}",
                          f"pick one of {', '.join(table.releases)}, or use --flavour official")
-    accels = split_list(cuda) or [*release.cuda, "cpu"]
+    accels = split_list(cuda) or [*release.platforms[platform or "linux-64"].cuda, "cpu"] \
+        if (platform or "linux-64") in release.platforms else ["cpu"]
     for accel in accels:
         if accel != "cpu" and not re.fullmatch(r"\d+\.\d+", accel):
             raise UsageError(f"--cuda expects X.Y or cpu, got {accel!r}", "for example --cuda 12.9,cpu")
