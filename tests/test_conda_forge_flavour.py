@@ -363,3 +363,22 @@ def test_build_says_it_does_not_build_the_flavour_yet_and_what_would_work(
     assert main(["build", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--out", str(tmp_path / "ch")]) == 2
     assert "render it with `torchforge render --flavour conda-forge" in capsys.readouterr().err.replace("\n", " ")
     assert not (tmp_path / "ch").exists()
+
+
+def test_each_python_reuses_libtorchs_cmake_cache_with_only_pythons_version_changed(tmp_path: Path) -> None:
+    """The pytorch step of build.sh, run by bash on a CMake cache like libtorch's: the Python 3.12 entries name
+    the Python now building, other versions stay."""
+    import subprocess
+    import sys
+
+    script = conda_forge.recipe_files(conda_forge.plan("2.9.1", "linux-64", "cpu"), SOURCE)["build.sh"]
+    step = script[script.index("  pytorch)"):script.index('"$PYTHON" -m pip install')].split("\n", 1)[1]
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "CMakeCache.txt.libtorch").write_text(
+        "Python_EXECUTABLE:FILEPATH=/p/bin/python3.12\nPYTHON_VERSION_LIST:STRING=3;12\n"
+        "Python_SOABI:STRING=cpython-312-x86_64-linux-gnu\nCUDNN_VERSION:STRING=9.3.12\n")
+    subprocess.run(["bash", "-c", step], cwd=tmp_path, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}, check=True)
+    xy = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert (tmp_path / "build" / "CMakeCache.txt").read_text() == (
+        f"Python_EXECUTABLE:FILEPATH=/p/bin/python{xy}\nPYTHON_VERSION_LIST:STRING={xy.replace('.', ';')}\n"
+        f"Python_SOABI:STRING=cpython-{xy.replace('.', '')}-x86_64-linux-gnu\nCUDNN_VERSION:STRING=9.3.12\n")

@@ -235,6 +235,12 @@ class CondaForgeRecipe:
                 f"arch_list={self.arch_list};blas={self.blas};build={self.build_number}")
 
     @property
+    def libtorch_python(self) -> str:
+        """The Python libtorch is built against once (its host's `python X.Y`); each pytorch rebuilds the bindings."""
+        spec = next(s for s in self.outputs[0].requirements["host"] if s.split()[0] == "python")
+        return spec.split()[1]
+
+    @property
     def magma(self) -> str | None:
         """The MAGMA libtorch links: conda-forge's package in host (its run_exports bring libmagma at run time)."""
         return next((spec for spec in self.outputs[0].requirements["host"]
@@ -440,6 +446,7 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source) -> dict[str, str]:
         "metapackage": others[-1].name, "settings": recipe.settings, "conda_build_spec": conda_build_spec,
         "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
+        "libtorch_python": recipe.libtorch_python,
     }
     files = {name: render_template(f"conda_forge/{name}.j2", **fields)
              for name in ("meta.yaml", "conda_build_config.yaml", "build.sh")}

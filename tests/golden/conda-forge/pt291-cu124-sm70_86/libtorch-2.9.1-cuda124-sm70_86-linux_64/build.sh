@@ -68,6 +68,14 @@ case "$PKG_NAME" in
     done
     ;;
   pytorch)
+    # libtorch's tree is reused: its CMake cache names Python 3.12; point it at this Python so
+    # only the bindings compile again
+    py=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    # (only on the cache's Python lines: a CUDA or library version that happens to contain the same digits stays)
+    sed -e "/python/I s/3\.12/$py/g" \
+        -e "/python/I s/3;12/${py/./;}/g" \
+        -e "s/cpython-312/cpython-${py/./}/g" \
+        build/CMakeCache.txt.libtorch > build/CMakeCache.txt
     "$PYTHON" -m pip install . --no-deps --no-build-isolation -v
     # libtorch_python stays next to the other libraries so TorchConfig.cmake finds it
     cp "$SP_DIR"/torch/lib/libtorch_python.so "$PREFIX/lib/"
