@@ -30,12 +30,12 @@ def _pin(function: str):  # conda-build's Jinja functions, written back in the d
     return call
 
 
-def rendered_meta(files: dict[str, str]) -> dict:
+def rendered_meta(files: dict[str, str], pkg_hash: str = "HASH", conda_py: str = "312") -> dict:
     """meta.yaml as conda-build reads it: Jinja first (functions in the data's notation), then YAML."""
     text = jinja2.Template(files["meta.yaml"]).render(
         pin_subpackage=_pin("pin_subpackage"), pin_compatible=_pin("pin_compatible"),
         compiler=lambda lang: f"compiler {lang}", stdlib=lambda lang: f"stdlib {lang}",
-        PKG_HASH="HASH", CONDA_PY="312", torch_cuda_arch_list="ARCH")
+        PKG_HASH=pkg_hash, CONDA_PY=conda_py, torch_cuda_arch_list="ARCH")
     return YAML(typ="safe").load(text)
 
 
@@ -382,3 +382,70 @@ def test_each_python_reuses_libtorchs_cmake_cache_with_only_pythons_version_chan
     assert (tmp_path / "build" / "CMakeCache.txt").read_text() == (
         f"Python_EXECUTABLE:FILEPATH=/p/bin/python{xy}\nPYTHON_VERSION_LIST:STRING={xy.replace('.', ';')}\n"
         f"Python_SOABI:STRING=cpython-{xy.replace('.', '')}-x86_64-linux-gnu\nCUDNN_VERSION:STRING=9.3.12\n")
+
+
+# ---- the solver's choice ------------------------------------------------------------------------------------
+
+
+def channel_of_rendered_outputs(channel: Path, recipes: list[conda_forge.CondaForgeRecipe]) -> None:
+    """A local channel holding, for each recipe, a metadata-only package per output exactly as the rendered
+    meta.yaml describes it for Python 3.11 (name, build string, build number, run, run_constrained), next to
+    stand-ins named like conda-forge's packages for every run requirement."""
+    from tests.pkgfactory import make_package
+    from tests.stubchannel import stub_version
+    from torchforge.localchannel import index
+
+    stand_ins: set[str] = set()
+    for recipe in recipes:
+        meta = rendered_meta(conda_forge.recipe_files(recipe, SOURCE), pkg_hash="1234567", conda_py="311")
+        libtorch_string = meta["build"]["string"]
+        for output in meta["outputs"]:
+            fields = meta if output["name"] == "libtorch" else output
+            requirements = fields.get("requirements") or {}
+            string = fields["build"]["string"]
+            run = [str(s).replace("pin_subpackage libtorch exact", f"libtorch {recipe.version} {libtorch_string}")
+                   for s in requirements.get("run") or []]
+            run = ["python 3.11.*" if s == "python" else s for s in run]
+            make_package(channel / "linux-64", output["name"], recipe.version, string, depends=run,
+                         build_number=recipe.build_number, constrains=requirements.get("run_constrained") or [])
+            stand_ins.update(s for s in run if not s.startswith(("__", "libtorch ", "pytorch ")))
+    for spec in sorted(stand_ins):
+        name, version, build = stub_version(spec)
+        make_package(channel / "linux-64", name, version, (build or "0").replace("*", "") or "0")
+    make_package(channel / "noarch", "stand-in-noarch", "1.0", "0", subdir="noarch")
+    index(channel)
+
+
+def solve(channel: Path, specs: list[str], cuda_driver: str | None) -> dict[str, str]:
+    import asyncio
+
+    import rattler
+
+    virtual = [rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version(cuda_driver),
+                                             rattler.BuildString("0"))] if cuda_driver else []
+    virtual.append(rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"),
+                                                 rattler.BuildString("0")))
+    records = asyncio.run(rattler.solve([rattler.Channel(str(channel))], specs, platforms=["linux-64", "noarch"],
+                                        virtual_packages=virtual))
+    return {r.name.normalized: str(r.build) for r in records}
+
+
+def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackages_exclude_each_other(
+        tmp_path: Path) -> None:
+    recipes = [conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.11",)),
+               conda_forge.plan("2.9.1", "linux-64", "cpu", None, ("3.11",))]
+    channel_of_rendered_outputs(tmp_path / "channel", recipes)
+
+    no_gpu = solve(tmp_path / "channel", ["pytorch"], None)
+    assert no_gpu["pytorch"] == "cpu_mkl_torchforge_py311_h1234567_101"
+    assert no_gpu["libtorch"] == "cpu_mkl_torchforge_h1234567_101"
+    gpu = solve(tmp_path / "channel", ["pytorch"], "12.4")  # +200: preferred wherever __cuda is
+    assert gpu["pytorch"] == "cuda124_mkl_torchforge_py311_h1234567_301"
+    assert gpu["libtorch"] == "cuda124_mkl_torchforge_h1234567_301"
+    # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out
+    assert solve(tmp_path / "channel", ["pytorch", "pytorch-cpu"], "12.4")["pytorch"].startswith("cpu_mkl_torchforge_")
+    assert solve(tmp_path / "channel", ["pytorch-gpu"], "12.4")["pytorch"].startswith("cuda124_mkl_torchforge_")
+    import rattler.exceptions
+
+    with pytest.raises(rattler.exceptions.SolverError):
+        solve(tmp_path / "channel", ["pytorch-gpu"], None)  # the GPU build needs a driver (__cuda)
