@@ -48,6 +48,11 @@ def output_requirements(meta: dict) -> dict[str, dict[str, list[str]]]:
     return found
 
 
+# What torchforge's build.sh exports besides the feedstock's environment: the CUDA target folder (which the
+# feedstock sets without export), the job count, and the linker flags without --as-needed and -z now.
+TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "LDFLAGS")
+
+
 def exported(build_sh: str) -> dict[str, str]:
     pairs = {}
     for line in build_sh.splitlines():
@@ -113,7 +118,7 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
               if row.accel in (None, recipe.accel) and row.blas in (None, blas) and row.cuda in (None, cuda)}
     if cuda:
         wanted["TORCH_CUDA_ARCH_LIST"] = jobs.arch_list[cuda].value
-    assert {k: v for k, v in env.items() if k not in ("CUDA_TARGET", "MAX_JOBS")} == wanted
+    assert {k: v for k, v in env.items() if k not in TORCHFORGE_EXPORTS} == wanted
     # the activation variable carries the arch list (the feedstock's name where it has one)
     if cuda:
         variable = release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST"
@@ -449,3 +454,14 @@ def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackag
 
     with pytest.raises(rattler.exceptions.SolverError):
         solve(tmp_path / "channel", ["pytorch-gpu"], None)  # the GPU build needs a driver (__cuda)
+
+
+def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: Path) -> None:
+    import subprocess
+
+    script = conda_forge.recipe_files(conda_forge.plan("2.13.0", "linux-64", "13.0"), SOURCE)["build.sh"]
+    lines = [line for line in script.splitlines() if "LDFLAGS" in line and not line.startswith("#")]
+    flags = "-Wl,-O2 -Wl,--as-needed -Wl,-z,relro -Wl,-z,now -Wl,--disable-new-dtags"
+    done = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$LDFLAGS"'])], env={"LDFLAGS": flags},
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags"]

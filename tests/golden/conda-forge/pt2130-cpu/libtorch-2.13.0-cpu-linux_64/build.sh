@@ -31,6 +31,12 @@ export USE_MKLDNN=1
 export USE_CUDA=0
 export TORCH_CUDA_ARCH_LIST=''
 export MAX_JOBS="${MAX_JOBS:-$CPU_COUNT}"
+# conda-forge's compiler packages link with --as-needed, which drops MKL's sub-libraries, and with -z now, which
+# binds libcuda when a library loads, so `import torch` would need a driver: PyTorch wants neither
+# (conda-forge-peer.md §1.4 and §1.6)
+export LDFLAGS="${LDFLAGS:-}"
+LDFLAGS="${LDFLAGS//-Wl,--as-needed/}"
+export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 
 case "$PKG_NAME" in
   libtorch)

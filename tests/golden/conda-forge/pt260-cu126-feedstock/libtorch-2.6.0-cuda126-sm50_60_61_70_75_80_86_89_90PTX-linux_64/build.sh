@@ -44,6 +44,12 @@ export CUDA_VERSION=12.6
 export CMAKE_CUDA_FLAGS='-w -Xptxas -w'
 export TORCH_CUDA_ARCH_LIST='5.0;6.0;6.1;7.0;7.5;8.0;8.6;8.9;9.0+PTX'
 export MAX_JOBS="${MAX_JOBS:-$CPU_COUNT}"
+# conda-forge's compiler packages link with --as-needed, which drops MKL's sub-libraries, and with -z now, which
+# binds libcuda when a library loads, so `import torch` would need a driver: PyTorch wants neither
+# (conda-forge-peer.md §1.4 and §1.6)
+export LDFLAGS="${LDFLAGS:-}"
+LDFLAGS="${LDFLAGS//-Wl,--as-needed/}"
+export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 
 case "$PKG_NAME" in
   libtorch)
