@@ -8,6 +8,7 @@ templates in recipe_templates/conda_forge/. Pure: no files, no commands.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -231,8 +232,9 @@ class CondaForgeRecipe:
     @property
     def settings(self) -> str:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
-        return (f"flavour=conda-forge;feedstock={self.feedstock_commit[:12]};cuda={self.cuda or 'cpu'};"
-                f"arch_list={self.arch_list};blas={self.blas};build={self.build_number}")
+        return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
+                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
+                          sort_keys=True)
 
     @property
     def libtorch_python(self) -> str:
@@ -466,13 +468,14 @@ def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, pl
     if release is None:
         raise UsageError(f"--flavour conda-forge has no facts for PyTorch {version}",
                          f"pick one of {', '.join(table.releases)}, or use --flavour official")
-    accels = split_list(cuda) or [*release.platforms[platform or "linux-64"].cuda, "cpu"] \
-        if (platform or "linux-64") in release.platforms else ["cpu"]
+    platform = platform or "linux-64"
+    jobs = release.platforms.get(platform)  # an unknown subdir: plan() says which ones the flavour renders
+    accels = split_list(cuda) or [*(jobs.cuda if jobs else ()), "cpu"]
     for accel in accels:
         if accel != "cpu" and not re.fullmatch(r"\d+\.\d+", accel):
             raise UsageError(f"--cuda expects X.Y or cpu, got {accel!r}", "for example --cuda 12.9,cpu")
     if arch_list is not None and len([a for a in accels if a != "cpu"]) > 1:
         raise UsageError("--arch-list with several CUDA versions is ambiguous", "render one CUDA per --arch-list")
     pythons = tuple(split_list(python)) or None
-    return tuple(plan(version, platform or "linux-64", accel, arch_list if accel != "cpu" else None, pythons,
-                      build_number) for accel in accels)
+    return tuple(plan(version, platform, accel, arch_list if accel != "cpu" else None, pythons, build_number)
+                 for accel in accels)
