@@ -465,3 +465,24 @@ def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: 
     done = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$LDFLAGS"'])], env={"LDFLAGS": flags},
                           capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags"]
+
+
+def test_doctor_shows_the_flavour_and_its_channel_and_needs_conda_build(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+
+    machine_path = __import__("os").environ["PATH"]
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
+    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 9
+    captured = capsys.readouterr()
+    checks = {c["check"]: c for c in json.loads(captured.out)}
+    assert checks["channel"]["detail"].startswith("https://conda.anaconda.org/conda-forge")
+    assert checks["conda-build"]["ok"] is False and "conda-build is needed" in captured.err
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    monkeypatch.setenv("PATH", f"{tool.path_prefix}:/usr/bin:/bin" if tool.path_prefix else machine_path)
+    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0
+    assert {c["check"]: c for c in json.loads(capsys.readouterr().out)}["conda-build"]["detail"].startswith("conda-build 26.")

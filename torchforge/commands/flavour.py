@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from torchforge.console import err, out, warn
-from torchforge.errors import UsageError
+from torchforge.errors import PreflightError, UsageError
 from torchforge.flavours import conda_forge
 from torchforge.recipe import resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
@@ -61,3 +61,30 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
         table.add_row(r.id, ", ".join(f"{o.name} ({_shown(o.build_string)})" for o in r.outputs), str(r.build_number),
                       ",".join(r.pythons), r.magma or "-", f"{len(r.warnings)} warning(s)" if r.warnings else "")
     out.print(table)
+
+
+def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool) -> None:
+    """What the conda-forge flavour needs here: conda-build (it renders meta.yaml only) and conda-forge's channel."""
+    from torchforge.engines import conda_build
+
+    probe = conda_build.probe()
+    checks = [
+        {"check": "flavour", "ok": True, "detail": f"conda-forge: {len(recipes)} recipe(s), "
+                                                   + ", ".join(r.id for r in recipes)},
+        {"check": "channel", "ok": None, "detail": conda_forge.load().flavour.channel + " (every requirement)"},
+        {"check": "conda-build", "ok": probe.usable,
+         "detail": f"conda-build {probe.version}" if probe.usable else probe.reason},
+    ]
+    if json_output:
+        out.print_json(json.dumps(checks))
+    else:
+        table = Table(title="torchforge doctor, flavour conda-forge")
+        for column in ("check", "result", "detail"):
+            table.add_column(column, overflow="fold")
+        for check in checks:
+            result = "-" if check["ok"] is None else "[green]ok[/]" if check["ok"] else "[red]failed[/]"
+            table.add_row(str(check["check"]), result, str(check["detail"]))
+        out.print(table)
+    if not probe.usable:
+        raise PreflightError(f"conda-build is needed to build the conda-forge flavour's recipes: {probe.reason}",
+                             "install conda-build into a conda on PATH (`conda install -n base conda-build`)")
