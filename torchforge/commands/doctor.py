@@ -14,8 +14,7 @@ from torchforge.commands.options import (
 )
 from torchforge import config as site_config
 from torchforge.commands import flavour as flavour_commands
-from torchforge.flavours import Flavour, check as check_flavour
-from torchforge.flavours import conda_forge
+from torchforge.flavours import Flavour
 from torchforge import containers
 from torchforge.console import out
 from torchforge.preflight import report_table, run_preflight
@@ -47,9 +46,7 @@ def register(app: typer.Typer) -> None:
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         if flavour is Flavour.CONDA_FORGE:
-            if pytorch:
-                check_flavour(flavour, pytorch)
-            recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
+            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, build_number)
             flavour_commands.doctor(recipes, as_json)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)

@@ -10,11 +10,19 @@ from rich.table import Table
 
 from torchforge.console import err, out, warn
 from torchforge.errors import PreflightError, UsageError
-from torchforge.flavours import conda_forge
+from torchforge.flavours import Flavour, check, conda_forge
 from torchforge.recipe import resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
 
 UPSTREAM = "https://github.com/pytorch/pytorch"
+
+
+def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
+                       arch_list: str | None, build_number: int) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes a command line asks for; a release up to 2.5 is told to use the official flavour."""
+    if pytorch:
+        check(Flavour.CONDA_FORGE, pytorch)
+    return conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
 
 
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,

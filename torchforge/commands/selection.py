@@ -15,8 +15,7 @@ from torchforge.commands.options import (
 )
 from torchforge.commands import flavour as flavour_commands
 from torchforge.console import err, out, warn
-from torchforge.flavours import Flavour, check as check_flavour
-from torchforge.flavours import conda_forge
+from torchforge.flavours import Flavour
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
 
@@ -77,9 +76,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         if flavour is Flavour.CONDA_FORGE:
-            if pytorch:
-                check_flavour(flavour, pytorch)
-            recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
+            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, build_number)
             flavour_commands.print_matrix(recipes, as_json)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
@@ -106,9 +103,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         if flavour is Flavour.CONDA_FORGE:
-            if pytorch:
-                check_flavour(flavour, pytorch)
-            recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
+            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, build_number)
             flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [])
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
