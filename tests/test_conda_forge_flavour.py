@@ -189,6 +189,8 @@ def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
     (["--pytorch", "2.9.1", "--platform", "win-64"], "not win-64"),
     (["--pytorch", "2.9.1", "--format", "rattler-build"], "conda-build recipes only"),
     (["--pytorch", "2.9.1", "--cuda", "12.4,12.6", "--arch-list", "8.0"], "ambiguous"),
+    (["--pytorch", "2.9.1", "--jetson", "orin", "--env", "USE_NCCL=0"], "--jetson, --env apply to --flavour official only"),
+    (["--pytorch", "2.9.1", "--companions"], "--companions applies to --flavour official only"),
 ])
 def test_bad_requests_are_refused_with_what_would_work_and_write_nothing(
         args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

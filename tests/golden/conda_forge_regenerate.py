@@ -7,12 +7,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+from torchforge import data as tables
 from torchforge.flavours import conda_forge
 from torchforge.recipe import Source
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "conda-forge"
-UPSTREAM = "https://github.com/pytorch/pytorch.git"
 
 
 def cases() -> dict[str, dict[str, str]]:
@@ -22,7 +22,8 @@ def cases() -> dict[str, dict[str, str]]:
 def render_case(case: dict[str, str]) -> dict[str, dict[str, str]]:
     recipes = conda_forge.plan_selection(case["pytorch"], case["cuda"], case.get("python"), case.get("platform"),
                                          case.get("arch_list"), 0)
-    return {r.id: conda_forge.recipe_files(r, Source("git", UPSTREAM, f"v{r.version}")) for r in recipes}
+    upstream = tables.load().pytorch.defaults.source_url  # what `torchforge render` names without --source
+    return {r.id: conda_forge.recipe_files(r, Source("git", upstream, f"v{r.version}")) for r in recipes}
 
 
 def main() -> int:

@@ -46,7 +46,10 @@ def register(app: typer.Typer) -> None:
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
         if flavour is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, build_number)
+            recipes = flavour_commands.recipes_from_flags(
+                pytorch, cuda, python, platform, arch_list, build_number,
+                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--container": container,
+                 "--magma-only": magma_only, "--channel": channel})
             flavour_commands.doctor(recipes, as_json)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)

@@ -1,4 +1,4 @@
-"""`render --flavour conda-forge` and `matrix --flavour conda-forge`: the conda-forge flavour's commands."""
+"""`matrix`, `render` and `doctor` with `--flavour conda-forge`: the conda-forge flavour's side of the CLI."""
 
 from __future__ import annotations
 
@@ -8,18 +8,22 @@ from pathlib import Path
 
 from rich.table import Table
 
+from torchforge import data as tables
 from torchforge.console import err, out, warn
 from torchforge.errors import PreflightError, UsageError
 from torchforge.flavours import Flavour, check, conda_forge
 from torchforge.recipe import resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
 
-UPSTREAM = "https://github.com/pytorch/pytorch"
-
-
 def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
-                       arch_list: str | None, build_number: int) -> tuple[conda_forge.CondaForgeRecipe, ...]:
-    """The recipes a command line asks for; a release up to 2.5 is told to use the official flavour."""
+                       arch_list: str | None, build_number: int,
+                       official_only: dict[str, object] | None = None) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes a command line asks for; a release up to 2.5 is told to use the official flavour, and a flag
+    of the official flavour's (`official_only`: {flag: value}) is refused rather than ignored."""
+    given = [flag for flag, value in (official_only or {}).items() if value]
+    if given:
+        raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --flavour official only",
+                         "leave it out with --flavour conda-forge, or use --flavour official")
     if pytorch:
         check(Flavour.CONDA_FORGE, pytorch)
     return conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
@@ -31,7 +35,7 @@ def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt
         raise UsageError("--flavour conda-forge renders conda-build recipes only", "leave --format out")
     folders: dict[str, dict[str, str | bytes]] = {}
     for recipe in recipes:
-        where = resolve_source(source, UPSTREAM, f"v{recipe.version}")
+        where = resolve_source(source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
         files = conda_forge.recipe_files(recipe, dataclasses.replace(where, patches=tuple(p.name for p in patches)))
         folders[recipe.id] = {**files, **patch_files(patches)}
     written = write_folders(folders, out_dir, force=force)

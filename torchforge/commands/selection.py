@@ -76,7 +76,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         if flavour is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, build_number)
+            recipes = flavour_commands.recipes_from_flags(
+                pytorch, cuda, python, platform, arch_list, build_number,
+                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc})
             flavour_commands.print_matrix(recipes, as_json)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
@@ -103,7 +105,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         if flavour is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, build_number)
+            recipes = flavour_commands.recipes_from_flags(
+                pytorch, cuda, python, platform, arch_list, build_number,
+                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
+                 "--magma-patch": magma_patch, "--companions": companions})
             flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [])
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
