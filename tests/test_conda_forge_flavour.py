@@ -481,6 +481,7 @@ def test_doctor_shows_the_flavour_and_its_channel_and_needs_conda_build(
     captured = capsys.readouterr()
     checks = {c["check"]: c for c in json.loads(captured.out)}
     assert checks["channel"]["detail"].startswith("https://conda.anaconda.org/conda-forge")
+    assert checks["magma"]["detail"].startswith("libmagma from conda-forge")
     assert checks["conda-build"]["ok"] is False and "conda-build is needed" in captured.err
     tool = find_conda_tool()
     if tool is None:

@@ -84,6 +84,7 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool)
         {"check": "flavour", "ok": True, "detail": f"conda-forge: {len(recipes)} recipe(s), "
                                                    + ", ".join(r.id for r in recipes)},
         {"check": "channel", "ok": None, "detail": conda_forge.load().flavour.channel + " (every requirement)"},
+        {"check": "magma", "ok": None, "detail": conda_forge.load().flavour.magma},
         {"check": "conda-build", "ok": probe.usable,
          "detail": f"conda-build {probe.version}" if probe.usable else probe.reason},
     ]
