@@ -22,6 +22,7 @@ Values that differ between jobs become rows with accel / blas / cuda; specs get 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -49,6 +50,12 @@ class Feedstock:
     def show(self, commit: str, path: str) -> str | None:
         done = subprocess.run(["git", "-C", str(self.git_dir), "show", f"{commit}:{path}"], capture_output=True, text=True)
         return done.stdout if done.returncode == 0 else None
+
+    def sha256(self, commit: str, path: str) -> str:
+        """The checksum of one file at `commit` (what a recipe that downloads it must check)."""
+        blob = subprocess.run(["git", "-C", str(self.git_dir), "show", f"{commit}:{path}"], capture_output=True,
+                              check=True).stdout
+        return hashlib.sha256(blob).hexdigest()
 
     def listing(self, commit: str, folder: str) -> list[str]:
         return subprocess.run(["git", "-C", str(self.git_dir), "ls-tree", "--name-only", commit, folder + "/"],
@@ -229,6 +236,7 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
     env: dict[tuple[str, str, int], set[tuple[str, str, str | None]]] = {}
     arch: dict[str, tuple[str, int]] = {}
     outputs: dict[str, list[str]] = {}
+    patches: dict[tuple[str, int], set[tuple[str, str, str | None]]] = {}
     for cuda in [*cudas, None]:
         for blas in blases:
             accel = "cuda" if cuda else "cpu"
@@ -236,6 +244,8 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
             outputs.setdefault(accel, list(found))
             build = int(next(v for o in found.values() for v, _ in o.get("build/number", []))) if any(
                 "build/number" in o for o in found.values()) else 0
+            for path, line in found.get("libtorch", {}).get("source/patches", []):
+                patches.setdefault((path, line), set()).add((accel, blas, cuda))
             for output, keys in found.items():
                 for key in REQUIREMENT_KEYS:
                     for spec, line in keys.get(key, []):
@@ -261,7 +271,9 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
             "requirements": [dict(output=o, key=k, spec=s, line=n, **where(jobs, blases, several))
                              for (o, k, s, n), jobs in requirements.items()],
             "env": [dict(name=n, value=v, line=line, **where(jobs, blases, several))
-                    for (n, v, line), jobs in env.items()]}
+                    for (n, v, line), jobs in env.items()],
+            "patches": [dict(path=p, sha256=feedstock.sha256(commit, f"recipe/{p}"), line=line,
+                             **where(jobs, blases, several)) for (p, line), jobs in patches.items()]}
 
 
 def release_facts(feedstock: Feedstock, version: str, commit: str) -> tuple[dict[str, object], dict[str, dict]]:
@@ -335,6 +347,9 @@ def release_toml(version: str, commit: str, note: str, common: dict, platforms: 
         out += [f"[{table}.recipe]", "requirements = ["]
         for row in sorted(facts["requirements"], key=lambda r: (r["output"], r["key"], r["line"])):
             out.append(_row(row, ("output", "key", "spec", "accel", "blas", "cuda"), "recipe/meta.yaml"))
+        out += ["]", "patches = ["]
+        out += [_row(row, ("path", "sha256", "accel", "blas", "cuda"), "recipe/meta.yaml")
+                for row in sorted(facts["patches"], key=lambda r: r["line"])]
         out += ["]", "env = ["]
         out += [_row(row, ("name", "value", "accel", "blas", "cuda"), "recipe/build.sh")
                 for row in sorted(facts["env"], key=lambda r: r["line"])]

@@ -349,8 +349,42 @@ def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into
     folder = tmp_path / "out" / "libtorch-2.10.0-cpu-linux_64"
     assert (folder / "fix.patch").read_text() == patch.read_text()
     meta = rendered_meta({"meta.yaml": (folder / "meta.yaml").read_text()})
-    assert meta["source"]["patches"] == ["fix.patch"]
+    assert meta["source"] == [{"git_url": "https://github.com/pytorch/pytorch.git", "git_rev": "v2.10.0",
+                               "patches": ["fix.patch"]}]
     assert not any(p.suffix == ".patch" and p.name != "fix.patch" for p in folder.iterdir())
+
+
+def test_feedstock_patches_are_downloaded_at_the_release_commit_with_their_sha256_and_applied_once(
+        tmp_path: Path) -> None:
+    """--feedstock-patches: each patch of the job is a source entry (URL at the pinned commit, sha256 from the
+    data), and build.sh applies them once; the recipe carries no patch text. The apply step is run by bash on a
+    tree with a patch of the same layout."""
+    import subprocess
+
+    recipe = conda_forge.plan("2.6.0", "linux-aarch64", "12.6")
+    jobs = TABLE.releases["2.6.0"].platforms["linux-aarch64"]
+    files = conda_forge.recipe_files(recipe, SOURCE, feedstock_patches=True)
+    sources = rendered_meta(files)["source"][1:]
+    wanted = [p for p in jobs.recipe.patches if p.accel in (None, "cuda") and p.blas in (None, "generic")]
+    assert [s["sha256"] for s in sources] == [p.sha256 for p in wanted] and len(wanted) >= 15
+    assert all(s["url"] == f"https://raw.githubusercontent.com/conda-forge/pytorch-cpu-feedstock/"
+               f"{TABLE.releases['2.6.0'].commit}/recipe/{p.path}" for s, p in zip(sources, wanted))
+    assert any("duplicate-linker-script" in p.path for p in wanted)  # the aarch64 CUDA job's own patch
+    assert not any("duplicate-linker-script" in p for _, _, p in conda_forge.plan("2.6.0", "linux-64", "12.6").feedstock_patches)
+    assert "applies none of them" not in files["meta.yaml"]
+    assert "applies none of them" in conda_forge.recipe_files(recipe, SOURCE)["meta.yaml"]
+
+    script = files["build.sh"]
+    step = script[script.index("    if [ ! -e conda-forge-patches/.applied ]"):script.index('"$PYTHON" setup.py')]
+    first = wanted[0].path
+    (tmp_path / "cmake").mkdir()
+    (tmp_path / "cmake" / "x.txt").write_text("old\n")
+    (tmp_path / "conda-forge-patches" / first).parent.mkdir(parents=True)
+    (tmp_path / "conda-forge-patches" / first).write_text("--- a/cmake/x.txt\n+++ b/cmake/x.txt\n@@ -1 +1 @@\n-old\n+new\n")
+    only_first = "\n".join(line for line in step.splitlines() if "patch -p1" not in line or first in line)
+    for _ in range(2):  # the second run (the next Python's step) must not apply it again
+        subprocess.run(["bash", "-c", only_first], cwd=tmp_path, check=True, capture_output=True)
+    assert (tmp_path / "cmake" / "x.txt").read_text() == "new\n"
 
 
 @pytest.mark.parametrize("case", list(__import__("tests.golden.conda_forge_regenerate", fromlist=["cases"]).cases()))

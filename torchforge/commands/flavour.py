@@ -30,17 +30,18 @@ def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None
 
 
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
-           source: str | None, patches: list[Path]) -> None:
+           source: str | None, patches: list[Path], feedstock_patches: bool = False) -> None:
     if fmt is not RecipeFormat.CONDA_BUILD:
         raise UsageError("--flavour conda-forge renders conda-build recipes only", "leave --format out")
     folders: dict[str, dict[str, str | bytes]] = {}
     for recipe in recipes:
         where = resolve_source(source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
-        files = conda_forge.recipe_files(recipe, dataclasses.replace(where, patches=tuple(p.name for p in patches)))
+        files = conda_forge.recipe_files(recipe, dataclasses.replace(where, patches=tuple(p.name for p in patches)),
+                                         feedstock_patches=feedstock_patches)
         folders[recipe.id] = {**files, **patch_files(patches)}
     written = write_folders(folders, out_dir, force=force)
     for recipe in recipes:
-        for message in recipe.warnings:
+        for message in recipe.warnings_for(feedstock_patches):
             warn(f"{recipe.id}: {message}")
     for path in written:
         out.print(str(path))
@@ -58,7 +59,8 @@ def as_json(recipes: tuple[conda_forge.CondaForgeRecipe, ...]) -> list[dict[str,
         "id": r.id, "flavour": "conda-forge", "version": r.version, "platform": r.platform, "cuda": r.cuda or "cpu",
         "arch_list": r.arch_list, "blas": r.blas, "pythons": list(r.pythons), "build_number": r.build_number,
         "outputs": {o.name: _shown(o.build_string) for o in r.outputs}, "feedstock": r.feedstock_commit,
-        "channel": conda_forge.load().flavour.channel, "magma": r.magma, "warnings": list(r.warnings),
+        "channel": conda_forge.load().flavour.channel, "magma": r.magma,
+        "feedstock_patches": len(r.feedstock_patches), "warnings": list(r.warnings_for(False)),
     } for r in recipes]
 
 
@@ -71,7 +73,7 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
         table.add_column(column, overflow="fold")
     for r in recipes:
         table.add_row(r.id, ", ".join(f"{o.name} ({_shown(o.build_string)})" for o in r.outputs), str(r.build_number),
-                      ",".join(r.pythons), r.magma or "-", f"{len(r.warnings)} warning(s)" if r.warnings else "")
+                      ",".join(r.pythons), r.magma or "-", f"{len(r.warnings_for(False))} warning(s)")
     out.print(table)
 
 

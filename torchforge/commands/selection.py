@@ -15,6 +15,7 @@ from torchforge.commands.options import (
 )
 from torchforge.commands import flavour as flavour_commands
 from torchforge.console import err, out, warn
+from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
@@ -102,14 +103,21 @@ def register(app: typer.Typer) -> None:
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
         flavour: FlavourOpt = Flavour.OFFICIAL,
+        feedstock_patches: Annotated[bool, typer.Option(
+            "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
+                                        "at build time (pinned commit, sha256) and apply them.")] = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
+        if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
+            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
+                             "add --flavour conda-forge, or leave --feedstock-patches out")
         if flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
                  "--magma-patch": magma_patch, "--companions": companions})
-            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [])
+            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [],
+                                    feedstock_patches=feedstock_patches)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)

@@ -56,29 +56,40 @@ class CiSupport(FrozenModel):
     pins: tuple[Pin, ...]
 
 
-class Row(FrozenModel):
-    """One requirement of one output, where it applies (no accel / blas: everywhere)."""
+class JobFact(FrozenModel):
+    """A fact of some of the feedstock's jobs: where it applies (absent: every job) and its FILE:LINE."""
+
+    accel: Accel | None = None
+    blas: Blas | None = None
+    cuda: str | None = None  # where the feedstock builds several CUDAs and the fact is one's only
+    source: str
+
+
+class Row(JobFact):
+    """One requirement of one output."""
 
     output: str
     key: Literal["build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports"]
     spec: str
-    accel: Accel | None = None
-    blas: Blas | None = None
-    cuda: str | None = None  # where the feedstock builds several CUDAs and this row is one's only
-    source: str
 
 
-class EnvRow(FrozenModel):
+class EnvRow(JobFact):
+    """One variable build.sh exports."""
+
     name: str
     value: str
-    accel: Accel | None = None
-    blas: Blas | None = None
-    cuda: str | None = None
-    source: str
+
+
+class PatchFile(JobFact):
+    """One source patch the feedstock applies: its path in the feedstock's recipe/ and its checksum."""
+
+    path: str
+    sha256: str
 
 
 class RecipeFacts(FrozenModel):
     requirements: tuple[Row, ...]
+    patches: tuple[PatchFile, ...]
     env: tuple[EnvRow, ...]
 
 
@@ -126,6 +137,7 @@ class FeedstockRelease(FrozenModel):
 class FlavourSettings(FrozenModel):
     marker: str
     channel: str
+    feedstock_files: str  # where a recipe downloads one of the feedstock's files: {commit} and {path} filled in
     blas: dict[str, Blas]
     blas_source: str
     omitted_outputs: dict[str, str]
@@ -176,7 +188,9 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
             if "cpu" not in jobs.ci_support:
                 problems.append(f"{where}.platforms.{platform}.ci_support lacks the cpu job")
             cited += [*(a.source for a in jobs.arch_list.values()), *(r.source for r in jobs.recipe.requirements),
-                      *(e.source for e in jobs.recipe.env)]
+                      *(e.source for e in jobs.recipe.env), *(p.source for p in jobs.recipe.patches)]
+            problems.extend(f"{where}.platforms.{platform}: patch {p.path} has no sha256" for p in jobs.recipe.patches
+                            if not re.fullmatch(r"[0-9a-f]{64}", p.sha256))
             problems.extend(f"{where}.platforms.{platform}: a requirement names unknown output {row.output!r}"
                             for row in jobs.recipe.requirements
                             if row.output not in (*release.outputs_cuda, *release.outputs_cpu))
@@ -214,6 +228,7 @@ class CondaForgeRecipe:
     variant_config: tuple[tuple[str, tuple[str, ...]], ...]
     activation_variable: str
     warnings: tuple[str, ...]
+    feedstock_patches: tuple[tuple[str, str, str], ...] = ()  # (URL, sha256, path) of each patch of this job
 
     @property
     def accel(self) -> Accel:
@@ -248,6 +263,17 @@ class CondaForgeRecipe:
         return next((spec for spec in self.outputs[0].requirements["host"]
                      if spec.split()[0] in ("libmagma-devel", "libmagma", "magma")), None)
 
+    @property
+    def unpatched_warning(self) -> str:
+        """What a recipe rendered without the feedstock's patches must say."""
+        release = load().releases[self.version]
+        return (f"conda-forge applies {release.patches.count} source patches to PyTorch {self.version} "
+                f"({release.patches.source} at {release.commit[:12]}); this recipe applies none of them unless "
+                "rendered with --feedstock-patches: a build may fail or differ where the feedstock needed one")
+
+    def warnings_for(self, feedstock_patches: bool) -> tuple[str, ...]:
+        return self.warnings if feedstock_patches else (self.unpatched_warning, *self.warnings)
+
     def output(self, name: str) -> Output:
         return next(o for o in self.outputs if o.name == name)
 
@@ -265,9 +291,7 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
         raise UsageError(f"--flavour conda-forge renders {' and '.join(PLATFORMS)}, not {platform}",
                          "use --platform linux-64 or linux-aarch64, or --flavour official")
     cuda = None if accel == "cpu" else accel
-    warnings = [f"conda-forge applies {release.patches.count} source patches to PyTorch {version} "
-                f"({release.patches.source} at {release.commit[:12]}); torchforge applies none of them (add your own "
-                "with --patch): a build may fail or differ where the feedstock needed one"]
+    warnings: list[str] = []
     blas = settings.blas[platform]
     jobs = release.platforms[platform]
     arch = _arch_list(version, jobs, cuda, arch_list)
@@ -297,12 +321,14 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     if cuda:
         env.append(("TORCH_CUDA_ARCH_LIST", arch))
     config = _variant_config(ci, chosen, blas, cuda, c_version, arch)
+    patches = tuple((settings.feedstock_files.format(commit=release.commit, path=f"recipe/{p.path}"), p.sha256, p.path)
+                    for p in jobs.recipe.patches if _applies(p, accel_key, blas, reference))
     return CondaForgeRecipe(
         version=version, platform=platform, cuda=cuda, arch_list=arch, blas=blas, pythons=tuple(chosen),
         build_number=build, feedstock_commit=release.commit, outputs=outputs, env=tuple(env),
         variant_config=config,
         activation_variable=release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST",
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), feedstock_patches=patches,
     )
 
 
@@ -354,7 +380,7 @@ def reference_cuda(jobs: PlatformJobs, cuda: str | None) -> str | None:
     return min(jobs.cuda, key=versions.parse) if older else max(jobs.cuda, key=versions.parse)
 
 
-def _applies(row: Row | EnvRow, accel: Accel, blas: Blas, reference: str | None) -> bool:
+def _applies(row: JobFact, accel: Accel, blas: Blas, reference: str | None) -> bool:
     return ((row.accel is None or row.accel == accel) and (row.blas is None or row.blas == blas)
             and (row.cuda is None or row.cuda == reference))
 
@@ -410,6 +436,9 @@ def header(recipe: CondaForgeRecipe) -> str:
 
 # ---- the recipe folder ------------------------------------------------------------------------------------
 
+# Where conda-build puts the downloaded feedstock patches, inside the source tree (their paths below it are the
+# feedstock's, e.g. patches/0001-....patch).
+PATCH_FOLDER = "conda-forge-patches"
 _JINJA_SPEC = re.compile(r"^(pin_subpackage|pin_compatible|compiler|stdlib) ([\w-]+)(?: (exact|x[.x]*))?$")
 
 
@@ -438,17 +467,21 @@ def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     return tuple(checks)
 
 
-def recipe_files(recipe: CondaForgeRecipe, source: Source) -> dict[str, str]:
-    """{file name: text} of the recipe folder (conda-build's meta.yaml; the other files it names)."""
+def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False) -> dict[str, str]:
+    """{file name: text} of the recipe folder (conda-build's meta.yaml; the other files it names). With
+    `feedstock_patches`, conda-build downloads the feedstock's patches of this job (pinned commit, sha256) and
+    build.sh applies them before building."""
     libtorch, *others = recipe.outputs
     fields = {
-        "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings,
+        "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings_for(feedstock_patches),
         "version": recipe.version, "source": source, "build_number": recipe.build_number, "cuda": recipe.cuda,
         "libtorch": libtorch, "others": others, "libtorch_checks": libtorch_checks(recipe),
         "metapackage": others[-1].name, "settings": recipe.settings, "conda_build_spec": conda_build_spec,
         "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python,
+        "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
+        "patch_folder": PATCH_FOLDER,
     }
     files = {name: render_template(f"conda_forge/{name}.j2", **fields)
              for name in ("meta.yaml", "conda_build_config.yaml", "build.sh")}
