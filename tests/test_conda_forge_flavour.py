@@ -240,6 +240,7 @@ def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(t
 # two arch lists (they must differ in the hash). One Python each: the per-Python outputs are the same template.
 RENDERED = [("2.6.0", "12.6", None), ("2.13.0", "13.0", None), ("2.13.0", "cpu", None),
             ("2.9.1", "12.4", "7.0;8.6"), ("2.9.1", "12.4", "8.0")]
+WITH_FEEDSTOCK_PATCHES = {("2.13.0", "cpu", None)}  # the patches as downloaded sources: conda-build takes the list
 
 
 def stand_in_specs(files: dict[str, str], own: set[str]) -> set[str]:
@@ -283,7 +284,8 @@ def conda_renders(tmp_path_factory: pytest.TempPathFactory):
     recipes, specs = {}, set()
     for version, accel, arch in RENDERED:
         recipe = conda_forge.plan(version, "linux-64", accel, arch, ("3.12",))
-        files = conda_forge.recipe_files(recipe, SOURCE)
+        files = conda_forge.recipe_files(recipe, SOURCE,
+                                         feedstock_patches=(version, accel, arch) in WITH_FEEDSTOCK_PATCHES)
         folder = root / "recipes" / recipe.id
         folder.mkdir(parents=True)
         for name, text in files.items():
