@@ -46,6 +46,7 @@ test: $(STAMP)  ## run the whole test suite
 goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate
 	$(BIN)/python -m tests.golden.ci_regenerate
+	$(BIN)/python -m tests.golden.conda_forge_regenerate
 
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench

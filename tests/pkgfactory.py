@@ -26,6 +26,8 @@ def make_package(
     fmt: str = ".conda",
     payload_bytes: int = 0,
     about_extra: dict[str, object] | None = None,
+    build_number: int = 0,
+    constrains: Sequence[str] = (),
 ) -> Path:
     """Build `<name>-<version>-<build><fmt>` in `out_dir` and return its path.
 
@@ -33,7 +35,8 @@ def make_package(
     """
     out_dir = out_dir.resolve()  # .tar.bz2 creation chdirs into the stage: the output must be absolute
     with tempfile.TemporaryDirectory(prefix="pkgfactory-") as tmp:
-        return _make(Path(tmp), out_dir, name, version, build, subdir, depends, fmt, payload_bytes, about_extra)
+        return _make(Path(tmp), out_dir, name, version, build, subdir, depends, fmt, payload_bytes, about_extra,
+                     build_number, constrains)
 
 
 def _make(
@@ -47,6 +50,8 @@ def _make(
     fmt: str,
     payload_bytes: int,
     about_extra: dict[str, object] | None = None,
+    build_number: int = 0,
+    constrains: Sequence[str] = (),
 ) -> Path:
     (stage / "info").mkdir(parents=True, exist_ok=True)
     (stage / "share" / name).mkdir(parents=True, exist_ok=True)
@@ -69,8 +74,9 @@ def _make(
         "name": name,
         "version": version,
         "build": build,
-        "build_number": 0,
+        "build_number": build_number,
         "depends": list(depends),
+        **({"constrains": list(constrains)} if constrains else {}),
         "license": "BSD-3-Clause",
         "subdir": subdir,
         "timestamp": int(time.time() * 1000),

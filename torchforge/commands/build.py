@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
@@ -21,6 +21,7 @@ from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
+from torchforge.flavours import Flavour
 from torchforge.preflight import checked_jobs, report_table, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.fileops import check_dir
@@ -116,8 +117,15 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
+        flavour: FlavourOpt = Flavour.OFFICIAL,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
+        if flavour is Flavour.CONDA_FORGE:
+            raise UsageError(
+                "torchforge build does not build the conda-forge flavour yet (one conda-build run makes libtorch, "
+                "every pytorch and the metapackage; the pipeline plans one package per build)",
+                "render it with `torchforge render --flavour conda-forge ...` and build a folder with "
+                "`conda build FOLDER -c conda-forge --override-channels`")
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
         if no_cache and cache is not None:

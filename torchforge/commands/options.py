@@ -12,6 +12,7 @@ import typer
 
 from torchforge.console import note
 from torchforge.errors import UsageError
+from torchforge.flavours import Flavour
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.resolve import default_release
 from torchforge.variant import Options, Selection, parse_env
@@ -28,6 +29,9 @@ EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build var
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
 MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or tarball (its version is read from it), or a URL of the release tarball.")]
+FlavourOpt = Annotated[Flavour, typer.Option(
+    "--flavour", help="Package shape: official (the pytorch channel's; the only one up to 2.5) or conda-forge "
+                      "(conda-forge's libtorch / pytorch / pytorch-gpu shape, 2.6 and newer).")]
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]

@@ -10,10 +10,13 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
+from torchforge.commands import flavour as flavour_commands
 from torchforge.console import err, out, warn
+from torchforge.errors import UsageError
+from torchforge.flavours import Flavour
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
 
@@ -70,8 +73,15 @@ def register(app: typer.Typer) -> None:
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
+        flavour: FlavourOpt = Flavour.OFFICIAL,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
+        if flavour is Flavour.CONDA_FORGE:
+            recipes = flavour_commands.recipes_from_flags(
+                pytorch, cuda, python, platform, arch_list, build_number,
+                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc})
+            flavour_commands.print_matrix(recipes, as_json)
+            return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
         render_plan = plan(selection)
         if as_json:
@@ -92,8 +102,23 @@ def register(app: typer.Typer) -> None:
         magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
+        flavour: FlavourOpt = Flavour.OFFICIAL,
+        feedstock_patches: Annotated[bool, typer.Option(
+            "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
+                                        "at build time (pinned commit, sha256) and apply them.")] = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
+        if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
+            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
+                             "add --flavour conda-forge, or leave --feedstock-patches out")
+        if flavour is Flavour.CONDA_FORGE:
+            recipes = flavour_commands.recipes_from_flags(
+                pytorch, cuda, python, platform, arch_list, build_number,
+                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
+                 "--magma-patch": magma_patch, "--companions": companions})
+            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [],
+                                    feedstock_patches=feedstock_patches)
+            return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)
         render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],

@@ -1,0 +1,387 @@
+"""Maintainer tool: read conda-forge/pytorch-cpu-feedstock's facts into torchforge/data/conda_forge.toml again.
+
+    python scripts/conda_forge_facts.py FEEDSTOCK_GIT_DIR            # exit 1 and say so if the table is stale
+    python scripts/conda_forge_facts.py FEEDSTOCK_GIT_DIR --write    # rewrite the [releases] part of the table
+
+FEEDSTOCK_GIT_DIR is a clone of github.com/conda-forge/pytorch-cpu-feedstock (a bare one will do); the script
+needs jinja2 and PyYAML. The releases
+and the commit each is read at come from the table itself ([releases."X.Y.Z"] commit and commit_note): to add a
+release, add those two keys for it and run with --write. Everything above the first [releases.] is kept.
+
+How the facts are read, per release, per subdir (linux-64: blas mkl and generic; linux-aarch64: generic, the
+sbsa job, as a native build) and per job (each CUDA of the subdir's .ci_support files, and cpu):
+- recipe/meta.yaml: the selectors are evaluated as conda-build does (they are Python expressions), then Jinja is
+  rendered with conda-build's functions replaced by markers (`pin_subpackage NAME exact` ...), keeping each
+  line's number; the build and requirements keys of every output are collected.
+- recipe/build.sh: the if/elif/else/case conditions on the path are run by bash with the job's variables, and
+  the `export NAME=VALUE` lines that run are kept (the last value of each name).
+The feedstock's selector and condition text is executed: read the revision before running this on it.
+Values that differ between jobs become rows with accel / blas / cuda; specs get placeholders ({version},
+{build}, {blas}, {cuda}, {cuda_nodot}, {py}) so one row serves every job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import jinja2
+import yaml
+
+TABLE = Path(__file__).resolve().parent.parent / "torchforge" / "data" / "conda_forge.toml"
+PLATFORMS = {"linux-64": ("mkl", "generic"), "linux-aarch64": ("generic",)}
+REQUIREMENT_KEYS = ("requirements/build", "requirements/host", "requirements/run", "requirements/run_constrained",
+                    "build/run_exports", "build/ignore_run_exports")
+# Exports that only adjust compiler flags or parallelism on the feedstock's CI: not a fact of the package.
+ENV_LEFT_OUT = {"CFLAGS", "CXXFLAGS", "LDFLAGS", "LDFLAGS_LD", "MAX_JOBS", "CMAKE_ARGS", "CMAKE_LIBRARY_PATH"}
+SELECTOR = re.compile(r"#\s*\[(.*)\]\s*$")
+Job = tuple[str | None, str]  # (CUDA X.Y or None, blas_impl)
+
+
+class Feedstock:
+    def __init__(self, git_dir: Path) -> None:
+        self.git_dir = git_dir
+
+    def show(self, commit: str, path: str) -> str | None:
+        done = subprocess.run(["git", "-C", str(self.git_dir), "show", f"{commit}:{path}"], capture_output=True, text=True)
+        return done.stdout if done.returncode == 0 else None
+
+    def sha256(self, commit: str, path: str) -> str:
+        """The checksum of one file at `commit` (what a recipe that downloads it must check)."""
+        blob = subprocess.run(["git", "-C", str(self.git_dir), "show", f"{commit}:{path}"], capture_output=True,
+                              check=True).stdout
+        return hashlib.sha256(blob).hexdigest()
+
+    def listing(self, commit: str, folder: str) -> list[str]:
+        return subprocess.run(["git", "-C", str(self.git_dir), "ls-tree", "--name-only", commit, folder + "/"],
+                              capture_output=True, text=True, check=True).stdout.split()
+
+
+def selector_names(platform: str, cuda: str | None, blas: str) -> dict[str, object]:
+    aarch64 = platform == "linux-aarch64"
+    return dict(linux=True, unix=True, win=False, osx=False, aarch64=aarch64, x86_64=not aarch64, ppc64le=False,
+                linux64=not aarch64, x86=not aarch64, arm64=False, megabuild=True, is_rc=False, py=312,
+                cuda_compiler_version=cuda or "None", cuda_compiler="cuda-nvcc" if cuda else "None",
+                blas_impl=blas, target_platform=platform, build_platform=platform,
+                arm_variant_type="sbsa" if aarch64 and cuda else "None")
+
+
+def meta_lines(text: str, platform: str, cuda: str | None, blas: str) -> list[tuple[int, str]]:
+    """(line number, text) of meta.yaml as conda-build sees it for one job: selectors applied, Jinja rendered."""
+    names = selector_names(platform, cuda, blas)
+    marked, in_tag = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        selector = SELECTOR.search(line)
+        if selector and not in_tag:
+            line = line[:selector.start()].rstrip() if eval(selector.group(1), {}, dict(names)) else ""
+        if not in_tag:
+            line = f"@@{number}@@{line}"  # survives Jinja, so every kept line keeps its number
+        opened = "{%" in line and "%}" not in line.split("{%", 1)[1]
+        in_tag = opened or (in_tag and "%}" not in line)
+        marked.append(line)
+    functions = dict(
+        compiler=lambda lang: f"compiler {lang}", stdlib=lambda lang: f"stdlib {lang}",
+        pin_subpackage=lambda name, exact=False, max_pin=None, **_: f"pin_subpackage {name} " + ("exact" if exact else str(max_pin)),
+        pin_compatible=lambda name, max_pin=None, **_: f"pin_compatible {name}" + (f" {max_pin}" if max_pin else ""))
+    rendered = jinja2.Environment(undefined=jinja2.DebugUndefined).from_string("\n".join(marked)).render(
+        **names, PKG_HASH="HASH", CONDA_PY="312", channel_targets="conda-forge main", c_stdlib="sysroot",
+        environ={}, **functions)
+    kept = []
+    for line in rendered.splitlines():
+        found = re.match(r"@@(\d+)@@(.*)$", line)
+        if not found:
+            continue
+        body = re.sub(r"@@\d+@@", "", found.group(2))
+        body = "" if body.strip().startswith("#") else re.sub(r"\s+#.*$", "", body)
+        if body.strip():
+            kept.append((int(found.group(1)), body.rstrip()))
+    return kept
+
+
+def outputs_of(lines: list[tuple[int, str]]) -> dict[str, dict[str, list[tuple[str, int]]]]:
+    """{output: {"requirements/run": [(spec, line)], "build/number": [...], ...}}; the top-level package is the
+    first output (conda-build's implicit one)."""
+    outputs: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    current: str | None = None
+    stack: list[tuple[int, str]] = []
+    for number, body in lines:
+        indent, text = len(body) - len(body.lstrip()), body.strip()
+        if indent == 0:
+            stack = [(0, text.split(":")[0])]
+            continue
+        if not text.startswith("- "):
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+        top = stack[0][1] if stack else None
+        if top == "package" and text.startswith("name:"):
+            current = text.split(":", 1)[1].strip()
+            outputs.setdefault(current, {})
+            continue
+        if top == "outputs" and indent == 2:
+            if text.startswith("- name:"):
+                current = text.split(":", 1)[1].strip()
+                outputs.setdefault(current, {})
+                stack = [(0, "outputs")]
+            continue
+        path = [key for _, key in (stack[1:] if top == "outputs" else stack)]
+        if text.startswith("- "):
+            outputs.setdefault(current or "", {}).setdefault("/".join(path), []).append((text[2:].strip(), number))
+        elif text.endswith(":"):
+            stack.append((indent, text[:-1]))
+        else:
+            key, _, value = text.partition(":")
+            outputs.setdefault(current or "", {}).setdefault("/".join([*path, key]), []).append((value.strip(), number))
+    return outputs
+
+
+def exported_env(text: str, platform: str, cuda: str | None, blas: str) -> dict[str, tuple[str, int]]:
+    """{NAME: (value, line)} of the exports build.sh runs for libtorch in one job."""
+    variables = {"PATH": "/usr/bin:/bin", "target_platform": platform, "build_platform": platform,
+                 "cuda_compiler_version": cuda or "None", "blas_impl": blas, "PKG_NAME": "libtorch",
+                 "OSTYPE": "linux-gnu", "arm_variant_type": "sbsa" if platform == "linux-aarch64" and cuda else "None",
+                 "c_compiler": "gcc", "CPU_COUNT": "4", "PREFIX": "/p", "SRC_DIR": "/s",
+                 "CONDA_BUILD_CROSS_COMPILATION": ""}
+
+    def holds(condition: str) -> bool:
+        return subprocess.run(["bash", "-c", condition], env=variables).returncode == 0
+
+    frames: list[dict[str, object]] = []  # one per open if or case: active (this branch runs), taken, word
+    exports: dict[str, tuple[str, int]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        text_ = line.strip()
+        running = all(frame["active"] for frame in frames)
+        branch = re.match(r"(if|elif) (.*?)(; then)?$", text_)
+        case = re.match(r"case (.*) in$", text_)
+        if not text_ or text_.startswith("#") or text_ in ("then", "do", "done") or re.match(r"(for|while) ", text_):
+            continue
+        if branch and branch.group(1) == "if":
+            taken = running and holds(branch.group(2))
+            frames.append({"active": taken, "taken": taken})
+        elif branch:
+            frame = frames[-1]
+            outer = all(f["active"] for f in frames[:-1])
+            taken = outer and not frame["taken"] and holds(branch.group(2))
+            frame.update(active=taken, taken=bool(frame["taken"]) or taken)
+        elif text_ == "else":
+            frames[-1].update(active=not frames[-1]["taken"], taken=True)
+        elif text_ in ("fi", "esac"):
+            frames.pop()
+        elif case:
+            word = subprocess.run(["bash", "-c", f"echo {case.group(1)}"], env=variables, capture_output=True,
+                                  text=True).stdout.strip()
+            frames.append({"active": False, "taken": False, "word": word})
+        elif frames and "word" in frames[-1] and re.match(r"^[^=\s(]+\)$", text_):
+            frame = frames[-1]
+            taken = not frame["taken"] and holds(f'case "{frame["word"]}" in {text_[:-1]}) exit 0;; esac; exit 1')
+            frame.update(active=taken, taken=bool(frame["taken"]) or taken)
+        elif text_ == ";;":
+            frames[-1]["active"] = False
+        elif (export := re.match(r"export ([A-Za-z_]\w*)=(.*)$", text_)) and running:
+            name, value = export.group(1), export.group(2)
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            if f"${name}" in value and name in exports and name not in ENV_LEFT_OUT:
+                value = value.replace(f"${name}", exports[name][0])  # an appended value: keep the whole of it
+            exports[name] = (value, number)
+    return exports
+
+
+def with_placeholders(spec: str, version: str, build: int, cuda: str | None, blas: str) -> str:
+    spec = spec.replace(version, "{version}").replace("_py312", "_py{py}")
+    if cuda:
+        spec = spec.replace("cuda" + cuda.replace(".", ""), "cuda{cuda_nodot}")
+        spec = re.sub(rf"^cuda-version {re.escape(cuda)}$", "cuda-version {cuda}", spec)
+    spec = re.sub(rf"(?<=[_*]){build}(?=$|\s)", "{build}", spec)
+    spec = re.sub(rf"_{blas}(?=[_*])", "_{blas}", spec)
+    return spec.replace("*mkl", "*{blas}") if blas == "mkl" else spec
+
+
+def ci_files(feedstock: Feedstock, commit: str, platform: str) -> tuple[dict[str, str], str]:
+    """({CUDA: .ci_support file}, the cpu job's file) of one subdir (blas mkl on linux-64; sbsa on aarch64)."""
+    prefix = ".ci_support/linux_64_blas_implmkl" if platform == "linux-64" else ".ci_support/linux_aarch64_"
+    names = [n for n in feedstock.listing(commit, ".ci_support") if n.startswith(prefix)
+             and "tegra" not in n and "c_stdlib_version2.34" not in n]  # tegra: Jetson's own job
+    cudas: dict[str, str] = {}
+    for name in names:
+        found = re.search(r"cuda_compiler_version([0-9.]+)", name)
+        if found:
+            cudas.setdefault(found.group(1), name)
+    return cudas, next(n for n in names if "cuda_compiler_versionNone" in n)
+
+
+def where(jobs: set[tuple[str, str, str | None]], blases: tuple[str, ...], several_cudas: bool) -> dict[str, str]:
+    """accel / blas / cuda of a row seen in `jobs` (left out where it holds for every job)."""
+    accels, blas_seen = {a for a, _, _ in jobs}, {b for _, b, _ in jobs}
+    cudas = {c for _, _, c in jobs if c}
+    found: dict[str, str] = {}
+    if accels != {"cuda", "cpu"}:
+        found["accel"] = next(iter(accels))
+    if blas_seen != set(blases):
+        found["blas"] = next(iter(blas_seen))
+    if accels == {"cuda"} and len(cudas) == 1 and several_cudas:
+        found["cuda"] = next(iter(cudas))
+    return found
+
+
+def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: str) -> dict[str, object]:
+    blases = PLATFORMS[platform]
+    cudas, cpu_file = ci_files(feedstock, commit, platform)
+    meta, build_sh = feedstock.show(commit, "recipe/meta.yaml") or "", feedstock.show(commit, "recipe/build.sh") or ""
+    requirements: dict[tuple[str, str, str, int], set[tuple[str, str, str | None]]] = {}
+    env: dict[tuple[str, str, int], set[tuple[str, str, str | None]]] = {}
+    arch: dict[str, tuple[str, int]] = {}
+    outputs: dict[str, list[str]] = {}
+    patches: dict[tuple[str, int], set[tuple[str, str, str | None]]] = {}
+    for cuda in [*cudas, None]:
+        for blas in blases:
+            accel = "cuda" if cuda else "cpu"
+            found = outputs_of(meta_lines(meta, platform, cuda, blas))
+            outputs.setdefault(accel, list(found))
+            build = int(next(v for o in found.values() for v, _ in o.get("build/number", []))) if any(
+                "build/number" in o for o in found.values()) else 0
+            for path, line in found.get("libtorch", {}).get("source/patches", []):
+                patches.setdefault((path, line), set()).add((accel, blas, cuda))
+            for output, keys in found.items():
+                for key in REQUIREMENT_KEYS:
+                    for spec, line in keys.get(key, []):
+                        row = (output, key.split("/")[1], with_placeholders(spec, version, build, cuda, blas), line)
+                        requirements.setdefault(row, set()).add((accel, blas, cuda))
+            for name, (value, line) in exported_env(build_sh, platform, cuda, blas).items():
+                if name in ENV_LEFT_OUT or "$(" in value:
+                    continue
+                if name == "TORCH_CUDA_ARCH_LIST" and cuda:
+                    arch[cuda] = (value, line)
+                    continue
+                value = "{cuda}" if name == "CUDA_VERSION" and value == "$cuda_compiler_version" else value
+                env.setdefault((name, value, line), set()).add((accel, blas, cuda))
+    several = len(cudas) > 1
+    ci = {}
+    host_names = {spec.split()[0].replace("-", "_") for (_, key, spec, _) in requirements if key == "host"}
+    for job, name in [*cudas.items(), ("cpu", cpu_file)]:
+        text = feedstock.show(commit, name) or ""
+        lines, values = text.splitlines(), yaml.safe_load(text)
+        line_of = {key: lines.index(f"{key}:") + 1 for key in values}
+        ci[job] = {"file": name, "line_of": line_of, "values": values, "host_names": host_names}
+    return {"cuda": list(cudas), "arch": arch, "ci": ci, "outputs": outputs,
+            "requirements": [dict(output=o, key=k, spec=s, line=n, **where(jobs, blases, several))
+                             for (o, k, s, n), jobs in requirements.items()],
+            "env": [dict(name=n, value=v, line=line, **where(jobs, blases, several))
+                    for (n, v, line), jobs in env.items()],
+            "patches": [dict(path=p, sha256=feedstock.sha256(commit, f"recipe/{p}"), line=line,
+                             **where(jobs, blases, several)) for (p, line), jobs in patches.items()]}
+
+
+def release_facts(feedstock: Feedstock, version: str, commit: str) -> tuple[dict[str, object], dict[str, dict]]:
+    meta = (feedstock.show(commit, "recipe/meta.yaml") or "").splitlines()
+    build_sh = (feedstock.show(commit, "recipe/build.sh") or "").splitlines()
+    files = feedstock.listing(commit, "recipe")
+
+    def line_where(pattern: str, lines: list[str] = meta) -> int:
+        return next(i for i, line in enumerate(lines, 1) if re.search(pattern, line))
+
+    base_line = line_where(r"^\{% set build = \d+ %\}")
+    triton_line = line_where(r"^\{% set triton = ")
+    patches_line = line_where(r"^\s*patches:\s*$")
+    indent = len(meta[patches_line - 1]) - len(meta[patches_line - 1].lstrip())
+    entries, last = 0, patches_line
+    for number in range(patches_line + 1, len(meta) + 1):
+        line = meta[number - 1]
+        if not line.strip() or (len(line) - len(line.lstrip()) <= indent and not line.lstrip().startswith("-")):
+            break
+        if line.lstrip().startswith("- "):
+            entries, last = entries + 1, number
+    activation = None
+    if "recipe/write_activation_json.py" in files:
+        activation = ("env_vars.d", f"recipe/build.sh:{line_where('write_activation_json.py', build_sh)}; "
+                                    "recipe/write_activation_json.py")
+    elif "recipe/activate.sh" in files:
+        script = (feedstock.show(commit, "recipe/activate.sh") or "").splitlines()
+        activation = ("activate.d", f"recipe/build.sh:{line_where('activate.*deactivate', build_sh)}; "
+                                    f"recipe/activate.sh:{line_where('export CF_TORCH_CUDA_ARCH_LIST=', script)}")
+    platforms = {p: platform_facts(feedstock, version, commit, p) for p in PLATFORMS}
+    common = {"build_number": (int(re.search(r"\d+", meta[base_line - 1]).group()), base_line),
+              "cuda_offset": line_where(r"set build = build \+ 200"), "mkl_offset": line_where(r"set build = build \+ 100"),
+              "triton": (re.search(r'"(.*)"', meta[triton_line - 1]).group(1), triton_line),
+              "patches": (entries, patches_line + 1, last), "activation": activation,
+              "outputs": platforms["linux-64"]["outputs"]}
+    return common, platforms
+
+
+def q(value: object) -> str:
+    return json.dumps(value)
+
+
+def release_toml(version: str, commit: str, note: str, common: dict, platforms: dict[str, dict]) -> str:
+    out = [f'[releases."{version}"]', f"commit = {q(commit)}", f"commit_note = {q(note)}",
+           f"build_number = {common['build_number'][0]}",
+           f'build_number_source = "recipe/meta.yaml:{common["build_number"][1]}"',
+           f'cuda_offset_source = "recipe/meta.yaml:{common["cuda_offset"]}"',
+           f'mkl_offset_source = "recipe/meta.yaml:{common["mkl_offset"]}"',
+           f"triton = {q(common['triton'][0])}", f'triton_source = "recipe/meta.yaml:{common["triton"][1]}"',
+           f'patches = {{ count = {common["patches"][0]}, source = "recipe/meta.yaml:{common["patches"][1]}-{common["patches"][2]}" }}',
+           f"outputs_cuda = {q(common['outputs']['cuda'])}", f"outputs_cpu = {q(common['outputs']['cpu'])}"]
+    if common["activation"]:
+        mechanism, source = common["activation"]
+        out.append(f'activation = {{ variable = "CF_TORCH_CUDA_ARCH_LIST", mechanism = {q(mechanism)}, source = {q(source)} }}')
+    for platform, facts in platforms.items():
+        table = f'releases."{version}".platforms."{platform}"'
+        out += [f"[{table}]", f"cuda = {q(facts['cuda'])}"]
+        out += [f'arch_list."{c}" = {{ value = {q(v)}, source = "recipe/build.sh:{n}" }}' for c, (v, n) in sorted(facts["arch"].items())]
+        for job, ci in facts["ci"].items():
+            name = ci["file"].split("/")[-1]
+            out += [f'[{table}.ci_support."{job}"]', f'file = {q(".ci_support/" + name)}']
+            for key in ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "python"):
+                if key in ci["values"]:
+                    raw = ci["values"][key]
+                    value = [str(v).split(".*")[0] for v in raw] if key == "python" else str(raw[0])
+                    out.append(f'{key} = {{ value = {q(value)}, source = "{name}:{ci["line_of"][key]}" }}')
+            out.append("pins = [")
+            out += [f'  {{ name = {q(k)}, value = {q(str(ci["values"][k][0]))}, source = "{name}:{ci["line_of"][k] + 1}" }},'
+                    for k in sorted(ci["values"]) if k in ci["host_names"] and k != "python"]
+            out.append("]")
+        out += [f"[{table}.recipe]", "requirements = ["]
+        for row in sorted(facts["requirements"], key=lambda r: (r["output"], r["key"], r["line"])):
+            out.append(_row(row, ("output", "key", "spec", "accel", "blas", "cuda"), "recipe/meta.yaml"))
+        out += ["]", "patches = ["]
+        out += [_row(row, ("path", "sha256", "accel", "blas", "cuda"), "recipe/meta.yaml")
+                for row in sorted(facts["patches"], key=lambda r: r["line"])]
+        out += ["]", "env = ["]
+        out += [_row(row, ("name", "value", "accel", "blas", "cuda"), "recipe/build.sh")
+                for row in sorted(facts["env"], key=lambda r: r["line"])]
+        out.append("]")
+    return "\n".join(out)
+
+
+def _row(row: dict, keys: tuple[str, ...], file: str) -> str:
+    return "  { " + ", ".join(f"{k} = {q(row[k])}" for k in keys if row.get(k) is not None) + f', source = "{file}:{row["line"]}" }},'
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print(__doc__)
+        return 2
+    feedstock, write = Feedstock(Path(argv[0])), "--write" in argv[1:]
+    text = TABLE.read_text(encoding="utf-8")
+    head = text[:re.search(r'^\[releases\."', text, re.MULTILINE).start()]
+    releases = tomllib.loads(text)["releases"]
+    body = "\n\n".join(release_toml(v, r["commit"], r["commit_note"], *release_facts(feedstock, v, r["commit"]))
+                       for v, r in releases.items())
+    new = head + body + "\n\n"
+    if write:
+        TABLE.write_text(new, encoding="utf-8")
+        print(f"wrote {TABLE}")
+        return 0
+    if new != text:
+        print(f"{TABLE} differs from the feedstock's facts: run with --write and review the diff")
+        return 1
+    print(f"{TABLE} matches the feedstock")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

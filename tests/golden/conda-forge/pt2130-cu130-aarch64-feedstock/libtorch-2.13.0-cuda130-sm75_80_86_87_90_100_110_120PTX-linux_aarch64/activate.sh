@@ -1,0 +1,6 @@
+# Rendered by torchforge 0.1.0 for libtorch-2.13.0-cuda130-sm75_80_86_87_90_100_110_120PTX-linux_aarch64 (flavour conda-forge, feedstock 74dd3d46ff0c). Re-render instead of editing.
+# Extensions built in this environment compile for the archs libtorch was built for.
+if [ -z "${CF_TORCH_CUDA_ARCH_LIST+x}" ]; then
+    export CF_TORCH_CUDA_ARCH_LIST='7.5;8.0;8.6;8.7;9.0;10.0;11.0;12.0+PTX'
+    export TORCHFORGE_CF_TORCH_CUDA_ARCH_LIST_SET=1
+fi

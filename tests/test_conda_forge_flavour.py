@@ -1,0 +1,527 @@
+"""The conda-forge flavour (torchforge/flavours/conda_forge.py): for every release 2.6-2.13 the rendered recipe,
+for the feedstock's own CUDA and arch list, matches conda-forge/pytorch-cpu-feedstock at that release value by
+value (torchforge/data/conda_forge.toml, each value with its commit:file:line); a CUDA and arch list conda-forge
+never built changes exactly the values that should change; bad requests are refused with what would work."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import jinja2
+import pytest
+from ruamel.yaml import YAML
+
+from torchforge.cli import main
+from torchforge.errors import UsageError
+from torchforge.flavours import conda_forge
+from torchforge.recipe import Source
+
+TABLE = conda_forge.load()
+RELEASES = list(TABLE.releases)
+SOURCE = Source("git", "https://github.com/pytorch/pytorch", "v0")
+KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports")
+
+
+def _pin(function: str):  # conda-build's Jinja functions, written back in the data's notation
+    def call(name: str, exact: bool = False, max_pin: str | None = None) -> str:
+        return f"{function} {name}" + (" exact" if exact else f" {max_pin}" if max_pin else "")
+    return call
+
+
+def rendered_meta(files: dict[str, str], pkg_hash: str = "HASH", conda_py: str = "312") -> dict:
+    """meta.yaml as conda-build reads it: Jinja first (functions in the data's notation), then YAML."""
+    text = jinja2.Template(files["meta.yaml"]).render(
+        pin_subpackage=_pin("pin_subpackage"), pin_compatible=_pin("pin_compatible"),
+        compiler=lambda lang: f"compiler {lang}", stdlib=lambda lang: f"stdlib {lang}",
+        PKG_HASH=pkg_hash, CONDA_PY=conda_py, torch_cuda_arch_list="ARCH")
+    return YAML(typ="safe").load(text)
+
+
+def output_requirements(meta: dict) -> dict[str, dict[str, list[str]]]:
+    found = {"libtorch": {**{k: meta["requirements"].get(k) or [] for k in KEYS[:4]},
+                          **{k: meta["build"].get(k) or [] for k in KEYS[4:]}}}
+    for output in meta["outputs"][1:]:
+        found[output["name"]] = {**{k: (output.get("requirements") or {}).get(k) or [] for k in KEYS[:4]},
+                                 **{k: output["build"].get(k) or [] for k in KEYS[4:]}}
+    return found
+
+
+# What torchforge's build.sh exports besides the feedstock's environment: the CUDA target folder (which the
+# feedstock sets without export), the job count, and the linker flags without --as-needed and -z now.
+TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "LDFLAGS")
+
+
+def exported(build_sh: str) -> dict[str, str]:
+    pairs = {}
+    for line in build_sh.splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export "):].partition("=")
+            pairs[name] = shlex.split(value)[0] if value else ""
+    return pairs
+
+
+def expected_specs(version: str, platform: str, output: str, key: str, cuda: str | None, build: int) -> list[str]:
+    """The feedstock's specs of one output, formatted for python 3.12 and the platform's BLAS, from the data."""
+    jobs = TABLE.releases[version].platforms[platform]
+    blas = TABLE.flavour.blas[platform]
+    accel = "cuda" if cuda else "cpu"
+    fields = {"version": version, "build": str(build), "blas": blas, "cuda_nodot": (cuda or "").replace(".", ""),
+              "cuda": cuda or "", "py": "312"}
+    specs = []
+    for row in jobs.recipe.requirements:
+        if row.output == output and row.key == key and row.accel in (None, accel) and row.blas in (None, blas) \
+                and row.cuda in (None, cuda):
+            specs.append(re.sub(r"\{(\w+)\}", lambda m: fields[m.group(1)], row.spec))
+    return list(dict.fromkeys(specs))
+
+
+def feedstock_cases() -> list[tuple[str, str, str]]:
+    return [(version, platform, accel) for version, release in TABLE.releases.items()
+            for platform, jobs in release.platforms.items() for accel in [*jobs.cuda, "cpu"]]
+
+
+@pytest.mark.parametrize(("version", "platform", "accel"), feedstock_cases())
+def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_value(
+        version: str, platform: str, accel: str) -> None:
+    release = TABLE.releases[version]
+    jobs = release.platforms[platform]
+    blas = TABLE.flavour.blas[platform]
+    cuda = None if accel == "cpu" else accel
+    recipe = conda_forge.plan(version, platform, accel)
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    meta = rendered_meta(files)
+    marker = TABLE.flavour.marker
+
+    # build number: the feedstock's, +200 for CUDA, +100 for MKL (meta.yaml lines cited in the data)
+    build = release.build_number + (200 if cuda else 0) + (100 if blas == "mkl" else 0)
+    assert meta["build"]["number"] == build == recipe.build_number
+    # outputs: the feedstock's, less the test-suite package torchforge does not render
+    names = [meta["package"]["name"], *(o["name"] for o in meta["outputs"][1:])]
+    assert names == [n for n in release.outputs(recipe.accel) if n not in TABLE.flavour.omitted_outputs]
+    assert [o["name"] for o in meta["outputs"]][0] == "libtorch"
+    # requirements of every output, with the torchforge marker the only difference
+    for output, found in output_requirements(meta).items():
+        for key in KEYS:
+            actual = [str(s).replace(f"_{marker}", "") for s in found[key]]
+            assert actual == expected_specs(version, platform, output, key, cuda, build), (output, key)
+    pytorch_run = output_requirements(meta)["pytorch"]["run"]
+    assert ("__cuda" in pytorch_run) == (cuda is not None)
+    # build strings: conda-forge's words plus the marker, never conda-forge's own string
+    word = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
+    assert meta["build"]["string"] == f"{word}_{blas}_{marker}_hHASH_{build}"
+    assert meta["outputs"][1]["build"]["string"] == f"{word}_{blas}_{marker}_py312_hHASH_{build}"
+    # the environment of build.sh: every export the feedstock makes for this job, with its value
+    env = exported(files["build.sh"])
+    wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in jobs.recipe.env
+              if row.accel in (None, recipe.accel) and row.blas in (None, blas) and row.cuda in (None, cuda)}
+    if cuda:
+        wanted["TORCH_CUDA_ARCH_LIST"] = jobs.arch_list[cuda].value
+    assert {k: v for k, v in env.items() if k not in TORCHFORGE_EXPORTS} == wanted
+    # the activation variable carries the arch list (the feedstock's name where it has one)
+    if cuda:
+        variable = release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST"
+        assert f"export {variable}='{jobs.arch_list[cuda].value}'" in files["activate.sh"]
+        assert f"cp \"$RECIPE_DIR/$stage.sh\"" in files["build.sh"]
+    else:
+        assert "activate.sh" not in files
+    # pins and compilers of the feedstock's job
+    config = YAML(typ="safe").load(files["conda_build_config.yaml"])
+    ci = jobs.ci_support[accel]
+    assert config["python"] == list(ci.python.value)
+    assert config["c_compiler_version"] == [ci.c_compiler_version.value]
+    assert {p.name: [p.value] for p in ci.pins}.items() <= config.items()
+    assert config["cuda_compiler_version"] == [cuda or "None"]
+
+
+def _values(version: str, accel: str, arch: str | None) -> dict[str, object]:
+    recipe = conda_forge.plan(version, "linux-64", accel, arch)
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    meta = rendered_meta(files)
+    values: dict[str, object] = {f"{o}.{k}": tuple(v) for o, reqs in output_requirements(meta).items() for k, v in reqs.items()}
+    values.update({f"env.{k}": v for k, v in exported(files["build.sh"]).items()})
+    values.update({f"config.{k}": tuple(v) for k, v in YAML(typ="safe").load(files["conda_build_config.yaml"]).items()})
+    values["build.number"] = meta["build"]["number"]
+    values.update({f"string.{o['name']}": o["build"]["string"] for o in meta["outputs"][1:]})
+    values["string.libtorch"] = meta["build"]["string"]
+    values["extra.cuda"] = meta["extra"]["cuda"]
+    values["activate"] = files["activate.sh"].split("\n", 1)[1]
+    return values
+
+
+def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_should_change() -> None:
+    feedstock = _values("2.9.1", "12.9", None)
+    custom = _values("2.9.1", "12.4", "7.0;8.6")
+    changed = {k for k in feedstock.keys() | custom.keys() if feedstock.get(k) != custom.get(k)}
+    assert changed == {
+        "libtorch.host", "pytorch.host",  # cuda-version 12.4
+        "libtorch.run_constrained",  # the pairing pin names the cuda124 build
+        "env.TORCH_CUDA_ARCH_LIST", "env.CUDA_VERSION", "activate",
+        "config.cuda_compiler_version", "config.torch_cuda_arch_list",
+        "config.c_compiler_version", "config.cxx_compiler_version",  # nvcc 12.4 takes GCC 13 at most
+        "string.libtorch", "string.pytorch", "string.pytorch-gpu", "extra.cuda",
+    }
+    assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.9" not in custom["libtorch.host"]
+    assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
+    assert custom["config.c_compiler_version"] == ("13",) and feedstock["config.c_compiler_version"] == ("14",)
+    assert custom["string.pytorch"] == "cuda124_mkl_torchforge_py312_hHASH_301"
+    assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_301" in custom["libtorch.run_constrained"]
+
+
+def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
+    assert RELEASES == ["2.6.0", "2.7.0", "2.7.1", "2.8.0", "2.9.0", "2.9.1", "2.10.0", "2.11.0", "2.12.0",
+                        "2.12.1", "2.13.0"]
+    assert conda_forge.check_invariants(TABLE) == []
+    for release in TABLE.releases.values():
+        assert re.fullmatch(r"[0-9a-f]{40}", release.commit)
+        assert set(release.platforms) == {"linux-64", "linux-aarch64"}
+        for jobs in release.platforms.values():
+            assert all(re.search(r":\d+", row.source) for row in jobs.recipe.requirements)
+            assert all(re.search(r":\d+", row.source) for row in jobs.recipe.env)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--pytorch", "2.5.1"], "releases up to 2.5 had official conda packages"),
+    (["--pytorch", "2.9.1", "--cuda", "12.4"], "no arch list to follow"),
+    (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "5.0;8.6"], "is not an arch nvcc 13.0 builds"),
+    (["--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.9"], "not 3.9"),
+    (["--pytorch", "2.9.1", "--platform", "win-64"], "not win-64"),
+    (["--pytorch", "2.9.1", "--format", "rattler-build"], "conda-build recipes only"),
+    (["--pytorch", "2.9.1", "--cuda", "12.4,12.6", "--arch-list", "8.0"], "ambiguous"),
+    (["--pytorch", "2.9.1", "--jetson", "orin", "--env", "USE_NCCL=0"], "--jetson, --env apply to --flavour official only"),
+    (["--pytorch", "2.9.1", "--companions"], "--companions applies to --flavour official only"),
+])
+def test_bad_requests_are_refused_with_what_would_work_and_write_nothing(
+        args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["render", "--flavour", "conda-forge", "--out", str(tmp_path / "out"), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "12.4,cpu",
+                 "--arch-list", "7.0;8.6", "--out", str(tmp_path)]) == 0
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert folders == ["libtorch-2.9.1-cpu-linux_64", "libtorch-2.9.1-cuda124-sm70_86-linux_64"]
+    cuda = tmp_path / folders[1]
+    assert sorted(p.name for p in cuda.iterdir()) == ["activate.sh", "build.sh", "conda_build_config.yaml",
+                                                       "deactivate.sh", "meta.yaml"]
+    assert (cuda / "build.sh").stat().st_mode & 0o111
+    capsys.readouterr()
+    assert main(["matrix", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--json"]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert [r["cuda"] for r in rows] == ["12.9", "13.0", "cpu"]
+    assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_pyXY",
+                                  "pytorch-gpu": "cuda129_mkl_torchforge"}
+    assert rows[0]["channel"] == "https://conda.anaconda.org/conda-forge"
+    assert rows[0]["magma"] == "libmagma-devel" and rows[2]["magma"] is None  # conda-forge's libmagma, CUDA only
+
+
+def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:
+    import subprocess
+    recipe = conda_forge.plan("2.13.0", "linux-64", "12.4", "7.0;8.6")
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    (tmp_path / "a.sh").write_text(files["activate.sh"])
+    (tmp_path / "d.sh").write_text(files["deactivate.sh"])
+    script = f". {tmp_path}/a.sh; echo \"$CF_TORCH_CUDA_ARCH_LIST\"; . {tmp_path}/d.sh; echo \"${{CF_TORCH_CUDA_ARCH_LIST-unset}}\""
+    lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    assert lines == ["7.0;8.6", "unset"]
+    kept = subprocess.run(["bash", "-c", f"export CF_TORCH_CUDA_ARCH_LIST=9.0; . {tmp_path}/a.sh; . {tmp_path}/d.sh; "
+                           "echo $CF_TORCH_CUDA_ARCH_LIST"], capture_output=True, text=True, check=True).stdout.split()
+    assert kept == ["9.0"]
+
+
+# ---- conda render (the real conda-build) ----------------------------------------------------------------
+
+# The oldest and newest release at the feedstock's CUDA, a CPU recipe, and one CUDA conda-forge never built with
+# two arch lists (they must differ in the hash). One Python each: the per-Python outputs are the same template.
+RENDERED = [("2.6.0", "12.6", None), ("2.13.0", "13.0", None), ("2.13.0", "cpu", None),
+            ("2.9.1", "12.4", "7.0;8.6"), ("2.9.1", "12.4", "8.0")]
+WITH_FEEDSTOCK_PATCHES = {("2.13.0", "cpu", None)}  # the patches as downloaded sources: conda-build takes the list
+
+
+def stand_in_specs(files: dict[str, str], own: set[str]) -> set[str]:
+    """What the stand-in channel must hold for conda-build to solve build and host of one recipe: every spec,
+    with conda_build_config's pins applied to bare names (conda-build does the same) and the compilers named as
+    conda-build resolves them (gcc_linux-64 X, sysroot_linux-64 Y, cuda-nvcc_linux-64 Z)."""
+    config = YAML(typ="safe").load(files["conda_build_config.yaml"])
+    compilers = {"c": ("gcc", "c_compiler_version"), "cxx": ("gxx", "cxx_compiler_version"),
+                 "cuda": ("cuda-nvcc", "cuda_compiler_version")}
+    specs = {"pip", *(f"python {p}" for p in config["python"])}
+    for requirements in output_requirements(rendered_meta(files)).values():
+        for spec in (str(s) for key in ("build", "host", "run") for s in requirements[key]):
+            fields = spec.split()
+            name = fields[0]
+            if name in own or name.startswith(("__", "pin_")):
+                continue
+            if name == "compiler":
+                package, key = compilers[fields[1]]
+                specs.add(f"{package}_linux-64 {config[key][0]}")
+            elif name == "stdlib":
+                specs.add(f"sysroot_linux-64 {config['c_stdlib_version'][0]}")
+            elif fields[1:] in ([], ["*"]) and name.replace("-", "_") in config:
+                version, *build = str(config[name.replace("-", "_")][0]).split()
+                specs.add(f"{name} {version.removesuffix('.*')}" + (f" 0_{build[0].lstrip('*')}" if build else ""))
+            elif len(fields) == 3 and fields[1] == "*":  # a build-string glob: a stand-in whose build matches it
+                specs.add(f"{name} 1.0 0{fields[2].strip('*')}")
+            elif name != "python":
+                specs.add(spec)
+    return specs
+
+
+@pytest.fixture(scope="module")
+def conda_renders(tmp_path_factory: pytest.TempPathFactory):
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from tests.stubchannel import make_stub_channel
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    root = tmp_path_factory.mktemp("cf-render")
+    recipes, specs = {}, set()
+    for version, accel, arch in RENDERED:
+        recipe = conda_forge.plan(version, "linux-64", accel, arch, ("3.12",))
+        files = conda_forge.recipe_files(recipe, SOURCE,
+                                         feedstock_patches=(version, accel, arch) in WITH_FEEDSTOCK_PATCHES)
+        folder = root / "recipes" / recipe.id
+        folder.mkdir(parents=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        recipes[(version, accel, arch)] = (recipe, folder)
+        specs |= stand_in_specs(files, {o.name for o in recipe.outputs})
+    make_stub_channel(root / "stubs", sorted(specs), ("linux-64",), runnable=False)
+    return tool, root, recipes
+
+
+def conda_render(conda_renders, case: tuple[str, str, str | None]) -> list[str]:
+    """The package names `conda render --output` plans for one recipe, checked against the planned build strings."""
+    from tests.condabuild import run_conda
+
+    tool, root, recipes = conda_renders
+    recipe, folder = recipes[case]
+    result = run_conda(tool, root / "conda", "render", str(folder), "--override-channels",
+                       "-c", f"file://{root / 'stubs'}", "--output")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    packages = [Path(line).name.removesuffix(".conda") for line in result.stdout.split() if line.endswith(".conda")]
+    word = f"cuda{recipe.cuda.replace('.', '')}" if recipe.cuda else "cpu"
+    meta_name = "pytorch-gpu" if recipe.cuda else "pytorch-cpu"
+    stem = rf"{re.escape(recipe.version)}-{word}_mkl_torchforge"
+    patterns = [rf"libtorch-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}",
+                rf"pytorch-{stem}_py312_h[0-9a-f]{{7}}_{recipe.build_number}",
+                rf"{meta_name}-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}"]
+    assert len(packages) == 3 and all(re.fullmatch(p, n) for p, n in zip(patterns, packages)), packages
+    return packages
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", RENDERED[:3], ids=[f"{v}-{a}" for v, a, _ in RENDERED[:3]])
+def test_conda_render_accepts_the_recipe_and_names_the_planned_packages(case, conda_renders) -> None:
+    conda_render(conda_renders, case)
+
+
+@pytest.mark.slow
+def test_a_custom_cuda_renders_and_two_arch_lists_give_two_packages(conda_renders) -> None:
+    """A torchforge build for another arch list is another package: the arch list is part of every hash."""
+    first, second = (conda_render(conda_renders, case) for case in RENDERED[3:])
+    assert all(a != b for a, b in zip(first, second))
+
+
+def test_aarch64_is_conda_forges_sbsa_job_with_generic_blas() -> None:
+    recipe = conda_forge.plan("2.13.0", "linux-aarch64", "13.0")
+    files = conda_forge.recipe_files(recipe, SOURCE)
+    assert recipe.blas == "generic" and recipe.build_number == TABLE.releases["2.13.0"].build_number + 200
+    env = exported(files["build.sh"])
+    assert env["CUDA_TARGET"] == "sbsa-linux" and env["USE_PRIORITIZED_TEXT_FOR_LD"] == "1"
+    assert "8.7" in env["TORCH_CUDA_ARCH_LIST"].split(";")  # Jetson Orin, on conda-forge's aarch64 CUDA 13 build
+    requirements = output_requirements(rendered_meta(files))
+    assert "nomkl" in requirements["pytorch"]["run"] and "arm-variant * sbsa" in requirements["libtorch"]["build"]
+    assert "8.7" not in conda_forge.plan("2.13.0", "linux-64", "13.0").arch_list.split(";")
+
+
+def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into_the_recipe(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.10.0", "--cuda", "cpu", "--patch", str(patch),
+                 "--out", str(tmp_path / "out")]) == 0
+    assert "conda-forge applies 18 source patches to PyTorch 2.10.0" in capsys.readouterr().err.replace("\n", " ")
+    folder = tmp_path / "out" / "libtorch-2.10.0-cpu-linux_64"
+    assert (folder / "fix.patch").read_text() == patch.read_text()
+    meta = rendered_meta({"meta.yaml": (folder / "meta.yaml").read_text()})
+    assert meta["source"] == [{"git_url": "https://github.com/pytorch/pytorch.git", "git_rev": "v2.10.0",
+                               "patches": ["fix.patch"]}]
+    assert not any(p.suffix == ".patch" and p.name != "fix.patch" for p in folder.iterdir())
+
+
+def test_feedstock_patches_are_downloaded_at_the_release_commit_with_their_sha256_and_applied_once(
+        tmp_path: Path) -> None:
+    """--feedstock-patches: each patch of the job is a source entry (URL at the pinned commit, sha256 from the
+    data), and build.sh applies them once; the recipe carries no patch text. The apply step is run by bash on a
+    tree with a patch of the same layout."""
+    import subprocess
+
+    recipe = conda_forge.plan("2.6.0", "linux-aarch64", "12.6")
+    jobs = TABLE.releases["2.6.0"].platforms["linux-aarch64"]
+    files = conda_forge.recipe_files(recipe, SOURCE, feedstock_patches=True)
+    sources = rendered_meta(files)["source"][1:]
+    wanted = [p for p in jobs.recipe.patches if p.accel in (None, "cuda") and p.blas in (None, "generic")]
+    assert [s["sha256"] for s in sources] == [p.sha256 for p in wanted] and len(wanted) >= 15
+    assert all(s["url"] == f"https://raw.githubusercontent.com/conda-forge/pytorch-cpu-feedstock/"
+               f"{TABLE.releases['2.6.0'].commit}/recipe/{p.path}" for s, p in zip(sources, wanted))
+    assert any("duplicate-linker-script" in p.path for p in wanted)  # the aarch64 CUDA job's own patch
+    assert not any("duplicate-linker-script" in p for _, _, p in conda_forge.plan("2.6.0", "linux-64", "12.6").feedstock_patches)
+    assert "applies none of them" not in files["meta.yaml"]
+    assert "applies none of them" in conda_forge.recipe_files(recipe, SOURCE)["meta.yaml"]
+
+    script = files["build.sh"]
+    step = script[script.index("    if [ ! -e conda-forge-patches/.applied ]"):script.index('"$PYTHON" setup.py')]
+    first = wanted[0].path
+    (tmp_path / "cmake").mkdir()
+    (tmp_path / "cmake" / "x.txt").write_text("old\n")
+    (tmp_path / "conda-forge-patches" / first).parent.mkdir(parents=True)
+    (tmp_path / "conda-forge-patches" / first).write_text("--- a/cmake/x.txt\n+++ b/cmake/x.txt\n@@ -1 +1 @@\n-old\n+new\n")
+    only_first = "\n".join(line for line in step.splitlines() if "patch -p1" not in line or first in line)
+    for _ in range(2):  # the second run (the next Python's step) must not apply it again
+        subprocess.run(["bash", "-c", only_first], cwd=tmp_path, check=True, capture_output=True)
+    assert (tmp_path / "cmake" / "x.txt").read_text() == "new\n"
+
+
+@pytest.mark.parametrize("case", list(__import__("tests.golden.conda_forge_regenerate", fromlist=["cases"]).cases()))
+def test_golden(case: str) -> None:
+    from tests.golden.conda_forge_regenerate import GOLDEN, cases, render_case
+
+    rendered = render_case(cases()[case])
+    assert sorted(rendered) == sorted(p.name for p in (GOLDEN / case).iterdir()), "run `make goldens` and review"
+    for folder, files in rendered.items():
+        assert sorted(files) == sorted(p.name for p in (GOLDEN / case / folder).iterdir())
+        for filename, content in files.items():
+            assert content == (GOLDEN / case / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
+
+
+def test_build_says_it_does_not_build_the_flavour_yet_and_what_would_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--out", str(tmp_path / "ch")]) == 2
+    assert "render it with `torchforge render --flavour conda-forge" in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "ch").exists()
+
+
+def test_each_python_reuses_libtorchs_cmake_cache_with_only_pythons_version_changed(tmp_path: Path) -> None:
+    """The pytorch step of build.sh, run by bash on a CMake cache like libtorch's: the Python 3.12 entries name
+    the Python now building, other versions stay."""
+    import subprocess
+    import sys
+
+    script = conda_forge.recipe_files(conda_forge.plan("2.9.1", "linux-64", "cpu"), SOURCE)["build.sh"]
+    step = script[script.index("  pytorch)"):script.index('"$PYTHON" -m pip install')].split("\n", 1)[1]
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "CMakeCache.txt.libtorch").write_text(
+        "Python_EXECUTABLE:FILEPATH=/p/bin/python3.12\nPYTHON_VERSION_LIST:STRING=3;12\n"
+        "Python_SOABI:STRING=cpython-312-x86_64-linux-gnu\nCUDNN_VERSION:STRING=9.3.12\n")
+    subprocess.run(["bash", "-c", step], cwd=tmp_path, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}, check=True)
+    xy = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert (tmp_path / "build" / "CMakeCache.txt").read_text() == (
+        f"Python_EXECUTABLE:FILEPATH=/p/bin/python{xy}\nPYTHON_VERSION_LIST:STRING={xy.replace('.', ';')}\n"
+        f"Python_SOABI:STRING=cpython-{xy.replace('.', '')}-x86_64-linux-gnu\nCUDNN_VERSION:STRING=9.3.12\n")
+
+
+# ---- the solver's choice ------------------------------------------------------------------------------------
+
+
+def channel_of_rendered_outputs(channel: Path, recipes: list[conda_forge.CondaForgeRecipe]) -> None:
+    """A local channel holding, for each recipe, a metadata-only package per output exactly as the rendered
+    meta.yaml describes it for Python 3.11 (name, build string, build number, run, run_constrained), next to
+    stand-ins named like conda-forge's packages for every run requirement."""
+    from tests.pkgfactory import make_package
+    from tests.stubchannel import stub_version
+    from torchforge.localchannel import index
+
+    stand_ins: set[str] = set()
+    for recipe in recipes:
+        meta = rendered_meta(conda_forge.recipe_files(recipe, SOURCE), pkg_hash="1234567", conda_py="311")
+        libtorch_string = meta["build"]["string"]
+        for output in meta["outputs"]:
+            fields = meta if output["name"] == "libtorch" else output
+            requirements = fields.get("requirements") or {}
+            string = fields["build"]["string"]
+            run = [str(s).replace("pin_subpackage libtorch exact", f"libtorch {recipe.version} {libtorch_string}")
+                   for s in requirements.get("run") or []]
+            run = ["python 3.11.*" if s == "python" else s for s in run]
+            make_package(channel / "linux-64", output["name"], recipe.version, string, depends=run,
+                         build_number=recipe.build_number, constrains=requirements.get("run_constrained") or [])
+            stand_ins.update(s for s in run if not s.startswith(("__", "libtorch ", "pytorch ")))
+    for spec in sorted(stand_ins):
+        name, version, build = stub_version(spec)
+        make_package(channel / "linux-64", name, version, (build or "0").replace("*", "") or "0")
+    make_package(channel / "noarch", "stand-in-noarch", "1.0", "0", subdir="noarch")
+    index(channel)
+
+
+def solve(channel: Path, specs: list[str], cuda_driver: str | None) -> dict[str, str]:
+    import asyncio
+
+    import rattler
+
+    virtual = [rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version(cuda_driver),
+                                             rattler.BuildString("0"))] if cuda_driver else []
+    virtual.append(rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"),
+                                                 rattler.BuildString("0")))
+    records = asyncio.run(rattler.solve([rattler.Channel(str(channel))], specs, platforms=["linux-64", "noarch"],
+                                        virtual_packages=virtual))
+    return {r.name.normalized: str(r.build) for r in records}
+
+
+def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackages_exclude_each_other(
+        tmp_path: Path) -> None:
+    recipes = [conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.11",)),
+               conda_forge.plan("2.9.1", "linux-64", "cpu", None, ("3.11",))]
+    channel_of_rendered_outputs(tmp_path / "channel", recipes)
+
+    no_gpu = solve(tmp_path / "channel", ["pytorch"], None)
+    assert no_gpu["pytorch"] == "cpu_mkl_torchforge_py311_h1234567_101"
+    assert no_gpu["libtorch"] == "cpu_mkl_torchforge_h1234567_101"
+    gpu = solve(tmp_path / "channel", ["pytorch"], "12.4")  # +200: preferred wherever __cuda is
+    assert gpu["pytorch"] == "cuda124_mkl_torchforge_py311_h1234567_301"
+    assert gpu["libtorch"] == "cuda124_mkl_torchforge_h1234567_301"
+    # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out
+    assert solve(tmp_path / "channel", ["pytorch", "pytorch-cpu"], "12.4")["pytorch"].startswith("cpu_mkl_torchforge_")
+    assert solve(tmp_path / "channel", ["pytorch-gpu"], "12.4")["pytorch"].startswith("cuda124_mkl_torchforge_")
+    import rattler.exceptions
+
+    with pytest.raises(rattler.exceptions.SolverError):
+        solve(tmp_path / "channel", ["pytorch-gpu"], None)  # the GPU build needs a driver (__cuda)
+
+
+def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: Path) -> None:
+    import subprocess
+
+    script = conda_forge.recipe_files(conda_forge.plan("2.13.0", "linux-64", "13.0"), SOURCE)["build.sh"]
+    lines = [line for line in script.splitlines() if "LDFLAGS" in line and not line.startswith("#")]
+    flags = "-Wl,-O2 -Wl,--as-needed -Wl,-z,relro -Wl,-z,now -Wl,--disable-new-dtags"
+    done = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$LDFLAGS"'])], env={"LDFLAGS": flags},
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags"]
+
+
+def test_doctor_shows_the_flavour_and_its_channel_and_needs_conda_build(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+
+    machine_path = __import__("os").environ["PATH"]
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
+    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 9
+    captured = capsys.readouterr()
+    checks = {c["check"]: c for c in json.loads(captured.out)}
+    assert checks["channel"]["detail"].startswith("https://conda.anaconda.org/conda-forge")
+    assert checks["magma"]["detail"].startswith("libmagma from conda-forge")
+    assert checks["conda-build"]["ok"] is False and "conda-build is needed" in captured.err
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    monkeypatch.setenv("PATH", f"{tool.path_prefix}:/usr/bin:/bin" if tool.path_prefix else machine_path)
+    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0
+    assert {c["check"]: c for c in json.loads(capsys.readouterr().out)}["conda-build"]["detail"].startswith("conda-build 26.")

@@ -1,0 +1,514 @@
+"""The conda-forge flavour's home: conda-forge's package shape of PyTorch 2.6+ (libtorch once per CUDA x arch
+list, pytorch per Python, the pytorch-gpu / pytorch-cpu metapackage), for any CUDA and arch list.
+
+The feedstock's facts are data (data/conda_forge.toml, each with its commit and file:line); this module checks
+them, plans one recipe per (release, platform, CUDA or cpu, arch list) and lays the recipe out with the
+templates in recipe_templates/conda_forge/. Pure: no files, no commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from torchforge import __version__, versions
+from torchforge import data as tables
+from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.errors import DataError, UsageError
+from torchforge.recipe import Source
+from torchforge.render import render_template, yaml_scalar
+from torchforge.variant import split_list
+
+Accel = Literal["cuda", "cpu"]
+Blas = Literal["mkl", "generic"]
+OUTPUT_KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports")
+PLATFORMS = {"linux-64": "x86_64-linux", "linux-aarch64": "sbsa-linux"}  # subdir -> CUDA target folder
+_SOURCE = re.compile(r"^[\w./-]+:\d+(-\d+)?(; .+)?$")
+
+
+class Cited(FrozenModel):
+    value: str
+    source: str
+
+
+class CitedList(FrozenModel):
+    value: tuple[str, ...]
+    source: str
+
+
+class Pin(FrozenModel):
+    name: str
+    value: str
+    source: str
+
+
+class CiSupport(FrozenModel):
+    """The feedstock's variant file of one CUDA (or cpu) job, blas_impl mkl."""
+
+    file: str
+    c_compiler_version: Cited
+    cxx_compiler_version: Cited
+    c_stdlib_version: Cited
+    python: CitedList
+    pins: tuple[Pin, ...]
+
+
+class JobFact(FrozenModel):
+    """A fact of some of the feedstock's jobs: where it applies (absent: every job) and its FILE:LINE."""
+
+    accel: Accel | None = None
+    blas: Blas | None = None
+    cuda: str | None = None  # where the feedstock builds several CUDAs and the fact is one's only
+    source: str
+
+
+class Row(JobFact):
+    """One requirement of one output."""
+
+    output: str
+    key: Literal["build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports"]
+    spec: str
+
+
+class EnvRow(JobFact):
+    """One variable build.sh exports."""
+
+    name: str
+    value: str
+
+
+class PatchFile(JobFact):
+    """One source patch the feedstock applies: its path in the feedstock's recipe/ and its checksum."""
+
+    path: str
+    sha256: str
+
+
+class RecipeFacts(FrozenModel):
+    requirements: tuple[Row, ...]
+    patches: tuple[PatchFile, ...]
+    env: tuple[EnvRow, ...]
+
+
+class Activation(FrozenModel):
+    variable: str
+    mechanism: Literal["activate.d", "env_vars.d"]
+    source: str
+
+
+class Patches(FrozenModel):
+    """The feedstock's source patches at a release: how many entries its meta.yaml lists, and where."""
+
+    count: int
+    source: str
+
+
+class PlatformJobs(FrozenModel):
+    """What the feedstock's jobs of one subdir build: CUDA versions, arch lists, variant files, requirements."""
+
+    cuda: tuple[str, ...]
+    arch_list: dict[str, Cited]
+    ci_support: dict[str, CiSupport]
+    recipe: RecipeFacts
+
+
+class FeedstockRelease(FrozenModel):
+    commit: str
+    commit_note: str
+    build_number: int
+    build_number_source: str
+    cuda_offset_source: str
+    mkl_offset_source: str
+    triton: str
+    triton_source: str
+    patches: Patches
+    outputs_cuda: tuple[str, ...]
+    outputs_cpu: tuple[str, ...]
+    activation: Activation | None = None
+    platforms: dict[str, PlatformJobs]
+
+    def outputs(self, accel: Accel) -> tuple[str, ...]:
+        return self.outputs_cuda if accel == "cuda" else self.outputs_cpu
+
+
+class FlavourSettings(FrozenModel):
+    marker: str
+    channel: str
+    feedstock_files: str  # where a recipe downloads one of the feedstock's files: {commit} and {path} filled in
+    blas: dict[str, Blas]
+    blas_source: str
+    omitted_outputs: dict[str, str]
+    magma: str
+
+
+class CondaForgeTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    flavour: FlavourSettings
+    releases: dict[str, FeedstockRelease]
+
+
+# The feedstock's build-number offsets: the solver prefers CUDA builds (+200) and MKL builds (+100) where they can
+# be installed. The offsets are the feedstock's; each release cites the lines that add them.
+CUDA_OFFSET = 200
+MKL_OFFSET = 100
+
+
+@cache
+def load() -> CondaForgeTable:
+    table = parse_table_as(CondaForgeTable, data_text("conda_forge"), "torchforge/data/conda_forge.toml")
+    problems = check_invariants(table)
+    if problems:
+        raise DataError("torchforge/data/conda_forge.toml is inconsistent:\n  - " + "\n  - ".join(problems))
+    return table
+
+
+def check_invariants(table: CondaForgeTable) -> list[str]:
+    problems: list[str] = []
+    toolkits = tables.load().cuda.toolkits
+    if set(table.flavour.blas) != set(PLATFORMS):
+        problems.append(f"conda_forge.toml flavour.blas must name exactly {', '.join(PLATFORMS)}")
+    for version, release in table.releases.items():
+        where = f"conda_forge.toml releases.{version}"
+        if not re.fullmatch(r"[0-9a-f]{40}", release.commit):
+            problems.append(f"{where}.commit is not a full git commit")
+        if set(release.platforms) != set(PLATFORMS):
+            problems.append(f"{where}.platforms must describe exactly {', '.join(PLATFORMS)}")
+        cited = [release.build_number_source, release.patches.source, release.cuda_offset_source,
+                 release.mkl_offset_source, release.triton_source]
+        for platform, jobs in release.platforms.items():
+            for cuda in jobs.cuda:
+                if cuda not in jobs.arch_list or cuda not in jobs.ci_support:
+                    problems.append(f"{where}.platforms.{platform}: CUDA {cuda} lacks its arch_list or ci_support entry")
+                if cuda not in toolkits:
+                    problems.append(f"{where}.platforms.{platform}: CUDA {cuda} is missing from cuda.toml")
+            if "cpu" not in jobs.ci_support:
+                problems.append(f"{where}.platforms.{platform}.ci_support lacks the cpu job")
+            cited += [*(a.source for a in jobs.arch_list.values()), *(r.source for r in jobs.recipe.requirements),
+                      *(e.source for e in jobs.recipe.env), *(p.source for p in jobs.recipe.patches)]
+            problems.extend(f"{where}.platforms.{platform}: patch {p.path} has no sha256" for p in jobs.recipe.patches
+                            if not re.fullmatch(r"[0-9a-f]{64}", p.sha256))
+            problems.extend(f"{where}.platforms.{platform}: a requirement names unknown output {row.output!r}"
+                            for row in jobs.recipe.requirements
+                            if row.output not in (*release.outputs_cuda, *release.outputs_cpu))
+        problems.extend(f"{where}: source {s!r} is not FILE:LINE" for s in cited if not _SOURCE.match(s))
+        for accel in ("cuda", "cpu"):
+            if release.outputs(accel)[:2] != ("libtorch", "pytorch"):  # type: ignore[arg-type]
+                problems.append(f"{where}: the {accel} outputs do not start with libtorch, pytorch")
+    return problems
+
+
+# ---- the plan of one recipe -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    build_string: str  # without the hash and build number: cuda124_mkl_torchforge / ..._py{{ CONDA_PY }}
+    requirements: dict[str, tuple[str, ...]]  # key -> specs, in the feedstock's order
+
+
+@dataclass(frozen=True)
+class CondaForgeRecipe:
+    """One conda-forge-flavoured recipe: libtorch once, pytorch per Python, the metapackage."""
+
+    version: str
+    platform: str
+    cuda: str | None
+    arch_list: str
+    blas: Blas
+    pythons: tuple[str, ...]
+    build_number: int
+    feedstock_commit: str
+    outputs: tuple[Output, ...]
+    env: tuple[tuple[str, str], ...]
+    variant_config: tuple[tuple[str, tuple[str, ...]], ...]
+    activation_variable: str
+    warnings: tuple[str, ...]
+    feedstock_patches: tuple[tuple[str, str, str], ...] = ()  # (URL, sha256, path) of each patch of this job
+
+    @property
+    def accel(self) -> Accel:
+        return "cuda" if self.cuda else "cpu"
+
+    @property
+    def tag(self) -> str:
+        """conda-forge's variant word (cuda129 / cpu)."""
+        return f"cuda{versions.nodot(self.cuda)}" if self.cuda else "cpu"
+
+    @property
+    def id(self) -> str:
+        arch = f"-sm{self.arch_list.replace(';', '_').replace('.', '').replace('+', '')}" if self.cuda else ""
+        return f"libtorch-{self.version}-{self.tag}{arch}-{self.platform.replace('-', '_')}"
+
+    @property
+    def settings(self) -> str:
+        """Everything that changed the binary: the reuse check and the package's `extra` record it."""
+        return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
+                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
+                          sort_keys=True)
+
+    @property
+    def libtorch_python(self) -> str:
+        """The Python libtorch is built against once (its host's `python X.Y`); each pytorch rebuilds the bindings."""
+        spec = next(s for s in self.outputs[0].requirements["host"] if s.split()[0] == "python")
+        return spec.split()[1]
+
+    @property
+    def magma(self) -> str | None:
+        """The MAGMA libtorch links: conda-forge's package in host (its run_exports bring libmagma at run time)."""
+        return next((spec for spec in self.outputs[0].requirements["host"]
+                     if spec.split()[0] in ("libmagma-devel", "libmagma", "magma")), None)
+
+    @property
+    def unpatched_warning(self) -> str:
+        """What a recipe rendered without the feedstock's patches must say."""
+        release = load().releases[self.version]
+        return (f"conda-forge applies {release.patches.count} source patches to PyTorch {self.version} "
+                f"({release.patches.source} at {release.commit[:12]}); this recipe applies none of them unless "
+                "rendered with --feedstock-patches: a build may fail or differ where the feedstock needed one")
+
+    def warnings_for(self, feedstock_patches: bool) -> tuple[str, ...]:
+        return self.warnings if feedstock_patches else (self.unpatched_warning, *self.warnings)
+
+    def output(self, name: str) -> Output:
+        return next(o for o in self.outputs if o.name == name)
+
+
+def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
+         pythons: tuple[str, ...] | None = None, build_number: int = 0) -> CondaForgeRecipe:
+    """The recipe of one release for one CUDA X.Y (or cpu) and arch list; defaults are the feedstock's."""
+    table = load()
+    settings = table.flavour
+    release = table.releases.get(version)
+    if release is None:
+        raise UsageError(f"--flavour conda-forge has no facts for PyTorch {version}",
+                         f"pick one of {', '.join(table.releases)}, or use --flavour official")
+    if platform not in PLATFORMS:
+        raise UsageError(f"--flavour conda-forge renders {' and '.join(PLATFORMS)}, not {platform}",
+                         "use --platform linux-64 or linux-aarch64, or --flavour official")
+    cuda = None if accel == "cpu" else accel
+    warnings: list[str] = []
+    blas = settings.blas[platform]
+    jobs = release.platforms[platform]
+    arch = _arch_list(version, jobs, cuda, arch_list)
+    reference = reference_cuda(jobs, cuda)
+    ci = jobs.ci_support[reference or "cpu"]
+    if cuda is not None and reference != cuda:
+        warnings.append(f"conda-forge never built PyTorch {version} for CUDA {cuda}: compilers, pins and CUDA-specific "
+                        f"settings follow its CUDA {reference} job ({ci.file})")
+    c_version, compiler_warning = _compiler_version(ci.c_compiler_version.value, cuda)
+    if compiler_warning:
+        warnings.append(compiler_warning)
+    known_pythons = ci.python.value
+    chosen = pythons or known_pythons
+    unknown = [p for p in chosen if p not in known_pythons]
+    if unknown:
+        raise UsageError(f"conda-forge built PyTorch {version} for Python {', '.join(known_pythons)}, not {', '.join(unknown)}",
+                         f"use --py with some of {','.join(known_pythons)} ({ci.file})")
+    build = release.build_number + build_number + (CUDA_OFFSET if cuda else 0) + (MKL_OFFSET if blas == "mkl" else 0)
+    accel_key: Accel = "cuda" if cuda else "cpu"
+    fields = {"version": version, "build": str(build), "blas": blas, "cuda_nodot": versions.nodot(cuda) if cuda else "",
+              "cuda": cuda or "", "py": "{{ CONDA_PY }}"}
+    ours = set(release.outputs(accel_key))
+    outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker)
+                    for name in release.outputs(accel_key) if name not in settings.omitted_outputs)
+    env = [(row.name, _format(row.value, fields)) for row in jobs.recipe.env
+           if _applies(row, accel_key, blas, reference)]
+    if cuda:
+        env.append(("TORCH_CUDA_ARCH_LIST", arch))
+    config = _variant_config(ci, chosen, blas, cuda, c_version, arch)
+    patches = tuple((settings.feedstock_files.format(commit=release.commit, path=f"recipe/{p.path}"), p.sha256, p.path)
+                    for p in jobs.recipe.patches if _applies(p, accel_key, blas, reference))
+    return CondaForgeRecipe(
+        version=version, platform=platform, cuda=cuda, arch_list=arch, blas=blas, pythons=tuple(chosen),
+        build_number=build, feedstock_commit=release.commit, outputs=outputs, env=tuple(env),
+        variant_config=config,
+        activation_variable=release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST",
+        warnings=tuple(warnings), feedstock_patches=patches,
+    )
+
+
+def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: str | None) -> str:
+    if cuda is None:
+        if arch_list:
+            raise UsageError("--arch-list applies to CUDA builds only", "leave --arch-list out for cpu")
+        return ""
+    toolkit = tables.load().cuda.toolkits.get(cuda)
+    if toolkit is None:
+        raise UsageError(f"CUDA {cuda} is unknown to torchforge", "use a CUDA X.Y that `torchforge doctor` lists")
+    minimum = tables.load().pytorch.releases[versions.minor(version)].min_cuda
+    if versions.parse(cuda) < versions.parse(minimum):
+        raise UsageError(f"PyTorch {version} needs CUDA {minimum} or newer, not {cuda}", f"use --cuda {minimum} or newer")
+    if arch_list is None:
+        if cuda not in jobs.arch_list:
+            raise UsageError(
+                f"conda-forge never built PyTorch {version} for CUDA {cuda}, so there is no arch list to follow",
+                "give one with --arch-list, e.g. --arch-list '7.0;8.6'; the feedstock's: "
+                + "; ".join(f"CUDA {c}: {a.value}" for c, a in jobs.arch_list.items()))
+        return jobs.arch_list[cuda].value
+    accepted = tables.load().arch_set(cuda)
+    wrong = [a for a in arch_list.split(";") if not a or (accepted is not None and a.split("+")[0] not in accepted)]
+    if wrong:
+        raise UsageError(f"--arch-list {arch_list!r}: {', '.join(wrong) or 'an empty entry'} is not an arch nvcc {cuda} builds",
+                         f"choose from {';'.join(accepted or ())}, separated by ';' (a last entry may end in +PTX)")
+    return arch_list
+
+
+def _compiler_version(feedstock: str, cuda: str | None) -> tuple[str, str | None]:
+    """The feedstock's GCC, unless nvcc of the requested CUDA refuses it (then the newest it accepts)."""
+    if cuda is None:
+        return feedstock, None
+    limit = tables.load().cuda.toolkits[cuda].max_gcc
+    if limit is not None and int(feedstock) > limit:
+        return str(limit), f"nvcc {cuda} accepts GCC {limit} at most: the compilers are GCC {limit}, not the feedstock's {feedstock}"
+    return feedstock, None
+
+
+def reference_cuda(jobs: PlatformJobs, cuda: str | None) -> str | None:
+    """The feedstock CUDA job a CUDA follows: itself where conda-forge built it, else the newest of the same major,
+    else the nearest."""
+    if cuda is None or cuda in jobs.cuda:
+        return cuda
+    major = [c for c in jobs.cuda if c.split(".")[0] == cuda.split(".")[0]]
+    if major:
+        return max(major, key=versions.parse)
+    older = versions.parse(cuda) < versions.parse(min(jobs.cuda, key=versions.parse))
+    return min(jobs.cuda, key=versions.parse) if older else max(jobs.cuda, key=versions.parse)
+
+
+def _applies(row: JobFact, accel: Accel, blas: Blas, reference: str | None) -> bool:
+    return ((row.accel is None or row.accel == accel) and (row.blas is None or row.blas == blas)
+            and (row.cuda is None or row.cuda == reference))
+
+
+def _format(text: str, fields: dict[str, str]) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), text)
+
+
+def _output(jobs: PlatformJobs, name: str, ours: set[str], accel: Accel, blas: Blas, reference: str | None,
+            fields: dict[str, str], marker: str) -> Output:
+    requirements: dict[str, tuple[str, ...]] = {}
+    for key in OUTPUT_KEYS:
+        specs = [_mark(_format(r.spec, fields), ours, blas, marker) for r in jobs.recipe.requirements
+                 if r.output == name and r.key == key and _applies(r, accel, blas, reference)]
+        requirements[key] = tuple(dict.fromkeys(specs))
+    word = f"cuda{fields['cuda_nodot']}" if accel == "cuda" else "cpu"
+    python = "_py{{ CONDA_PY }}" if name == "pytorch" else ""
+    return Output(name, f"{word}_{blas}_{marker}{python}", requirements)
+
+
+def _mark(spec: str, ours: set[str], blas: str, marker: str) -> str:
+    """A spec that pins one of this recipe's own packages by build string gets the marker after blas_impl, so a
+    torchforge libtorch pairs with a torchforge pytorch and never with conda-forge's."""
+    parts = spec.split()
+    if len(parts) == 3 and parts[0] in ours and f"_{blas}" in parts[2]:
+        parts[2] = parts[2].replace(f"_{blas}", f"_{blas}_{marker}", 1)
+    return " ".join(parts)
+
+
+def _variant_config(ci: CiSupport, pythons: tuple[str, ...] | list[str], blas: str, cuda: str | None,
+                    c_version: str, arch: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    config: list[tuple[str, tuple[str, ...]]] = [
+        ("python", tuple(pythons)),
+        ("blas_impl", (blas,)),
+        ("c_compiler", ("gcc",)),
+        ("cxx_compiler", ("gxx",)),
+        ("c_compiler_version", (c_version,)),
+        ("cxx_compiler_version", (c_version,)),
+        ("c_stdlib", ("sysroot",)),
+        ("c_stdlib_version", (ci.c_stdlib_version.value,)),
+        ("cuda_compiler", ("cuda-nvcc" if cuda else "None",)),
+        ("cuda_compiler_version", (cuda or "None",)),
+        ("torch_cuda_arch_list", (arch or "None",)),
+    ]
+    config.extend((pin.name, (pin.value,)) for pin in ci.pins)
+    return tuple(config)
+
+
+def header(recipe: CondaForgeRecipe) -> str:
+    return (f"Rendered by torchforge {__version__} for {recipe.id} (flavour conda-forge, feedstock "
+            f"{recipe.feedstock_commit[:12]}). Re-render instead of editing.")
+
+
+# ---- the recipe folder ------------------------------------------------------------------------------------
+
+# Where conda-build puts the downloaded feedstock patches, inside the source tree (their paths below it are the
+# feedstock's, e.g. patches/0001-....patch).
+PATCH_FOLDER = "conda-forge-patches"
+_JINJA_SPEC = re.compile(r"^(pin_subpackage|pin_compatible|compiler|stdlib) ([\w-]+)(?: (exact|x[.x]*))?$")
+
+
+def conda_build_spec(spec: str) -> str:
+    """One requirement in meta.yaml syntax: the data's `pin_subpackage libtorch exact` becomes conda-build's
+    Jinja call; any other spec is a YAML scalar."""
+    found = _JINJA_SPEC.match(spec)
+    if found is None:
+        return yaml_scalar(spec)
+    function, name, pin = found.groups()
+    argument = ", exact=True" if pin == "exact" else f", max_pin='{pin}'" if pin else ""
+    return "{{ " + f"{function}('{name}'{argument})" + " }}"
+
+
+def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
+    """The libtorch package's own test: its libraries, its CMake config and (CUDA) the activation variable."""
+    libs = ["c10", "shm", "torch", "torch_cpu", "torch_global_deps"]
+    if recipe.cuda:
+        libs += ["torch_cuda_linalg", "c10_cuda", "caffe2_nvrtc", "torch_cuda"]
+    checks = [f"test -f $PREFIX/lib/lib{lib}.so" for lib in libs]
+    checks.append("test -f $PREFIX/share/cmake/Torch/TorchConfig.cmake")
+    checks.append("test ! -e $PREFIX/lib/libtorch_python.so")
+    if recipe.cuda:
+        variable = recipe.activation_variable
+        checks.append(f'. $PREFIX/etc/conda/activate.d/libtorch-torchforge_activate.sh && test "${variable}" = "{recipe.arch_list}"')
+    return tuple(checks)
+
+
+def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False) -> dict[str, str]:
+    """{file name: text} of the recipe folder (conda-build's meta.yaml; the other files it names). With
+    `feedstock_patches`, conda-build downloads the feedstock's patches of this job (pinned commit, sha256) and
+    build.sh applies them before building."""
+    libtorch, *others = recipe.outputs
+    fields = {
+        "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings_for(feedstock_patches),
+        "version": recipe.version, "source": source, "build_number": recipe.build_number, "cuda": recipe.cuda,
+        "libtorch": libtorch, "others": others, "libtorch_checks": libtorch_checks(recipe),
+        "metapackage": others[-1].name, "settings": recipe.settings, "conda_build_spec": conda_build_spec,
+        "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
+        "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
+        "libtorch_python": recipe.libtorch_python,
+        "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
+        "patch_folder": PATCH_FOLDER,
+    }
+    files = {name: render_template(f"conda_forge/{name}.j2", **fields)
+             for name in ("meta.yaml", "conda_build_config.yaml", "build.sh")}
+    if recipe.cuda:
+        files.update({name: render_template(f"conda_forge/{name}.j2", **fields)
+                      for name in ("activate.sh", "deactivate.sh")})
+    return files
+
+
+def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
+                   arch_list: str | None, build_number: int) -> tuple[CondaForgeRecipe, ...]:
+    """Every recipe of a command line: one per CUDA (and cpu); default the newest release and all the feedstock's
+    CUDAs plus cpu; Pythons default to the feedstock's."""
+    table = load()
+    version = pytorch or max(table.releases, key=versions.parse)
+    release = table.releases.get(version)
+    if release is None:
+        raise UsageError(f"--flavour conda-forge has no facts for PyTorch {version}",
+                         f"pick one of {', '.join(table.releases)}, or use --flavour official")
+    platform = platform or "linux-64"
+    jobs = release.platforms.get(platform)  # an unknown subdir: plan() says which ones the flavour renders
+    accels = split_list(cuda) or [*(jobs.cuda if jobs else ()), "cpu"]
+    for accel in accels:
+        if accel != "cpu" and not re.fullmatch(r"\d+\.\d+", accel):
+            raise UsageError(f"--cuda expects X.Y or cpu, got {accel!r}", "for example --cuda 12.9,cpu")
+    if arch_list is not None and len([a for a in accels if a != "cpu"]) > 1:
+        raise UsageError("--arch-list with several CUDA versions is ambiguous", "render one CUDA per --arch-list")
+    pythons = tuple(split_list(python)) or None
+    return tuple(plan(version, platform, accel, arch_list if accel != "cpu" else None, pythons, build_number)
+                 for accel in accels)
