@@ -6,20 +6,23 @@ import time
 
 from bench import Row
 from torchforge import data as tables
+from torchforge import platforms
 from torchforge.render import RecipeFormat, plan, recipe_folders
 from torchforge.variant import Options, Selection
 from torchforge.versions import parse
 
 
 def official_selections() -> list[Selection]:
+    """Every official release's CUDA builds and Pythons, on Linux and Windows (each platform's own Python range:
+    PyTorch 1.4-1.5 had Python 3.5 on Linux only)."""
     selections = []
     for key, release in tables.load().pytorch.releases.items():
         if not release.conda_official:
             continue
-        low, high = (parse(v) for v in release.python)
-        pythons = [f"3.{m}" for m in range(low.minor, high.minor + 1)]
         cudas = [c for c, b in release.cuda.items() if b.conda] + ["cpu"]
         for platform in ("linux-64", "win-64"):
+            low, high = (parse(v) for v in platforms.get(platform).python_range(release, f"{key}.0"))
+            pythons = [f"3.{m}" for m in range(low.minor, high.minor + 1)]
             selections.append(Selection.from_flags(f"{key}.0", ",".join(cudas), ",".join(pythons), platform, Options()))
     return selections
 
