@@ -277,3 +277,17 @@ def test_a_local_magma_tree_is_identified_by_its_content(tmp_path: Path) -> None
     assert magma_build_string(f"{tree}/") == before
     (tree / "CMakeLists.txt").write_text("project(magma)\n")
     assert magma_build_string(str(tree)) != before
+
+
+def test_without_git_a_checkout_is_identified_by_its_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.cuda_standin import path_without
+    from torchforge import sourcestate
+
+    tree = tmp_path / "checkout"
+    shutil.copytree(FIXTURE, tree)
+    _git(tree, "init", "-q")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "one")
+    assert sourcestate.identity(str(tree)).startswith("git-tree:")
+    monkeypatch.setenv("PATH", path_without("git", tmp_path / "bin"))
+    assert sourcestate.identity(str(tree)) == f"sha256:{sourcestate.folder_digest(tree)}"

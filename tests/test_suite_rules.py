@@ -51,6 +51,8 @@ MACHINE_DEPENDENT = [
     "tests/test_preflight.py::test_a_complete_toolkit_and_cudnn_from_its_own_folders_pass",
     "tests/test_preflight.py::test_engine_auto_without_conda_is_the_embedded_rattler_build",
     "tests/test_preflight.py::test_no_nvidia_smi_is_not_a_problem_for_building",
+    "tests/test_doctor.py::test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas",
+    "tests/test_targets.py::test_token_lookup_order_and_repr",
 ]
 
 

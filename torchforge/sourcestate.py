@@ -16,9 +16,12 @@ import stat
 from pathlib import Path
 
 from torchforge.fileops import sha256_file
+from torchforge.errors import ToolMissingError
 from torchforge.proc import Command, Runner
 
+
 def identity(location: str) -> str:
+    """The identity string of a `--source` / `--magma-source` (see the module's docstring)."""
     path = Path(location).expanduser()
     if path.is_dir():
         return _git_state(path) or f"sha256:{folder_digest(path)}"
@@ -49,13 +52,13 @@ def _git_state(path: Path) -> str | None:
     a git work tree with a commit (no git, no repository, no HEAD yet, or a folder the repository ignores)."""
     try:
         code, prefix = _git(path, "rev-parse", "--show-prefix")
-    except Exception:  # git is not installed: the folder's content is its identity
+    except ToolMissingError:  # git is not installed: the folder's content is its identity
         return None
     if code != 0:
         return None
     prefix = prefix.strip()
     code, tree = _git(path, "rev-parse", "--verify", "--quiet", f"HEAD:{prefix}")
-    if code != 0 or len(tree.strip()) != 40:
+    if code != 0 or len(tree.strip()) not in (40, 64):  # a SHA-1 or SHA-256 object id
         return None  # no commit yet, or the folder has nothing committed (ignored or untracked as a whole)
     changes = hashlib.sha256()
     code, diff = _git(path, "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color", "--submodule=diff",
