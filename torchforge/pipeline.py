@@ -184,13 +184,13 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
 
 def _check_identity(artifact: Path, step: Step) -> None:
     """The built package must be exactly the planned name-version-build (and subdir)."""
-    from rattler import IndexJson
-
-    index = IndexJson.from_package_archive(artifact)
-    built = f"{index.name.normalized}-{index.version}-{index.build}"
-    if built != step.stem or index.subdir not in (step.subdir, "noarch"):
+    # Read without py-rattler: this process goes on after it (torchforge.rattlerchild says why that matters).
+    index = localchannel.info_json(artifact, "index.json")
+    built = f"{str(index.get('name', '')).lower()}-{index.get('version')}-{index.get('build')}"
+    subdir = index.get("subdir")
+    if built != step.stem or subdir not in (step.subdir, "noarch"):
         raise BuildFailedError(
-            f"{step.id}: the engine produced {built} ({index.subdir}), the plan says {step.stem} ({step.subdir})",
+            f"{step.id}: the engine produced {built} ({subdir}), the plan says {step.stem} ({step.subdir})",
             "the recipe or engine changed the build string: re-render and rebuild with --force",
         )
 
@@ -208,7 +208,7 @@ def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
 
 def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], runner: Runner) -> Path:
     """Give the package's info/index.json the planned `fields` where the engine wrote other values."""
-    from rattler.package_streaming import extract
+    from conda_package_handling.api import extract
 
     if not fields or runner.dry_run:
         return artifact
@@ -217,7 +217,7 @@ def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], run
         return artifact
     with tempfile.TemporaryDirectory(prefix="torchforge-index-", dir=artifact.parent) as tmp:
         tree = Path(tmp) / "pkg"
-        extract(str(artifact), str(tree))
+        extract(str(artifact), dest_dir=str(tree))
         index_file = tree / "info" / "index.json"
         index = json.loads(index_file.read_text())
         index.update(dict(fields))
@@ -235,7 +235,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from rattler.package_streaming import extract
+    from conda_package_handling.api import extract
 
     from torchforge.rpath import Layout, audit, fix_and_audit
 
@@ -243,7 +243,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
         return artifact
     with tempfile.TemporaryDirectory(prefix="torchforge-fix-", dir=artifact.parent) as tmp:
         tree = Path(tmp) / "pkg"
-        extract(str(artifact), str(tree))
+        extract(str(artifact), dest_dir=str(tree))
         fix_and_audit(tree, Layout.CONDA, runner)  # raises AuditFailedError if problems remain
         if runner.dry_run:  # the patchelf commands were printed; nothing is rewritten
             return artifact
