@@ -99,7 +99,12 @@ def index(channel: Path) -> None:
     crashed the interpreter at shutdown after writing a complete index."""
     from torchforge.rattlerchild import call
 
-    call("torchforge.localchannel:_index_here", channel)
+    try:
+        call("torchforge.localchannel:_index_here", channel)
+    except OSError as exc:  # py-rattler names the file it could not write relative to the channel
+        if exc.filename is None or Path(exc.filename).is_absolute():
+            raise
+        raise OSError(exc.errno, exc.strerror, str(channel / exc.filename)) from None
 
 
 def _index_here(channel: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import re
 import signal
 import sys
 from pathlib import Path
@@ -21,6 +22,10 @@ from typing import Any
 from torchforge import fileops
 from torchforge.errors import ForgeError, ToolFailedError
 from torchforge.proc import Command, Runner
+
+# py-rattler's errors from the Rust side carry the system's error as "... (os error 28)", and often the path.
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+_PATH = re.compile(r"`([^`]+)`|path: ([^,\s]+)")
 
 
 def call(target: str, *args: Any, **kwargs: Any) -> Any:
@@ -61,8 +66,20 @@ def _answer(target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple
         return ("forge", type(exc).__module__, type(exc).__qualname__, exc.message, exc.hint)
     except OSError as exc:
         return ("os", exc.errno, exc.strerror, exc.filename)
-    except Exception as exc:  # a bug: the parent reports it as an internal error
-        return ("bug", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return _os_error(exc) or ("bug", f"{type(exc).__name__}: {exc}")  # a bug: reported as an internal error
+
+
+def _os_error(exc: Exception) -> tuple[Any, ...] | None:
+    """A py-rattler error that is a system error (a full disk, a read-only folder) as ("os", errno, text, path):
+    the caller translates it like any OSError (fileops.translate), not as a bug."""
+    text = str(exc)
+    found = _OS_ERROR.search(text)
+    if found is None:
+        return None
+    number = int(found.group(1))
+    path = _PATH.search(text)
+    return ("os", number, os.strerror(number), (path.group(1) or path.group(2)) if path else None)
 
 
 def _main(request: Path, answer: Path) -> None:
