@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from torchforge.errors import FileSystemError
 
@@ -222,3 +223,13 @@ def translate(exc: OSError, role: str | None = None) -> FileSystemError:
     prefix = f"{role}: " if role and exc.filename is not None else ""
     return FileSystemError(f"{prefix}cannot use {where}{extra}: {what}",
                            _HINTS.get(exc.errno or 0, "check the path and its permissions"))
+
+
+def path_of_file_url(url: str) -> Path | None:
+    """The local path a `file://` URL names, percent-decoded as conda and py-rattler read it
+    (`file:///srv/my%20channel` is `/srv/my channel`); None when it names no absolute path on this machine."""
+    parts = urlsplit(url)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+        return None
+    return Path(unquote(parts.path))
+

@@ -19,7 +19,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from torchforge.aio import run_async
-from torchforge.fileops import clean_stale, ensure_dir, move_into_place, scratch
+from torchforge.fileops import clean_stale, ensure_dir, move_into_place, path_of_file_url, scratch
 
 LOCK_NAME = ".torchforge.lock"
 ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
@@ -123,7 +123,7 @@ def folder_of(channel: str) -> Path | None:
     missing folder is reported as missing rather than looked up as a channel name.
     """
     if channel.startswith("file://"):
-        return Path(channel[len("file://"):])
+        return path_of_file_url(channel) or Path(channel[len("file://"):])
     if "://" in channel:
         return None
     if channel.startswith(("/", ".", "~")) or Path(channel).is_dir():

@@ -136,7 +136,8 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
         location = context.source.location
         # a local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build
         local = location if context.source.kind == "path" else (
-            location.removeprefix("file://") if location.startswith("file://") else None)
+            str(fileops.path_of_file_url(location) or location.removeprefix("file://"))
+            if location.startswith("file://") else None)
         index_fields = (("features", " ".join(context.features)),) if context.features else ()
         key = first = None
         if settings.caching and not found:

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.errors import UsageError
-from torchforge.fileops import check_dir
+from torchforge.fileops import check_dir, path_of_file_url
 
 
 class TargetKind(str, Enum):
@@ -119,10 +119,9 @@ def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | N
     _reject_credentials(text, kind)
     labels = _check_labels(labels, text)
     if text.startswith("file://"):
-        parts = urlsplit(text)
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+        path = path_of_file_url(text)
+        if path is None:
             raise UsageError(f"{text!r} is not an absolute file URL", "write file:///absolute/path/to/channel")
-        path = Path(parts.path)
         return Target(name=text, kind=TargetKind.DIRECTORY, labels=labels, path=path)
     if text.startswith("anaconda://"):
         owner = text[len("anaconda://") :].strip("/")
