@@ -117,3 +117,20 @@ def test_channels_command_reports_bad_file(tmp_path: Path) -> None:
     result = cli("channels", "--channels-dir", str(tmp_path))
     assert result.returncode == 2
     assert "bad.toml is not a valid target" in result.stderr
+
+
+def test_a_channels_file_that_is_not_utf8_is_bad_input_naming_file_and_byte(tmp_path: Path) -> None:
+    (tmp_path / "team.toml").write_bytes('kind = "anaconda"\nowner = "team"\ndescription = "café"\n'.encode("latin-1"))
+    result = cli("channels", "--channels-dir", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path / 'team.toml'} is not UTF-8 text: byte 51 (line 3) is 0xe9" in result.stderr
+    assert "internal error" not in result.stderr
+
+
+def test_a_config_file_that_is_not_utf8_is_bad_input_naming_file_and_byte(tmp_path: Path) -> None:
+    config = tmp_path / "torchforge.toml"
+    config.write_bytes(b'# \xff\n[channels]\nreplace = ["file:///srv/c"]\n')
+    result = cli("build", "--dry-run", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert f"{config} is not UTF-8 text: byte 2 (line 1) is 0xff" in result.stderr
+    assert "save it as UTF-8" in result.stderr

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from torchforge.errors import FileSystemError
+from torchforge.errors import FileSystemError, UsageError
 
 SCRATCH_PREFIX = ".torchforge-tmp-"
 _OWNER = ".owner"
@@ -233,3 +233,14 @@ def path_of_file_url(url: str) -> Path | None:
         return None
     return Path(unquote(parts.path))
 
+
+def read_utf8(path: Path) -> str:
+    """The text of a file the user wrote (a TOML config): one that is not UTF-8 is bad input, named with the
+    first byte that is not, rather than a decoding error. OSError passes to the caller."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UsageError(f"{path} is not UTF-8 text: byte {exc.start} (line {line}) is 0x{data[exc.start]:02x}",
+                         "save it as UTF-8 (TOML files are UTF-8), e.g. `iconv -f latin1 -t utf-8`") from None

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.errors import UsageError
-from torchforge.fileops import check_dir, path_of_file_url
+from torchforge.fileops import check_dir, path_of_file_url, read_utf8
 
 
 class TargetKind(str, Enum):
@@ -164,7 +164,7 @@ _FIELDS = tuple(_ChannelFile.model_fields)
 def load_file(path: Path) -> Target:
     """Parse one channels/*.toml file into a Target named after the file."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_utf8(path))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read target file {path}: {exc}") from exc
     for secret_key in ("token", "api_key", "password", "api_token"):
