@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -76,6 +77,7 @@ class BuildSettings:
     container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
     use_cache: bool = True  # --no-cache switches the compile cache off
     cache_root: Path | None = None  # --cache DIR; default OUT/.cache/compile
+    keep_work: bool = False  # --keep-work: a failed build's work folder is kept (OUT/.torchforge-kept/STEP)
 
     @property
     def caching(self) -> bool:
@@ -85,6 +87,9 @@ class BuildSettings:
     @property
     def compile_cache_root(self) -> Path:
         return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
+
+
+KEPT_WORK = ".torchforge-kept"  # under --out: failed builds' work folders, kept by --keep-work
 
 
 @dataclass(frozen=True)
@@ -408,9 +413,25 @@ class Pipeline:
                                  f"compiled: {' '.join(stats.missed_files) or 'nothing'}\n")
             return StepResult(step, True, published, time.monotonic() - started, log=log, cache=stats)
         except ToolFailedError as exc:
-            return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
+            error = f"{exc.message}\n{exc.tail}{self._work_left(step, staging)}"
+            return StepResult(step, False, seconds=time.monotonic() - started, error=error, log=log)
         except ForgeError as exc:
-            return StepResult(step, False, seconds=time.monotonic() - started, error=str(exc), log=log)
+            return StepResult(step, False, seconds=time.monotonic() - started,
+                              error=f"{exc}{self._work_left(step, staging)}", log=log)
         finally:
             scratch.close()
+
+    def _work_left(self, step: Step, staging: Path) -> str:
+        """After a failure: keep the work folder the log names (--keep-work), or say that it is removed."""
+        if self.runner.dry_run or not staging.is_dir():
+            return ""
+        if not self.settings.keep_work:
+            return (f"\nits work folder {staging} is removed; rerun with --keep-work to keep a failed build's "
+                    "work folder")
+        kept = self.settings.out / KEPT_WORK / step.id
+        shutil.rmtree(kept, ignore_errors=True)  # the last failure's folder for this step
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staging, kept)
+        # The log names the folder it ran in; the files are now here.
+        return f"\nits work folder is kept at {kept} (the log's paths under {staging} are there now)"
 
