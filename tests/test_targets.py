@@ -134,3 +134,17 @@ def test_a_config_file_that_is_not_utf8_is_bad_input_naming_file_and_byte(tmp_pa
     assert result.returncode == 2, result.stderr
     assert f"{config} is not UTF-8 text: byte 2 (line 1) is 0xff" in result.stderr
     assert "save it as UTF-8" in result.stderr
+
+
+def test_outside_the_checkout_no_example_target_is_used(tmp_path: Path) -> None:
+    """A folder without channels/ has no named targets: the checkout's examples (/srv/conda/torchforge) are not
+    a fallback."""
+    listed = cli("channels", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert f"no named targets in {tmp_path / 'channels'}" in " ".join(listed.stderr.split())
+    assert "/srv/conda" not in listed.stdout + listed.stderr
+    (tmp_path / "out" / "linux-64").mkdir(parents=True)
+    upload = cli("upload", "--from", str(tmp_path / "out"), "--to", "local", cwd=tmp_path)
+    assert upload.returncode == 2, upload.stderr
+    assert f"no target named 'local' in {tmp_path / 'channels'}" in " ".join(upload.stderr.split())
+    assert "named targets: none" in upload.stderr

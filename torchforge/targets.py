@@ -214,14 +214,10 @@ def load_file(path: Path) -> Target:
 
 
 def default_channels_dir() -> Path:
-    """`$TORCHFORGE_CHANNELS_DIR`, else ./channels, else the channels/ folder of a source checkout."""
+    """`$TORCHFORGE_CHANNELS_DIR`, else ./channels. Never the channels/ folder of torchforge's source checkout:
+    its examples (/srv/conda/torchforge ...) are nobody's real targets outside it."""
     env = os.environ.get("TORCHFORGE_CHANNELS_DIR")
-    if env:
-        return Path(env)
-    cwd = Path.cwd() / "channels"
-    if cwd.is_dir():
-        return cwd
-    return Path(__file__).resolve().parents[1] / "channels"
+    return Path(env) if env else Path.cwd() / "channels"
 
 
 def load_all(channels_dir: Path) -> dict[str, Target]:
