@@ -192,6 +192,19 @@ def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: p
 
 
 @needs_nvcc
+def test_a_failure_counts_the_planned_packages_not_only_the_attempted(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # Four steps (pytorch-mutex, pytorch-cuda, magma-cuda126, pytorch): magma fails (nvcc is 13.0) and, without
+    # --keep-going, its pytorch is never attempted.
+    code = main(["build", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12", "--magma-source", str(FIXTURE),
+                 "--source", str(FIXTURE), "--skip-preflight", "--out", str(tmp_path / "channel")])
+    assert code == 6
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1 of 4 planned package(s) failed, 1 not attempted after it" in err, err
+    assert "--keep-going attempts the others past a failure" in err
+
+
+@needs_nvcc
 def test_keep_work_keeps_a_failed_builds_work_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     channel = tmp_path / "channel"
     code = main(["build", "--magma-only", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12",

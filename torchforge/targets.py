@@ -89,25 +89,28 @@ def _check_labels(labels: tuple[str, ...], where: str) -> tuple[str, ...]:
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+# A secret in a query string (quetz and others read ?token= / ?api_key=): refused like user:token@.
+_QUERY_SECRET = re.compile(r"(?<=[?&])((?:api_?key|token|access_token|password|key)=)[^&#\s]*", re.IGNORECASE)
 
 
 def redact_url(text: str) -> str:
-    """`text` with any `user:password@` of a URL shown as `***@`."""
-    return _USERINFO.sub("***@", text)
+    """`text` with any `user:password@` of a URL shown as `***@`, and any `?token=VALUE` as `?token=***`."""
+    return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub("***@", text))
 
 
 def _reject_credentials(text: str, kind: TargetKind | None) -> None:
     """Credentials in a URL are refused rather than stripped or used: the URL is echoed in logs, written
     into CI files (`torchforge ci --upload-to`) and kept in shell history, and the project reads secrets
     only from the environment or the keyring. The message never repeats them."""
-    if not _USERINFO.search(text):
+    if not _USERINFO.search(text) and not _QUERY_SECRET.search(text):
         return
     where = (f"export {DEFAULT_TOKEN_ENV[kind]}=<token>" if kind in DEFAULT_TOKEN_ENV
              else "put the token in the target's variable (ANACONDA_API_TOKEN, QUETZ_API_KEY) or the keyring")
     raise UsageError(
         f"{redact_url(text)!r} carries credentials in the URL (shown as ***); torchforge does not take secrets "
         "from URLs or flags",
-        f"remove 'user:token@' from the URL and {where} (or name a variable with token_env in channels/*.toml)",
+        f"remove 'user:token@' or '?token=...' from the URL and {where} (or name a variable with token_env in "
+        "channels/*.toml)",
     )
 
 
@@ -130,6 +133,9 @@ def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | N
         return Target(name=text, kind=TargetKind.ANACONDA, labels=labels, owner=owner, token_env=token_env)
     if text.startswith(("quetz+http://", "quetz+https://")):
         parts = urlsplit(text[len("quetz+") :])
+        if parts.query or parts.fragment:  # never silently dropped: it would not reach the server
+            raise UsageError(f"{text!r} has a query or fragment, which a quetz target does not take",
+                             "write quetz+http://HOST:PORT/CHANNEL")
         channel = parts.path.strip("/")
         try:
             parts.port  # noqa: B018 -- parsing it is the check: a port that is not a number raises here

@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
         # with or without --dry-run.
         render_plan.require_buildable()
-        for variant in render_plan.variants:
+        for variant in () if magma_only else render_plan.variants:  # --magma-only builds no pytorch
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")
         for magma in render_plan.magma:
@@ -204,7 +204,10 @@ def register(app: typer.Typer) -> None:
         for result in failed:
             _explain(result)
         if failed:
+            not_attempted = len(steps) - len(results)  # the plan stops at the first failure without --keep-going
             raise BuildFailedError(
-                f"{len(failed)} of {len(results)} package(s) failed",
-                "read the log tail above; rerun the same command to resume (finished packages are skipped)",
+                f"{len(failed)} of {len(steps)} planned package(s) failed"
+                + (f", {not_attempted} not attempted after it" if not_attempted else ""),
+                "read the log tail above; rerun the same command to resume (finished packages are skipped)"
+                + ("; --keep-going attempts the others past a failure" if not_attempted else ""),
             )
