@@ -28,15 +28,17 @@ def make_package(
     about_extra: dict[str, object] | None = None,
     build_number: int = 0,
     constrains: Sequence[str] = (),
+    extra_files: int = 0,
 ) -> Path:
     """Build `<name>-<version>-<build><fmt>` in `out_dir` and return its path.
 
-    `payload_bytes` adds an incompressible-ish blob, for tests that need a file of some size.
+    `payload_bytes` adds an incompressible-ish blob, for tests that need a file of some size; `extra_files`
+    adds that many small files (an install that takes a while, as a real package's thousands of files do).
     """
     out_dir = out_dir.resolve()  # .tar.bz2 creation chdirs into the stage: the output must be absolute
     with tempfile.TemporaryDirectory(prefix="pkgfactory-") as tmp:
         return _make(Path(tmp), out_dir, name, version, build, subdir, depends, fmt, payload_bytes, about_extra,
-                     build_number, constrains)
+                     build_number, constrains, extra_files)
 
 
 def _make(
@@ -52,6 +54,7 @@ def _make(
     about_extra: dict[str, object] | None = None,
     build_number: int = 0,
     constrains: Sequence[str] = (),
+    extra_files: int = 0,
 ) -> Path:
     (stage / "info").mkdir(parents=True, exist_ok=True)
     (stage / "share" / name).mkdir(parents=True, exist_ok=True)
@@ -70,6 +73,10 @@ def _make(
         # SHAKE-256 output: deterministic and not compressible, so the archive really is about this big,
         # and fast enough (about 300 MB/s) for the suite's one package of hundreds of MB.
         add(f"share/{name}/blob.bin", hashlib.shake_256(f"{name}{version}".encode()).digest(payload_bytes))
+    for number in range(extra_files):
+        folder = stage / "share" / name / f"d{number // 100:03d}"
+        folder.mkdir(exist_ok=True)
+        add(f"share/{name}/d{number // 100:03d}/f{number:05d}.txt", f"{number}\n".encode())
     index: dict[str, object] = {
         "name": name,
         "version": version,

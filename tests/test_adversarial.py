@@ -481,20 +481,32 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 @pytest.mark.slow
-def test_ctrl_c_is_a_message_and_exit_130_and_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("point", "whom"), [("published-not-indexed", "process"), ("during-verify", "process"),
+                                             ("during-verify", "group")])
+def test_ctrl_c_is_a_message_and_exit_130_and_leaves_nothing(point: str, whom: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    pkg = make_package(out / "linux-64", name="hello", version="2.13.0", build="py3.11_cpu_0")
+    # Files enough that py-rattler is still extracting them into the check's package cache when Ctrl-C comes
+    # (before the fix its threads went on writing there while the folder was removed: exit 10, ENOTEMPTY).
+    pkg = make_package(out / "linux-64", name="hello", version="2.13.0", build="py3.11_cpu_0",
+                       extra_files=8000 if point == "during-verify" else 0)
     chan = tmp_path / "chan"
     argv = ["upload", "--from", str(out), "--to", chan.as_uri()]
     proc = _spawn(argv, tmp_path / "interrupted.log")
     try:
         deadline = time.monotonic() + 300
-        interrupt_point = published_unindexed(chan, pkg.name)  # the index runs in a child process then
+        interrupt_point = {
+            "published-not-indexed": published_unindexed(chan, pkg.name),  # the index runs in a child process then
+            "during-verify": scratch_with(chan, "verify-*/torchforge-verify-*/pkgs/*/share/hello/d020"),
+        }[point]
         while proc.poll() is None and not interrupt_point() and time.monotonic() < deadline:
             time.sleep(0.002)
         assert proc.poll() is None, (tmp_path / "interrupted.log").read_text()
-        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground process
-        assert proc.wait(timeout=120) == int(ExitCode.INTERRUPTED)
+        # What Ctrl-C sends: to the foreground process, or (a terminal's) to its whole process group.
+        if whom == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == int(ExitCode.INTERRUPTED), (tmp_path / "interrupted.log").read_text()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

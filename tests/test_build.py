@@ -187,6 +187,34 @@ def test_a_failed_build_publishes_nothing_and_explains(tmp_path: Path, capsys: p
     assert not list(channel.glob("linux-64/*.conda"))
     assert not list(channel.glob(".torchforge-tmp-*"))
     assert (channel / "logs" / "magma-cuda126-2.10.0-linux_64.log").is_file()
+    # The log names folders under the work folder: the message says it is gone, and how to keep it.
+    assert "its work folder" in err and "is removed; rerun with --keep-work" in err
+
+
+@needs_nvcc
+def test_a_failure_counts_the_planned_packages_not_only_the_attempted(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # Four steps (pytorch-mutex, pytorch-cuda, magma-cuda126, pytorch): magma fails (nvcc is 13.0) and, without
+    # --keep-going, its pytorch is never attempted.
+    code = main(["build", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12", "--magma-source", str(FIXTURE),
+                 "--source", str(FIXTURE), "--skip-preflight", "--out", str(tmp_path / "channel")])
+    assert code == 6
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1 of 4 planned package(s) failed, 1 not attempted after it" in err, err
+    assert "--keep-going attempts the others past a failure" in err
+
+
+@needs_nvcc
+def test_keep_work_keeps_a_failed_builds_work_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    channel = tmp_path / "channel"
+    code = main(["build", "--magma-only", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12",
+                 "--magma-source", str(FIXTURE), "--skip-preflight", "--out", str(channel), "--keep-work"])
+    assert code == 6
+    err = capsys.readouterr().err
+    kept = channel / ".torchforge-kept" / "magma-cuda126-2.10.0-linux_64"
+    assert f"its work folder is kept at {kept}" in " ".join(err.split()), err
+    assert kept.is_dir() and any(kept.iterdir())
+    assert not list(channel.glob(".torchforge-tmp-*"))
 
 
 def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

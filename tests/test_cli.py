@@ -115,3 +115,45 @@ def test_magma_patches_go_to_magma_recipes_only(tmp_path: Path) -> None:
     assert sorted(p.name for p in torch.glob("*.patch")) == ["torch-fix.patch"]
     assert "magma-fix.patch" in (magma / "meta.yaml").read_text() and "torch-fix" not in (magma / "meta.yaml").read_text()
     assert "magma-fix" not in (torch / "meta.yaml").read_text()
+
+
+# ------------------------------------------------------------------ small messages (issue 25, item 12)
+
+def test_magma_only_prints_no_pytorch_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["build", "--dry-run", "--magma-only", "--skip-preflight", "--pytorch", "2.9.0", "--cuda", "12.8",
+                 "--py", "3.12", "--out", str(tmp_path / "ch")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "warning: magma-cuda128-2.6.1-linux_64" in err
+    assert "warning: pytorch-" not in err
+
+
+def test_help_shows_the_defaults_of_cuda_and_py_from_the_data(capsys: pytest.CaptureFixture[str]) -> None:
+    from torchforge import data as tables
+
+    defaults = tables.load().pytorch.defaults
+    assert main(["matrix", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {','.join(defaults.cuda)})" in text and f"(default: {','.join(defaults.python)})" in text
+
+
+def test_a_pytorch_series_suggests_its_newest_release(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--pytorch", "1.10"]) == 2
+    err = capsys.readouterr().err
+    assert "--pytorch 1.10.2 (the newest 1.10 release)" in err and "2.5.1" not in err
+
+
+def test_a_token_in_a_quetz_query_string_is_refused_and_never_shown(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    url = "quetz+http://127.0.0.1:8000/mychan?token=very-secret-123"
+    assert main(["upload", "--from", str(tmp_path), "--to", url]) == 2
+    err = capsys.readouterr().err
+    assert "carries credentials in the URL" in err and "very-secret-123" not in err
+    assert main(["upload", "--from", str(tmp_path), "--to", "quetz+http://127.0.0.1:8000/mychan?x=1"]) == 2
+    assert "has a query or fragment" in capsys.readouterr().err
+
+
+def test_rpath_audit_of_a_device_says_what_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rpath", "audit", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert "/dev/null is neither a file nor a directory" in err and "does not exist" not in err

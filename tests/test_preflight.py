@@ -334,6 +334,8 @@ def test_source_with_submodules_not_checked_out_fails_until_updated(tmp_path: Pa
     upstream = tmp_path / "upstream"
     upstream.mkdir()
     _git("init", cwd=upstream)
+    (upstream / "setup.py").write_text("", encoding="utf-8")  # a source tree (preflight refuses any other folder)
+    _git("add", "setup.py", cwd=upstream)
     _git("submodule", "add", str(dep), "third_party/dep", cwd=upstream)
     _git("commit", "-m", "with submodule", cwd=upstream)
     clone = tmp_path / "clone"
@@ -353,6 +355,7 @@ def test_source_without_gitmodules_checks_third_party(tmp_path: Path) -> None:
     (tmp_path / "third_party" / "gloo").mkdir(parents=True)
     (tmp_path / "third_party" / "fmt").mkdir()
     (tmp_path / "third_party" / "fmt" / "CMakeLists.txt").write_text("", encoding="utf-8")
+    (tmp_path / "setup.py").write_text("", encoding="utf-8")
     check = _preflight("cpu", pytorch="2.5.1", python="3.10", source=str(tmp_path)).check("source")
     assert check.status is Level.FAIL and "gloo" in check.detail and "fmt" not in check.detail
 
@@ -448,3 +451,55 @@ def test_a_missing_bundled_library_fails_before_the_build_and_names_the_variable
 def test_cpu_and_static_cudnn_variants_bundle_nothing() -> None:
     for report in (_preflight("cpu", pytorch="2.5.1"), _preflight("11.3", pytorch="1.10.2", python="3.9")):
         assert not [c for c in report.checks if c.name.startswith("bundled ")]
+
+
+# ---------------------------------------------------------------- what a dry run checks: no tool, only paths
+
+def _dry_run(*args: str, wrap: str | None = None) -> "subprocess.CompletedProcess[str]":
+    import shlex
+    import sys
+
+    from tests.test_upload_helpers import ROOT, cli_env
+
+    argv = [sys.executable, "-m", "torchforge.cli", "build", "--dry-run", "--pytorch", "2.5.1", "--cuda", "cpu",
+            "--py", "3.11", *args]
+    if wrap is not None:  # a shell line run first in a private user and mount namespace
+        argv = ["unshare", "-rm", "sh", "-c", f"{wrap} && exec {shlex.join(argv)}"]
+    return subprocess.run(argv, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("kind", ["empty folder", "empty file", "no setup.py"])
+def test_an_unusable_source_fails_preflight_even_in_a_dry_run(kind: str, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    if kind == "empty file":
+        source.write_bytes(b"")
+    else:
+        source.mkdir()
+        if kind == "no setup.py":
+            (source / "README.md").write_text("notes\n")
+    done = _dry_run("--source", str(source), "--out", str(tmp_path / "ch"))
+    assert done.returncode == 9, done.stderr
+    expected = {"empty folder": "is an empty folder", "empty file": "is an empty file",
+                "no setup.py": "has no setup.py or pyproject.toml"}[kind]
+    assert expected in " ".join(done.stderr.split()), done.stderr
+    assert not (tmp_path / "ch").exists()
+
+
+def test_a_dry_run_for_a_platform_this_host_cannot_build_fails_preflight(tmp_path: Path) -> None:
+    done = _dry_run("--platform", "osx-arm64", "--out", str(tmp_path / "ch"))
+    assert done.returncode == 9, done.stderr
+    assert "asked for osx-arm64" in " ".join(done.stderr.split())
+
+
+def test_a_dry_run_into_a_read_only_out_fails_preflight(tmp_path: Path) -> None:
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = _dry_run("--out", str(mount / "ch"), wrap=f"mount -t tmpfs -o ro tmpfs {mount}")
+    assert done.returncode == 9, done.stderr
+    assert f"{mount} is on a read-only file system" in " ".join(done.stderr.split())
+
+
+def test_a_dry_run_of_a_good_request_still_passes(tmp_path: Path) -> None:
+    done = _dry_run("--source", str(Path(__file__).parent / "fixtures" / "torch_like"), "--out", str(tmp_path / "ch"))
+    assert done.returncode == 0, done.stderr

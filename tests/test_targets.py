@@ -124,3 +124,34 @@ def test_channels_command_reports_bad_file(tmp_path: Path) -> None:
     result = cli("channels", "--channels-dir", str(tmp_path))
     assert result.returncode == 2
     assert "bad.toml is not a valid target" in result.stderr
+
+
+def test_a_channels_file_that_is_not_utf8_is_bad_input_naming_file_and_byte(tmp_path: Path) -> None:
+    (tmp_path / "team.toml").write_bytes('kind = "anaconda"\nowner = "team"\ndescription = "café"\n'.encode("latin-1"))
+    result = cli("channels", "--channels-dir", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path / 'team.toml'} is not UTF-8 text: byte 51 (line 3) is 0xe9" in result.stderr
+    assert "internal error" not in result.stderr
+
+
+def test_a_config_file_that_is_not_utf8_is_bad_input_naming_file_and_byte(tmp_path: Path) -> None:
+    config = tmp_path / "torchforge.toml"
+    config.write_bytes(b'# \xff\n[channels]\nreplace = ["file:///srv/c"]\n')
+    result = cli("build", "--dry-run", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert f"{config} is not UTF-8 text: byte 2 (line 1) is 0xff" in result.stderr
+    assert "save it as UTF-8" in result.stderr
+
+
+def test_outside_the_checkout_no_example_target_is_used(tmp_path: Path) -> None:
+    """A folder without channels/ has no named targets: the checkout's examples (/srv/conda/torchforge) are not
+    a fallback."""
+    listed = cli("channels", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert f"no named targets in {tmp_path / 'channels'}" in " ".join(listed.stderr.split())
+    assert "/srv/conda" not in listed.stdout + listed.stderr
+    (tmp_path / "out" / "linux-64").mkdir(parents=True)
+    upload = cli("upload", "--from", str(tmp_path / "out"), "--to", "local", cwd=tmp_path)
+    assert upload.returncode == 2, upload.stderr
+    assert f"no target named 'local' in {tmp_path / 'channels'}" in " ".join(upload.stderr.split())
+    assert "named targets: none" in upload.stderr

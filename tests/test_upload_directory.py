@@ -222,3 +222,18 @@ def test_a_big_package_streams_through_every_copy_and_hash_loop(big_package: Pat
     assert _repodata_files(chan, "linux-64")[big_package.name]["sha256"] == archive.sha256
     again = localchannel.publish(big_package, chan, "linux-64", progress=calls.append)
     assert again.placed is localchannel.Placed.IDENTICAL and sum(calls) == size  # compared, not copied again
+
+
+def test_a_file_url_is_percent_decoded_as_conda_reads_it(tmp_path: Path) -> None:
+    from torchforge.localchannel import folder_of
+
+    out = _out(tmp_path)
+    url = (tmp_path / "my channel").as_uri()  # file:///.../my%20channel
+    assert "%20" in url
+    result = cli("upload", "--from", str(out), "--to", url)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "my channel" / "linux-64" / "hello-1.0-py3.11_cpu_0.conda").is_file()
+    assert not (tmp_path / "my%20channel").exists()
+    assert "verified: install from" in result.stdout
+    # A --channel argument of build and doctor names the same folder.
+    assert folder_of(url) == tmp_path / "my channel"

@@ -76,7 +76,16 @@ def _solve(specs: Sequence[str], urls: Sequence[str], platform: str, gateway: ob
 
 def check(variants: Sequence[Variant], *, out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
           cache_dir: Path | None = None) -> list[Finding]:
-    """One finding per channel of the plan, then one per pytorch variant's requirements."""
+    """One finding per channel of the plan, then one per pytorch variant's requirements. py-rattler runs in a
+    child process (torchforge.rattlerchild)."""
+    from torchforge.rattlerchild import call
+
+    return call("torchforge.channelcheck:_check_here", list(variants), out, extra, site, cache_dir)  # type: ignore[no-any-return]
+
+
+def _check_here(variants: Sequence[Variant], out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
+                cache_dir: Path | None) -> list[Finding]:
+    """`check`'s work, in this process."""
     from rattler import Gateway
 
     findings: list[Finding] = []

@@ -33,6 +33,7 @@ from torchforge.channels import SiteChannels
 from torchforge import data as tables
 from torchforge.containers import Image, check_keyed_entry
 from torchforge.errors import DataError, UsageError
+from torchforge.fileops import read_utf8
 
 FILE_NAME = "torchforge.toml"
 
@@ -89,7 +90,7 @@ def load(path: Path | None = None, cwd: Path | None = None) -> SiteConfig:
             return SiteConfig()
         path = candidate
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_utf8(path))
     except OSError as exc:
         raise UsageError(f"cannot read the config file {path}: {exc.strerror}", "pass an existing file to --config") from exc
     except tomllib.TOMLDecodeError as exc:

@@ -20,8 +20,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-from torchforge.errors import FileSystemError
+from torchforge.errors import FileSystemError, UsageError
 
 SCRATCH_PREFIX = ".torchforge-tmp-"
 _OWNER = ".owner"
@@ -232,3 +233,24 @@ def sha256_file(path: Path) -> str:
         while block := handle.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def path_of_file_url(url: str) -> Path | None:
+    """The local path a `file://` URL names, percent-decoded as conda and py-rattler read it
+    (`file:///srv/my%20channel` is `/srv/my channel`); None when it names no absolute path on this machine."""
+    parts = urlsplit(url)
+    if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+        return None
+    return Path(unquote(parts.path))
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a file the user wrote (a TOML config): one that is not UTF-8 is bad input, named with the
+    first byte that is not, rather than a decoding error. OSError passes to the caller."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise UsageError(f"{path} is not UTF-8 text: byte {exc.start} (line {line}) is 0x{data[exc.start]:02x}",
+                         "save it as UTF-8 (TOML files are UTF-8), e.g. `iconv -f latin1 -t utf-8`") from None

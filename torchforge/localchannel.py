@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from torchforge.aio import run_async
-from torchforge.fileops import clean_stale, ensure_dir, move_into_place, scratch, sha256_file
+from torchforge.fileops import clean_stale, ensure_dir, move_into_place, path_of_file_url, scratch, sha256_file
 
 LOCK_NAME = ".torchforge.lock"
 ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
@@ -92,26 +91,19 @@ def recover(channel: Path) -> bool:
     return False
 
 
-# py-rattler's index_fs has been seen to crash the interpreter (SIGSEGV) after several calls in one process;
-# indexing in a short-lived child keeps such a crash from taking the caller down, and the index is idempotent,
-# so a crashed attempt is simply run again.
-_INDEX_ATTEMPTS = 3
-
-
 def index(channel: Path) -> None:
-    """Write repodata.json for every subdir, in a child process. Caller should hold `locked(channel)`."""
-    from torchforge.errors import ToolFailedError
-    from torchforge.proc import Command, Runner
+    """Write repodata.json for every subdir. Caller should hold `locked(channel)`.
 
-    command = Command(argv=(sys.executable, "-m", "torchforge.localchannel", str(channel)))
-    for attempt in range(1, _INDEX_ATTEMPTS + 1):
-        result = Runner().run(command, check=False)
-        if result.returncode == 0:
-            return
-        if result.returncode > 0 or attempt == _INDEX_ATTEMPTS:
-            raise ToolFailedError(f"indexing {channel} failed (exit status {result.returncode})",
-                                  "check that the channel folder is writable and its archives are readable",
-                                  tail=result.output[-4000:])
+    py-rattler runs in a child that skips interpreter teardown (torchforge.rattlerchild): its index_fs has
+    crashed the interpreter at shutdown after writing a complete index."""
+    from torchforge.rattlerchild import call
+
+    try:
+        call("torchforge.localchannel:_index_here", channel)
+    except OSError as exc:  # py-rattler names the file it could not write relative to the channel
+        if exc.filename is None or Path(exc.filename).is_absolute():
+            raise
+        raise OSError(exc.errno, exc.strerror, str(channel / exc.filename)) from None
 
 
 def _index_here(channel: Path) -> None:
@@ -130,7 +122,7 @@ def folder_of(channel: str) -> Path | None:
     missing folder is reported as missing rather than looked up as a channel name.
     """
     if channel.startswith("file://"):
-        return Path(channel[len("file://"):])
+        return path_of_file_url(channel) or Path(channel[len("file://"):])
     if "://" in channel:
         return None
     if channel.startswith(("/", ".", "~")) or Path(channel).is_dir():
@@ -227,7 +219,3 @@ def unpublish(channel: Path, subdir: str, filename: str) -> bool:
         target.unlink()
         index(channel)
         return True
-
-
-if __name__ == "__main__":
-    _index_here(Path(sys.argv[1]))

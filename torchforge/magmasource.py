@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torchforge.errors import UsageError
 from torchforge import sourcestate
-from torchforge.fileops import sha256_file
+from torchforge.fileops import path_of_file_url, sha256_file
 
 VERSION_HEADER = "include/magma_types.h"
 _DEFINE = re.compile(r"^\s*#\s*define\s+MAGMA_VERSION_(MAJOR|MINOR|MICRO)\s+(\d+)\s*$", re.MULTILINE)
@@ -62,7 +62,8 @@ def inspect(location: str) -> MagmaSource:
     """Classify `location` and read the version of a local source; a bad local source is a usage error."""
     if "://" in location:
         if location.startswith("file://"):
-            return inspect(location[len("file://"):])
+            local = path_of_file_url(location)
+            return inspect(str(local) if local is not None else location[len("file://"):])
         return MagmaSource("url", location)
     path = Path(location).expanduser()
     if path.is_dir():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -76,6 +77,7 @@ class BuildSettings:
     container: containers.ContainerSettings | None = None  # --container: every build runs in its CUDA's image
     use_cache: bool = True  # --no-cache switches the compile cache off
     cache_root: Path | None = None  # --cache DIR; default OUT/.cache/compile
+    keep_work: bool = False  # --keep-work: a failed build's work folder is kept (OUT/.torchforge-kept/STEP)
 
     @property
     def caching(self) -> bool:
@@ -85,6 +87,9 @@ class BuildSettings:
     @property
     def compile_cache_root(self) -> Path:
         return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
+
+
+KEPT_WORK = ".torchforge-kept"  # under --out: failed builds' work folders, kept by --keep-work
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
         location = context.source.location
         # a local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build
         local = location if context.source.kind == "path" else (
-            location.removeprefix("file://") if location.startswith("file://") else None)
+            str(fileops.path_of_file_url(location) or location.removeprefix("file://"))
+            if location.startswith("file://") else None)
         index_fields = (("features", " ".join(context.features)),) if context.features else ()
         key = first = None
         if settings.caching and not found:
@@ -189,13 +195,13 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
 
 def _check_identity(artifact: Path, step: Step) -> None:
     """The built package must be exactly the planned name-version-build (and subdir)."""
-    from rattler import IndexJson
-
-    index = IndexJson.from_package_archive(artifact)
-    built = f"{index.name.normalized}-{index.version}-{index.build}"
-    if built != step.stem or index.subdir not in (step.subdir, "noarch"):
+    # Read without py-rattler: this process goes on after it (torchforge.rattlerchild says why that matters).
+    index = localchannel.info_json(artifact, "index.json")
+    built = f"{str(index.get('name', '')).lower()}-{index.get('version')}-{index.get('build')}"
+    subdir = index.get("subdir")
+    if built != step.stem or subdir not in (step.subdir, "noarch"):
         raise BuildFailedError(
-            f"{step.id}: the engine produced {built} ({index.subdir}), the plan says {step.stem} ({step.subdir})",
+            f"{step.id}: the engine produced {built} ({subdir}), the plan says {step.stem} ({step.subdir})",
             "the recipe or engine changed the build string: re-render and rebuild with --force",
         )
 
@@ -213,7 +219,7 @@ def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
 
 def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], runner: Runner) -> Path:
     """Give the package's info/index.json the planned `fields` where the engine wrote other values."""
-    from rattler.package_streaming import extract
+    from conda_package_handling.api import extract
 
     if not fields or runner.dry_run:
         return artifact
@@ -222,7 +228,7 @@ def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], run
         return artifact
     with tempfile.TemporaryDirectory(prefix="torchforge-index-", dir=artifact.parent) as tmp:
         tree = Path(tmp) / "pkg"
-        extract(str(artifact), str(tree))
+        extract(str(artifact), dest_dir=str(tree))
         index_file = tree / "info" / "index.json"
         index = json.loads(index_file.read_text())
         index.update(dict(fields))
@@ -240,7 +246,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from rattler.package_streaming import extract
+    from conda_package_handling.api import extract
 
     from torchforge.rpath import Layout, audit, fix_and_audit
 
@@ -248,7 +254,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
         return artifact
     with tempfile.TemporaryDirectory(prefix="torchforge-fix-", dir=artifact.parent) as tmp:
         tree = Path(tmp) / "pkg"
-        extract(str(artifact), str(tree))
+        extract(str(artifact), dest_dir=str(tree))
         fix_and_audit(tree, Layout.CONDA, runner)  # raises AuditFailedError if problems remain
         if runner.dry_run:  # the patchelf commands were printed; nothing is rewritten
             return artifact
@@ -430,9 +436,25 @@ class Pipeline:
             stats, cold = self._account(cache, step, stats_log, log, seconds)
             return StepResult(step, True, published, seconds, log=log, cache=stats, cold_seconds=cold)
         except ToolFailedError as exc:
-            return StepResult(step, False, seconds=time.monotonic() - started, error=f"{exc.message}\n{exc.tail}", log=log)
+            error = f"{exc.message}\n{exc.tail}{self._work_left(step, staging)}"
+            return StepResult(step, False, seconds=time.monotonic() - started, error=error, log=log)
         except ForgeError as exc:
-            return StepResult(step, False, seconds=time.monotonic() - started, error=str(exc), log=log)
+            return StepResult(step, False, seconds=time.monotonic() - started,
+                              error=f"{exc}{self._work_left(step, staging)}", log=log)
         finally:
             scratch.close()
+
+    def _work_left(self, step: Step, staging: Path) -> str:
+        """After a failure: keep the work folder the log names (--keep-work), or say that it is removed."""
+        if self.runner.dry_run or not staging.is_dir():
+            return ""
+        if not self.settings.keep_work:
+            return (f"\nits work folder {staging} is removed; rerun with --keep-work to keep a failed build's "
+                    "work folder")
+        kept = self.settings.out / KEPT_WORK / step.id
+        shutil.rmtree(kept, ignore_errors=True)  # the last failure's folder for this step
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staging, kept)
+        # The log names the folder it ran in; the files are now here.
+        return f"\nits work folder is kept at {kept} (the log's paths under {staging} are there now)"
 

@@ -481,6 +481,20 @@ def _check_disk(ctx: _Context, out: Path, table: PreflightTable) -> None:
         ctx.add("disk", Level.OK, detail)
 
 
+def _check_out(ctx: _Context, out: Path) -> None:
+    """The output channel folder can be written: the folder, or the nearest existing folder above it."""
+    where = out.resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    read_only = where.is_dir() and bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+    if read_only or not os.access(where, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        ctx.add("output folder", Level.FAIL, f"{out} cannot be written: {where} {why}",
+                "pass --out a folder you can write to")
+    else:
+        ctx.add("output folder", Level.OK, f"{where} is writable")
+
+
 def _check_jobs(ctx: _Context, jobs: int | None, table: PreflightTable) -> int:
     cuda = bool(ctx.cuda_versions)
     aarch64 = "linux-aarch64" in ctx.platforms
@@ -532,11 +546,25 @@ def _check_source(ctx: _Context, source: str | None) -> None:
         ctx.add("source", Level.OK, f"{source} is fetched by the build; not checked here")
         return
     path = Path(source).expanduser()
+    what_works = "pass a PyTorch checkout, a tarball or a URL to --source"
     if not path.exists():
-        ctx.add("source", Level.FAIL, f"{path} does not exist", "pass a PyTorch checkout, a tarball or a URL to --source")
+        ctx.add("source", Level.FAIL, f"{path} does not exist", what_works)
         return
     if path.is_file():
-        ctx.add("source", Level.OK, f"{path} is an archive; its contents are checked when it is unpacked")
+        if path.stat().st_size == 0:
+            ctx.add("source", Level.FAIL, f"{path} is an empty file", what_works)
+        else:
+            ctx.add("source", Level.OK, f"{path} is an archive; its contents are checked when it is unpacked")
+        return
+    if not path.is_dir():
+        ctx.add("source", Level.FAIL, f"{path} is neither a folder nor an archive", what_works)
+        return
+    if not any(path.iterdir()):
+        ctx.add("source", Level.FAIL, f"{path} is an empty folder", what_works)
+        return
+    if not any((path / name).is_file() for name in ("setup.py", "pyproject.toml")):
+        ctx.add("source", Level.FAIL, f"{path} has no setup.py or pyproject.toml: not a PyTorch source tree",
+                what_works)
         return
     fix = f"cd {path} && git submodule sync && git submodule update --init --recursive"
     missing, declared = _missing_submodules(path)
@@ -731,6 +759,24 @@ def _variants(selection_or_variants: Selection | RenderPlan | Sequence[Variant])
     return tuple(selection_or_variants)
 
 
+def run_plan_checks(
+    selection_or_variants: Selection | RenderPlan | Sequence[Variant],
+    *,
+    source: str | None,
+    out: Path,
+    machine: Machine | None = None,
+    magma_only: bool = False,
+) -> PreflightReport:
+    """The checks that need no tool of this machine, only its platform and the paths given: what a dry run can
+    already refuse (a platform this host cannot build, an --out that cannot be written, an unusable --source)."""
+    ctx = _Context(_variants(selection_or_variants), Runner(dry_run=True), machine or probe_machine())
+    _check_platform(ctx)
+    _check_out(ctx, out)
+    if not magma_only:
+        _check_source(ctx, source)
+    return PreflightReport(tuple(ctx.checks), 0, "")
+
+
 def run_preflight(
     selection_or_variants: Selection | RenderPlan | Sequence[Variant],
     *,
@@ -769,6 +815,7 @@ def run_preflight(
         _check_cuda_libraries(ctx, table, magma_only)
         _suggest_images(ctx, site)
     _check_tools(ctx, table, clones=not magma_only and resolve_source(source, "", "").kind == "git")
+    _check_out(ctx, out or Path.cwd())
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
     if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels

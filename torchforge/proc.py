@@ -20,6 +20,7 @@ from typing import TextIO
 from torchforge.errors import ToolFailedError, ToolMissingError
 
 TAIL_LINES = 40
+REAP_GRACE_S = 10.0  # how long an abandoned child gets to end on SIGTERM before it is killed
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,21 @@ class Runner:
             except OSError as exc:  # not found, not executable, bad interpreter line, exec format error
                 raise ToolMissingError(f"cannot run `{command.argv[0]}`: {exc.strerror}") from exc
             assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = command.redact(raw)
-                captured.append(line)
-                tail.append(line)
-                if log is not None:
-                    log.write(line)
-                if on_line is not None:
-                    on_line(line.rstrip("\n"))
-            returncode = proc.wait(timeout=timeout)
-            proc.stdout.close()  # else a ResourceWarning (an error under pytest's filterwarnings=error)
+            try:
+                for raw in proc.stdout:
+                    line = command.redact(raw)
+                    captured.append(line)
+                    tail.append(line)
+                    if log is not None:
+                        log.write(line)
+                    if on_line is not None:
+                        on_line(line.rstrip("\n"))
+                returncode = proc.wait(timeout=timeout)
+            except BaseException:
+                _reap(proc)
+                raise
+            finally:
+                proc.stdout.close()  # else a ResourceWarning (an error under pytest's filterwarnings=error)
         finally:
             if log is not None:
                 log.close()
@@ -127,6 +133,18 @@ class Runner:
                 tail="".join(tail),
             )
         return Result(returncode, output)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """End a child this process stops waiting for (Ctrl-C, a timeout), and wait for it: the caller is about
+    to remove folders the child may still be writing into."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=REAP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def format_argv(argv: Sequence[str]) -> str:

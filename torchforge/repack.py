@@ -374,8 +374,15 @@ def _source_wheel_sha256(archive: Path) -> object:
 
 def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:
     """Install the newest `name` from a local channel into a fresh `prefix` with py-rattler, without its
-    dependencies (an offline forge channel has no python, sympy ...); returns the prefix's site-packages."""
-    
+    dependencies (an offline forge channel has no python, sympy ...); returns the prefix's site-packages.
+    py-rattler runs in a child process (torchforge.rattlerchild)."""
+    from torchforge.rattlerchild import call
+
+    return call("torchforge.repack:_install_here", channel, prefix, name)  # type: ignore[no-any-return]
+
+
+def _install_here(channel: Path, prefix: Path, name: str) -> Path:
+    """`install_from_channel`'s work, in this process."""
     import rattler
 
     repodata = channel / SUBDIR / "repodata.json"

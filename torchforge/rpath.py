@@ -367,8 +367,11 @@ def unpacked(path: Path) -> Iterator[Path]:
     if path.is_dir():
         yield path
         return
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"{path} does not exist", "give a .conda, .tar.bz2 or .whl file, or a directory")
+    if not path.is_file():
+        raise UsageError(f"{path} is neither a file nor a directory (a device or a pipe)",
+                         "give a .conda, .tar.bz2 or .whl file, or a directory")
     name = path.name
     if not name.endswith((".conda", ".tar.bz2", ".whl")):
         raise UsageError(f"{path} is not a package", "give a .conda, .tar.bz2 or .whl file, or a directory")

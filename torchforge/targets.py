@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.errors import UsageError
-from torchforge.fileops import check_dir
+from torchforge.fileops import check_dir, path_of_file_url, read_utf8
 
 
 class TargetKind(str, Enum):
@@ -89,25 +89,28 @@ def _check_labels(labels: tuple[str, ...], where: str) -> tuple[str, ...]:
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+# A secret in a query string (quetz and others read ?token= / ?api_key=): refused like user:token@.
+_QUERY_SECRET = re.compile(r"(?<=[?&])((?:api_?key|token|access_token|password|key)=)[^&#\s]*", re.IGNORECASE)
 
 
 def redact_url(text: str) -> str:
-    """`text` with any `user:password@` of a URL shown as `***@`."""
-    return _USERINFO.sub("***@", text)
+    """`text` with any `user:password@` of a URL shown as `***@`, and any `?token=VALUE` as `?token=***`."""
+    return _QUERY_SECRET.sub(r"\1***", _USERINFO.sub("***@", text))
 
 
 def _reject_credentials(text: str, kind: TargetKind | None) -> None:
     """Credentials in a URL are refused rather than stripped or used: the URL is echoed in logs, written
     into CI files (`torchforge ci --upload-to`) and kept in shell history, and the project reads secrets
     only from the environment or the keyring. The message never repeats them."""
-    if not _USERINFO.search(text):
+    if not _USERINFO.search(text) and not _QUERY_SECRET.search(text):
         return
     where = (f"export {DEFAULT_TOKEN_ENV[kind]}=<token>" if kind in DEFAULT_TOKEN_ENV
              else "put the token in the target's variable (ANACONDA_API_TOKEN, QUETZ_API_KEY) or the keyring")
     raise UsageError(
         f"{redact_url(text)!r} carries credentials in the URL (shown as ***); torchforge does not take secrets "
         "from URLs or flags",
-        f"remove 'user:token@' from the URL and {where} (or name a variable with token_env in channels/*.toml)",
+        f"remove 'user:token@' or '?token=...' from the URL and {where} (or name a variable with token_env in "
+        "channels/*.toml)",
     )
 
 
@@ -119,10 +122,9 @@ def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | N
     _reject_credentials(text, kind)
     labels = _check_labels(labels, text)
     if text.startswith("file://"):
-        parts = urlsplit(text)
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+        path = path_of_file_url(text)
+        if path is None:
             raise UsageError(f"{text!r} is not an absolute file URL", "write file:///absolute/path/to/channel")
-        path = Path(parts.path)
         return Target(name=text, kind=TargetKind.DIRECTORY, labels=labels, path=path)
     if text.startswith("anaconda://"):
         owner = text[len("anaconda://") :].strip("/")
@@ -131,6 +133,9 @@ def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | N
         return Target(name=text, kind=TargetKind.ANACONDA, labels=labels, owner=owner, token_env=token_env)
     if text.startswith(("quetz+http://", "quetz+https://")):
         parts = urlsplit(text[len("quetz+") :])
+        if parts.query or parts.fragment:  # never silently dropped: it would not reach the server
+            raise UsageError(f"{text!r} has a query or fragment, which a quetz target does not take",
+                             "write quetz+http://HOST:PORT/CHANNEL")
         channel = parts.path.strip("/")
         try:
             parts.port  # noqa: B018 -- parsing it is the check: a port that is not a number raises here
@@ -165,7 +170,7 @@ _FIELDS = tuple(_ChannelFile.model_fields)
 def load_file(path: Path) -> Target:
     """Parse one channels/*.toml file into a Target named after the file."""
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_utf8(path))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"cannot read target file {path}: {exc}") from exc
     for secret_key in ("token", "api_key", "password", "api_token"):
@@ -215,14 +220,10 @@ def load_file(path: Path) -> Target:
 
 
 def default_channels_dir() -> Path:
-    """`$TORCHFORGE_CHANNELS_DIR`, else ./channels, else the channels/ folder of a source checkout."""
+    """`$TORCHFORGE_CHANNELS_DIR`, else ./channels. Never the channels/ folder of torchforge's source checkout:
+    its examples (/srv/conda/torchforge ...) are nobody's real targets outside it."""
     env = os.environ.get("TORCHFORGE_CHANNELS_DIR")
-    if env:
-        return Path(env)
-    cwd = Path.cwd() / "channels"
-    if cwd.is_dir():
-        return cwd
-    return Path(__file__).resolve().parents[1] / "channels"
+    return Path(env) if env else Path.cwd() / "channels"
 
 
 def load_all(channels_dir: Path) -> dict[str, Target]:

@@ -148,7 +148,10 @@ class Selection:
         pythons = tuple(split_list(python)) or defaults.python
         platform = platform or defaults.platform
         if not _VERSION_XYZ.match(pytorch):
-            raise UsageError(f"--pytorch expects a release version X.Y.Z, got {pytorch!r}", "for example --pytorch 2.5.1")
+            patches = tables.load().pytorch.patch_releases.get(pytorch, ())
+            example = (f"--pytorch {patches[-1]} (the newest {pytorch} release)" if patches
+                       else f"for example --pytorch {defaults.pytorch}")
+            raise UsageError(f"--pytorch expects a release version X.Y.Z, got {pytorch!r}", example)
         for accel in accels:
             if accel != CPU and not _VERSION_XY.match(accel):
                 raise UsageError(f"--cuda expects X.Y or cpu, got {accel!r}", "for example --cuda 11.8,12.4,cpu")

@@ -22,7 +22,7 @@ from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.flavours import Flavour
-from torchforge.preflight import checked_jobs, report_table, run_preflight
+from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
@@ -118,6 +118,7 @@ def register(app: typer.Typer) -> None:
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
         flavour: FlavourOpt = Flavour.OFFICIAL,
+        keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
         if flavour is Flavour.CONDA_FORGE:
@@ -145,7 +146,7 @@ def register(app: typer.Typer) -> None:
         # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
         # with or without --dry-run.
         render_plan.require_buildable()
-        for variant in render_plan.variants:
+        for variant in () if magma_only else render_plan.variants:  # --magma-only builds no pytorch
             for message in variant.warnings:
                 warn(f"{variant.id}: {message}")
         for magma in render_plan.magma:
@@ -173,6 +174,12 @@ def register(app: typer.Typer) -> None:
         if site.path is not None:
             err.print(f"channels and images from {site.path}")
         extra_env: dict[str, str] = {}
+        if dry_run and not skip_preflight:
+            # No tool is looked at, but what a dry run can know already fails it as the real build would.
+            plan_report = run_plan_checks(render_plan, source=source, out=out_dir, magma_only=magma_only)
+            if not plan_report.ok:
+                err.print(report_table(plan_report))
+            plan_report.raise_if_failed()
         if not skip_preflight and not dry_run:
             # Check the machine before a multi-hour build: every problem at once, each with its fix.
             report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
@@ -188,7 +195,7 @@ def register(app: typer.Typer) -> None:
             out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
             magma_only=magma_only, patches=tuple(patch or ()), magma_patches=tuple(magma_patch or ()),
             extra_env=extra_env, site_channels=site.channels, container=container_settings,
-            use_cache=not no_cache, cache_root=cache,
+            use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
         )
         steps = plan_steps(render_plan, chosen, settings)
         print_plan(steps, settings.channels, settings.compile_cache_root if settings.caching else None)
@@ -207,7 +214,10 @@ def register(app: typer.Typer) -> None:
         for result in failed:
             _explain(result)
         if failed:
+            not_attempted = len(steps) - len(results)  # the plan stops at the first failure without --keep-going
             raise BuildFailedError(
-                f"{len(failed)} of {len(results)} package(s) failed",
-                "read the log tail above; rerun the same command to resume (finished packages are skipped)",
+                f"{len(failed)} of {len(steps)} planned package(s) failed"
+                + (f", {not_attempted} not attempted after it" if not_attempted else ""),
+                "read the log tail above; rerun the same command to resume (finished packages are skipped)"
+                + ("; --keep-going attempts the others past a failure" if not_attempted else ""),
             )

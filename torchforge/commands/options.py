@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
@@ -18,8 +19,9 @@ from torchforge.resolve import default_release
 from torchforge.variant import Options, Selection, parse_env
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
-CudaOpt = Annotated[str | None, typer.Option("--cuda", help="Comma list of CUDA X.Y and/or cpu, e.g. 11.8,12.4,cpu.")]
-PythonOpt = Annotated[str | None, typer.Option("--py", "--python", help="Comma list of Python X.Y, e.g. 3.10,3.12.")]
+_DEFAULTS = tables.load().pytorch.defaults  # shown in --help: the data says what an omitted flag means
+CudaOpt = Annotated[str | None, typer.Option("--cuda", help=f"Comma list of CUDA X.Y and/or cpu (default: {','.join(_DEFAULTS.cuda)}).")]
+PythonOpt = Annotated[str | None, typer.Option("--py", "--python", help=f"Comma list of Python X.Y (default: {','.join(_DEFAULTS.python)}).")]
 PlatformOpt = Annotated[str | None, typer.Option("--platform", help="linux-64 (default), linux-aarch64, win-64, osx-64 or osx-arm64 (macOS: cpu only).")]
 ArchListOpt = Annotated[str | None, typer.Option("--arch-list", help="Override TORCH_CUDA_ARCH_LIST, e.g. '8.0;9.0'.")]
 BuildNumberOpt = Annotated[int, typer.Option("--build-number", min=0, help="Build number (official packages used 0).")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -47,4 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The log is flushed and the package written: end without interpreter teardown, where the Rust runtime's
+    # threads have crashed py-rattler processes (torchforge.rattlerchild).
+    os._exit(status)

@@ -52,7 +52,24 @@ def check_channel(
 ) -> list[str]:
     """Verify `archives` in `channel_url`. `wait_s` allows for servers that index in the background (quetz).
     `work` is where the scratch prefix goes (a directory channel passes its own scratch folder, so a killed
-    check leaves nothing outside the channel, and the next run removes it)."""
+    check leaves nothing outside the channel, and the next run removes it). py-rattler runs in a child
+    process (torchforge.rattlerchild)."""
+    from torchforge.rattlerchild import call
+
+    return call("torchforge.uploaders.rattler_check:_check_here", channel_url, list(archives),  # type: ignore[no-any-return]
+                wait_s=wait_s, poll_s=poll_s, install=install, work=work)
+
+
+def _check_here(
+    channel_url: str,
+    archives: Sequence[Archive],
+    *,
+    wait_s: float = 0.0,
+    poll_s: float = 0.5,
+    install: bool = True,
+    work: Path | None = None,
+) -> list[str]:
+    """`check_channel`'s work, in this process."""
     from rattler import Gateway, Platform, install as rattler_install, solve
     from rattler.exceptions import SolverError
 
