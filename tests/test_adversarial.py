@@ -237,7 +237,7 @@ def damaged_wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     from tests.test_wheel_repair import build_hello_wheel
 
     root = tmp_path_factory.mktemp("damaged-wheels")
-    good = build_hello_wheel(root).read_bytes()
+    good = build_hello_wheel(root, name="torch").read_bytes()
     wheels = []
     for how, data in (("garbage", os.urandom(4096)), ("truncated", good[: len(good) // 2]),
                       ("bitflip", good[:200] + bytes([good[200] ^ 0xFF]) + good[201:])):
@@ -328,10 +328,11 @@ def test_read_only_output_is_a_file_system_error(line: str, words: str, mounts: 
 
 @pytest.fixture(scope="module")
 def hello_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small real CPython wheel with a C extension (repack turns it into pytorch-1.0-pyX.Y_cpu_0)."""
+    """A small real CPython wheel of a project named torch, with a C extension (repack turns it into
+    pytorch-1.0-pyX.Y_cpu_0)."""
     from tests.test_wheel_repair import build_hello_wheel
 
-    return build_hello_wheel(tmp_path_factory.mktemp("hello-wheel"))
+    return build_hello_wheel(tmp_path_factory.mktemp("hello-wheel"), name="torch")
 
 
 def test_move_into_place_crosses_file_systems(mounts: Mounts, tmp_path: Path) -> None:

@@ -109,8 +109,21 @@ class WheelMeta:
     entry_points: str  # entry_points.txt content ("" when absent)
 
 
+# The distributions `repack` knows how to turn into conda packages (PEP 503 names).
+REPACKABLE = frozenset({"torch"})
+
+
+def check_repackable(name: str, wheel: Path) -> None:
+    """A wheel of any other project (numpy, a renamed file) would be published as `pytorch`: refused."""
+    if canonicalize_name(name) not in REPACKABLE:
+        raise UsageError(f"{wheel.name} is a wheel of {name!r}, which torchforge does not repack",
+                         f"repack takes wheels of {', '.join(sorted(REPACKABLE))}; install other projects "
+                         "from conda-forge or with pip")
+
+
 def read_wheel(wheel: Path) -> WheelMeta:
     name = WheelName.parse(wheel.name)
+    check_repackable(name.name, wheel)
     match = re.fullmatch(r"cp(\d)(\d+)", name.python)
     if not match:
         raise UsageError(f"{wheel.name}: python tag {name.python} is not a CPython tag", "repack handles cpXY wheels")
@@ -120,6 +133,7 @@ def read_wheel(wheel: Path) -> WheelMeta:
             if dist is None:
                 raise ArchiveError(f"{wheel.name} has no .dist-info folder", "repack official torch wheels")
             headers = HeaderParser().parsestr(zf.read(f"{dist}/METADATA").decode("utf-8"))
+            check_repackable(headers.get("Name", ""), wheel)  # the file name can lie; METADATA is what pip reads
             try:
                 entry_points = zf.read(f"{dist}/entry_points.txt").decode("utf-8")
             except KeyError:
