@@ -27,7 +27,7 @@ DEMO := .cache/demo
 demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forge-channel, install it with py-rattler, import it
 	$(BIN)/pip download torch==2.13.0 --no-deps --quiet -d $(DEMO)/wheels
 	$(BIN)/torchforge repack $(DEMO)/wheels/torch-2.13.0*.whl --out forge-channel --replace
-	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-py3.11_cpu_0.conda
+	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-whl_py3.11_cpu_0.conda
 	test -x $(DEMO)/py/bin/python || ($(BIN)/python -m venv $(DEMO)/py && $(DEMO)/py/bin/pip install --quiet typing_extensions sympy networkx jinja2 filelock fsspec numpy)
 	rm -rf $(DEMO)/env
 	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"

@@ -35,7 +35,7 @@ def test_a_wheel_of_another_project_is_refused_and_nothing_written(
     code, text = run_main(["repack", str(foreign_wheel), "--out", str(chan)], capsys)
     assert code == ExitCode.USAGE, text
     assert f"{foreign_wheel.name} is a wheel of 'MarkupSafe', which torchforge does not repack" in text
-    assert "repack takes wheels of torch" in text
+    assert "repack takes wheels of pytorch-triton, torch, torchaudio, torchvision, triton" in text
     assert not chan.exists()
 
 

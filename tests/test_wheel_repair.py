@@ -43,6 +43,8 @@ def build_hello_wheel(out: Path, name: str = "hello") -> Path:
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
         f"{dist}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {PYTAG}-{PYTAG}-linux_x86_64\n".encode(),
     }
+    if name == "torch":  # repack reads the build (+cpu) from version.py, as official wheels carry it
+        files[f"{name}/version.py"] = b"__version__ = '1.0+cpu'\n"
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items()) + f"{dist}/RECORD,,\n"
     wheel = out / f"{name}-1.0-{PYTAG}-{PYTAG}-linux_x86_64.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
