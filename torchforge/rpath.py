@@ -207,7 +207,7 @@ def _inside(rel: str) -> bool:
 @dataclass(frozen=True)
 class Resolution:
     needed: str
-    where: str  # package | env | nvidia-pip | system | unresolved
+    where: str  # package | env | dependency | nvidia-pip | system | host (a plugin's host library) | unresolved
     location: str = ""  # directory relative to the root (lexical) where it was found
 
 
@@ -310,6 +310,9 @@ def audit_file(tree: Tree, layout: Layout, info: ElfInfo, nvidia: tuple[str, ...
         for where, dir_rel in dirs:
             if where == "package" and _in_package(tree, dir_rel, needed):
                 found = Resolution(needed, where, dir_rel)
+            elif where == "package" and needed.startswith(tree.provided.get(dir_rel, ("\0",))):
+                # a folder this package shares with a dependency (CUDA 13's nvidia/cu13/lib)
+                found = Resolution(needed, "dependency", dir_rel)
             elif where == "env" and _provided_by_env(tree, needed):
                 found = Resolution(needed, where, dir_rel)
             elif where == "dependency" and needed.startswith(tree.provided[dir_rel]):
@@ -320,6 +323,8 @@ def audit_file(tree: Tree, layout: Layout, info: ElfInfo, nvidia: tuple[str, ...
                 break
         if found is None and needed in rules().system:
             found = Resolution(needed, "system")
+        if found is None and catalog().host_library(rel, needed):
+            found = Resolution(needed, "host")
         if found is None:
             found = Resolution(needed, "unresolved")
             searched = ":".join(info.search_path) or "no RPATH/RUNPATH"
@@ -509,6 +514,9 @@ def plan_fix(
             providers.setdefault(link.name, set()).add(posixpath.dirname(_rel(root, link)) or ".")
     for copy in copies:
         providers.setdefault(copy.target.name, set()).add(target_dir)
+    # The loader finds a DT_NEEDED name as a file name; a SONAME alone (torchvision.libs' hashed copy of
+    # libcudart keeps SONAME libcudart.so.13) does not make a file of that name.
+    files = {info.path.name for info in found.elves} | {link.name for link in found.symlinks} | {c.target.name for c in copies}
     nvidia = nvidia_dirs(tree, nvidia_era) if layout is Layout.WHEEL_NVIDIA else ()
     changes: list[FileChange] = []
     unchanged: list[str] = []
@@ -528,7 +536,7 @@ def plan_fix(
         if layout is Layout.CONDA:
             entries = _kept(info, file_dir, tree) if keep_provided else []
             entries += ["$ORIGIN"] + [_origin(file_dir, d) for d in dep_dirs]
-            entries += [_origin(file_dir, d) for d in _provided_for(tree, needed_after, providers)]
+            entries += [_origin(file_dir, d) for d in _provided_for(tree, needed_after, files)]
             entries.append(_origin(file_dir, tree.env_lib_rel))
         elif layout is Layout.WHEEL_NVIDIA:
             entries = [_origin(file_dir, d) for d in nvidia] + entries
@@ -544,7 +552,7 @@ def plan_fix(
     return FixPlan(root, layout, tuple(copies), tuple(changes), tuple(unchanged))
 
 
-def _provided_for(tree: Tree, needed: Iterable[str], in_package: dict[str, set[str]]) -> list[str]:
+def _provided_for(tree: Tree, needed: Iterable[str], in_package: set[str]) -> list[str]:
     """The dependency folders that hold the libraries `needed` names and the package does not carry."""
     found = []
     for name in needed:

@@ -32,6 +32,8 @@ class Component(BaseModel):
     conda_forge: str
     lib_dir: str
     libraries: tuple[str, ...]
+    # Libraries of the host that some of the wheel's plugins link and the wheel does not carry (rdma-core, MPI).
+    host_libraries: tuple[str, ...] = ()
 
 
 class Catalog(BaseModel):
@@ -60,6 +62,13 @@ class Catalog(BaseModel):
             if conda_name in (name, component.conda_forge):
                 found.extend(component.libraries)
         return tuple(dict.fromkeys(found))
+
+    def host_library(self, file_rel: str, needed: str) -> bool:
+        """`needed` is a host library NVIDIA's wheel expects next to the file `file_rel` (a path ending in the
+        component's lib_dir and file name)."""
+        folder = file_rel.rsplit("/", 1)[0] if "/" in file_rel else ""
+        return any(needed.startswith(c.host_libraries) for c in self.components.values()
+                   if c.host_libraries and c.lib_dir and (folder == c.lib_dir or folder.endswith("/" + c.lib_dir)))
 
     def provided_dirs(self, depends: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         """site-packages folders (→ library name prefixes) that the conda packages in `depends` install:

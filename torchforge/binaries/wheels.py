@@ -64,7 +64,8 @@ def read(path: Path) -> StackWheel:
             headers = HeaderParser().parsestr(zf.read(f"{dist}/METADATA").decode("utf-8"))
             project = canonicalize_name(headers.get("Name", ""))
             known = catalog().project(project)
-            if known is None and catalog().component(project) is None:
+            # cuda-toolkit: a metadata-only wheel whose extras pin torch 2.11+'s CUDA 13 components.
+            if known is None and catalog().component(project) is None and project != "cuda-toolkit":
                 raise _foreign(path, headers.get("Name", ""))
             local = None
             if known is not None and known.cuda_variant:
