@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack test goldens bench container-image container-check clean
+.PHONY: help venv demo demo-repack repack-cuda-stack test goldens bench container-image container-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,16 @@ demo-repack: $(STAMP)  ## repack the official torch 2.13.0 CPU wheel into ./forg
 	rm -rf $(DEMO)/env
 	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"
 	PYTHONPATH=$(DEMO)/env/lib/python3.11/site-packages $(DEMO)/py/bin/python -c "import torch; print(torch.__version__, torch.__file__); print('torch.ones(3).sum() =', torch.ones(3).sum().item())"
+
+STACK := .cache/cu128
+STACK_FETCH := --pytorch 2.10.0 --cuda 12.8 --py 3.12 --with torchvision,torchaudio --wheel-dir $(STACK)/wheels
+repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.10.0 CUDA 12.8 stack repacked both ways, audited, solved, installed, every DT_NEEDED checked
+	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs wheels --out $(STACK)/chan-wheels
+	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs conda-forge --out $(STACK)/chan-conda-forge
+	for pkg in $(STACK)/chan-wheels/linux-64/*.conda $(STACK)/chan-conda-forge/linux-64/*.conda; do \
+	  nice $(BIN)/torchforge rpath audit $$pkg || exit 1; done
+	rm -rf $(STACK)/env $(STACK)/env-stand-ins $(STACK)/env-pkgs
+	nice $(BIN)/python -m tests.stack_env $(STACK)/chan-wheels $(STACK)/env --cuda 12.8 --glibc 2.28
 
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests

@@ -297,3 +297,47 @@ def test_a_rerun_reuses_what_was_repacked_from_the_same_wheels(cpu_wheels: list[
     assert code == 0 and text.count("reused: already repacked from this wheel") == 3, text
     code, text = run_main([*argv, "--cuda-libs", "bogus"], capsys)
     assert code == ExitCode.USAGE and "--cuda-libs bogus is not a source of CUDA libraries" in text
+
+
+# ------------------------------------------------------------------------------------------------ fetching
+
+
+def test_fetch_options_are_checked_before_pip_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chan = tmp_path / "chan"
+    cases = [
+        (["--pytorch", "2.10.0"], "--pytorch needs --py X.Y"),
+        (["--pytorch", "2.10", "--py", "3.12"], "--pytorch 2.10 is not a release version"),
+        (["--pytorch", "2.10.0", "--py", "3.12", "--with", "torchvision,numpy"], "numpy is not part of a PyTorch stack"),
+        (["--cuda", "12.8"], "go with --pytorch"),
+        ([], "no wheels given"),
+    ]
+    for argv, words in cases:
+        text = _refused(["repack", *argv, "--wheel-dir", str(tmp_path / "w")], capsys, chan)
+        assert words in text, (argv, text)
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_served_cuda_build_must_be_the_one_asked_for() -> None:
+    from torchforge.commands.binaries import _check_cuda
+    from torchforge.errors import UsageError
+
+    _check_cuda("12.8", "12.8", None)
+    _check_cuda("cpu", None, "https://download.pytorch.org/whl/cpu")
+    with pytest.raises(UsageError) as refused:
+        _check_cuda("12.6", "12.8", None)
+    assert refused.value.message == "PyPI served CUDA 12.8 of torch, not 12.6"
+    assert refused.value.hint is not None and "https://download.pytorch.org/whl/cu126" in refused.value.hint
+
+
+@pytest.mark.slow
+def test_pip_resolves_the_real_stack_with_its_hashes(tmp_path: Path) -> None:
+    """The resolve step against PyPI (metadata only): every wheel repack needs, none it does not, each with a sha256."""
+    from torchforge.binaries import fetch
+
+    planned = fetch.resolve(fetch.Request("2.10.0", "3.12", "12.8", ("torchvision", "torchaudio"), None), tmp_path, Runner())
+    names = {p.project: p.filename for p in planned}
+    assert names["torch"] == "torch-2.10.0-3-cp312-cp312-manylinux_2_28_x86_64.whl"
+    assert names["torchvision"].startswith("torchvision-0.25.0-cp312") and names["triton"].startswith("triton-3.6.0-cp312")
+    assert names["nvidia-cublas-cu12"].startswith("nvidia_cublas_cu12-12.8.4.1-")
+    assert not {"sympy", "numpy", "filelock", "networkx"} & set(names)  # pure Python: from the user's channels
+    assert all(len(p.sha256) == 64 for p in planned)

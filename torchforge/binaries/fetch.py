@@ -109,6 +109,7 @@ def resolve(request: Request, work: Path, runner: Runner, on_line: Callable[[str
 def download(request: Request, wheel_dir: Path, runner: Runner,
              on_line: Callable[[str], None] | None = None) -> list[Path]:
     """Fetch the stack into `wheel_dir` (kept between runs); returns the wheel files, hashes checked."""
+    requirements(request)  # a malformed request is refused before anything is created
     fileops.ensure_dir(wheel_dir, "wheel folder")
     with fileops.scratch(wheel_dir, "resolve") as work:
         planned = resolve(request, work, runner, on_line)

@@ -69,12 +69,12 @@ def register(app: typer.Typer) -> None:
                              "use conda-forge (the default) or wheels") from None
         if level is not None:
             check_zstd_level(level)
+        if pytorch is None and (cuda or python or with_ or index_url):
+            raise UsageError("--cuda, --py, --with and --wheel-index go with --pytorch", "add --pytorch X.Y.Z")
         if pytorch is None and not wheels:
             raise UsageError("no wheels given", "pass wheel files, or --pytorch X.Y.Z --py X.Y to fetch them")
         if pytorch is not None and wheels:
             raise UsageError("wheel files and --pytorch were both given", "pass one or the other")
-        if pytorch is None and (cuda or python or with_ or index_url):
-            raise UsageError("--cuda, --py, --with and --wheel-index go with --pytorch", "add --pytorch X.Y.Z")
         paths = list(wheels) if wheels else _fetch(pytorch or "", cuda, python, with_, index_url,
                                                     wheel_dir or _default_wheel_dir())
         if pytorch is not None:
