@@ -22,7 +22,6 @@ from torchforge.binaries.stack import repack_stack
 from torchforge.elf import read_elf
 from torchforge.errors import ExitCode
 from torchforge.proc import Runner
-from torchforge.repack import PREFIX_PLACEHOLDER  # noqa: F401  (the archive's prefix placeholder is replaced on install)
 from torchforge.rpath import audit
 
 CF_BUILD = f"whl_cf_py{PY}_cuda12.8_cudnn9.10.2_200"

@@ -15,7 +15,6 @@ Choices (docs/repack.md says them to users):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum

@@ -100,30 +100,29 @@ def repack_stack(
         check_crcs(package.wheel.path)
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
-    start = time.perf_counter()
     shas = {p.filename: sha256_of(p.wheel.path) for p in stack.packages}
     reused = {p.filename: _existing(channel, p, shas[p.filename], replace_) for p in stack.packages}
     results: list[RepackResult] = []
     with fileops.scratch(channel, "repack") as work:
-        built: list[tuple[PackagePlan, Path, object, tuple[str, ...]]] = []
+        built: list[tuple[PackagePlan, Path, object, tuple[str, ...], float]] = []
         for package in stack.packages:
             if reused[package.filename] is not None:
                 continue
+            start = time.perf_counter()
             archive, report, depends = build_archive(
                 package, work / "out", runner, specs=stack.specs, work=work,
                 extra={"repack_plan": plan_digest(package)},
                 on_step=lambda s, name=package.filename: step(name, s), **kwargs)
             if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
                 raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
-            built.append((package, archive, report, depends))
-        for package, archive, report, depends in built:
+            built.append((package, archive, report, depends, time.perf_counter() - start))
+        for package, archive, report, depends, seconds in built:
             step(package.filename, "publishing")
             try:
                 published = localchannel.publish(archive, channel, SUBDIR, replace=replace_).path
             except localchannel.ArchiveExistsError as exc:
                 raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
-            results.append(RepackResult(published, published.stat().st_size, time.perf_counter() - start,
-                                        report, depends))  # type: ignore[arg-type]
+            results.append(RepackResult(published, published.stat().st_size, seconds, report, depends))  # type: ignore[arg-type]
     for package in stack.packages:
         existing = reused[package.filename]
         if existing is not None:
