@@ -116,13 +116,13 @@ def repack_stack(
             if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
                 raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
             built.append((package, archive, report, depends, time.perf_counter() - start))
-        for package, archive, report, depends, seconds in built:
-            step(package.filename, "publishing")
-            try:
-                published = localchannel.publish(archive, channel, SUBDIR, replace=replace_).path
-            except localchannel.ArchiveExistsError as exc:
-                raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
-            results.append(RepackResult(published, published.stat().st_size, seconds, report, depends))  # type: ignore[arg-type]
+        step(f"{len(built)} package(s)", "publishing")
+        try:
+            placed = localchannel.publish_many([b[1] for b in built], channel, SUBDIR, replace=replace_)
+        except localchannel.ArchiveExistsError as exc:
+            raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
+        for (_package, _archive, report, depends, seconds), published in zip(built, placed):
+            results.append(RepackResult(published.path, published.path.stat().st_size, seconds, report, depends))  # type: ignore[arg-type]
     for package in stack.packages:
         existing = reused[package.filename]
         if existing is not None:
