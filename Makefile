@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack example docs test goldens bench bench-quick container-image container-check ci-local clean
+.PHONY: help venv demo demo-repack repack-cuda-stack example docs test goldens bench bench-quick container-image container-check ci-local clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -27,7 +27,7 @@ DEMO := .cache/demo
 demo-repack: $(STAMP)  ## download the official torch 2.13.0 CPU wheel (~190 MB), repack it into ./forge-channel, install it with py-rattler, import it from a second venv (.cache/demo/py)
 	$(BIN)/pip download torch==2.13.0 --no-deps --quiet -d $(DEMO)/wheels
 	$(BIN)/torchforge repack $(DEMO)/wheels/torch-2.13.0*.whl --out forge-channel --replace
-	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-py3.11_cpu_0.conda
+	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-whl_py3.11_cpu_0.conda
 	test -x $(DEMO)/py/bin/python || ($(BIN)/python -m venv $(DEMO)/py && $(DEMO)/py/bin/pip install --quiet typing_extensions sympy networkx jinja2 filelock fsspec numpy)
 	rm -rf $(DEMO)/env
 	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"
@@ -39,6 +39,16 @@ example: $(STAMP)  ## the README's quick start, offline, in a fresh ./try: stand
 
 docs: $(STAMP)  ## regenerate the data tables and output examples in README.md and docs/ (review the diff)
 	$(BIN)/python -m tests.docgen
+
+STACK := .cache/cu128
+STACK_FETCH := --pytorch 2.10.0 --cuda 12.8 --py 3.12 --with torchvision,torchaudio --wheel-dir $(STACK)/wheels
+repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.10.0 CUDA 12.8 stack repacked both ways, audited, solved, installed, every DT_NEEDED checked
+	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs wheels --out $(STACK)/chan-wheels
+	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs conda-forge --out $(STACK)/chan-conda-forge
+	for pkg in $(STACK)/chan-wheels/linux-64/*.conda $(STACK)/chan-conda-forge/linux-64/*.conda; do \
+	  nice $(BIN)/torchforge rpath audit $$pkg || exit 1; done
+	rm -rf $(STACK)/env $(STACK)/env-stand-ins $(STACK)/env-pkgs
+	nice $(BIN)/python -m tests.stack_env $(STACK)/chan-wheels $(STACK)/env --cuda 12.8 --glibc 2.28
 
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests

@@ -15,6 +15,8 @@ from pathlib import Path
 from bench import Row, timed
 from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.proc import Command, Runner
+from torchforge.binaries.plan import CudaLibs
+from torchforge.binaries.stack import plan_wheels
 from torchforge.repack import DEFAULT_ZSTD_LEVEL, build_archive
 from torchforge.rpath import Layout, audit_tree, find_patchelf, fix_and_audit, plan_fix
 
@@ -136,7 +138,8 @@ def run(quick: bool = False) -> list[Row]:
 
     with tempfile.TemporaryDirectory(prefix="bench-repack-", dir=WORK) as tmp:
         start = time.perf_counter()
-        archive, _report, _deps = build_archive(wheel, Path(tmp), runner, work=WORK)
+        package = plan_wheels([wheel], CudaLibs.CONDA_FORGE).packages[0]
+        archive, _report, _deps = build_archive(package, Path(tmp), runner, work=WORK)
         repack_s = time.perf_counter() - start
         rows.append(Row("repack", f"torch wheel -> .conda (zstd {DEFAULT_ZSTD_LEVEL}, all threads)", f"{repack_s:.1f} s",
                         f"{archive.stat().st_size / 1e6:.1f} MB (wheel {wheel.stat().st_size / 1e6:.1f} MB)"))

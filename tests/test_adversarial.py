@@ -239,7 +239,7 @@ def damaged_wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     from tests.test_wheel_repair import build_hello_wheel
 
     root = tmp_path_factory.mktemp("damaged-wheels")
-    good = build_hello_wheel(root).read_bytes()
+    good = build_hello_wheel(root, name="torch").read_bytes()
     wheels = []
     for how, data in (("garbage", os.urandom(4096)), ("truncated", good[: len(good) // 2]),
                       ("bitflip", good[:200] + bytes([good[200] ^ 0xFF]) + good[201:])):
@@ -330,10 +330,11 @@ def test_read_only_output_is_a_file_system_error(line: str, words: str, mounts: 
 
 @pytest.fixture(scope="module")
 def hello_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small real CPython wheel with a C extension (repack turns it into pytorch-1.0-pyX.Y_cpu_0)."""
+    """A small real CPython wheel of a project named torch, with a C extension (repack turns it into
+    pytorch-1.0-whl_pyX.Y_cpu_0)."""
     from tests.test_wheel_repair import build_hello_wheel
 
-    return build_hello_wheel(tmp_path_factory.mktemp("hello-wheel"))
+    return build_hello_wheel(tmp_path_factory.mktemp("hello-wheel"), name="torch")
 
 
 def test_move_into_place_crosses_file_systems(mounts: Mounts, tmp_path: Path) -> None:
@@ -363,7 +364,7 @@ def test_every_output_works_on_another_file_system(mounts: Mounts, junk: dict[st
     code, text = run_main(["repack", str(hello_wheel), "--out", str(other / "chan")], capsys)
     assert code == 0, text
     assert sorted(p.name for p in (other / "chan" / "linux-64").glob("*.conda")) == [
-        "hello-1.0-py3.11_cpu_0.conda", f"pytorch-1.0-py{sys.version_info.major}.{sys.version_info.minor}_cpu_0.conda"]
+        "hello-1.0-py3.11_cpu_0.conda", f"pytorch-1.0-whl_py{sys.version_info.major}.{sys.version_info.minor}_cpu_0.conda"]
     assert not list(other.rglob(SCRATCH))
 
 
@@ -559,7 +560,7 @@ def test_build_killed_then_rerun_converges(point: str, torch_like_stubs: Path, t
 @pytest.mark.parametrize("point", ["while-unpacking", "published-not-indexed"])
 def test_repack_killed_then_rerun_converges(point: str, hello_wheel: Path, python_stub: Path, tmp_path: Path) -> None:
     chan = tmp_path / "chan"
-    filename = f"pytorch-1.0-py{sys.version_info.major}.{sys.version_info.minor}_cpu_0.conda"
+    filename = f"pytorch-1.0-whl_py{sys.version_info.major}.{sys.version_info.minor}_cpu_0.conda"
     argv = ["repack", str(hello_wheel), "--out", str(chan)]
     points = {
         "while-unpacking": lambda: any(chan.glob(f"{SCRATCH.rstrip('*')}repack-*/torchforge-repack-*/pkg")),

@@ -24,7 +24,7 @@ from tests.conftest import TORCH, cached, session_shared
 from torchforge.elf import read_elf
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit, find_patchelf
-from torchforge.repack import repack
+from torchforge.binaries.stack import repack_stack
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 IMPORT_DEPS = ("typing_extensions", "sympy", "networkx", "jinja2", "filelock", "fsspec", "numpy")
@@ -76,7 +76,7 @@ def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         if not marker.exists() or not marker.read_text().strip():  # empty: made before the kill was part of it
             shutil.rmtree(shared, ignore_errors=True)
             left = _killed_while_unpacking(torch_wheel, shared / "chan")
-            repack(torch_wheel, shared / "chan", Runner())
+            repack_stack([torch_wheel], shared / "chan", Runner())
             (shared / ".complete").write_text(str(left))
     return shared / "chan"
 
@@ -95,7 +95,7 @@ def test_a_repack_killed_mid_unpack_left_scratch_that_the_rerun_removed(channel:
     left = int((channel.parent / ".complete").read_text())
     assert left >= 100e6  # what the killed run left in the channel's scratch folder
     assert not list(channel.glob(".torchforge-tmp-*"))
-    assert [p.name for p in channel.glob("linux-64/*.conda")] == [f"pytorch-{TORCH}-py{PY}_cpu_0.conda"]
+    assert [p.name for p in channel.glob("linux-64/*.conda")] == [f"pytorch-{TORCH}-whl_py{PY}_cpu_0.conda"]
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +113,7 @@ def extracted(channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _archive(channel: Path) -> Path:
-    return channel / "linux-64" / f"pytorch-{TORCH}-py{PY}_cpu_0.conda"
+    return channel / "linux-64" / f"pytorch-{TORCH}-whl_py{PY}_cpu_0.conda"
 
 
 def test_repacked_package_is_named_like_official_and_audits_clean(channel: Path) -> None:
@@ -124,7 +124,7 @@ def test_repacked_package_is_named_like_official_and_audits_clean(channel: Path)
     assert len(report.files) >= 12
     repodata = json.loads((channel / "linux-64" / "repodata.json").read_text())
     record = repodata["packages.conda"][archive.name]
-    assert (record["name"], record["version"], record["build"], record["build_number"]) == ("pytorch", TORCH, f"py{PY}_cpu_0", 0)
+    assert (record["name"], record["version"], record["build"], record["build_number"]) == ("pytorch", TORCH, f"whl_py{PY}_cpu_0", 0)
     assert "python >=3.11,<3.12.0a0" in record["depends"]
     assert "typing_extensions >=4.10.0" in record["depends"] and "sympy >=1.13.3" in record["depends"]
     assert not any(d.startswith(("setuptools", "optree", "opt-einsum", "pyyaml")) for d in record["depends"])
@@ -156,7 +156,7 @@ def test_installed_repack_imports(channel: Path, import_python: Path, tmp_path: 
     import rattler
 
     repo = rattler.SparseRepoData(rattler.Channel(str(channel)), "linux-64", channel / "linux-64" / "repodata.json")
-    records = [r for r in repo.load_records(rattler.PackageName("pytorch")) if str(r.build) == f"py{PY}_cpu_0"]
+    records = [r for r in repo.load_records(rattler.PackageName("pytorch")) if str(r.build) == f"whl_py{PY}_cpu_0"]
     assert len(records) == 1
     prefix = tmp_path / "env"
     # Only pytorch itself: its conda dependencies (python, sympy ...) are not in this offline channel; the

@@ -29,21 +29,24 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_hello_wheel(out: Path) -> Path:
-    """hello-1.0-cpXY-cpXY-linux_x86_64.whl: a package with a C extension needing libm (RUNPATH $ORIGIN)."""
+def build_hello_wheel(out: Path, name: str = "hello") -> Path:
+    """NAME-1.0-cpXY-cpXY-linux_x86_64.whl: a package with a C extension needing libm (RUNPATH $ORIGIN).
+    `name="torch"` makes the smallest wheel `repack` accepts."""
     ext_suffix = sysconfig.get_config_var("EXT_SUFFIX")
     so = out / f"_hello{ext_suffix}"
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f"-I{sysconfig.get_paths()['include']}", str(HERE / "hello.c"),
                     "-o", str(so), "-lm", "-Wl,--enable-new-dtags,-rpath,$ORIGIN"], check=True, capture_output=True)
-    dist = "hello-1.0.dist-info"
+    dist = f"{name}-1.0.dist-info"
     files = {
-        "hello/__init__.py": b"from hello._hello import answer\n",
-        f"hello/_hello{ext_suffix}": so.read_bytes(),
-        f"{dist}/METADATA": b"Metadata-Version: 2.1\nName: hello\nVersion: 1.0\n",
+        f"{name}/__init__.py": f"from {name}._hello import answer\n".encode(),
+        f"{name}/_hello{ext_suffix}": so.read_bytes(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
         f"{dist}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {PYTAG}-{PYTAG}-linux_x86_64\n".encode(),
     }
+    if name == "torch":  # repack reads the build (+cpu) from version.py, as official wheels carry it
+        files[f"{name}/version.py"] = b"__version__ = '1.0+cpu'\n"
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items()) + f"{dist}/RECORD,,\n"
-    wheel = out / f"hello-1.0-{PYTAG}-{PYTAG}-linux_x86_64.whl"
+    wheel = out / f"{name}-1.0-{PYTAG}-{PYTAG}-linux_x86_64.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in files.items():
             info = zipfile.ZipInfo(name)

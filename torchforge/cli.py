@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "build",
     "upload",
     "rpath",
+    "binaries",
     "ci",
     "diagnose",
     "doctor",

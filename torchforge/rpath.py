@@ -35,6 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from torchforge import fileops
+from torchforge.binaries.catalog import catalog
 from torchforge.data import data_text, parse_toml
 from torchforge.elf import ElfInfo, ElfReadError, iter_tree, maybe_elf, read_elf
 from torchforge.errors import (
@@ -124,6 +125,9 @@ class Tree:
     is_prefix: bool  # an environment: <prefix>/lib exists and its files count
     depends: tuple[str, ...]  # conda package names the package depends on (info/index.json)
     requires_nvidia: bool  # the wheel's METADATA requires nvidia-* wheels
+    # site-packages folders (relative to the root) that the declared depends install, with the library
+    # name prefixes found there: torchvision reaches torch/lib, a repacked torch site-packages/nvidia/*/lib.
+    provided: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _norm(rel: str) -> str:
@@ -147,6 +151,7 @@ def inspect_tree(root: Path) -> Tree:
     for metadata in (root / site).glob("*.dist-info/METADATA"):
         text = metadata.read_text("utf-8", errors="replace")
         requires_nvidia |= bool(re.search(r"^Requires-Dist:\s*nvidia-", text, re.MULTILINE))
+    provided = {_norm(f"{site}/{folder}"): libs for folder, libs in catalog().provided_dirs(depends).items()}
     return Tree(
         root=root,
         site_rel=site,
@@ -154,6 +159,7 @@ def inspect_tree(root: Path) -> Tree:
         is_prefix=(root / "conda-meta").is_dir(),
         depends=depends,
         requires_nvidia=requires_nvidia,
+        provided=provided,
     )
 
 
@@ -201,7 +207,7 @@ def _inside(rel: str) -> bool:
 @dataclass(frozen=True)
 class Resolution:
     needed: str
-    where: str  # package | env | nvidia-pip | system | unresolved
+    where: str  # package | env | dependency | nvidia-pip | system | host (a plugin's host library) | unresolved
     location: str = ""  # directory relative to the root (lexical) where it was found
 
 
@@ -254,7 +260,9 @@ def _provided_by_env(tree: Tree, needed: str) -> bool:
     for prefix, packages in rules().env_libraries.items():
         if needed.startswith(prefix) and any(p in tree.depends for p in packages):
             return True
-    return False
+    # conda-forge's CUDA packages (cuda-cudart, libcufile, libnvshmem3 ...) put their libraries in <prefix>/lib.
+    return any(needed.startswith(c.libraries) for c in catalog().components.values()
+               if c.libraries and c.conda_forge in tree.depends)
 
 
 def _in_package(tree: Tree, dir_rel: str, needed: str) -> bool:
@@ -286,6 +294,8 @@ def audit_file(tree: Tree, layout: Layout, info: ElfInfo, nvidia: tuple[str, ...
             findings.append(Finding(rel, kind, entry))
         elif layout is Layout.CONDA and expanded == tree.env_lib_rel:
             dirs.append(("env", expanded))
+        elif layout is Layout.CONDA and expanded in tree.provided and not (tree.root / expanded).is_dir():
+            dirs.append(("dependency", expanded))
         elif layout is Layout.WHEEL_NVIDIA and expanded in nvidia:
             dirs.append(("nvidia-pip", expanded))
         elif not _inside(expanded):
@@ -300,7 +310,12 @@ def audit_file(tree: Tree, layout: Layout, info: ElfInfo, nvidia: tuple[str, ...
         for where, dir_rel in dirs:
             if where == "package" and _in_package(tree, dir_rel, needed):
                 found = Resolution(needed, where, dir_rel)
+            elif where == "package" and needed.startswith(tree.provided.get(dir_rel, ("\0",))):
+                # a folder this package shares with a dependency (CUDA 13's nvidia/cu13/lib)
+                found = Resolution(needed, "dependency", dir_rel)
             elif where == "env" and _provided_by_env(tree, needed):
+                found = Resolution(needed, where, dir_rel)
+            elif where == "dependency" and needed.startswith(tree.provided[dir_rel]):
                 found = Resolution(needed, where, dir_rel)
             elif where == "nvidia-pip" and tree.requires_nvidia and needed not in rules().system:
                 found = Resolution(needed, where, dir_rel)
@@ -308,6 +323,8 @@ def audit_file(tree: Tree, layout: Layout, info: ElfInfo, nvidia: tuple[str, ...
                 break
         if found is None and needed in rules().system:
             found = Resolution(needed, "system")
+        if found is None and catalog().host_library(rel, needed):
+            found = Resolution(needed, "host")
         if found is None:
             found = Resolution(needed, "unresolved")
             searched = ":".join(info.search_path) or "no RPATH/RUNPATH"
@@ -470,8 +487,12 @@ def plan_fix(
     bundle: Sequence[Path] = (),
     bundle_dir: str = "torch/lib",
     nvidia_era: str = "cu12",
+    keep_provided: bool = False,
 ) -> FixPlan:
-    """Compute, without touching anything, what `fix` would change."""
+    """Compute, without touching anything, what `fix` would change. In the conda layout a library that a
+    declared dependency installs under site-packages (tree.provided) is reached through that folder;
+    `keep_provided` keeps, first and in their order, the entries a file already has into such folders (a
+    repacked torch keeps its site-packages/nvidia/*/lib list: dlopen searches it too)."""
     check_nvidia_era(nvidia_era)
     tree = inspect_tree(root)
     found = scan(root)
@@ -496,6 +517,9 @@ def plan_fix(
             providers.setdefault(link.name, set()).add(posixpath.dirname(_rel(root, link)) or ".")
     for copy in copies:
         providers.setdefault(copy.target.name, set()).add(target_dir)
+    # The loader finds a DT_NEEDED name as a file name; a SONAME alone (torchvision.libs' hashed copy of
+    # libcudart keeps SONAME libcudart.so.13) does not make a file of that name.
+    files = {info.path.name for info in found.elves} | {link.name for link in found.symlinks} | {c.target.name for c in copies}
     nvidia = nvidia_dirs(tree, nvidia_era) if layout is Layout.WHEEL_NVIDIA else ()
     changes: list[FileChange] = []
     unchanged: list[str] = []
@@ -513,6 +537,9 @@ def plan_fix(
         dep_dirs = sorted({d for n in needed_after for d in providers.get(n, ()) if d != file_dir})
         entries = ["$ORIGIN"] + [_origin(file_dir, d) for d in dep_dirs]
         if layout is Layout.CONDA:
+            entries = _kept(info, file_dir, tree) if keep_provided else []
+            entries += ["$ORIGIN"] + [_origin(file_dir, d) for d in dep_dirs]
+            entries += [_origin(file_dir, d) for d in _provided_for(tree, needed_after, files)]
             entries.append(_origin(file_dir, tree.env_lib_rel))
         elif layout is Layout.WHEEL_NVIDIA:
             entries = [_origin(file_dir, d) for d in nvidia] + entries
@@ -526,6 +553,20 @@ def plan_fix(
             FileChange(info.path, rel, old_tag, info.search_path, new, layout.needs_dt_rpath, replace, needed_after)
         )
     return FixPlan(root, layout, tuple(copies), tuple(changes), tuple(unchanged))
+
+
+def _provided_for(tree: Tree, needed: Iterable[str], in_package: set[str]) -> list[str]:
+    """The dependency folders that hold the libraries `needed` names and the package does not carry."""
+    found = []
+    for name in needed:
+        if name in in_package:
+            continue
+        found.extend(d for d, prefixes in tree.provided.items() if name.startswith(prefixes))
+    return sorted(set(found))
+
+
+def _kept(info: ElfInfo, file_dir: str, tree: Tree) -> list[str]:
+    return [entry for entry in info.search_path if _expand(entry, file_dir) in tree.provided]
 
 
 # ---------------------------------------------------------------------------------------------- apply
@@ -632,6 +673,7 @@ def fix_and_audit(
     bundle: Sequence[Path] = (),
     nvidia_era: str = "cu12",
     on_file: Callable[[str], None] | None = None,
+    keep_provided: bool = False,
 ) -> AuditReport:
     """What the build pipeline runs on every package tree it produces: plan, apply, audit.
 
@@ -642,7 +684,7 @@ def fix_and_audit(
             f"rpath fix works on an unpacked tree, and {path} is not a directory",
             "unpack the package first, or use `torchforge repack` for a wheel",
         )
-    plan = plan_fix(path, layout, bundle=bundle, nvidia_era=nvidia_era)
+    plan = plan_fix(path, layout, bundle=bundle, nvidia_era=nvidia_era, keep_provided=keep_provided)
     apply_plan(plan, runner, on_file=on_file)
     if runner.dry_run:
         return audit_tree(path, layout, nvidia_era=nvidia_era)

@@ -33,13 +33,14 @@ class WheelName:
     python: str
     abi: str
     platform: str
+    build: str | None = None  # the optional build tag (PyPI's torch 2.10.0 files carry `-3-`)
 
     @classmethod
     def parse(cls, filename: str) -> WheelName:
         match = _WHEEL_NAME.match(filename)
         if not match:
             raise UsageError(f"{filename} is not a wheel file name", "expected NAME-VERSION-PY-ABI-PLATFORM.whl")
-        return cls(match["name"], match["version"], match["py"], match["abi"], match["plat"])
+        return cls(match["name"], match["version"], match["py"], match["abi"], match["plat"], match["build"])
 
     @property
     def public_version(self) -> str:
@@ -51,7 +52,8 @@ class WheelName:
 
     @property
     def filename(self) -> str:
-        return f"{self.name}-{self.version}-{self.python}-{self.abi}-{self.platform}.whl"
+        build = f"-{self.build}" if self.build else ""
+        return f"{self.name}-{self.version}{build}-{self.python}-{self.abi}-{self.platform}.whl"
 
 
 def file_hash(path: Path) -> tuple[str, int]:

@@ -1,4 +1,4 @@
-"""`torchforge rpath audit|fix` and `torchforge repack`: thin wrappers over torchforge.rpath / repack."""
+"""`torchforge rpath audit|fix`: thin wrappers over torchforge.rpath."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from torchforge.commands.options import nonempty_path
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner
-from torchforge.repack import DEFAULT_ZSTD_LEVEL
 from torchforge.rpath import AuditReport, Layout, apply_plan, audit, audit_tree, plan_fix, summarize
-from torchforge.variant import check_build_number
 
 
 def _table(report: AuditReport, show_all: bool) -> Table:
@@ -98,25 +96,3 @@ def register(app: typer.Typer) -> None:
                                    "libraries that are neither in the package nor declared dependencies need --bundle")
         if not report.ok:
             raise typer.Exit(int(AuditFailedError.exit_code))
-
-    @app.command("repack")
-    def repack_cmd(
-        wheels: list[Path] = typer.Argument(..., help="Official torch wheels (.whl)."),
-        out_channel: Path = typer.Option(..., "--out", parser=nonempty_path, help="Local channel folder to publish into."),
-        build_number: int = typer.Option(0, "--build-number", help="Build number (official packages: 0)."),
-        level: int = typer.Option(DEFAULT_ZSTD_LEVEL, "--zstd-level", help="zstd level for .conda (19 = cph default, ~18x slower)."),
-        replace: bool = typer.Option(False, "--replace", help="Overwrite a package already in the channel."),
-    ) -> None:
-        """Convert official torch wheels into conda packages (pytorch-X.Y.Z-pyM.m_cpu_0) in a channel."""
-        from torchforge.repack import repack
-
-        check_build_number(build_number)
-        for wheel in wheels:
-            with Progress(TextColumn("{task.description}"), console=err, transient=True) as progress:
-                task = progress.add_task(f"repacking {wheel.name}")
-                result = repack(
-                    wheel, out_channel, Runner(), build_number=build_number, zstd_level=level, replace=replace,
-                    on_step=lambda s: progress.update(task, description=f"{wheel.name}: {s}"),
-                )
-            how = "reused: already repacked from this wheel" if result.reused else f"{result.seconds:.1f} s"
-            out.print(f"{result.archive}  ({result.size / 1e6:.1f} MB, {how})", markup=False)

