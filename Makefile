@@ -41,6 +41,7 @@ docs: $(STAMP)  ## regenerate the data tables and output examples in README.md a
 	$(BIN)/python -m tests.docgen
 
 STACK := .cache/cu128
+PY312 ?= $(shell command -v python3.12)
 STACK_FETCH := --pytorch 2.10.0 --cuda 12.8 --py 3.12 --with torchvision,torchaudio --wheel-dir $(STACK)/wheels
 repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.10.0 CUDA 12.8 stack repacked both ways, audited, solved, installed, every DT_NEEDED checked
 	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs wheels --out $(STACK)/chan-wheels
@@ -49,6 +50,12 @@ repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.1
 	  nice $(BIN)/torchforge rpath audit $$pkg || exit 1; done
 	rm -rf $(STACK)/env $(STACK)/env-stand-ins $(STACK)/env-pkgs
 	nice $(BIN)/python -m tests.stack_env $(STACK)/chan-wheels $(STACK)/env --cuda 12.8 --glibc 2.28
+	@# With a Python 3.12 (PY312=/path/to/python3.12): import the stack from the prefix and run torchforge verify.
+	if [ -n "$(PY312)" ]; then \
+	  test -x $(STACK)/py312/bin/python || ($(PY312) -m venv $(STACK)/py312 && $(STACK)/py312/bin/pip install --quiet \
+	    filelock typing_extensions sympy networkx jinja2 fsspec numpy pillow); \
+	  env -u LD_LIBRARY_PATH nice $(BIN)/torchforge verify $(STACK)/env --python $(STACK)/py312/bin/python --want cuda; \
+	else echo "no Python 3.12 (PY312=...): torchforge verify of the prefix skipped"; fi
 
 test: $(STAMP)  ## run the whole test suite
 	$(BIN)/python -m pytest -n 2 tests

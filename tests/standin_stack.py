@@ -34,6 +34,7 @@ class Lib:
     needs: tuple[str, ...] = ()
     rpath: str = ""
     runpath: bool = False
+    soname: str = ""  # when not the file name (a wheel's hashed copy of libcudart keeps SONAME libcudart.so.13)
 
 
 def _record(data: bytes) -> str:
@@ -46,7 +47,7 @@ def build_lib(lib: Lib, out: Path, search: Path) -> bytes:
     symbol = lib.name.split(".")[0].replace("-", "_")
     src.write_text(f"int {symbol}_answer(void) {{ return 42; }}\n")
     target = out / lib.name
-    argv = ["gcc", "-shared", "-fPIC", "-o", str(target), str(src), f"-Wl,-soname,{lib.name}", f"-L{search}",
+    argv = ["gcc", "-shared", "-fPIC", "-o", str(target), str(src), f"-Wl,-soname,{lib.soname or lib.name}", f"-L{search}",
             "-Wl,--no-as-needed"]
     argv += [f"-l:{n}" for n in lib.needs]
     if lib.rpath:

@@ -340,3 +340,59 @@ def test_pip_resolves_the_real_stack_with_its_hashes(tmp_path: Path) -> None:
     assert names["nvidia-cublas-cu12"].startswith("nvidia_cublas_cu12-12.8.4.1-")
     assert not {"sympy", "numpy", "filelock", "networkx"} & set(names)  # pure Python: from the user's channels
     assert all(len(p.sha256) == 64 for p in planned)
+
+
+# ------------------------------------------------------------------------------------------------- CUDA 13
+
+# cuda-toolkit 13.0.2's METADATA lines for the extras the stand-in torch asks for (PyPI).
+TOOLKIT_13 = [f"{name}=={version}.*; (sys_platform == 'linux' or sys_platform == 'win32') and extra == '{extra}'"
+              for name, version, extra in (("nvidia-cublas", "13.1.0.3", "cublas"), ("nvidia-cuda-runtime", "13.0.96", "cudart"),
+                                           ("nvidia-cusolver", "12.0.4.66", "cusolver"))]
+
+
+@pytest.fixture(scope="module")
+def cuda13_wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """torch 2.11-shaped: CUDA 13 components without -cu13 suffix sharing nvidia/cu13/lib, pinned through
+    cuda-toolkit[...] extras; torchvision's bundled libcudart copy keeps SONAME libcudart.so.13."""
+    from tests.standin_stack import Lib, write_wheel
+
+    out = tmp_path_factory.mktemp("cu130")
+    f = Factory(out)
+    common = {"nvidia/__init__.py": b"", "nvidia/cu13/__init__.py": b""}
+    tag = "py3-none-manylinux2014_x86_64"
+    wheels = [
+        write_wheel(out, "nvidia_cuda_runtime", "13.0.96", tag, {**common, "nvidia/cu13/lib/libcudart.so.13": f.lib(Lib("libcudart.so.13"))}, []),
+        write_wheel(out, "nvidia_cublas", "13.1.0.3", tag, {**common, "nvidia/cu13/lib/libcublas.so.13": f.lib(Lib("libcublas.so.13", rpath="$ORIGIN", runpath=True))}, []),
+        # cusolver links cuBLAS, in the folder it shares with it, and declares no requirement on it
+        write_wheel(out, "nvidia_cusolver", "12.0.4.66", tag, {**common, "nvidia/cu13/lib/libcusolver.so.12": f.lib(Lib("libcusolver.so.12", ("libcublas.so.13",), "$ORIGIN", True))}, []),
+        write_wheel(out, "cuda_toolkit", "13.0.2", "py2.py3-none-any", {}, TOOLKIT_13),
+    ]
+    torch_files = {"torch/version.py": b"__version__ = '2.11.0+cu130'\ncuda = '13.0'\n",
+                   "torch/lib/libc10.so": f.lib(Lib("libc10.so", rpath="$ORIGIN")),
+                   "torch/lib/libtorch_cuda.so": f.lib(Lib("libtorch_cuda.so", ("libc10.so", "libcudart.so.13", "libcusolver.so.12"),
+                                                          "$ORIGIN/../../nvidia/cu13/lib:$ORIGIN"))}
+    wheels.append(write_wheel(out, "torch", "2.11.0", f"{PYTAG}-{PYTAG}-manylinux_2_28_x86_64", torch_files,
+                              ['cuda-toolkit[cublas,cudart,cusolver]==13.0.2; platform_system == "Linux"']))
+    vision = {"torchvision/version.py": b"__version__ = '0.26.0+cu130'\n",
+              "torchvision.libs/libcudart.faf08d9a.so.13": f.lib(Lib("libcudart.faf08d9a.so.13", soname="libcudart.so.13")),
+              "torchvision/_C.so": f.lib(Lib("_C.so", ("libc10.so", "libcudart.so.13")))}
+    wheels.append(write_wheel(out, "torchvision", "0.26.0", f"{PYTAG}-{PYTAG}-manylinux_2_28_x86_64", vision, ["torch (==2.11.0)"]))
+    return wheels
+
+
+def test_a_cuda13_stack_pins_through_the_toolkit_extras_and_audits_clean(cuda13_wheels: list[Path], tmp_path: Path) -> None:
+    for mode in CudaLibs:
+        result = repack_stack(cuda13_wheels, tmp_path / mode.value, Runner(), mode=mode)
+        for package in result.packages:
+            report = audit(package.archive)
+            assert report.ok, (package.archive.name, report.findings)
+    cf = _records(tmp_path / "conda-forge")
+    assert {"libcublas 13.1.0.3.*", "cuda-cudart 13.0.96.*", "libcusolver 12.0.4.66.*", "__cuda >=13",
+            "cuda-version >=13.0,<14.0a0"} <= set(cf["pytorch"]["depends"])
+    assert cf["pytorch"]["build"] == f"whl_cf_py{PY}_cuda13.0_200"
+    nv = _records(tmp_path / "wheels")
+    assert {"nvidia-cublas ==13.1.0.3", "nvidia-cusolver ==12.0.4.66"} <= set(nv["pytorch"]["depends"])
+    # cusolver's own link to cuBLAS becomes a run requirement; torchvision's _C.so needs the real libcudart.so.13
+    assert "nvidia-cublas ==13.1.0.3" in nv["nvidia-cusolver"]["depends"]
+    assert "nvidia-cuda-runtime ==13.0.96" in nv["torchvision"]["depends"]
+    assert "cuda-toolkit" not in nv  # metadata only: its pins are used, it is not packaged
