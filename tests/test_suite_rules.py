@@ -74,3 +74,16 @@ def test_tests_of_a_missing_tool_pass_under_strict_skips_on_a_machine_that_has_i
                              *MACHINE_DEPENDENT], cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"{len(MACHINE_DEPENDENT)} passed" in result.stdout, result.stdout[-3000:]
+
+
+def test_no_source_file_warns_when_compiled() -> None:
+    """An invalid escape such as "\\$" in a string is a SyntaxWarning on Python 3.12 (the GPU machine's Python
+    printed one for compilecache.py's nvcc wrapper); every module compiles without a warning."""
+    import warnings
+
+    root = TESTS.parent
+    for path in sorted([*root.joinpath("torchforge").rglob("*.py"), *root.joinpath("bench").rglob("*.py"),
+                        *TESTS.glob("*.py")]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compile(path.read_text(encoding="utf-8"), str(path), "exec")

@@ -288,6 +288,6 @@ def nvcc_wrapper(ccache: str) -> str:
 # commands that CMAKE_CUDA_COMPILER_LAUNCHER does not reach; CUDA_NVCC_EXECUTABLE names this file instead.
 nvcc="${{CUDA_HOME:+$CUDA_HOME/bin/nvcc}}"
 if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then nvcc="$(command -v nvcc)"; fi
-if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
+if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \\$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
 exec {shlex.quote(ccache)} "$nvcc" "$@"
 """

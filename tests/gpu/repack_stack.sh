@@ -8,7 +8,8 @@
 # 2. `torchforge repack --cuda-libs wheels`; 3. solve with py-rattler (__cuda=13.0) and install into a fresh prefix,
 #    audit every ELF file there (tests/stack_env.py);
 # 4. a fresh venv of the base interpreter (no pip torch, no nvidia-*), the pure-Python requirements linked in,
-#    LD_LIBRARY_PATH empty: `torchforge verify PREFIX` and tests/gpu/stack_smoke.py on the GPU.
+#    LD_LIBRARY_PATH empty: `torchforge verify PREFIX`, tests/gpu/stack_smoke.py and the test stage of
+#    `torchforge ci` (torchforge/ci_smoke.py run as the emitted job runs it) on the GPU.
 set -uo pipefail
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 carried="$(dirname "$src")"
@@ -49,6 +50,13 @@ stamp() { echo "[$(date +%T)] $*"; }
   psite="$(ls -d "$work"/prefix/lib/python3*/site-packages)"
   env -u PYTHONPATH LD_LIBRARY_PATH= PYTHONPATH="$psite" "$work/venv/bin/python" "$src/tests/gpu/stack_smoke.py"
   echo "smoke exit $?"
+  # Issue 24: the test stage `torchforge ci` emits runs torchforge/ci_smoke.py's text with `python -c` in the
+  # environment the packages were installed into; the same here, against the stack repacked above.
+  stamp "ci test stage"
+  version="$($PY -c 'import torch; print(torch.__version__.split("+")[0])')"
+  env -u PYTHONPATH LD_LIBRARY_PATH= PYTHONPATH="$psite" "$work/venv/bin/python" -c "$(cat "$src/torchforge/ci_smoke.py")" \
+    --version "$version" --cuda
+  echo "ci test stage exit $?"
   stamp "done"
 } > "$out/repack_stack.txt" 2>&1
 tail -c 11000 "$out/repack_stack.txt"
