@@ -19,10 +19,6 @@ from tests.doccheck import (
 )
 
 BLOCKS = all_blocks()
-# Pages other branches of this session add (linked from README.md and docs/index.md before they are merged):
-# a link to one is allowed while it is missing; once it exists, its sections are checked like any other.
-PENDING_PAGES = {"repack.md", "compile-cache.md", "ci-pipelines.md", "conda-forge-flavour.md", "custom-builds.md",
-                 "troubleshooting.md", "official-builds.md", "upstream-reports.md"}
 
 
 def _ids(selected: list[Block]) -> list[str]:
@@ -137,7 +133,7 @@ def headings(page: Path) -> list[str]:
 
 def pointer_problem(page: Path, anchor: str | None = None, section: str | None = None) -> str | None:
     if not page.is_file():
-        return None if page.name in PENDING_PAGES and page.parent.name == "docs" else f"{page} does not exist"
+        return f"{page} does not exist"
     titles = headings(page)
     if anchor and anchor not in {slug(t) for t in titles}:
         return f"{page.relative_to(ROOT)} has no section #{anchor}"
