@@ -146,11 +146,12 @@ def test_companion_meta_yaml_carries_upstreams_definition(tmp_path: Path) -> Non
     assert not any(spec.endswith("-dev") or "-dev " in spec for spec in pytorch_cuda_meta["requirements"]["run"])
 
 
-def test_this_file_passes_alone_in_a_fresh_process() -> None:
+def test_this_file_passes_alone_in_a_fresh_process(tmp_path: Path) -> None:
     """Run first in its process, the `channel` fixture once failed (issue 25 item 13): what it checks must not
     depend on which tests ran before it."""
     here = Path(__file__)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", str(here),
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                             f"--basetemp={tmp_path / 'inner'}", str(here),
                              "-k", "test_build_plans_the_companions_and_publishes_them"],
                             cwd=here.parent.parent, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -19,7 +19,10 @@ def _run(suite: Path, strict: bool, *extra: str) -> subprocess.CompletedProcess[
     env.pop("CI", None)
     if not strict:
         env.pop("TORCHFORGE_STRICT_SKIPS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, str(suite)],
+    # Its own --basetemp: an inner pytest must not clean the shared /tmp/pytest-of-<user> while the outer run uses
+    # it (pytest's cleanup of numbered folders races, leaving an unclosed scandir iterator: a ResourceWarning).
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"--basetemp={suite / '.basetemp'}", *extra, str(suite)],
                           cwd=suite, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -71,7 +71,7 @@ def test_tests_of_a_missing_tool_pass_under_strict_skips_on_a_machine_that_has_i
     env = {**os.environ, "CUDA_HOME": str(toolkit), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
            "TORCHFORGE_STRICT_SKIPS": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
-                             *MACHINE_DEPENDENT], cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=900)
+                             f"--basetemp={tmp_path / 'inner'}", *MACHINE_DEPENDENT], cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:]
     assert f"{len(MACHINE_DEPENDENT)} passed" in result.stdout, result.stdout[-3000:]
 
