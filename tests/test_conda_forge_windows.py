@@ -145,6 +145,23 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert 'if not "%CF_TORCH_CUDA_ARCH_LIST%" == "7.0;8.6" exit 1' in custom["test.libtorch"]
 
 
+@pytest.mark.parametrize(("cuda", "studio", "warning"), [
+    ("12.4", "vs2022", None),  # nvcc 12.4 takes every VS 2022 (_MSC_VER up to 1949)
+    ("11.8", "vs2022", "nvcc 11.8 accepts MSVC _MSC_VER up to 1939: build with a vs2022 toolset no newer than that"),
+    ("11.5", "vs2019", "nvcc 11.5 accepts MSVC _MSC_VER 1910-1929: the compilers are vs2019, not the feedstock's vs2022"),
+])
+def test_visual_studio_follows_what_nvcc_of_the_requested_cuda_accepts(
+        cuda: str, studio: str, warning: str | None) -> None:
+    """As GCC on linux: the job's Visual Studio (vs2022 for 2.9.1), unless nvcc refuses its MSVC (cuda.toml msvc
+    against flavour.visual_studio)."""
+    recipe = conda_forge.plan("2.9.1", WIN, cuda, "7.0;8.6")
+    config = YAML(typ="safe").load(conda_forge.recipe_files(recipe, SOURCE)["conda_build_config.yaml"])
+    assert config["c_compiler"] == config["cxx_compiler"] == [studio]
+    msvc = [w for w in recipe.warnings if "MSVC" in w]
+    assert len(msvc) == (1 if warning else 0) and all(w.startswith(warning or "") for w in msvc)
+    assert f"Visual Studio's {studio} toolchain" in recipe.warnings[-1]
+
+
 def test_render_writes_the_windows_files_and_build_says_to_build_them_on_windows(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", "--flavour", "conda-forge", "--platform", "win-64", "--pytorch", "2.13.0", "--cuda",

@@ -153,6 +153,7 @@ class FlavourSettings(FrozenModel):
     blas_source: str
     omitted_outputs: dict[str, str]
     magma: str
+    visual_studio: dict[str, tuple[int, int]]  # compiler package -> _MSC_VER range
 
 
 class CondaForgeTable(FrozenModel):
@@ -202,6 +203,9 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
                 missing = [k for k in _CI_COMPILER_KEYS[_family(platform)] if getattr(ci, k) is None]
                 problems.extend(f"{where}.platforms.{platform}.ci_support.{job} lacks {k}" for k in missing)
                 cited += [c.source for k in _CI_COMPILER_KEYS[_family(platform)] if (c := getattr(ci, k))]
+                if ci.c_compiler and ci.c_compiler.value not in table.flavour.visual_studio:
+                    problems.append(f"{where}.platforms.{platform}.ci_support.{job}: {ci.c_compiler.value} is not in "
+                                    "flavour.visual_studio")
             if jobs.activation:
                 cited.append(jobs.activation.source)
             cited += [*(a.source for a in jobs.arch_list.values()), *(r.source for r in jobs.recipe.requirements),
@@ -314,12 +318,12 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     if cuda is not None and reference != cuda:
         warnings.append(f"conda-forge never built PyTorch {version} for CUDA {cuda}: compilers, pins and CUDA-specific "
                         f"settings follow its CUDA {reference} job ({ci.file})")
-    if platform == WINDOWS:
-        warnings.append(windows_build_note(ci))
     c_version, compiler_warning = _compiler_version(ci.c_compiler_version.value, cuda) if ci.c_compiler_version \
-        else ("", None)  # Windows: Visual Studio's packages, named by the job
+        else _visual_studio(settings, ci.c_compiler.value if ci.c_compiler else "", cuda)
     if compiler_warning:
         warnings.append(compiler_warning)
+    if platform == WINDOWS:
+        warnings.append(windows_build_note(c_version))
     known_pythons = ci.python.value
     chosen = pythons or known_pythons
     unknown = [p for p in chosen if p not in known_pythons]
@@ -350,9 +354,8 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     )
 
 
-def windows_build_note(ci: CiSupport) -> str:
+def windows_build_note(compiler: str) -> str:
     """What a win-64 recipe needs: torchforge renders it anywhere, but builds on linux only."""
-    compiler = ci.c_compiler.value if ci.c_compiler else "Visual Studio"
     return ("win-64 is rendered, not built, by torchforge (its builds run on linux): build this folder on a Windows "
             f"machine with Visual Studio's {compiler} toolchain, `conda build FOLDER -c conda-forge --override-channels`")
 
@@ -413,6 +416,25 @@ def _compiler_version(feedstock: str, cuda: str | None) -> tuple[str, str | None
     return feedstock, None
 
 
+def _visual_studio(settings: FlavourSettings, feedstock: str, cuda: str | None) -> tuple[str, str | None]:
+    """The feedstock's Visual Studio package, unless nvcc of the requested CUDA refuses all of its MSVC versions
+    (then the newest package it accepts); a warning where it refuses the newer ones only."""
+    accepted = tables.load().cuda.toolkits[cuda].msvc if cuda else None
+    if accepted is None or feedstock not in settings.visual_studio:
+        return feedstock, None
+    low, high = settings.visual_studio[feedstock]
+    if low > accepted[1]:
+        fitting = [name for name, (lo, hi) in settings.visual_studio.items() if lo <= accepted[1] and hi >= accepted[0]]
+        if fitting:
+            chosen = max(fitting, key=lambda name: settings.visual_studio[name][0])
+            return chosen, (f"nvcc {cuda} accepts MSVC _MSC_VER {accepted[0]}-{accepted[1]}: the compilers are "
+                            f"{chosen}, not the feedstock's {feedstock}")
+    if high > accepted[1]:
+        return feedstock, (f"nvcc {cuda} accepts MSVC _MSC_VER up to {accepted[1]}: build with a {feedstock} toolset "
+                           f"no newer than that ({feedstock} spans {low}-{high})")
+    return feedstock, None
+
+
 def reference_cuda(jobs: PlatformJobs, cuda: str | None) -> str | None:
     """The feedstock CUDA job a CUDA follows: itself where conda-forge built it, else the newest of the same major,
     else the nearest."""
@@ -462,8 +484,8 @@ def _variant_config(ci: CiSupport, pythons: tuple[str, ...] | list[str], blas: s
     if platform == WINDOWS:
         assert ci.c_compiler and ci.cxx_compiler and ci.c_stdlib  # checked by check_invariants
         target = [("target_platform", (WINDOWS,))]
-        compilers = [("c_compiler", (ci.c_compiler.value,)), ("cxx_compiler", (ci.cxx_compiler.value,)),
-                     ("c_stdlib", (ci.c_stdlib.value,))]
+        studio = c_version or ci.c_compiler.value  # the job's, or the one nvcc accepts (_visual_studio)
+        compilers = [("c_compiler", (studio,)), ("cxx_compiler", (studio,)), ("c_stdlib", (ci.c_stdlib.value,))]
     else:
         assert ci.c_stdlib_version  # checked by check_invariants
         target = []
