@@ -180,6 +180,18 @@ def test_render_writes_the_windows_files_and_build_says_to_build_them_on_windows
     assert not (tmp_path / "ch").exists()
 
 
+def test_doctor_says_the_win64_recipes_are_built_on_windows(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda: exit 9, the checks are still shown
+    assert main(["doctor", "--flavour", "conda-forge", "--platform", "win-64", "--pytorch", "2.6.0", "--json"]) == 9
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    detail = checks["platform"]["detail"]
+    assert detail.count("win-64 is rendered, not built, by torchforge") == 2  # CUDA 12.6 and cpu
+    assert "libtorch-2.6.0-cpu-win_64: " in detail and "Visual Studio's vs2019 toolchain" in detail
+
+
 def test_a_release_without_a_win64_job_is_refused_with_the_releases_that_have_one() -> None:
     """The feedstock built win-64 for every release so far; where a release has none, the data says so
     (not_built) and render refuses, naming the releases that have one."""
