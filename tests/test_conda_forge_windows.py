@@ -21,6 +21,7 @@ from tests.test_conda_forge_flavour import (
 from torchforge.cli import main
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
+from torchforge.recipe import Source
 
 TABLE = conda_forge.load()
 WIN = conda_forge.WINDOWS
@@ -94,7 +95,7 @@ def test_the_win64_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_valu
               if row.accel in (None, recipe.accel) and row.blas in (None, "mkl") and row.cuda in (None, cuda)}
     if cuda:
         wanted["TORCH_CUDA_ARCH_LIST"] = jobs.arch_list[cuda].value
-    assert set_lines(files["bld.bat"]) == wanted
+    assert list(set_lines(files["bld.bat"]).items()) == list(wanted.items())
     assert "build.sh" not in files and "activate.sh" not in files
 
     # the activation variable carries the arch list (CUDA only), installed by libtorch's step and checked by its test
@@ -243,6 +244,8 @@ def test_feedstock_patches_on_windows_bring_msys2_patch_and_are_applied_once() -
     assert not any("win-CUDA" in p for _, _, p in conda_forge.plan("2.13.0", WIN, "cpu").feedstock_patches)
     assert "m2-patch" in meta["requirements"]["build"]
     assert "m2-patch" not in rendered_meta(conda_forge.recipe_files(recipe, SOURCE))["requirements"]["build"]
+    users = conda_forge.recipe_files(recipe, Source("git", SOURCE.location, "v2.13.0", patches=("fix.patch",)))
+    assert "m2-patch" in rendered_meta(users)["requirements"]["build"]  # conda-build applies it with patch.exe
     applied = re.findall(r"^    patch -p1 .* -i conda-forge-patches\\(.*)$", files["bld.bat"], re.MULTILINE)
     assert applied == [p.replace("/", "\\") for p in paths]
     assert "if not exist conda-forge-patches\\.applied (" in files["bld.bat"]

@@ -576,7 +576,8 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python,
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
-        "patch_folder": PATCH_FOLDER, **_platform_fields(recipe, feedstock_patches),
+        "patch_folder": PATCH_FOLDER,
+        **_platform_fields(recipe, bool(source.patches) or (feedstock_patches and bool(recipe.feedstock_patches))),
     }
     windows = recipe.platform == WINDOWS
     script, activation = ("bld.bat", ("activate.bat", "deactivate.bat")) if windows \
@@ -587,13 +588,13 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
     return {name: render_template(f"conda_forge/{name}.j2", **fields) for name in names}
 
 
-def _platform_fields(recipe: CondaForgeRecipe, feedstock_patches: bool) -> dict[str, object]:
-    """What meta.yaml says differently on Windows: its script, the driver library it may not find, and (with
-    the feedstock's patches) conda-forge's MSYS2 `patch`, which Windows lacks."""
+def _platform_fields(recipe: CondaForgeRecipe, patched: bool) -> dict[str, object]:
+    """What meta.yaml says differently on Windows: its script, the driver library it may not find, and (where
+    patches are applied: the user's or the feedstock's) conda-forge's MSYS2 `patch`, which Windows lacks."""
     if recipe.platform != WINDOWS:
         return {"script": "build.sh", "driver_library": "*/libcuda.so.*", "extra_build": ()}
     return {"script": "bld.bat", "driver_library": "*/nvcuda.dll",
-            "extra_build": ("m2-patch",) if feedstock_patches and recipe.feedstock_patches else ()}
+            "extra_build": ("m2-patch",) if patched else ()}
 
 
 def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
