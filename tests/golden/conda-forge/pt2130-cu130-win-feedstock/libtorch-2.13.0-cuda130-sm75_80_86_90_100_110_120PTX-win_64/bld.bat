@@ -2,7 +2,7 @@
 :: Rendered by torchforge 0.1.0 for libtorch-2.13.0-cuda130-sm75_80_86_90_100_110_120PTX-win_64 (flavour conda-forge, feedstock 74dd3d46ff0c). Re-render instead of editing.
 :: One script for both outputs: conda-build runs it for libtorch (the C++ libraries, once) and then for pytorch
 :: (the Python bindings, once per Python), like conda-forge's megabuild.
-setlocal enabledelayedexpansion
+setlocal
 
 :: The build environment of conda-forge/pytorch-cpu-feedstock@74dd3d46ff0c (torchforge/data/conda_forge.toml).
 set "IN_PYTORCH_BUILD=1"
@@ -64,8 +64,8 @@ if errorlevel 1 exit 1
 for /d %%d in (build\lib.*) do set "BUILT=%%d\torch"
 if not exist "%LIBRARY_BIN%" mkdir "%LIBRARY_BIN%"
 if not exist "%LIBRARY_LIB%" mkdir "%LIBRARY_LIB%"
-for %%f in ("%BUILT%\bin\*.dll" "%BUILT%\lib\*.dll") do copy /y "%%f" "%LIBRARY_BIN%\" >nul
-for %%f in ("%BUILT%\lib\*.lib") do copy /y "%%f" "%LIBRARY_LIB%\" >nul
+for %%f in ("%BUILT%\bin\*.dll" "%BUILT%\lib\*.dll") do copy /y "%%~f" "%LIBRARY_BIN%\" >nul
+for %%f in ("%BUILT%\lib\*.lib") do copy /y "%%~f" "%LIBRARY_LIB%\" >nul
 xcopy /e /i /q /y "%BUILT%\share" "%LIBRARY_PREFIX%\share"
 if errorlevel 1 exit 1
 for %%d in (ATen c10 caffe2 torch) do (
@@ -95,6 +95,6 @@ if errorlevel 1 exit 1
 copy /y "%SP_DIR%\torch\lib\torch_python.dll" "%LIBRARY_BIN%\"
 if errorlevel 1 exit 1
 for %%f in ("%SP_DIR%\torch\lib\*.dll") do (
-    if exist "%LIBRARY_BIN%\%%~nxf" del /q "%%f"
+    if exist "%LIBRARY_BIN%\%%~nxf" del /q "%%~f"
 )
 exit /b 0
