@@ -283,14 +283,17 @@ def windows_stand_in_specs(files: dict[str, str], own: set[str]) -> set[str]:
 
 
 @pytest.mark.slow
-def test_conda_render_accepts_a_win64_recipe_and_names_the_planned_packages(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("version", "accel", "arch"), [("2.13.0", "13.0", "8.6;12.0"), ("2.6.0", "cpu", None)],
+                         ids=["2.13.0-cu130-vs2022", "2.6.0-cpu-vs2019"])
+def test_conda_render_accepts_a_win64_recipe_and_names_the_planned_packages(
+        version: str, accel: str, arch: str | None, tmp_path: Path) -> None:
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool, run_conda
     from tests.stubchannel import make_stub_channel
 
     tool = find_conda_tool()
     if tool is None:
         pytest.skip(HOW_TO_GET_ONE)
-    recipe = conda_forge.plan("2.13.0", WIN, "13.0", "8.6;12.0", ("3.12",))
+    recipe = conda_forge.plan(version, WIN, accel, arch, ("3.12",))
     files = conda_forge.recipe_files(recipe, SOURCE)
     folder = tmp_path / "recipes" / recipe.id
     folder.mkdir(parents=True)
@@ -304,9 +307,10 @@ def test_conda_render_accepts_a_win64_recipe_and_names_the_planned_packages(tmp_
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     paths = [Path(line) for line in result.stdout.split() if line.endswith(".conda")]
     assert {p.parent.name for p in paths} == {"win-64"}
-    stem = r"2\.13\.0-cuda130_mkl_torchforge"
+    stem = re.escape(f"{version}-{recipe.tag}_mkl_torchforge")
+    metapackage = "pytorch-gpu" if recipe.cuda else "pytorch-cpu"
     patterns = [rf"libtorch-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}",
                 rf"pytorch-{stem}_py312_h[0-9a-f]{{7}}_{recipe.build_number}",
-                rf"pytorch-gpu-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}"]
+                rf"{metapackage}-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}"]
     names = [p.name.removesuffix(".conda") for p in paths]
     assert len(names) == 3 and all(re.fullmatch(p, n) for p, n in zip(patterns, names)), names
