@@ -9,12 +9,15 @@ and the commit each is read at come from the table itself ([releases."X.Y.Z"] co
 release, add those two keys for it and run with --write. Everything above the first [releases.] is kept.
 
 How the facts are read, per release, per subdir (linux-64: blas mkl and generic; linux-aarch64: generic, the
-sbsa job, as a native build) and per job (each CUDA of the subdir's .ci_support files, and cpu):
+sbsa job, as a native build; win-64: mkl) and per job (each CUDA of the subdir's .ci_support files, and cpu):
 - recipe/meta.yaml: the selectors are evaluated as conda-build does (they are Python expressions), then Jinja is
   rendered with conda-build's functions replaced by markers (`pin_subpackage NAME exact` ...), keeping each
   line's number; the build and requirements keys of every output are collected.
 - recipe/build.sh: the if/elif/else/case conditions on the path are run by bash with the job's variables, and
   the `export NAME=VALUE` lines that run are kept (the last value of each name).
+- recipe/bld.bat (win-64): its `if (...) else (...)` blocks are evaluated in Python with the job's variables (cmd.exe
+  cannot run here), and the `set NAME=VALUE` lines that run are kept the same way.
+A subdir without .ci_support files at a release's commit is written as `not_built` with the reason.
 The feedstock's selector and condition text is executed: read the revision before running this on it.
 Values that differ between jobs become rows with accel / blas / cuda; specs get placeholders ({version},
 {build}, {blas}, {cuda}, {cuda_nodot}, {py}) so one row serves every job.
@@ -34,11 +37,18 @@ import jinja2
 import yaml
 
 TABLE = Path(__file__).resolve().parent.parent / "torchforge" / "data" / "conda_forge.toml"
-PLATFORMS = {"linux-64": ("mkl", "generic"), "linux-aarch64": ("generic",)}
+PLATFORMS = {"linux-64": ("mkl", "generic"), "linux-aarch64": ("generic",), "win-64": ("mkl",)}
+# The variant keys read from each job's .ci_support file (besides its pins): GCC versions on linux, the Visual
+# Studio compiler packages on Windows (which have no version key).
+CI_KEYS = {"linux-64": ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "python"),
+           "linux-aarch64": ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "python"),
+           "win-64": ("c_compiler", "cxx_compiler", "c_stdlib", "python")}
 REQUIREMENT_KEYS = ("requirements/build", "requirements/host", "requirements/run", "requirements/run_constrained",
                     "build/run_exports", "build/ignore_run_exports")
 # Exports that only adjust compiler flags or parallelism on the feedstock's CI: not a fact of the package.
 ENV_LEFT_OUT = {"CFLAGS", "CXXFLAGS", "LDFLAGS", "LDFLAGS_LD", "MAX_JOBS", "CMAKE_ARGS", "CMAKE_LIBRARY_PATH"}
+# bld.bat's: the compiler flags it extends with CUDA_CFLAGS (kept), the job count, and how it calls pip.
+BAT_ENV_LEFT_OUT = {"CFLAGS", "CPPFLAGS", "CXXFLAGS", "MAX_JOBS", "PIP_ACTION", "PIP_VERBOSITY"}
 SELECTOR = re.compile(r"#\s*\[(.*)\]\s*$")
 Job = tuple[str | None, str]  # (CUDA X.Y or None, blas_impl)
 
@@ -63,9 +73,10 @@ class Feedstock:
 
 
 def selector_names(platform: str, cuda: str | None, blas: str) -> dict[str, object]:
-    aarch64 = platform == "linux-aarch64"
-    return dict(linux=True, unix=True, win=False, osx=False, aarch64=aarch64, x86_64=not aarch64, ppc64le=False,
-                linux64=not aarch64, x86=not aarch64, arm64=False, megabuild=True, is_rc=False, py=312,
+    aarch64, win = platform == "linux-aarch64", platform == "win-64"
+    return dict(linux=not win, unix=not win, win=win, win64=win, win32=False, osx=False, aarch64=aarch64,
+                x86_64=not aarch64, ppc64le=False, linux64=platform == "linux-64", x86=not aarch64, arm64=False,
+                megabuild=True, is_rc=False, py=312,
                 cuda_compiler_version=cuda or "None", cuda_compiler="cuda-nvcc" if cuda else "None",
                 blas_impl=blas, target_platform=platform, build_platform=platform,
                 arm_variant_type="sbsa" if aarch64 and cuda else "None")
@@ -191,6 +202,67 @@ def exported_env(text: str, platform: str, cuda: str | None, blas: str) -> dict[
     return exports
 
 
+_BAT_SET = re.compile(r'^set\s+(?:"([A-Za-z_]\w*)=(.*)"|([A-Za-z_]\w*)=(.*))$', re.IGNORECASE)
+_BAT_IF = re.compile(r"^(\) else )?if (.*) \($", re.IGNORECASE)
+
+
+def bat_holds(condition: str, variables: dict[str, str]) -> bool:
+    """One of bld.bat's `if` conditions, expanded with the job's variables: `[not] "A" == "B"` compares, `exist
+    PATH` is false (a fresh source tree holds none of the files bld.bat tests for)."""
+    def expand(found: re.Match[str]) -> str:
+        value = variables.get(found.group(1), "")
+        if found.group(2):  # %name:~start,length%
+            start, length = (int(n) for n in found.group(2).split(","))
+            value = value[start:start + length]
+        return value
+
+    text = re.sub(r"%(\w+)(?::~(-?\d+,-?\d+))?%", expand, condition.strip())
+    negated = text.lower().startswith("not ")
+    text = text[4:].strip() if negated else text
+    if text.lower().startswith("exist "):
+        return negated
+    found = re.fullmatch(r'"([^"]*)"\s*==\s*"([^"]*)"', text)
+    if found is None:
+        raise ValueError(f"bld.bat condition not understood: {condition!r}")
+    return (found.group(1) == found.group(2)) != negated
+
+
+def bat_env(text: str, cuda: str | None, blas: str) -> dict[str, tuple[str, int]]:
+    """{NAME: (value, line)} of the `set` lines bld.bat runs for libtorch in one job (the last value of each
+    name; one that extends an earlier value gets it written out, as in exported_env)."""
+    variables = {"cuda_compiler_version": cuda or "None", "blas_impl": blas, "PKG_NAME": "libtorch"}
+    frames: list[dict[str, bool]] = []  # one per open block: active (this branch runs), taken (a branch ran)
+    exports: dict[str, tuple[str, int]] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        text_ = line.strip()
+        running = all(frame["active"] for frame in frames)
+        branch = _BAT_IF.match(text_)
+        if not text_ or text_.lower().startswith(("@rem", "rem ", "::")):
+            continue
+        if branch and not branch.group(1):
+            taken = running and bat_holds(branch.group(2), variables)
+            frames.append({"active": taken, "taken": taken})
+        elif branch:
+            outer = all(f["active"] for f in frames[:-1])
+            taken = outer and not frames[-1]["taken"] and bat_holds(branch.group(2), variables)
+            frames[-1].update(active=taken, taken=frames[-1]["taken"] or taken)
+        elif text_.lower() == ") else (":
+            frames[-1].update(active=not frames[-1]["taken"], taken=True)
+        elif text_ == ")":
+            frames.pop()
+        elif text_.endswith("(") and text_.lower().startswith("for "):
+            frames.append({"active": True, "taken": True})  # a loop's body runs (it sets nothing bld.bat keeps)
+        elif (found := _BAT_SET.match(text_)) and running:
+            name, value = (found.group(1), found.group(2)) if found.group(1) else (found.group(3), found.group(4))
+            for reference in (f"%{name}%", f"!{name}!"):
+                if reference in value and name in exports and name not in BAT_ENV_LEFT_OUT:
+                    value = value.replace(reference, exports[name][0])  # an appended value: keep the whole of it
+            exports[name] = (value, number)
+    if frames:
+        raise ValueError("bld.bat: unbalanced blocks")
+    return exports
+
+
 def with_placeholders(spec: str, version: str, build: int, cuda: str | None, blas: str) -> str:
     spec = spec.replace(version, "{version}").replace("_py312", "_py{py}")
     if cuda:
@@ -203,7 +275,8 @@ def with_placeholders(spec: str, version: str, build: int, cuda: str | None, bla
 
 def ci_files(feedstock: Feedstock, commit: str, platform: str) -> tuple[dict[str, str], str]:
     """({CUDA: .ci_support file}, the cpu job's file) of one subdir (blas mkl on linux-64; sbsa on aarch64)."""
-    prefix = ".ci_support/linux_64_blas_implmkl" if platform == "linux-64" else ".ci_support/linux_aarch64_"
+    prefix = {"linux-64": ".ci_support/linux_64_blas_implmkl", "linux-aarch64": ".ci_support/linux_aarch64_",
+              "win-64": ".ci_support/win_64_"}[platform]
     names = [n for n in feedstock.listing(commit, ".ci_support") if n.startswith(prefix)
              and "tegra" not in n and "c_stdlib_version2.34" not in n]  # tegra: Jetson's own job
     cudas: dict[str, str] = {}
@@ -211,7 +284,7 @@ def ci_files(feedstock: Feedstock, commit: str, platform: str) -> tuple[dict[str
         found = re.search(r"cuda_compiler_version([0-9.]+)", name)
         if found:
             cudas.setdefault(found.group(1), name)
-    return cudas, next(n for n in names if "cuda_compiler_versionNone" in n)
+    return cudas, next((n for n in names if "cuda_compiler_versionNone" in n), "")
 
 
 def where(jobs: set[tuple[str, str, str | None]], blases: tuple[str, ...], several_cudas: bool) -> dict[str, str]:
@@ -228,10 +301,15 @@ def where(jobs: set[tuple[str, str, str | None]], blases: tuple[str, ...], sever
     return found
 
 
-def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: str) -> dict[str, object]:
+def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: str) -> dict[str, object] | None:
+    """The facts of one subdir's jobs; None where the feedstock has no job for it at this commit."""
     blases = PLATFORMS[platform]
     cudas, cpu_file = ci_files(feedstock, commit, platform)
-    meta, build_sh = feedstock.show(commit, "recipe/meta.yaml") or "", feedstock.show(commit, "recipe/build.sh") or ""
+    if not cpu_file:
+        return None
+    win = platform == "win-64"
+    meta = feedstock.show(commit, "recipe/meta.yaml") or ""
+    build_sh = feedstock.show(commit, "recipe/bld.bat" if win else "recipe/build.sh") or ""
     requirements: dict[tuple[str, str, str, int], set[tuple[str, str, str | None]]] = {}
     env: dict[tuple[str, str, int], set[tuple[str, str, str | None]]] = {}
     arch: dict[str, tuple[str, int]] = {}
@@ -251,13 +329,14 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
                     for spec, line in keys.get(key, []):
                         row = (output, key.split("/")[1], with_placeholders(spec, version, build, cuda, blas), line)
                         requirements.setdefault(row, set()).add((accel, blas, cuda))
-            for name, (value, line) in exported_env(build_sh, platform, cuda, blas).items():
-                if name in ENV_LEFT_OUT or "$(" in value:
+            script_env = bat_env(build_sh, cuda, blas) if win else exported_env(build_sh, platform, cuda, blas)
+            for name, (value, line) in script_env.items():
+                if name in (BAT_ENV_LEFT_OUT if win else ENV_LEFT_OUT) or "$(" in value:
                     continue
                 if name == "TORCH_CUDA_ARCH_LIST" and cuda:
                     arch[cuda] = (value, line)
                     continue
-                value = "{cuda}" if name == "CUDA_VERSION" and value == "$cuda_compiler_version" else value
+                value = "{cuda}" if name == "CUDA_VERSION" and value in ("$cuda_compiler_version", "%cuda_compiler_version%") else value
                 env.setdefault((name, value, line), set()).add((accel, blas, cuda))
     several = len(cudas) > 1
     ci = {}
@@ -267,13 +346,24 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
         lines, values = text.splitlines(), yaml.safe_load(text)
         line_of = {key: lines.index(f"{key}:") + 1 for key in values}
         ci[job] = {"file": name, "line_of": line_of, "values": values, "host_names": host_names}
-    return {"cuda": list(cudas), "arch": arch, "ci": ci, "outputs": outputs,
+    return {"cuda": list(cudas), "arch": arch, "ci": ci, "outputs": outputs, "activation": windows_activation(feedstock, commit) if win else None,
             "requirements": [dict(output=o, key=k, spec=s, line=n, **where(jobs, blases, several))
                              for (o, k, s, n), jobs in requirements.items()],
             "env": [dict(name=n, value=v, line=line, **where(jobs, blases, several))
                     for (n, v, line), jobs in env.items()],
             "patches": [dict(path=p, sha256=feedstock.sha256(commit, f"recipe/{p}"), line=line,
                              **where(jobs, blases, several)) for (p, line), jobs in patches.items()]}
+
+
+def windows_activation(feedstock: Feedstock, commit: str) -> tuple[str, str] | None:
+    """(mechanism, FILE:LINE) of the activation script bld.bat installs, if the feedstock has one then."""
+    script = feedstock.show(commit, "recipe/activate.bat")
+    if script is None:
+        return None
+    bld = (feedstock.show(commit, "recipe/bld.bat") or "").splitlines()
+    installs = next(i for i, line in enumerate(bld, 1) if re.search(r"activate\.d\\", line))
+    sets = next(i for i, line in enumerate(script.splitlines(), 1) if 'set "CF_TORCH_CUDA_ARCH_LIST=' in line)
+    return "activate.d", f"recipe/bld.bat:{installs}; recipe/activate.bat:{sets}"
 
 
 def release_facts(feedstock: Feedstock, version: str, commit: str) -> tuple[dict[str, object], dict[str, dict]]:
@@ -304,11 +394,16 @@ def release_facts(feedstock: Feedstock, version: str, commit: str) -> tuple[dict
         activation = ("activate.d", f"recipe/build.sh:{line_where('activate.*deactivate', build_sh)}; "
                                     f"recipe/activate.sh:{line_where('export CF_TORCH_CUDA_ARCH_LIST=', script)}")
     platforms = {p: platform_facts(feedstock, version, commit, p) for p in PLATFORMS}
+    if platforms["linux-64"] is None:
+        raise ValueError(f"{version}: the feedstock has no linux-64 job at {commit}")
     common = {"build_number": (int(re.search(r"\d+", meta[base_line - 1]).group()), base_line),
               "cuda_offset": line_where(r"set build = build \+ 200"), "mkl_offset": line_where(r"set build = build \+ 100"),
               "triton": (re.search(r'"(.*)"', meta[triton_line - 1]).group(1), triton_line),
               "patches": (entries, patches_line + 1, last), "activation": activation,
               "outputs": platforms["linux-64"]["outputs"]}
+    for platform, facts in platforms.items():
+        if facts and facts["outputs"] != common["outputs"]:
+            raise ValueError(f"{version}: the outputs of {platform} differ from linux-64's: the table has one list")
     return common, platforms
 
 
@@ -328,14 +423,23 @@ def release_toml(version: str, commit: str, note: str, common: dict, platforms: 
     if common["activation"]:
         mechanism, source = common["activation"]
         out.append(f'activation = {{ variable = "CF_TORCH_CUDA_ARCH_LIST", mechanism = {q(mechanism)}, source = {q(source)} }}')
+    missing = {p: f"no .ci_support/{p.replace('-', '_')}_*.yaml at this commit" for p, f in platforms.items() if f is None}
+    if missing:
+        out.append("not_built = { " + ", ".join(f"{q(p)} = {q(why)}" for p, why in missing.items()) + " }")
     for platform, facts in platforms.items():
+        if facts is None:
+            continue
         table = f'releases."{version}".platforms."{platform}"'
         out += [f"[{table}]", f"cuda = {q(facts['cuda'])}"]
-        out += [f'arch_list."{c}" = {{ value = {q(v)}, source = "recipe/build.sh:{n}" }}' for c, (v, n) in sorted(facts["arch"].items())]
+        if facts["activation"]:
+            mechanism, source = facts["activation"]
+            out.append(f'activation = {{ variable = "CF_TORCH_CUDA_ARCH_LIST", mechanism = {q(mechanism)}, source = {q(source)} }}')
+        script = "recipe/bld.bat" if platform == "win-64" else "recipe/build.sh"
+        out += [f'arch_list."{c}" = {{ value = {q(v)}, source = "{script}:{n}" }}' for c, (v, n) in sorted(facts["arch"].items())]
         for job, ci in facts["ci"].items():
             name = ci["file"].split("/")[-1]
             out += [f'[{table}.ci_support."{job}"]', f'file = {q(".ci_support/" + name)}']
-            for key in ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "python"):
+            for key in CI_KEYS[platform]:
                 if key in ci["values"]:
                     raw = ci["values"][key]
                     value = [str(v).split(".*")[0] for v in raw] if key == "python" else str(raw[0])
@@ -351,7 +455,7 @@ def release_toml(version: str, commit: str, note: str, common: dict, platforms: 
         out += [_row(row, ("path", "sha256", "accel", "blas", "cuda"), "recipe/meta.yaml")
                 for row in sorted(facts["patches"], key=lambda r: r["line"])]
         out += ["]", "env = ["]
-        out += [_row(row, ("name", "value", "accel", "blas", "cuda"), "recipe/build.sh")
+        out += [_row(row, ("name", "value", "accel", "blas", "cuda"), script)
                 for row in sorted(facts["env"], key=lambda r: r["line"])]
         out.append("]")
     return "\n".join(out)

@@ -121,6 +121,11 @@ def register(app: typer.Typer) -> None:
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
+        if flavour is Flavour.CONDA_FORGE and platform == "win-64":
+            raise UsageError("torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
+                             "render them with `torchforge render --flavour conda-forge --platform win-64 ...` and run "
+                             "`conda build FOLDER -c conda-forge --override-channels` on a Windows machine with "
+                             "Visual Studio")
         if flavour is Flavour.CONDA_FORGE:
             raise UsageError(
                 "torchforge build does not build the conda-forge flavour yet (one conda-build run makes libtorch, "

@@ -90,6 +90,10 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool)
         {"check": "conda-build", "ok": probe.usable,
          "detail": f"conda-build {probe.version}" if probe.usable else probe.reason},
     ]
+    windows = [r for r in recipes if r.platform == conda_forge.WINDOWS]
+    if windows:  # torchforge renders them anywhere; conda-build builds them on Windows only
+        checks.append({"check": "platform", "ok": None, "detail": "; ".join(
+            f"{r.id}: {conda_forge.windows_build_note(dict(r.variant_config)['c_compiler'][0])}" for r in windows)})
     if json_output:
         out.print_json(json.dumps(checks))
     else:

@@ -25,7 +25,12 @@ from torchforge.variant import split_list
 Accel = Literal["cuda", "cpu"]
 Blas = Literal["mkl", "generic"]
 OUTPUT_KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports")
-PLATFORMS = {"linux-64": "x86_64-linux", "linux-aarch64": "sbsa-linux"}  # subdir -> CUDA target folder
+# subdir -> CUDA target folder (win-64: none, conda-forge's CUDA sits in %LIBRARY_PREFIX%)
+PLATFORMS: dict[str, str | None] = {"linux-64": "x86_64-linux", "linux-aarch64": "sbsa-linux", "win-64": None}
+WINDOWS = "win-64"
+# The .ci_support keys a job's compilers are read from: GCC versions on linux, Visual Studio's packages on Windows.
+_CI_COMPILER_KEYS = {"linux": ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version"),
+                     "win": ("c_compiler", "cxx_compiler", "c_stdlib")}
 _SOURCE = re.compile(r"^[\w./-]+:\d+(-\d+)?(; .+)?$")
 
 
@@ -46,12 +51,16 @@ class Pin(FrozenModel):
 
 
 class CiSupport(FrozenModel):
-    """The feedstock's variant file of one CUDA (or cpu) job, blas_impl mkl."""
+    """The feedstock's variant file of one CUDA (or cpu) job, blas_impl mkl: GCC versions on linux, the Visual
+    Studio compiler packages (vs2019, vs2022) on Windows."""
 
     file: str
-    c_compiler_version: Cited
-    cxx_compiler_version: Cited
-    c_stdlib_version: Cited
+    c_compiler_version: Cited | None = None
+    cxx_compiler_version: Cited | None = None
+    c_stdlib_version: Cited | None = None
+    c_compiler: Cited | None = None
+    cxx_compiler: Cited | None = None
+    c_stdlib: Cited | None = None
     python: CitedList
     pins: tuple[Pin, ...]
 
@@ -113,6 +122,7 @@ class PlatformJobs(FrozenModel):
     arch_list: dict[str, Cited]
     ci_support: dict[str, CiSupport]
     recipe: RecipeFacts
+    activation: Activation | None = None  # Windows: bld.bat's own (linux: the release's, from build.sh)
 
 
 class FeedstockRelease(FrozenModel):
@@ -129,6 +139,7 @@ class FeedstockRelease(FrozenModel):
     outputs_cpu: tuple[str, ...]
     activation: Activation | None = None
     platforms: dict[str, PlatformJobs]
+    not_built: dict[str, str] = {}  # subdir -> why the feedstock has no job for it at this commit
 
     def outputs(self, accel: Accel) -> tuple[str, ...]:
         return self.outputs_cuda if accel == "cuda" else self.outputs_cpu
@@ -142,6 +153,7 @@ class FlavourSettings(FrozenModel):
     blas_source: str
     omitted_outputs: dict[str, str]
     magma: str
+    visual_studio: dict[str, tuple[int, int]]  # compiler package -> _MSC_VER range
 
 
 class CondaForgeTable(FrozenModel):
@@ -175,8 +187,8 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
         where = f"conda_forge.toml releases.{version}"
         if not re.fullmatch(r"[0-9a-f]{40}", release.commit):
             problems.append(f"{where}.commit is not a full git commit")
-        if set(release.platforms) != set(PLATFORMS):
-            problems.append(f"{where}.platforms must describe exactly {', '.join(PLATFORMS)}")
+        if set(release.platforms) | set(release.not_built) != set(PLATFORMS) or set(release.platforms) & set(release.not_built):
+            problems.append(f"{where}: platforms and not_built must name each of {', '.join(PLATFORMS)} once")
         cited = [release.build_number_source, release.patches.source, release.cuda_offset_source,
                  release.mkl_offset_source, release.triton_source]
         for platform, jobs in release.platforms.items():
@@ -187,6 +199,15 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
                     problems.append(f"{where}.platforms.{platform}: CUDA {cuda} is missing from cuda.toml")
             if "cpu" not in jobs.ci_support:
                 problems.append(f"{where}.platforms.{platform}.ci_support lacks the cpu job")
+            for job, ci in jobs.ci_support.items():
+                missing = [k for k in _CI_COMPILER_KEYS[_family(platform)] if getattr(ci, k) is None]
+                problems.extend(f"{where}.platforms.{platform}.ci_support.{job} lacks {k}" for k in missing)
+                cited += [c.source for k in _CI_COMPILER_KEYS[_family(platform)] if (c := getattr(ci, k))]
+                if ci.c_compiler and ci.c_compiler.value not in table.flavour.visual_studio:
+                    problems.append(f"{where}.platforms.{platform}.ci_support.{job}: {ci.c_compiler.value} is not in "
+                                    "flavour.visual_studio")
+            if jobs.activation:
+                cited.append(jobs.activation.source)
             cited += [*(a.source for a in jobs.arch_list.values()), *(r.source for r in jobs.recipe.requirements),
                       *(e.source for e in jobs.recipe.env), *(p.source for p in jobs.recipe.patches)]
             problems.extend(f"{where}.platforms.{platform}: patch {p.path} has no sha256" for p in jobs.recipe.patches
@@ -287,22 +308,22 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     if release is None:
         raise UsageError(f"--flavour conda-forge has no facts for PyTorch {version}",
                          f"pick one of {', '.join(table.releases)}, or use --flavour official")
-    if platform not in PLATFORMS:
-        raise UsageError(f"--flavour conda-forge renders {' and '.join(PLATFORMS)}, not {platform}",
-                         "use --platform linux-64 or linux-aarch64, or --flavour official")
+    jobs = platform_jobs(table, version, platform)
     cuda = None if accel == "cpu" else accel
     warnings: list[str] = []
     blas = settings.blas[platform]
-    jobs = release.platforms[platform]
     arch = _arch_list(version, jobs, cuda, arch_list)
     reference = reference_cuda(jobs, cuda)
     ci = jobs.ci_support[reference or "cpu"]
     if cuda is not None and reference != cuda:
         warnings.append(f"conda-forge never built PyTorch {version} for CUDA {cuda}: compilers, pins and CUDA-specific "
                         f"settings follow its CUDA {reference} job ({ci.file})")
-    c_version, compiler_warning = _compiler_version(ci.c_compiler_version.value, cuda)
+    c_version, compiler_warning = _compiler_version(ci.c_compiler_version.value, cuda) if ci.c_compiler_version \
+        else _visual_studio(settings, ci.c_compiler.value if ci.c_compiler else "", cuda)
     if compiler_warning:
         warnings.append(compiler_warning)
+    if platform == WINDOWS:
+        warnings.append(windows_build_note(c_version))
     known_pythons = ci.python.value
     chosen = pythons or known_pythons
     unknown = [p for p in chosen if p not in known_pythons]
@@ -320,16 +341,43 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
            if _applies(row, accel_key, blas, reference)]
     if cuda:
         env.append(("TORCH_CUDA_ARCH_LIST", arch))
-    config = _variant_config(ci, chosen, blas, cuda, c_version, arch)
+    config = _variant_config(ci, chosen, blas, cuda, c_version, arch, platform)
     patches = tuple((settings.feedstock_files.format(commit=release.commit, path=f"recipe/{p.path}"), p.sha256, p.path)
                     for p in jobs.recipe.patches if _applies(p, accel_key, blas, reference))
     return CondaForgeRecipe(
         version=version, platform=platform, cuda=cuda, arch_list=arch, blas=blas, pythons=tuple(chosen),
         build_number=build, feedstock_commit=release.commit, outputs=outputs, env=tuple(env),
         variant_config=config,
-        activation_variable=release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST",
+        activation_variable=activation.variable if (activation := jobs.activation or release.activation)
+        else "CF_TORCH_CUDA_ARCH_LIST",
         warnings=tuple(warnings), feedstock_patches=patches,
     )
+
+
+def windows_build_note(compiler: str) -> str:
+    """What a win-64 recipe needs: torchforge renders it anywhere, but builds on linux only."""
+    return ("win-64 is rendered, not built, by torchforge (its builds run on linux): build this folder on a Windows "
+            f"machine with Visual Studio's {compiler} toolchain, `conda build FOLDER -c conda-forge --override-channels`")
+
+
+def _family(platform: str) -> str:
+    return "win" if platform == WINDOWS else "linux"
+
+
+def platform_jobs(table: CondaForgeTable, version: str, platform: str) -> PlatformJobs:
+    """The feedstock's jobs of one subdir at a release, or what would work where it has none."""
+    release = table.releases[version]
+    if platform not in PLATFORMS:
+        raise UsageError(f"--flavour conda-forge renders {', '.join(PLATFORMS)}, not {platform}",
+                         f"use --platform {' or '.join(PLATFORMS)}, or --flavour official")
+    if platform in release.not_built:
+        having = [v for v, r in table.releases.items() if platform in r.platforms]
+        raise UsageError(
+            f"conda-forge's feedstock has no {platform} build of PyTorch {version} "
+            f"({release.not_built[platform]}, {release.commit[:12]}), so there is nothing to follow",
+            f"--platform {platform} renders PyTorch {', '.join(having)}" if having
+            else f"use --platform {' or '.join(p for p in release.platforms)}")
+    return release.platforms[platform]
 
 
 def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: str | None) -> str:
@@ -365,6 +413,25 @@ def _compiler_version(feedstock: str, cuda: str | None) -> tuple[str, str | None
     limit = tables.load().cuda.toolkits[cuda].max_gcc
     if limit is not None and int(feedstock) > limit:
         return str(limit), f"nvcc {cuda} accepts GCC {limit} at most: the compilers are GCC {limit}, not the feedstock's {feedstock}"
+    return feedstock, None
+
+
+def _visual_studio(settings: FlavourSettings, feedstock: str, cuda: str | None) -> tuple[str, str | None]:
+    """The feedstock's Visual Studio package, unless nvcc of the requested CUDA refuses all of its MSVC versions
+    (then the newest package it accepts); a warning where it refuses the newer ones only."""
+    accepted = tables.load().cuda.toolkits[cuda].msvc if cuda else None
+    if accepted is None or feedstock not in settings.visual_studio:
+        return feedstock, None
+    low, high = settings.visual_studio[feedstock]
+    if low > accepted[1]:
+        fitting = [name for name, (lo, hi) in settings.visual_studio.items() if lo <= accepted[1] and hi >= accepted[0]]
+        if fitting:
+            chosen = max(fitting, key=lambda name: settings.visual_studio[name][0])
+            return chosen, (f"nvcc {cuda} accepts MSVC _MSC_VER {accepted[0]}-{accepted[1]}: the compilers are "
+                            f"{chosen}, not the feedstock's {feedstock}")
+    if high > accepted[1]:
+        return feedstock, (f"nvcc {cuda} accepts MSVC _MSC_VER up to {accepted[1]}: build with a {feedstock} toolset "
+                           f"no newer than that ({feedstock} spans {low}-{high})")
     return feedstock, None
 
 
@@ -411,16 +478,25 @@ def _mark(spec: str, ours: set[str], blas: str, marker: str) -> str:
 
 
 def _variant_config(ci: CiSupport, pythons: tuple[str, ...] | list[str], blas: str, cuda: str | None,
-                    c_version: str, arch: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+                    c_version: str, arch: str, platform: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The job's variant. Windows: Visual Studio's compiler packages (no version key), and win-64 as the target so
+    the recipe renders for it on any machine."""
+    if platform == WINDOWS:
+        assert ci.c_compiler and ci.cxx_compiler and ci.c_stdlib  # checked by check_invariants
+        target = [("target_platform", (WINDOWS,))]
+        studio = c_version or ci.c_compiler.value  # the job's, or the one nvcc accepts (_visual_studio)
+        compilers = [("c_compiler", (studio,)), ("cxx_compiler", (studio,)), ("c_stdlib", (ci.c_stdlib.value,))]
+    else:
+        assert ci.c_stdlib_version  # checked by check_invariants
+        target = []
+        compilers = [("c_compiler", ("gcc",)), ("cxx_compiler", ("gxx",)), ("c_compiler_version", (c_version,)),
+                     ("cxx_compiler_version", (c_version,)), ("c_stdlib", ("sysroot",)),
+                     ("c_stdlib_version", (ci.c_stdlib_version.value,))]
     config: list[tuple[str, tuple[str, ...]]] = [
+        *target,
         ("python", tuple(pythons)),
         ("blas_impl", (blas,)),
-        ("c_compiler", ("gcc",)),
-        ("cxx_compiler", ("gxx",)),
-        ("c_compiler_version", (c_version,)),
-        ("cxx_compiler_version", (c_version,)),
-        ("c_stdlib", ("sysroot",)),
-        ("c_stdlib_version", (ci.c_stdlib_version.value,)),
+        *compilers,
         ("cuda_compiler", ("cuda-nvcc" if cuda else "None",)),
         ("cuda_compiler_version", (cuda or "None",)),
         ("torch_cuda_arch_list", (arch or "None",)),
@@ -455,6 +531,8 @@ def conda_build_spec(spec: str) -> str:
 
 def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     """The libtorch package's own test: its libraries, its CMake config and (CUDA) the activation variable."""
+    if recipe.platform == WINDOWS:
+        return windows_libtorch_checks(recipe)
     libs = ["c10", "shm", "torch", "torch_cpu", "torch_global_deps"]
     if recipe.cuda:
         libs += ["torch_cuda_linalg", "c10_cuda", "caffe2_nvrtc", "torch_cuda"]
@@ -464,6 +542,23 @@ def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     if recipe.cuda:
         variable = recipe.activation_variable
         checks.append(f'. $PREFIX/etc/conda/activate.d/libtorch-torchforge_activate.sh && test "${variable}" = "{recipe.arch_list}"')
+    return tuple(checks)
+
+
+def windows_libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
+    """libtorch's test on Windows (cmd.exe lines): DLLs in Library\\bin, import libraries in Library\\lib (none for
+    torch_global_deps, which exports nothing), the CMake config, no torch_python, and (CUDA) the activation."""
+    libs = ["c10", "shm", "torch", "torch_cpu", "torch_global_deps"]
+    if recipe.cuda:
+        libs += ["c10_cuda", "caffe2_nvrtc", "torch_cuda"]  # torch_cuda_linalg is linked into torch_cuda there
+    checks = [f"if not exist %LIBRARY_BIN%\\{lib}.dll exit 1" for lib in libs]
+    checks += [f"if not exist %LIBRARY_LIB%\\{lib}.lib exit 1" for lib in libs if lib != "torch_global_deps"]
+    checks.append("if not exist %LIBRARY_PREFIX%\\share\\cmake\\Torch\\TorchConfig.cmake exit 1")
+    checks.append("if exist %LIBRARY_BIN%\\torch_python.dll exit 1")
+    if recipe.cuda:
+        variable = recipe.activation_variable
+        checks.append("call %PREFIX%\\etc\\conda\\activate.d\\libtorch-torchforge_activate.bat")
+        checks.append(f'if not "%{variable}%" == "{recipe.arch_list}" exit 1')
     return tuple(checks)
 
 
@@ -482,13 +577,24 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "libtorch_python": recipe.libtorch_python,
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER,
+        **_platform_fields(recipe, bool(source.patches) or (feedstock_patches and bool(recipe.feedstock_patches))),
     }
-    files = {name: render_template(f"conda_forge/{name}.j2", **fields)
-             for name in ("meta.yaml", "conda_build_config.yaml", "build.sh")}
-    if recipe.cuda:
-        files.update({name: render_template(f"conda_forge/{name}.j2", **fields)
-                      for name in ("activate.sh", "deactivate.sh")})
-    return files
+    windows = recipe.platform == WINDOWS
+    script, activation = ("bld.bat", ("activate.bat", "deactivate.bat")) if windows \
+        else ("build.sh", ("activate.sh", "deactivate.sh"))
+    names = ["meta.yaml", "conda_build_config.yaml", script, *(activation if recipe.cuda else ())]
+    if windows:
+        names.append("retarget_cmake_cache.py")
+    return {name: render_template(f"conda_forge/{name}.j2", **fields) for name in names}
+
+
+def _platform_fields(recipe: CondaForgeRecipe, patched: bool) -> dict[str, object]:
+    """What meta.yaml says differently on Windows: its script, the driver library it may not find, and (where
+    patches are applied: the user's or the feedstock's) conda-forge's MSYS2 `patch`, which Windows lacks."""
+    if recipe.platform != WINDOWS:
+        return {"script": "build.sh", "driver_library": "*/libcuda.so.*", "extra_build": ()}
+    return {"script": "bld.bat", "driver_library": "*/nvcuda.dll",
+            "extra_build": ("m2-patch",) if patched else ()}
 
 
 def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
