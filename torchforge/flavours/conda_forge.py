@@ -248,7 +248,8 @@ class CondaForgeRecipe:
     def settings(self) -> str:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
         return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
-                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
+                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number,
+                           "libtorch_python": self.libtorch_python},
                           sort_keys=True)
 
     @property
@@ -316,6 +317,9 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     ours = set(release.outputs(accel_key))
     outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker)
                     for name in release.outputs(accel_key) if name not in settings.omitted_outputs)
+    outputs, python_warning = _libtorch_python(outputs, tuple(chosen), jobs)
+    if python_warning:
+        warnings.append(python_warning)
     env = [(row.name, _format(row.value, fields)) for row in jobs.recipe.env
            if _applies(row, accel_key, blas, reference)]
     if cuda:
@@ -356,6 +360,26 @@ def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: st
         raise UsageError(f"--arch-list {arch_list!r}: {', '.join(wrong) or 'an empty entry'} is not an arch nvcc {cuda} builds",
                          f"choose from {';'.join(accepted or ())}, separated by ';' (a last entry may end in +PTX)")
     return arch_list
+
+
+def _libtorch_python(outputs: tuple[Output, ...], chosen: tuple[str, ...],
+                     jobs: PlatformJobs) -> tuple[tuple[Output, ...], str | None]:
+    """libtorch is built with the feedstock's Python (its host pins one) where the chosen Pythons include it, else
+    with the first chosen one: libtorch's run requirements never name Python (its ignore_run_exports has python),
+    so this changes how it is built, not what it needs."""
+    libtorch, *others = outputs
+    host = libtorch.requirements["host"]
+    index, spec = next((i, s) for i, s in enumerate(host) if s.split()[0] == "python")
+    feedstock = spec.split()[1]
+    if feedstock in chosen:
+        return outputs, None
+    source = next(r.source for r in jobs.recipe.requirements if r.output == libtorch.name and r.key == "host"
+                  and r.spec == spec)
+    pinned = host[:index] + (f"python {chosen[0]}",) + host[index + 1:]
+    rebuilt = Output(libtorch.name, libtorch.build_string, {**libtorch.requirements, "host": pinned})
+    return (rebuilt, *others), (f"conda-forge builds libtorch with Python {feedstock} ({source}), which --py "
+                                f"{','.join(chosen)} leaves out: libtorch builds with Python {chosen[0]} (recorded in "
+                                "the settings; its run requirements name no Python either way)")
 
 
 def _compiler_version(feedstock: str, cuda: str | None) -> tuple[str, str | None]:
