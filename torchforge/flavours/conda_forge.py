@@ -19,7 +19,7 @@ from torchforge import data as tables
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, UsageError
 from torchforge.recipe import Source
-from torchforge.render import render_template, yaml_scalar
+from torchforge.render import RecipeFormat, render_template, yaml_scalar
 from torchforge.variant import split_list
 
 Accel = Literal["cuda", "cpu"]
@@ -477,6 +477,32 @@ def conda_build_spec(spec: str) -> str:
     return "{{ " + f"{function}('{name}'{argument})" + " }}"
 
 
+def rattler_build_spec(spec: str) -> str:
+    """One requirement in recipe.yaml syntax: the data's `pin_subpackage libtorch x.x` becomes rattler-build's
+    `${{ pin_subpackage('libtorch', upper_bound='x.x') }}`; any other spec is a YAML scalar."""
+    found = _JINJA_SPEC.match(spec)
+    if found is None:
+        return yaml_scalar(_explicit_version(spec))
+    function, name, pin = found.groups()
+    argument = ", exact=True" if pin == "exact" else f", upper_bound='{pin}'" if pin else ""
+    return "${{ " + f"{function}('{name}'{argument})" + " }}"
+
+
+def _explicit_version(spec: str) -> str:
+    """rattler-build refuses a bare version (`cuda-version 13.0`); conda-build reads `name X.Y` as `X.Y.*` and a
+    bare version followed by a build string as exact (conda_build/utils.py, ensure_valid_spec): say so explicitly."""
+    fields = spec.split()
+    if len(fields) < 2 or not re.fullmatch(r"[0-9a-zA-Z.]+", fields[1]):
+        return spec
+    fields[1] = f"{fields[1]}.*" if len(fields) == 2 else f"=={fields[1]}"
+    return " ".join(fields)
+
+
+def rattler_build_string(build_string: str) -> str:
+    """A planned build string in rattler-build's Jinja: the Python of the variant as conda-build's CONDA_PY."""
+    return build_string.replace("{{ CONDA_PY }}", "${{ python | version_to_buildstring }}")
+
+
 def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     """The libtorch package's own test: its libraries, its CMake config and (CUDA) the activation variable."""
     libs = ["c10", "shm", "torch", "torch_cpu", "torch_global_deps"]
@@ -491,10 +517,12 @@ def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     return tuple(checks)
 
 
-def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False) -> dict[str, str]:
-    """{file name: text} of the recipe folder (conda-build's meta.yaml; the other files it names). With
-    `feedstock_patches`, conda-build downloads the feedstock's patches of this job (pinned commit, sha256) and
-    build.sh applies them before building."""
+def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False,
+                 recipe_format: RecipeFormat = RecipeFormat.CONDA_BUILD) -> dict[str, str]:
+    """{file name: text} of the recipe folder: conda-build's meta.yaml and conda_build_config.yaml, or
+    rattler-build's recipe.yaml and variants.yaml (the same outputs, requirements, build strings and variant
+    keys), and the scripts both name. With `feedstock_patches`, the engine downloads the feedstock's patches of
+    this job (pinned commit, sha256) and build.sh applies them before building."""
     libtorch, *others = recipe.outputs
     fields = {
         "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings_for(feedstock_patches),
@@ -505,10 +533,15 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python,
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
-        "patch_folder": PATCH_FOLDER,
+        "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
+        "rattler_build_string": rattler_build_string,
     }
-    files = {name: render_template(f"conda_forge/{name}.j2", **fields)
-             for name in ("meta.yaml", "conda_build_config.yaml", "build.sh")}
+    recipe_file, variant_file = (("recipe.yaml", "variants.yaml") if recipe_format == RecipeFormat.RATTLER_BUILD
+                                 else ("meta.yaml", "conda_build_config.yaml"))
+    files = {recipe_file: render_template(f"conda_forge/{recipe_file}.j2", **fields),
+             # one variant file for both engines: the same keys, no selectors
+             variant_file: render_template("conda_forge/conda_build_config.yaml.j2", **fields),
+             "build.sh": render_template("conda_forge/build.sh.j2", **fields)}
     if recipe.cuda:
         files.update({name: render_template(f"conda_forge/{name}.j2", **fields)
                       for name in ("activate.sh", "deactivate.sh")})
