@@ -153,3 +153,171 @@ def test_the_rattler_build_recipe_builds_libtorch_once_and_each_python_from_it()
     assert packages[1]["build"]["script"]["env"] == {"TORCHFORGE_OUTPUT": "pytorch"}
     assert "inherit" not in packages[2]
     assert doc["extra"]["torchforge_settings"] == recipe.settings
+
+
+# ---- step 4: stand-ins of conda-forge's cuDNN, NCCL and MAGMA ---------------------------------------------------
+
+
+def test_conda_forge_stand_ins_carry_the_real_sonames_links_dependencies_and_run_exports(tmp_path: Path) -> None:
+    import asyncio
+
+    import rattler
+    from conda_package_streaming import package_streaming
+
+    from torchforge import standin
+
+    written = standin.make_stub_channel(tmp_path / "channel", ["libcudnn-dev 9.*", "nccl 2.*", "libmagma-devel 2.10.0",
+                                                               "cuda-version 13.0"], conda_forge=True)
+    names = sorted(p.name for p in written)
+    # what the -dev packages depend on comes along, at the same version
+    assert names == ["cuda-version-13.0-stub_0.conda", "libcudnn-9-stub_0.conda", "libcudnn-dev-9-stub_0.conda",
+                     "libmagma-2.10.0-stub_0.conda", "libmagma-devel-2.10.0-stub_0.conda",
+                     "libmagma_sparse-2.10.0-stub_0.conda", "nccl-2-stub_0.conda"]
+    contents: dict[str, dict[str, bytes]] = {}
+    for package in written:
+        contents[package.name] = {}
+        for component in ("info", "pkg"):
+            for tar, member in package_streaming.stream_conda_component(str(package), component=component):
+                data = member.linkname.encode() if member.issym() else tar.extractfile(member).read()
+                contents[package.name][member.name] = data
+    exports = {name: json.loads(files["info/run_exports.json"])["weak"]
+               for name, files in contents.items() if "info/run_exports.json" in files}
+    assert exports == {"libcudnn-dev-9-stub_0.conda": ["libcudnn >=9,<10.0a0"],
+                       "libmagma-devel-2.10.0-stub_0.conda": ["libmagma >=2.10.0,<2.10.1.0a0",
+                                                              "libmagma_sparse >=2.10.0,<2.10.1.0a0"],
+                       "nccl-2-stub_0.conda": ["nccl >=2,<3.0a0"]}
+    assert contents["libcudnn-dev-9-stub_0.conda"]["lib/libcudnn.so"] == b"libcudnn.so.9"
+    for package, path, soname in (("libcudnn-9-stub_0.conda", "lib/libcudnn.so.9", "libcudnn.so.9"),
+                                  ("nccl-2-stub_0.conda", "lib/libnccl.so.2", "libnccl.so.2"),
+                                  ("libmagma-2.10.0-stub_0.conda", "lib/libmagma.so", "libmagma.so")):
+        library = tmp_path / soname
+        library.write_bytes(contents[package][path])
+        assert dynamic(library)["soname"] == [soname]
+    # a real solver installs libcudnn with libcudnn-dev
+    records = asyncio.run(rattler.solve([rattler.Channel(str(tmp_path / "channel"))], ["libcudnn-dev"],
+                                        platforms=["linux-64", "noarch"]))
+    assert sorted(r.name.normalized for r in records) == ["libcudnn", "libcudnn-dev"]
+
+
+def test_every_stand_in_fact_cites_a_line_of_a_repository_at_a_commit() -> None:
+    from torchforge import standin
+
+    packages = standin.conda_forge_packages()
+    assert set(packages) == {"libcudnn", "libcudnn-dev", "cudnn", "nccl", "libmagma", "libmagma_sparse",
+                             "libmagma-devel"}
+    for package in packages.values():
+        for fact in (*package.libraries, *package.links, *package.depends, *package.run_exports):
+            assert re.match(r"^([\w-]+/[\w.-]+@[0-9a-f]{8}:|magma-)[\w./-]+:\d", fact.source), fact.source
+
+
+# ---- step 3: the fixture -------------------------------------------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "fixtures" / "torch_split"
+CPU_LIBS = ["libc10.so", "libshm.so", "libtorch.so", "libtorch_cpu.so", "libtorch_global_deps.so", "libtorch_python.so"]
+CUDA_LIBS = ["libc10_cuda.so", "libcaffe2_nvrtc.so", "libtorch_cuda.so", "libtorch_cuda_linalg.so"]
+
+
+def copy_fixture(where: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(FIXTURE, where, ignore=shutil.ignore_patterns("build", "*.egg-info", "dist")))
+
+
+def dynamic(library: Path) -> dict[str, list[str]]:
+    """NEEDED, SONAME and RUNPATH/RPATH entries of an ELF file (torchforge.elf reads them)."""
+    from torchforge import elf
+
+    info = elf.read_elf(library)
+    assert info is not None, library
+    return {"needed": list(info.needed), "soname": [info.soname or ""], "runpath": list(info.search_path)}
+
+
+def run_checked(argv: list[str], **kwargs) -> str:
+    import subprocess
+
+    done = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    assert done.returncode == 0, f"{argv}: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def conda_forge_prefix(prefix: Path) -> Path:
+    """A prefix holding the stand-ins of conda-forge's libcudnn(-dev), nccl and libmagma, unpacked by hand."""
+    from torchforge import standin
+
+    for name, version in (("libcudnn", "9"), ("libcudnn-dev", "9"), ("nccl", "2"), ("libmagma", "2.10.0")):
+        stub = standin.conda_forge_stub(name, version, "stub_0")
+        for rel, data in stub.files.items():
+            (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
+            (prefix / rel).write_bytes(data)
+        for rel, target in stub.links.items():
+            (prefix / rel).symlink_to(target)
+    return prefix
+
+
+def consume_from_cmake(prefix: Path, build: Path, env: dict[str, str]) -> str:
+    """Configure, build and run the fixture's CMake consumer against the Torch config found under `prefix`."""
+    run_checked(["cmake", "-S", str(FIXTURE / "consumer"), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}"], env=env)
+    run_checked(["cmake", "--build", str(build)], env=env)
+    return run_checked([str(build / "consumer")], env=env)
+
+
+def test_the_fixture_builds_pytorchs_layout_and_installs_with_pip(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    source = copy_fixture(tmp_path / "src")
+    env = {**os.environ, "PYTORCH_BUILD_VERSION": "2.13.0", "PYTORCH_BUILD_NUMBER": "0", "USE_CUDA": "0"}
+    run_checked([sys.executable, "setup.py", "-q", "build"], cwd=source, env=env)
+    (built,) = (source / "build").glob("lib.*/torch")
+    assert sorted(p.name for p in (built / "lib").iterdir()) == CPU_LIBS
+    assert (built / "share" / "cmake" / "Torch" / "TorchConfig.cmake").is_file()
+    assert (built / "share" / "cmake" / "Torch" / "TorchConfigVersion.cmake").is_file()
+    assert (built / "include" / "torch" / "torch.h").is_file()
+    cache = (source / "build" / "CMakeCache.txt").read_text()
+    assert f"Python_VERSION:STRING={sys.version_info[0]}.{sys.version_info[1]}\n" in cache
+    libtorch_python = dynamic(built / "lib" / "libtorch_python.so")
+    assert libtorch_python["soname"] == ["libtorch_python.so"] and "$ORIGIN" in libtorch_python["runpath"]
+    assert {"libtorch.so", "libtorch_cpu.so", "libshm.so", "libc10.so"} <= set(libtorch_python["needed"])
+
+    target = tmp_path / "site"
+    run_checked([sys.executable, "-m", "pip", "install", ".", "--no-deps", "--no-build-isolation", "--no-index",
+                 "--target", str(target), "-q"], cwd=source, env=env)
+    probe = "import torch; print(torch.__version__, torch.ones_sum(3), torch.cuda_built(), torch.c10_version())"
+    clean = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
+    assert run_checked([sys.executable, "-c", probe], cwd=tmp_path, env={**clean, "PYTHONPATH": str(target)}) \
+        == "2.13.0 3.0 False 2.13.0\n"
+
+    # the installed package's TorchConfig.cmake serves a C++ consumer too (torch/ is its prefix)
+    assert consume_from_cmake(target / "torch", tmp_path / "consumer", clean) == "2.13.0 3.0 0\n"
+
+    # a cache of another Python is refused, as PyTorch would build the bindings for that one
+    (source / "build" / "CMakeCache.txt").write_text(cache.replace("Python_SOABI:STRING=", "Python_SOABI:STRING=x"))
+    refused = subprocess.run([sys.executable, "setup.py", "-q", "build"], cwd=source, env=env, capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "configured for another Python" in refused.stderr
+
+
+def test_the_fixtures_cuda_libraries_link_the_prefixs_cudnn_nccl_and_magma_by_soname(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    source = copy_fixture(tmp_path / "src")
+    prefix = conda_forge_prefix(tmp_path / "prefix")
+    env = {**os.environ, "PYTORCH_BUILD_VERSION": "2.13.0", "USE_CUDA": "1", "CMAKE_PREFIX_PATH": str(prefix),
+           "NCCL_ROOT_DIR": str(prefix), "MAGMA_HOME": str(prefix)}
+    run_checked([sys.executable, "setup.py", "-q", "build"], cwd=source, env=env)
+    (built,) = (source / "build").glob("lib.*/torch")
+    assert sorted(p.name for p in (built / "lib").iterdir()) == sorted(CPU_LIBS + CUDA_LIBS)
+    cuda = dynamic(built / "lib" / "libtorch_cuda.so")
+    assert {"libcudnn.so.9", "libnccl.so.2", "libc10_cuda.so", "libtorch_cpu.so"} <= set(cuda["needed"])
+    assert "libmagma.so" in dynamic(built / "lib" / "libtorch_cuda_linalg.so")["needed"]
+    assert "libtorch_cuda.so" in dynamic(built / "lib" / "libtorch.so")["needed"]
+    for library in (built / "lib").iterdir():  # nothing points at the prefix: it provides them once installed
+        assert not [p for p in dynamic(library)["runpath"] if str(prefix) in p], library.name
+
+    missing = {**env, "MAGMA_HOME": str(tmp_path / "nowhere")}
+    refused = subprocess.run([sys.executable, "setup.py", "-q", "build"], cwd=copy_fixture(tmp_path / "again"),
+                             env=missing, capture_output=True, text=True)
+    assert refused.returncode != 0 and "links libmagma.so from $MAGMA_HOME/lib" in refused.stderr
