@@ -145,7 +145,8 @@ def test_the_rattler_build_recipe_builds_libtorch_once_and_each_python_from_it()
     doc = YAML(typ="safe").load(files["recipe.yaml"])
     staging, *packages = doc["outputs"]
     assert staging["staging"]["name"] == "libtorch-build"
-    assert staging["build"]["script"] == {"file": "build.sh", "env": {"TORCHFORGE_OUTPUT": "libtorch"}}
+    assert staging["build"]["script"] == {"file": "build.sh", "env": {
+        "TORCHFORGE_OUTPUT": "libtorch", "PKG_VERSION": "${{ version }}", "PKG_BUILDNUM": str(recipe.build_number)}}
     assert "python 3.12.*" in staging["requirements"]["host"]  # the feedstock's, chosen too: libtorch keeps it
     assert [p["package"]["name"] for p in packages] == ["libtorch", "pytorch", "pytorch-gpu"]
     assert packages[0]["inherit"] == "libtorch-build"  # libtorch: the staging files and its host's run_exports
@@ -321,3 +322,196 @@ def test_the_fixtures_cuda_libraries_link_the_prefixs_cudnn_nccl_and_magma_by_so
     refused = subprocess.run([sys.executable, "setup.py", "-q", "build"], cwd=copy_fixture(tmp_path / "again"),
                              env=missing, capture_output=True, text=True)
     assert refused.returncode != 0 and "links libmagma.so from $MAGMA_HOME/lib" in refused.stderr
+
+
+# ---- step 5: built with the embedded engine, installed, imported, audited, consumed from CMake ----------------
+
+E2E_CASES = {"cpu": ("cpu", None), "cuda130": ("13.0", "9.0")}
+PY = "3.11"  # this machine's Python; the feedstock's libtorch Python (3.12) is not chosen, so libtorch builds with it
+CUDA_LIBRARY_PREFIXES = ("libcudnn", "libnccl", "libmagma", "libcublas", "libcudart", "libcusparse", "libnvrtc")
+
+
+def rendered_stand_in_specs(recipe_dir: Path, own: set[str]) -> list[str]:
+    """What the stand-in channel must hold for rattler-build to solve every environment of the recipe: the rendered
+    build/host/run specs (compilers resolved by rattler-build itself), bare names pinned by the variant as
+    rattler-build pins them, a build-string glob given a matching build."""
+    from rattler_build import Stage0Recipe, VariantConfig
+
+    specs: set[str] = {"pip"}  # what the python test's `pip check` adds
+    for variant in Stage0Recipe.from_file(recipe_dir / "recipe.yaml").render(
+            VariantConfig.from_file(recipe_dir / "variants.yaml")):
+        sections = [variant.recipe.to_dict()["requirements"],
+                    *(cache.requirements.to_dict() for cache in variant.recipe.staging_caches)]
+        for spec in (s for section in sections for key in ("build", "host", "run") for s in section.get(key, [])):
+            if isinstance(spec, dict):  # pin_subpackage of this recipe's own outputs
+                continue
+            fields = spec.split()
+            name, key = fields[0], fields[0].replace("-", "_")
+            if name in own or name.startswith("__"):
+                continue
+            if len(fields) == 1 and key in variant.variant:
+                spec = f"{name} {variant.variant[key]}"
+            elif len(fields) == 3 and fields[1] == "*":
+                spec = f"{name} 1.0 0{fields[2].strip('*')}"
+            specs.add(spec)
+    return sorted(specs)
+
+
+def solve_records(channels: list[Path], specs: list[str], cuda_driver: str | None) -> list:
+    import asyncio
+
+    import rattler
+
+    virtual = [rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"),
+                                             rattler.BuildString("0"))]
+    if cuda_driver:
+        virtual.append(rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version(cuda_driver),
+                                                     rattler.BuildString("0")))
+    return asyncio.run(rattler.solve([rattler.Channel(str(c)) for c in channels], specs,
+                                     platforms=["linux-64", "noarch"], virtual_packages=virtual))
+
+
+@pytest.fixture(scope="module")
+def flavour_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """The fixture's cpu and CUDA 13.0 (arch 9.0) recipes rendered, built by the embedded engine through the
+    Engine interface and the runner, then through the pipeline's RPATH fix-and-audit step: {case: (recipe,
+    stand-in channel, packages)}."""
+    import shutil
+
+    from torchforge import standin
+    from torchforge.engines import BuildJob
+    from torchforge.engines.rattler_build import RattlerBuildEngine
+    from torchforge.pipeline import _fix_and_audit
+    from torchforge.proc import Runner
+
+    root = tmp_path_factory.mktemp("cf-split")
+    source = copy_fixture(root / "torch_split")
+    built: dict[str, tuple] = {}
+    for case, (accel, arch) in E2E_CASES.items():
+        recipe = conda_forge.plan("2.13.0", "linux-64", accel, arch, (PY,))
+        recipe_dir = root / "recipes" / recipe.id
+        recipe_dir.mkdir(parents=True)
+        for name, text in rattler_files(recipe, Source("path", str(source), "")).items():
+            (recipe_dir / name).write_text(text)
+        stubs = root / f"stubs-{case}"
+        standin.make_stub_channel(stubs, rendered_stand_in_specs(recipe_dir, {o.name for o in recipe.outputs}),
+                                  conda_forge=True)
+        staging = root / f"out-{case}"
+        # rattler-build's test of pytorch solves `__cuda` from this machine, which has no GPU: say there is one
+        job = BuildJob(recipe_dir=recipe_dir, staging_dir=staging, channels=(stubs.as_uri(),), python=PY,
+                       env={"CONDA_OVERRIDE_CUDA": "13.0"} if recipe.cuda else {})
+        runner = Runner()
+        result = runner.run(RattlerBuildEngine().command(job), check=False, log_file=root / f"{case}.log")
+        assert result.returncode == 0, result.output[-6000:]
+        packages = sorted((staging / "linux-64").glob("*.conda"))
+        built[case] = (recipe, stubs, [_fix_and_audit(p, runner) for p in packages])
+        shutil.rmtree(source / "build", ignore_errors=True)  # each case starts from a clean tree, as a user's would
+    channel = root / "channel"
+    for _, _, packages in built.values():
+        for package in packages:
+            (channel / "linux-64").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(package, channel / "linux-64" / package.name)
+    from torchforge.localchannel import index
+
+    index(channel)
+    built["channel"] = (channel,)
+    return built
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(E2E_CASES))
+def test_the_embedded_engine_builds_the_planned_packages_which_pass_the_audit_and_bundle_nothing(
+        case: str, flavour_builds) -> None:
+    from torchforge.rpath import Layout, audit
+
+    recipe, _, packages = flavour_builds[case]
+    names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
+    assert sorted(names) == sorted(o.name for o in recipe.outputs)
+    py = PY.replace(".", "")
+    for output in recipe.outputs:
+        planned = output.build_string.replace("{{ CONDA_PY }}", py)
+        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{re.escape(planned)}_h[0-9a-f]{{7}}_"
+                            rf"{recipe.build_number}\.conda", names[output.name])
+    for package in packages:
+        assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
+    libtorch = next(p for p in packages if p.name.startswith("libtorch-"))
+    pytorch = next(p for p in packages if p.name.startswith("pytorch-2"))
+    contents = {p: package_files(p) for p in (libtorch, pytorch)}
+    wanted = [f"lib/{lib}" for lib in CPU_LIBS + (CUDA_LIBS if recipe.cuda else []) if lib != "libtorch_python.so"]
+    assert set(wanted) <= contents[libtorch] and "lib/libtorch_python.so" not in contents[libtorch]
+    assert "share/cmake/Torch/TorchConfig.cmake" in contents[libtorch]
+    assert {f"lib/python{PY}/site-packages/torch/__init__.py", "lib/libtorch_python.so"} <= contents[pytorch]
+    assert not [f for f in contents[pytorch] if f.startswith("lib/lib") and f != "lib/libtorch_python.so"]
+    for files in contents.values():  # nothing of CUDA's is bundled: the environment provides it
+        assert not [f for f in files if Path(f).name.startswith(CUDA_LIBRARY_PREFIXES)]
+
+
+def package_files(package: Path) -> set[str]:
+    from conda_package_streaming import package_streaming
+
+    return {m.name for _, m in package_streaming.stream_conda_component(str(package), component="pkg")}
+
+
+def package_index(package: Path) -> dict:
+    from conda_package_streaming import package_streaming
+
+    for tar, member in package_streaming.stream_conda_component(str(package), component="info"):
+        if member.name == "info/index.json":
+            return json.loads(tar.extractfile(member).read())
+    raise AssertionError(f"{package} has no info/index.json")
+
+
+@pytest.mark.slow
+def test_libtorch_takes_cudnn_nccl_and_magma_from_conda_forge_through_their_run_exports(flavour_builds) -> None:
+    recipe, _, packages = flavour_builds["cuda130"]
+    libtorch = package_index(next(p for p in packages if p.name.startswith("libtorch-")))
+    depends = {d.split()[0]: d for d in libtorch["depends"]}
+    assert {"libcudnn", "nccl", "libmagma"} <= set(depends)  # from libcudnn-dev, nccl and libmagma-devel
+    assert "libmagma_sparse" not in depends and "python" not in depends  # ignore_run_exports, as the feedstock
+    cpu = package_index(next(p for p in flavour_builds["cpu"][2] if p.name.startswith("libtorch-")))
+    assert not {"libcudnn", "nccl", "libmagma"} & {d.split()[0] for d in cpu["depends"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(E2E_CASES))
+def test_installed_next_to_the_stand_ins_it_imports_runs_and_a_cmake_consumer_links_libtorch(
+        case: str, flavour_builds, tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    import rattler
+
+    recipe, stubs, _ = flavour_builds[case]
+    (channel,) = flavour_builds["channel"]
+    metapackage = recipe.outputs[-1].name
+    records = solve_records([channel, stubs], ["libtorch", "pytorch", metapackage],
+                            "13.0" if recipe.cuda else None)
+    chosen = {r.name.normalized: str(r.build) for r in records}
+    assert chosen["pytorch"].startswith(recipe.tag) and chosen["libtorch"].startswith(recipe.tag)
+    prefix = tmp_path / "env"
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
+    probe = ("import torch; print(torch.__version__, torch.ones_sum(3), torch.cuda_built(), torch.load_linalg()); "
+             "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if '.so' in l})))")
+    lines = run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env).splitlines()
+    assert lines[0] == f"2.13.0 3.0 {bool(recipe.cuda)} {bool(recipe.cuda)}"
+    loaded = {Path(p).name: Path(p) for p in lines[1:]}
+    expected = ["libtorch_python.so", "libtorch.so", "libtorch_cpu.so", "libc10.so"]
+    if recipe.cuda:
+        expected += ["libtorch_cuda.so", "libcudnn.so.9", "libnccl.so.2", "libtorch_cuda_linalg.so", "libmagma.so"]
+    for name in expected:  # every library from the environment's lib/, nothing from LD_LIBRARY_PATH
+        assert loaded[name].resolve().parent == (prefix / "lib").resolve(), (name, loaded.get(name))
+
+    assert consume_from_cmake(prefix, tmp_path / "consumer", env) == f"2.13.0 3.0 {1 if recipe.cuda else 0}\n"
+
+
+@pytest.mark.slow
+def test_the_solver_picks_the_cpu_build_without_a_driver_and_the_cuda_build_with_one(flavour_builds) -> None:
+    (channel,) = flavour_builds["channel"]
+    stubs = [flavour_builds[case][1] for case in E2E_CASES]
+    without = {r.name.normalized: str(r.build) for r in solve_records([channel, *stubs], ["pytorch"], None)}
+    with_driver = {r.name.normalized: str(r.build) for r in solve_records([channel, *stubs], ["pytorch"], "13.0")}
+    assert without["pytorch"].startswith("cpu_") and without["libtorch"].startswith("cpu_")
+    assert with_driver["pytorch"].startswith("cuda130_") and with_driver["libtorch"].startswith("cuda130_")
+    assert "libcudnn" in with_driver and "libcudnn" not in without
