@@ -515,3 +515,70 @@ def test_the_solver_picks_the_cpu_build_without_a_driver_and_the_cuda_build_with
     assert without["pytorch"].startswith("cpu_") and without["libtorch"].startswith("cpu_")
     assert with_driver["pytorch"].startswith("cuda130_") and with_driver["libtorch"].startswith("cuda130_")
     assert "libcudnn" in with_driver and "libcudnn" not in without
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(E2E_CASES))
+def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and_audited(
+        case: str, tmp_path: Path) -> None:
+    """The vendored conda-build (tests/tool_venvs.py) builds the fixture from the flavour's meta.yaml through the
+    conda-build engine: the planned packages, the audit, the install with py-rattler, the import and the consumer.
+
+    conda-build's own test step is left out (--no-test): conda-forge's compilers export LDFLAGS with
+    --disable-new-dtags and -rpath $PREFIX/lib, the empty stand-in compilers export nothing, so the libraries
+    carry DT_RUNPATH, which does not reach libtorch_cuda's cuDNN through pytorch's torch/lib symlinks. The
+    pipeline's RPATH fix (DT_RPATH) runs after the build, and this test imports after it."""
+    import asyncio
+    import os
+
+    import rattler
+
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from tests.test_conda_forge_flavour import stand_in_specs
+    from torchforge import standin
+    from torchforge.engines import BuildJob
+    from torchforge.engines.conda_build import CondaBuildEngine
+    from torchforge.pipeline import _fix_and_audit
+    from torchforge.proc import Runner
+    from torchforge.rpath import Layout, audit
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    accel, arch = E2E_CASES[case]
+    recipe = conda_forge.plan("2.13.0", "linux-64", accel, arch, (PY,))
+    source = copy_fixture(tmp_path / "torch_split")
+    recipe_dir = tmp_path / "recipes" / recipe.id
+    recipe_dir.mkdir(parents=True)
+    files = conda_forge.recipe_files(recipe, Source("path", str(source), ""))
+    for name, text in files.items():
+        (recipe_dir / name).write_text(text)
+    stubs = tmp_path / "stubs"
+    standin.make_stub_channel(stubs, sorted(stand_in_specs(files, {o.name for o in recipe.outputs})), conda_forge=True)
+    job = BuildJob(recipe_dir=recipe_dir, staging_dir=tmp_path / "out", channels=(stubs.as_uri(),), python=PY,
+                   env=tool.env(tmp_path / "conda"), test=False)
+    runner = Runner()
+    result = runner.run(CondaBuildEngine().command(job), check=False, log_file=tmp_path / "build.log", timeout=1800)
+    assert result.returncode == 0, result.output[-6000:]
+    packages = [_fix_and_audit(p, runner) for p in sorted((tmp_path / "out" / "linux-64").glob("*.conda"))
+                + sorted((tmp_path / "out" / "linux-64").glob("*.tar.bz2"))]
+    names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
+    assert sorted(names) == sorted(o.name for o in recipe.outputs)
+    for output in recipe.outputs:
+        planned = output.build_string.replace("{{ CONDA_PY }}", PY.replace(".", ""))
+        assert names[output.name].split("-")[-1].startswith(planned + "_h"), names[output.name]
+    for package in packages:
+        assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
+
+    from torchforge.localchannel import index
+
+    index(tmp_path / "out")
+    records = solve_records([tmp_path / "out", stubs], ["libtorch", "pytorch", recipe.outputs[-1].name],
+                            "13.0" if recipe.cuda else None)
+    prefix = tmp_path / "env"
+    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
+    probe = "import torch; print(torch.__version__, torch.ones_sum(3), torch.cuda_built(), torch.load_linalg())"
+    assert run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env) \
+        == f"2.13.0 3.0 {bool(recipe.cuda)} {bool(recipe.cuda)}\n"
+    assert consume_from_cmake(prefix, tmp_path / "consumer", env) == f"2.13.0 3.0 {1 if recipe.cuda else 0}\n"
