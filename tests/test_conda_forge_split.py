@@ -154,6 +154,23 @@ def test_the_rattler_build_recipe_builds_libtorch_once_and_each_python_from_it()
     assert packages[1]["build"]["script"]["env"] == {"TORCHFORGE_OUTPUT": "pytorch"}
     assert "inherit" not in packages[2]
     assert doc["extra"]["torchforge_settings"] == recipe.settings
+    # the sources are the C++ build's alone: the metapackage fetches nothing
+    assert "source" not in doc and "source" not in packages[2]
+    assert staging["source"] == [{"git": "https://github.com/pytorch/pytorch", "tag": "v0"}]
+
+
+@pytest.mark.parametrize("recipe_format", list(RecipeFormat))
+def test_a_source_archive_keeps_its_sha256_in_both_formats(recipe_format: RecipeFormat) -> None:
+    recipe = conda_forge.plan("2.13.0", "linux-64", "cpu", None, ("3.11",))
+    archive = Source("url", "https://example.org/pytorch-v2.13.0.tar.gz", "", sha256="ab" * 32)
+    files = conda_forge.recipe_files(recipe, archive, recipe_format=recipe_format)
+    text = files.get("recipe.yaml") or files["meta.yaml"]
+    doc = YAML(typ="safe").load(text) if recipe_format == RecipeFormat.RATTLER_BUILD else None
+    sources = doc["outputs"][0]["source"] if doc else None
+    if sources is not None:
+        assert sources == [{"url": archive.location, "sha256": archive.sha256}]
+    else:
+        assert f"  - url: {archive.location}\n    sha256: {archive.sha256}\n" in text
 
 
 # ---- step 4: stand-ins of conda-forge's cuDNN, NCCL and MAGMA ---------------------------------------------------
