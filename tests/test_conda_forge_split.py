@@ -64,6 +64,13 @@ def test_libtorch_builds_with_the_first_chosen_python_when_the_feedstocks_is_lef
 # ---- step 2: the rattler-build recipe -------------------------------------------------------------------------
 
 
+def built_string_pattern(recipe: conda_forge.CondaForgeRecipe, name: str, python: str | None) -> str:
+    """The build string an engine gives output `name` for Python X.Y: the planned words, then the engine's hash
+    where meta.yaml has conda-build's PKG_HASH, then the build number."""
+    words = recipe.output(name).build_string.replace("{{ CONDA_PY }}", (python or "").replace(".", ""))
+    return rf"{re.escape(words)}_h[0-9a-f]{{7}}_{recipe.build_number}"
+
+
 def rattler_files(recipe: conda_forge.CondaForgeRecipe, source: Source = SOURCE) -> dict[str, str]:
     return conda_forge.recipe_files(recipe, source, recipe_format=RecipeFormat.RATTLER_BUILD)
 
@@ -113,8 +120,7 @@ def test_rattler_build_renders_the_planned_outputs_with_the_planned_build_string
     assert set(rendered) == expected
     for (name, python), variant in rendered.items():
         output = recipe.output(name)
-        planned = output.build_string.replace("{{ CONDA_PY }}", (python or "").replace(".", ""))
-        assert re.fullmatch(rf"{re.escape(planned)}_h[0-9a-f]{{7}}_{recipe.build_number}", variant.recipe.build.string)
+        assert re.fullmatch(built_string_pattern(recipe, name, python), variant.recipe.build.string)
         assert variant.recipe.build.number == recipe.build_number
         requirements = variant.recipe.to_dict()["requirements"]
         if name == "libtorch":  # its build and host are the staging output's, built once
@@ -444,11 +450,9 @@ def test_the_embedded_engine_builds_the_planned_packages_which_pass_the_audit_an
     recipe, _, packages = flavour_builds[case]
     names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
     assert sorted(names) == sorted(o.name for o in recipe.outputs)
-    py = PY.replace(".", "")
     for output in recipe.outputs:
-        planned = output.build_string.replace("{{ CONDA_PY }}", py)
-        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{re.escape(planned)}_h[0-9a-f]{{7}}_"
-                            rf"{recipe.build_number}\.conda", names[output.name])
+        pattern = built_string_pattern(recipe, output.name, PY)
+        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{pattern}\.conda", names[output.name])
     for package in packages:
         assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
     libtorch = next(p for p in packages if p.name.startswith("libtorch-"))
@@ -582,8 +586,8 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
     assert sorted(names) == sorted(o.name for o in recipe.outputs)
     for output in recipe.outputs:
-        planned = output.build_string.replace("{{ CONDA_PY }}", PY.replace(".", ""))
-        assert names[output.name].split("-")[-1].startswith(planned + "_h"), names[output.name]
+        pattern = built_string_pattern(recipe, output.name, PY)
+        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{pattern}\.conda", names[output.name])
     for package in packages:
         assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
 

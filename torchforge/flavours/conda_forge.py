@@ -498,9 +498,11 @@ def _explicit_version(spec: str) -> str:
     return " ".join(fields)
 
 
-def rattler_build_string(build_string: str) -> str:
-    """A planned build string in rattler-build's Jinja: the Python of the variant as conda-build's CONDA_PY."""
-    return build_string.replace("{{ CONDA_PY }}", "${{ python | version_to_buildstring }}")
+def rattler_build_string(output: Output, build_number: int) -> str:
+    """An output's build string in recipe.yaml: meta.yaml's, with rattler-build filling in the variant's Python
+    where conda-build puts CONDA_PY and its hash where conda-build puts PKG_HASH."""
+    words = output.build_string.replace("{{ CONDA_PY }}", "${{ python | version_to_buildstring }}")
+    return f"{words}_h${{{{ hash }}}}_{build_number}"
 
 
 def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
