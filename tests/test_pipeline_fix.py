@@ -94,3 +94,26 @@ def test_a_library_that_cannot_be_resolved_fails_the_step(tmp_path: Path) -> Non
     with pytest.raises(AuditFailedError):
         _fix_and_audit(broken, Runner())
     assert broken.read_bytes() == before
+
+
+def test_a_link_into_another_package_survives_the_fix(tmp_path: Path) -> None:
+    """pytorch's torch/lib links point at libtorch's libraries in <prefix>/lib, another package: dangling inside
+    this one. Fixing the package's RPATHs keeps them as they are (their paths.json entry too)."""
+    package = _package(tmp_path, "/usr/local/cuda/lib64")
+    tree = tmp_path / "tree"
+    extract(str(package), str(tree))
+    link = f"{SITE}/torch/lib/libc10.so"
+    (tree / link).symlink_to("../../../../libc10.so")
+    paths = json.loads((tree / "info" / "paths.json").read_text())
+    paths["paths"].append({"_path": link, "path_type": "softlink", "sha256": "0" * 64, "size_in_bytes": 0})
+    (tree / "info" / "paths.json").write_text(json.dumps(paths))
+    members = [e["_path"] for e in paths["paths"]] + ["info/index.json", "info/paths.json", "info/files"]
+    package.unlink()
+    cph.create(str(tree), members, package.name, out_folder=str(package.parent))
+    _fix_and_audit(package, Runner())
+    assert audit(package, Layout.CONDA).ok
+    fixed = tmp_path / "fixed"
+    extract(str(package), str(fixed))
+    assert (fixed / link).is_symlink() and str((fixed / link).readlink()) == "../../../../libc10.so"
+    entry = next(e for e in json.loads((fixed / "info" / "paths.json").read_text())["paths"] if e["_path"] == link)
+    assert entry["sha256"] == "0" * 64

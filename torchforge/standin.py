@@ -9,6 +9,10 @@ stand-ins do real work:
   `PREFIX/lib/pythonX.Y/site-packages` (pip and setuptools come from the machine's Python).
 - `patchelf`: a symlink to the patchelf executable of this machine, which the recipe's RPATH loop runs.
 
+With `conda_forge=True`, conda-forge's packages named in data/conda_forge_standins.toml (cuDNN, NCCL, MAGMA) are
+stand-ins of their shape: tiny real shared libraries with the SONAMEs the real ones have, the -dev links,
+dependencies and run_exports, so a build against them links by SONAME and picks up the same run requirements.
+
 Packages are written with conda-package-handling (tooling.md §2) and indexed with py-rattler.
 """
 
@@ -24,11 +28,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from conda_package_handling import api
 
 from torchforge import fileops, localchannel
+from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import ToolMissingError
 from torchforge.localchannel import index
 from torchforge.render import RecipeFormat, plan, render_files
@@ -48,6 +55,8 @@ class Stub:
     build: str = "stub_0"
     files: dict[str, bytes] = field(default_factory=dict, hash=False)
     links: dict[str, str] = field(default_factory=dict, hash=False)  # path in package -> symlink target
+    depends: tuple[str, ...] = ()
+    run_exports: tuple[str, ...] = ()  # weak run_exports: what a package built against this one needs at run time
 
 
 def recipe_requirements(recipe_yaml: str, sections: tuple[str, ...] = ("build", "host", "run")) -> list[str]:
@@ -156,10 +165,93 @@ def python_stub(version: str, alias: bool = False, bin_dir: Path | None = None) 
     )
 
 
-def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None) -> Stub:
+# ---- conda-forge's packages of the shape the conda-forge flavour links (data/conda_forge_standins.toml) ----
+
+
+class StandinLibrary(FrozenModel):
+    path: str
+    soname: str
+    source: str
+
+
+class StandinLink(FrozenModel):
+    path: str
+    target: str
+    source: str
+
+
+class StandinDepend(FrozenModel):
+    name: str
+    pin: Literal["exact"]
+    source: str
+
+
+class StandinExport(FrozenModel):
+    name: str
+    max_pin: Literal["x", "x.x", "x.x.x"]
+    source: str
+
+
+class StandinPackage(FrozenModel):
+    libraries: tuple[StandinLibrary, ...] = ()
+    links: tuple[StandinLink, ...] = ()
+    depends: tuple[StandinDepend, ...] = ()
+    run_exports: tuple[StandinExport, ...] = ()
+
+
+class StandinTable(FrozenModel):
+    schema_: int = 1
+    meta: Meta
+    packages: dict[str, StandinPackage]
+
+
+@cache
+def conda_forge_packages() -> dict[str, StandinPackage]:
+    return parse_table_as(StandinTable, data_text("conda_forge_standins"),
+                          "torchforge/data/conda_forge_standins.toml").packages
+
+
+def pin_expression(name: str, version: str, max_pin: str) -> str:
+    """conda-build's pin_subpackage(name, max_pin=...) of a package at `version`: `name >=V,<U`, U the next
+    version at max_pin's depth (x of 9.25 -> 10.0a0, x.x.x of 2.10.0 -> 2.10.1.0a0)."""
+    depth = len(max_pin.split("."))
+    parts = (version.split(".") + ["0"] * depth)[:depth]
+    parts[-1] = str(int(re.sub(r"\D.*", "", parts[-1]) or 0) + 1)
+    return f"{name} >={version},<{'.'.join(parts)}.0a0"
+
+
+def shared_library(soname: str) -> bytes:
+    """A tiny real ELF shared library whose DT_SONAME is `soname`, exporting one function named after it."""
+    symbol = "torchforge_standin_" + re.sub(r"\W", "_", soname)
+    with tempfile.TemporaryDirectory(prefix="standin-lib-") as tmp:
+        source, library = Path(tmp) / "standin.c", Path(tmp) / soname
+        source.write_text(f"int {symbol}(void) {{ return 1; }}\n")
+        compiled = subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(library), str(source)],
+                                  capture_output=True, text=True)
+        if compiled.returncode != 0:
+            raise ToolMissingError(f"cannot compile the stand-in {soname} with gcc: {compiled.stderr.strip()[-300:]}",
+                                   "install gcc (the stand-ins of conda-forge's libraries are real shared libraries)")
+        return library.read_bytes()
+
+
+def conda_forge_stub(name: str, version: str, build: str) -> Stub:
+    """The stand-in of one of conda-forge's packages in data/conda_forge_standins.toml, at `version`."""
+    package = conda_forge_packages()[name]
+    return Stub(name, version, build,
+                files={lib.path: shared_library(lib.soname) for lib in package.libraries},
+                links={link.path: link.target for link in package.links},
+                depends=tuple(f"{d.name} =={version}" for d in package.depends),
+                run_exports=tuple(pin_expression(e.name, version, e.max_pin) for e in package.run_exports))
+
+
+def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None,
+             conda_forge: bool = False) -> Stub:
     """The stand-in for `spec`. `runnable=False` gives metadata only (enough for a solve, e.g. `conda render`
-    of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub."""
+    of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub;
+    `conda_forge`: conda-forge's packages of data/conda_forge_standins.toml get their libraries and run_exports."""
     name, version, build = stub_version(spec)
+    if conda_forge and runnable and name in conda_forge_packages():
+        return conda_forge_stub(name, version, build or "stub_0")
     if not runnable:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
     elif name == "python":
@@ -187,31 +279,39 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
             paths.append({"_path": rel, "path_type": "softlink"})
         (stage / "info").mkdir()
         index_json = {"name": stub.name, "version": stub.version, "build": stub.build, "build_number": 0,
-                      "depends": [], "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
+                      "depends": list(stub.depends), "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
                       "arch": PLATFORM_ARCH[subdir][1], "timestamp": int(time.time() * 1000)}
         (stage / "info" / "index.json").write_text(json.dumps(index_json))
         (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
         members = [*stub.files, *stub.links]
         (stage / "info" / "files").write_text("\n".join(members) + "\n")
         members += ["info/index.json", "info/paths.json", "info/files"]
+        if stub.run_exports:
+            (stage / "info" / "run_exports.json").write_text(json.dumps({"weak": list(stub.run_exports)}))
+            members.append("info/run_exports.json")
         out_dir.mkdir(parents=True, exist_ok=True)
         filename = f"{stub.name}-{stub.version}-{stub.build}.conda"
         return Path(api.create(str(stage), members, filename, out_folder=str(out_dir), compression_level=1))
 
 
 def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] = (SUBDIR,), *,
-                      runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None) -> list[Path]:
+                      runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None,
+                      conda_forge: bool = False) -> list[Path]:
     """One stand-in per distinct (name, version, build) the specs ask for, in channel/<subdir>, indexed.
 
     `runnable=False`: metadata and a marker file only (for solving), so no Python of that version is needed here.
     `python_alias`: see python_stub.
     `bin_dir`: the folder of the `pythonX.Y` and `patchelf` the stand-ins link to, instead of this machine's
     (e.g. /usr/bin, for a Debian build image whose /usr/bin holds the same Python as this machine's).
+    `conda_forge`: see stub_for; what a stand-in depends on gets a stand-in too.
     """
     seen: dict[tuple[str, str, str], Stub] = {}
-    for spec in specs:
-        stub = stub_for(spec, runnable, python_alias, bin_dir)
-        seen.setdefault((stub.name, stub.version, stub.build), stub)
+    pending = list(specs)
+    while pending:
+        stub = stub_for(pending.pop(0), runnable, python_alias, bin_dir, conda_forge)
+        if (stub.name, stub.version, stub.build) not in seen:
+            seen[(stub.name, stub.version, stub.build)] = stub
+            pending.extend(stub.depends)
     written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in seen.values()]
     index(channel)
     return written

@@ -10,6 +10,7 @@ from pathlib import Path
 from torchforge import data as tables
 from torchforge.flavours import conda_forge
 from torchforge.recipe import Source
+from torchforge.render import RecipeFormat
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "conda-forge"
@@ -23,7 +24,9 @@ def render_case(case: dict[str, str]) -> dict[str, dict[str, str]]:
     recipes = conda_forge.plan_selection(case["pytorch"], case["cuda"], case.get("python"), case.get("platform"),
                                          case.get("arch_list"), 0)
     upstream = tables.load().pytorch.defaults.source_url  # what `torchforge render` names without --source
-    return {r.id: conda_forge.recipe_files(r, Source("git", upstream, f"v{r.version}")) for r in recipes}
+    recipe_format = RecipeFormat(case.get("format", RecipeFormat.CONDA_BUILD.value))
+    return {r.id: conda_forge.recipe_files(r, Source("git", upstream, f"v{r.version}"), recipe_format=recipe_format)
+            for r in recipes}
 
 
 def main() -> int:

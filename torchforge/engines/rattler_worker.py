@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pathlib import Path
 
-    from rattler_build import RattlerBuildError, Stage0Recipe, ToolConfiguration
+    from rattler_build import RattlerBuildError, Stage0Recipe, ToolConfiguration, VariantConfig
 
     class PrintLog:
         """Stream the engine's log (build script output included) as it happens, so a failure keeps it."""
@@ -30,7 +30,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         recipe = Stage0Recipe.from_file(Path(args.recipe) / "recipe.yaml")
+        # a recipe with variant keys (the conda-forge flavour: Pythons, compilers, pins) names them next to it
+        variants = Path(args.recipe) / "variants.yaml"
         results = recipe.run_build(
+            variant_config=VariantConfig.from_file(variants) if variants.is_file() else None,
             tool_config=ToolConfiguration(test_strategy="skip" if args.no_test else "native"),
             output_dir=args.output_dir,
             channels=args.channel or None,

@@ -19,7 +19,7 @@ from torchforge import data as tables
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, UsageError
 from torchforge.recipe import Source
-from torchforge.render import render_template, yaml_scalar
+from torchforge.render import RecipeFormat, render_template, yaml_scalar
 from torchforge.variant import split_list
 
 Accel = Literal["cuda", "cpu"]
@@ -269,7 +269,8 @@ class CondaForgeRecipe:
     def settings(self) -> str:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
         return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
-                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
+                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number,
+                           "libtorch_python": self.libtorch_python},
                           sort_keys=True)
 
     @property
@@ -337,6 +338,9 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     ours = set(release.outputs(accel_key))
     outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker)
                     for name in release.outputs(accel_key) if name not in settings.omitted_outputs)
+    outputs, python_warning = _libtorch_python(outputs, tuple(chosen), jobs)
+    if python_warning:
+        warnings.append(python_warning)
     env = [(row.name, _format(row.value, fields)) for row in jobs.recipe.env
            if _applies(row, accel_key, blas, reference)]
     if cuda:
@@ -404,6 +408,26 @@ def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: st
         raise UsageError(f"--arch-list {arch_list!r}: {', '.join(wrong) or 'an empty entry'} is not an arch nvcc {cuda} builds",
                          f"choose from {';'.join(accepted or ())}, separated by ';' (a last entry may end in +PTX)")
     return arch_list
+
+
+def _libtorch_python(outputs: tuple[Output, ...], chosen: tuple[str, ...],
+                     jobs: PlatformJobs) -> tuple[tuple[Output, ...], str | None]:
+    """libtorch is built with the feedstock's Python (its host pins one) where the chosen Pythons include it, else
+    with the first chosen one: libtorch's run requirements never name Python (its ignore_run_exports has python),
+    so this changes how it is built, not what it needs."""
+    libtorch, *others = outputs
+    host = libtorch.requirements["host"]
+    index, spec = next((i, s) for i, s in enumerate(host) if s.split()[0] == "python")
+    feedstock = spec.split()[1]
+    if feedstock in chosen:
+        return outputs, None
+    source = next(r.source for r in jobs.recipe.requirements if r.output == libtorch.name and r.key == "host"
+                  and r.spec == spec)
+    pinned = host[:index] + (f"python {chosen[0]}",) + host[index + 1:]
+    rebuilt = Output(libtorch.name, libtorch.build_string, {**libtorch.requirements, "host": pinned})
+    return (rebuilt, *others), (f"conda-forge builds libtorch with Python {feedstock} ({source}), which --py "
+                                f"{','.join(chosen)} leaves out: libtorch builds with Python {chosen[0]} (recorded in "
+                                "the settings; its run requirements name no Python either way)")
 
 
 def _compiler_version(feedstock: str, cuda: str | None) -> tuple[str, str | None]:
@@ -529,6 +553,34 @@ def conda_build_spec(spec: str) -> str:
     return "{{ " + f"{function}('{name}'{argument})" + " }}"
 
 
+def rattler_build_spec(spec: str) -> str:
+    """One requirement in recipe.yaml syntax: the data's `pin_subpackage libtorch x.x` becomes rattler-build's
+    `${{ pin_subpackage('libtorch', upper_bound='x.x') }}`; any other spec is a YAML scalar."""
+    found = _JINJA_SPEC.match(spec)
+    if found is None:
+        return yaml_scalar(_explicit_version(spec))
+    function, name, pin = found.groups()
+    argument = ", exact=True" if pin == "exact" else f", upper_bound='{pin}'" if pin else ""
+    return "${{ " + f"{function}('{name}'{argument})" + " }}"
+
+
+def _explicit_version(spec: str) -> str:
+    """rattler-build refuses a bare version (`cuda-version 13.0`); conda-build reads `name X.Y` as `X.Y.*` and a
+    bare version followed by a build string as exact (conda_build/utils.py, ensure_valid_spec): say so explicitly."""
+    fields = spec.split()
+    if len(fields) < 2 or not re.fullmatch(r"[0-9a-zA-Z.]+", fields[1]):
+        return spec
+    fields[1] = f"{fields[1]}.*" if len(fields) == 2 else f"=={fields[1]}"
+    return " ".join(fields)
+
+
+def rattler_build_string(output: Output, build_number: int) -> str:
+    """An output's build string in recipe.yaml: meta.yaml's, with rattler-build filling in the variant's Python
+    where conda-build puts CONDA_PY and its hash where conda-build puts PKG_HASH."""
+    words = output.build_string.replace("{{ CONDA_PY }}", "${{ python | version_to_buildstring }}")
+    return f"{words}_h${{{{ hash }}}}_{build_number}"
+
+
 def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     """The libtorch package's own test: its libraries, its CMake config and (CUDA) the activation variable."""
     if recipe.platform == WINDOWS:
@@ -562,10 +614,12 @@ def windows_libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     return tuple(checks)
 
 
-def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False) -> dict[str, str]:
-    """{file name: text} of the recipe folder (conda-build's meta.yaml; the other files it names). With
-    `feedstock_patches`, conda-build downloads the feedstock's patches of this job (pinned commit, sha256) and
-    build.sh applies them before building."""
+def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False,
+                 recipe_format: RecipeFormat = RecipeFormat.CONDA_BUILD) -> dict[str, str]:
+    """{file name: text} of the recipe folder: conda-build's meta.yaml and conda_build_config.yaml, or
+    rattler-build's recipe.yaml and variants.yaml (the same outputs, requirements, build strings and variant
+    keys), and the scripts both name. With `feedstock_patches`, the engine downloads the feedstock's patches of
+    this job (pinned commit, sha256) and build.sh applies them before building."""
     libtorch, *others = recipe.outputs
     fields = {
         "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings_for(feedstock_patches),
@@ -576,16 +630,24 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python,
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
-        "patch_folder": PATCH_FOLDER,
+        "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
+        "rattler_build_string": rattler_build_string,
         **_platform_fields(recipe, bool(source.patches) or (feedstock_patches and bool(recipe.feedstock_patches))),
     }
     windows = recipe.platform == WINDOWS
+    rattler = recipe_format == RecipeFormat.RATTLER_BUILD
+    if windows and rattler:
+        raise UsageError("--flavour conda-forge renders win-64 recipes for conda-build only",
+                         "leave out --format rattler-build (or --engine rattler-build) for --platform win-64")
+    recipe_file, variant_file = ("recipe.yaml", "variants.yaml") if rattler else ("meta.yaml", "conda_build_config.yaml")
     script, activation = ("bld.bat", ("activate.bat", "deactivate.bat")) if windows \
         else ("build.sh", ("activate.sh", "deactivate.sh"))
-    names = ["meta.yaml", "conda_build_config.yaml", script, *(activation if recipe.cuda else ())]
-    if windows:
-        names.append("retarget_cmake_cache.py")
-    return {name: render_template(f"conda_forge/{name}.j2", **fields) for name in names}
+    files = {recipe_file: render_template(f"conda_forge/{recipe_file}.j2", **fields),
+             # one variant file for both engines: the same keys, no selectors
+             variant_file: render_template("conda_forge/conda_build_config.yaml.j2", **fields)}
+    names = [script, *(activation if recipe.cuda else ()), *(("retarget_cmake_cache.py",) if windows else ())]
+    files.update({name: render_template(f"conda_forge/{name}.j2", **fields) for name in names})
+    return files
 
 
 def _platform_fields(recipe: CondaForgeRecipe, patched: bool) -> dict[str, object]:

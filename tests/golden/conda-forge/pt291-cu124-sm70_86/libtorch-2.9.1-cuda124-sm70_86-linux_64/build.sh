@@ -54,7 +54,9 @@ export LDFLAGS="${LDFLAGS:-}"
 LDFLAGS="${LDFLAGS//-Wl,--as-needed/}"
 export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 
-case "$PKG_NAME" in
+# conda-build names the output in PKG_NAME; rattler-build's staging output (libtorch's build) has no package
+# name, so its recipe names the step in TORCHFORGE_OUTPUT
+case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
   libtorch)
     "$PYTHON" setup.py -q build
     built=$(echo build/lib.*/torch)
