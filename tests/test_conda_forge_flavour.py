@@ -5,6 +5,8 @@ never built changes exactly the values that should change; bad requests are refu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -30,12 +32,12 @@ def _pin(function: str):  # conda-build's Jinja functions, written back in the d
     return call
 
 
-def rendered_meta(files: dict[str, str], pkg_hash: str = "HASH", conda_py: str = "312") -> dict:
+def rendered_meta(files: dict[str, str], conda_py: str = "312") -> dict:
     """meta.yaml as conda-build reads it: Jinja first (functions in the data's notation), then YAML."""
     text = jinja2.Template(files["meta.yaml"]).render(
         pin_subpackage=_pin("pin_subpackage"), pin_compatible=_pin("pin_compatible"),
         compiler=lambda lang: f"compiler {lang}", stdlib=lambda lang: f"stdlib {lang}",
-        PKG_HASH=pkg_hash, CONDA_PY=conda_py, torch_cuda_arch_list="ARCH")
+        CONDA_PY=conda_py, torch_cuda_arch_list="ARCH")
     return YAML(typ="safe").load(text)
 
 
@@ -108,10 +110,15 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
             assert actual == expected_specs(version, platform, output, key, cuda, build), (output, key)
     pytorch_run = output_requirements(meta)["pytorch"]["run"]
     assert ("__cuda" in pytorch_run) == (cuda is not None)
-    # build strings: conda-forge's words plus the marker, never conda-forge's own string
+    # build strings: conda-forge's words plus the marker, never conda-forge's own string; where conda-build puts
+    # its hash, torchforge's digest of the recipe's settings (so the pipeline knows every name before a build)
     word = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
-    assert meta["build"]["string"] == f"{word}_{blas}_{marker}_hHASH_{build}"
-    assert meta["outputs"][1]["build"]["string"] == f"{word}_{blas}_{marker}_py312_hHASH_{build}"
+    digest = hashlib.sha256(recipe.settings.encode()).hexdigest()[:7]
+    assert meta["build"]["string"] == f"{word}_{blas}_{marker}_h{digest}_{build}" == recipe.build_string("libtorch")
+    assert meta["outputs"][1]["build"]["string"] == f"{word}_{blas}_{marker}_py312_h{digest}_{build}" \
+        == recipe.build_string("pytorch", "3.12")
+    assert [json.loads(recipe.settings)[k] for k in ("feedstock", "cuda", "arch_list", "blas", "build_number")] == \
+        [release.commit, cuda or "cpu", jobs.arch_list[cuda].value if cuda else "", blas, build]
     # the environment of build.sh: every export the feedstock makes for this job, with its value
     env = exported(files["build.sh"])
     wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in jobs.recipe.env
@@ -165,8 +172,29 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.9" not in custom["libtorch.host"]
     assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
     assert custom["config.c_compiler_version"] == ("13",) and feedstock["config.c_compiler_version"] == ("14",)
-    assert custom["string.pytorch"] == "cuda124_mkl_torchforge_py312_hHASH_301"
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_301", str(custom["string.pytorch"]))
+    # the arch list alone changes every build string (torchforge's digest of the settings), nothing else
+    other = _values("2.9.1", "12.4", "7.0;8.6;9.0")
+    assert {k for k in custom if custom[k] != other[k]} == {
+        "env.TORCH_CUDA_ARCH_LIST", "activate", "config.torch_cuda_arch_list",
+        "string.libtorch", "string.pytorch", "string.pytorch-gpu"}
     assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_301" in custom["libtorch.run_constrained"]
+
+
+def test_planned_outputs_are_libtorch_pytorch_per_python_and_the_metapackage_with_one_digest() -> None:
+    recipe = conda_forge.plan("2.9.1", "linux-aarch64", "12.9", None, ("3.11", "3.12"))
+    planned = recipe.planned_outputs()
+    digest = conda_forge.settings_digest(recipe.settings)
+    assert [(p.name, p.python, p.subdir) for p in planned] == [
+        ("libtorch", None, "linux-aarch64"), ("pytorch", "3.11", "linux-aarch64"), ("pytorch", "3.12", "linux-aarch64"),
+        ("pytorch-gpu", None, "linux-aarch64")]
+    assert [p.stem for p in planned] == [
+        f"libtorch-2.9.1-cuda129_generic_torchforge_h{digest}_{recipe.build_number}",
+        f"pytorch-2.9.1-cuda129_generic_torchforge_py311_h{digest}_{recipe.build_number}",
+        f"pytorch-2.9.1-cuda129_generic_torchforge_py312_h{digest}_{recipe.build_number}",
+        f"pytorch-gpu-2.9.1-cuda129_generic_torchforge_h{digest}_{recipe.build_number}"]
+    with pytest.raises(ValueError):
+        recipe.build_string("pytorch")  # per Python: which one must be said
 
 
 def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
@@ -306,13 +334,11 @@ def conda_render(conda_renders, case: tuple[str, str, str | None]) -> list[str]:
                        "-c", f"file://{root / 'stubs'}", "--output")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     packages = [Path(line).name.removesuffix(".conda") for line in result.stdout.split() if line.endswith(".conda")]
+    # exactly the names the pipeline plans, in the same order
+    assert packages == [p.stem for p in recipe.planned_outputs()], packages
     word = f"cuda{recipe.cuda.replace('.', '')}" if recipe.cuda else "cpu"
-    meta_name = "pytorch-gpu" if recipe.cuda else "pytorch-cpu"
-    stem = rf"{re.escape(recipe.version)}-{word}_mkl_torchforge"
-    patterns = [rf"libtorch-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}",
-                rf"pytorch-{stem}_py312_h[0-9a-f]{{7}}_{recipe.build_number}",
-                rf"{meta_name}-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}"]
-    assert len(packages) == 3 and all(re.fullmatch(p, n) for p, n in zip(patterns, packages)), packages
+    assert packages[2] == (f"{'pytorch-gpu' if recipe.cuda else 'pytorch-cpu'}-{recipe.version}-{word}_mkl_torchforge_"
+                           f"h{conda_forge.settings_digest(recipe.settings)}_{recipe.build_number}")
     return packages
 
 
@@ -440,7 +466,7 @@ def channel_of_rendered_outputs(channel: Path, recipes: list[conda_forge.CondaFo
 
     stand_ins: set[str] = set()
     for recipe in recipes:
-        meta = rendered_meta(conda_forge.recipe_files(recipe, SOURCE), pkg_hash="1234567", conda_py="311")
+        meta = rendered_meta(conda_forge.recipe_files(recipe, SOURCE), conda_py="311")
         libtorch_string = meta["build"]["string"]
         for output in meta["outputs"]:
             fields = meta if output["name"] == "libtorch" else output
@@ -480,11 +506,13 @@ def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackag
     channel_of_rendered_outputs(tmp_path / "channel", recipes)
 
     no_gpu = solve(tmp_path / "channel", ["pytorch"], None)
-    assert no_gpu["pytorch"] == "cpu_mkl_torchforge_py311_h1234567_101"
-    assert no_gpu["libtorch"] == "cpu_mkl_torchforge_h1234567_101"
+    assert re.fullmatch(r"cpu_mkl_torchforge_py311_h[0-9a-f]{7}_101", no_gpu["pytorch"])
+    assert no_gpu["pytorch"] == recipes[1].build_string("pytorch", "3.11")
+    assert no_gpu["libtorch"] == recipes[1].build_string("libtorch")
     gpu = solve(tmp_path / "channel", ["pytorch"], "12.4")  # +200: preferred wherever __cuda is
-    assert gpu["pytorch"] == "cuda124_mkl_torchforge_py311_h1234567_301"
-    assert gpu["libtorch"] == "cuda124_mkl_torchforge_h1234567_301"
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py311_h[0-9a-f]{7}_301", gpu["pytorch"])
+    assert gpu["pytorch"] == recipes[0].build_string("pytorch", "3.11")
+    assert gpu["libtorch"] == recipes[0].build_string("libtorch")
     # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out
     assert solve(tmp_path / "channel", ["pytorch", "pytorch-cpu"], "12.4")["pytorch"].startswith("cpu_mkl_torchforge_")
     assert solve(tmp_path / "channel", ["pytorch-gpu"], "12.4")["pytorch"].startswith("cuda124_mkl_torchforge_")

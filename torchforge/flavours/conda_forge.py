@@ -8,6 +8,7 @@ templates in recipe_templates/conda_forge/. Pure: no files, no commands.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -206,9 +207,47 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
 
 @dataclass(frozen=True)
 class Output:
+    """One output of the recipe. Its build string is planned here, whole: conda-forge's words and the marker
+    (`cuda124_mkl_torchforge`), `_py312` for pytorch, then torchforge's digest of the recipe's settings and the
+    build number (`h1a2b3c4_301`) where conda-build would put its own hash, so every engine gives the same names
+    and the pipeline knows each file name before the build."""
+
     name: str
-    build_string: str  # without the hash and build number: cuda124_mkl_torchforge / ..._py{{ CONDA_PY }}
+    words: str  # conda-forge's variant words and the marker: cuda124_mkl_torchforge
+    per_python: bool  # one package per Python (pytorch): the build string carries _pyXY
+    suffix: str  # h<digest of the recipe's settings>_<build number>
     requirements: dict[str, tuple[str, ...]]  # key -> specs, in the feedstock's order
+
+    def build_string_with(self, python_word: str) -> str:
+        """The build string with `python_word` where the Python goes: `312`, or a recipe format's expression."""
+        python = f"_py{python_word}" if self.per_python else ""
+        return f"{self.words}{python}_{self.suffix}"
+
+    def build_string_for(self, python: str | None) -> str:
+        """The full build string of this output for a Python X.Y (None for an output that is not per Python)."""
+        if self.per_python and python is None:
+            raise ValueError(f"{self.name} is built per Python: name one")
+        return self.build_string_with(versions.nodot(python) if self.per_python and python else "")
+
+    @property
+    def build_string(self) -> str:
+        """meta.yaml's: conda-build fills in the Python (py{{ CONDA_PY }})."""
+        return self.build_string_with("{{ CONDA_PY }}")
+
+
+@dataclass(frozen=True)
+class PlannedOutput:
+    """One package a recipe yields: exactly the name-version-build the engine must produce."""
+
+    name: str
+    version: str
+    build_string: str
+    subdir: str
+    python: str | None  # the Python of a per-Python output (pytorch), else None
+
+    @property
+    def stem(self) -> str:
+        return f"{self.name}-{self.version}-{self.build_string}"
 
 
 @dataclass(frozen=True)
@@ -247,9 +286,21 @@ class CondaForgeRecipe:
     @property
     def settings(self) -> str:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
-        return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
-                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
-                          sort_keys=True)
+        return recipe_settings(self.feedstock_commit, self.cuda, self.arch_list, self.blas, self.build_number)
+
+    def build_string(self, name: str, python: str | None = None) -> str:
+        """The full build string of output `name` (for a Python X.Y where it is built per Python)."""
+        return self.output(name).build_string_for(python)
+
+    def planned_outputs(self) -> tuple[PlannedOutput, ...]:
+        """Every package one build of this recipe yields, in build order: libtorch, pytorch per Python, the
+        metapackage."""
+        planned: list[PlannedOutput] = []
+        for output in self.outputs:
+            for python in self.pythons if output.per_python else (None,):
+                planned.append(PlannedOutput(output.name, self.version, output.build_string_for(python),
+                                             self.platform, python))
+        return tuple(planned)
 
     @property
     def libtorch_python(self) -> str:
@@ -314,7 +365,8 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     fields = {"version": version, "build": str(build), "blas": blas, "cuda_nodot": versions.nodot(cuda) if cuda else "",
               "cuda": cuda or "", "py": "{{ CONDA_PY }}"}
     ours = set(release.outputs(accel_key))
-    outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker)
+    suffix = f"h{settings_digest(recipe_settings(release.commit, cuda, arch, blas, build))}_{build}"
+    outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker, suffix)
                     for name in release.outputs(accel_key) if name not in settings.omitted_outputs)
     env = [(row.name, _format(row.value, fields)) for row in jobs.recipe.env
            if _applies(row, accel_key, blas, reference)]
@@ -389,16 +441,27 @@ def _format(text: str, fields: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), text)
 
 
+def recipe_settings(commit: str, cuda: str | None, arch_list: str, blas: str, build_number: int) -> str:
+    """The settings of one recipe as the packages record them (JSON, sorted keys)."""
+    return json.dumps({"flavour": "conda-forge", "feedstock": commit, "cuda": cuda or "cpu", "arch_list": arch_list,
+                       "blas": blas, "build_number": build_number}, sort_keys=True)
+
+
+def settings_digest(settings: str) -> str:
+    """torchforge's stand-in for conda-build's PKG_HASH: 7 hex digits of the settings, so every engine and the
+    pipeline know the build string before a build (another arch list or CUDA: another package)."""
+    return hashlib.sha256(settings.encode()).hexdigest()[:7]
+
+
 def _output(jobs: PlatformJobs, name: str, ours: set[str], accel: Accel, blas: Blas, reference: str | None,
-            fields: dict[str, str], marker: str) -> Output:
+            fields: dict[str, str], marker: str, suffix: str) -> Output:
     requirements: dict[str, tuple[str, ...]] = {}
     for key in OUTPUT_KEYS:
         specs = [_mark(_format(r.spec, fields), ours, blas, marker) for r in jobs.recipe.requirements
                  if r.output == name and r.key == key and _applies(r, accel, blas, reference)]
         requirements[key] = tuple(dict.fromkeys(specs))
     word = f"cuda{fields['cuda_nodot']}" if accel == "cuda" else "cpu"
-    python = "_py{{ CONDA_PY }}" if name == "pytorch" else ""
-    return Output(name, f"{word}_{blas}_{marker}{python}", requirements)
+    return Output(name, f"{word}_{blas}_{marker}", name == "pytorch", suffix, requirements)
 
 
 def _mark(spec: str, ours: set[str], blas: str, marker: str) -> str:
