@@ -427,10 +427,42 @@ def test_golden(case: str) -> None:
             assert content == (GOLDEN / case / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
 
 
-def test_build_says_it_does_not_build_the_flavour_yet_and_what_would_work(
+def test_build_dry_run_plans_one_step_of_every_output_and_prints_the_conda_build_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["build", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--out", str(tmp_path / "ch")]) == 2
-    assert "render it with `torchforge render --flavour conda-forge" in capsys.readouterr().err.replace("\n", " ")
+    out = tmp_path / "ch"
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "12.4", "--arch-list", "7.0;8.6", "--py", "3.11,3.12",
+                 "--engine", "conda-build", "--out", str(out), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    recipe = conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.11", "3.12"))
+    flat = " ".join(err.split())
+    assert "flavour conda-forge: PyTorch 2.9.1 published no official conda package" in flat
+    assert all(p.stem in err for p in recipe.planned_outputs()) and len(recipe.planned_outputs()) == 4
+    staging = out / f".torchforge-tmp-staging-{recipe.id}"
+    assert (f"[dry-run] conda build {out}/recipes/{recipe.id} --output-folder {staging} -c file://{out.resolve()} "
+            "-c https://conda.anaconda.org/conda-forge --override-channels --no-anaconda-upload") in flat
+    assert "pytorch/" not in err and "nvidia" not in err and not out.exists()
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--engine", "rattler-build"], 2, "the embedded rattler-build engine cannot build them yet"),
+    (["--magma-only"], 2, "--magma-only applies to --flavour official only"),
+    (["--container"], 2, "--container applies to --flavour official only"),
+    (["--flavour", "official", "--feedstock-patches"], 2, "--feedstock-patches applies to --flavour conda-forge only"),
+])
+def test_build_refuses_what_the_flavour_cannot_do_and_says_what_would_work(
+        args: list[str], code: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--out", str(tmp_path / "ch"), *args]) == code
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "ch").exists()
+
+
+def test_build_without_conda_build_says_so_and_builds_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--out", str(tmp_path / "ch"), "--skip-preflight"]) == 5
+    assert "--flavour conda-forge builds with conda-build, which is not available here" in " ".join(
+        capsys.readouterr().err.split())
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--out", str(tmp_path / "ch")]) == 9  # preflight
     assert not (tmp_path / "ch").exists()
 
 

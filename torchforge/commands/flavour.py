@@ -1,4 +1,4 @@
-"""`matrix`, `render` and `doctor` with `--flavour conda-forge`: the conda-forge flavour's side of the CLI."""
+"""`matrix`, `render`, `doctor` and `build` with `--flavour conda-forge`: the conda-forge flavour's side of the CLI."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ import dataclasses
 import json
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 
 from torchforge import data as tables
+from torchforge.channels import SiteChannels
 from torchforge.console import err, out, warn
-from torchforge.errors import PreflightError, UsageError
+from torchforge.engines import Engine
+from torchforge.errors import PreflightError, ToolMissingError, UsageError
 from torchforge.flavours import Flavour, check, conda_forge
-from torchforge.recipe import resolve_source
+from torchforge.pipeline import PlannedRecipe
+from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
 
 def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
@@ -29,20 +33,23 @@ def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None
     return conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
 
 
+def _source(recipe: conda_forge.CondaForgeRecipe, source: str | None, patches: list[Path]) -> Source:
+    where = resolve_source(source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
+    return dataclasses.replace(where, patches=tuple(p.name for p in patches))
+
+
+def _folder(recipe: conda_forge.CondaForgeRecipe, source: Source, patches: list[Path], feedstock_patches: bool,
+            fmt: RecipeFormat) -> dict[str, str | bytes]:
+    files = conda_forge.recipe_files(recipe, source, feedstock_patches=feedstock_patches, recipe_format=fmt)
+    return {**files, **patch_files(patches)}
+
+
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
            source: str | None, patches: list[Path], feedstock_patches: bool = False) -> None:
-    if fmt is not RecipeFormat.CONDA_BUILD:
-        raise UsageError("--flavour conda-forge renders conda-build recipes only", "leave --format out")
-    folders: dict[str, dict[str, str | bytes]] = {}
-    for recipe in recipes:
-        where = resolve_source(source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
-        files = conda_forge.recipe_files(recipe, dataclasses.replace(where, patches=tuple(p.name for p in patches)),
-                                         feedstock_patches=feedstock_patches)
-        folders[recipe.id] = {**files, **patch_files(patches)}
+    folders = {recipe.id: _folder(recipe, _source(recipe, source, patches), patches, feedstock_patches, fmt)
+               for recipe in recipes}
     written = write_folders(folders, out_dir, force=force)
-    for recipe in recipes:
-        for message in recipe.warnings_for(feedstock_patches):
-            warn(f"{recipe.id}: {message}")
+    show_warnings(recipes, feedstock_patches)
     for path in written:
         out.print(str(path))
     err.print(f"rendered {len(written)} conda-forge-flavour recipe folder(s) into {out_dir} "
@@ -77,15 +84,22 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
     out.print(table)
 
 
-def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool) -> None:
-    """What the conda-forge flavour needs here: conda-build (it renders meta.yaml only) and conda-forge's channel."""
+def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
+           site: SiteChannels | None = None, console: Console = out) -> None:
+    """What the conda-forge flavour needs here: conda-build (it renders meta.yaml only) and conda-forge's channel
+    (no pytorch, nvidia or defaults channel, and none of the official flavour's companion packages)."""
     from torchforge.engines import conda_build
 
     probe = conda_build.probe()
+    channel = conda_forge.load().flavour.channel
+    used = (site or SiteChannels()).apply((channel,))
+    instead = f" (the site config's for {channel})" if used != (channel,) else ""
     checks = [
         {"check": "flavour", "ok": True, "detail": f"conda-forge: {len(recipes)} recipe(s), "
                                                    + ", ".join(r.id for r in recipes)},
-        {"check": "channel", "ok": None, "detail": conda_forge.load().flavour.channel + " (every requirement)"},
+        {"check": "channel", "ok": None,
+         "detail": f"{', '.join(used)}{instead} (every requirement; no pytorch, nvidia or defaults channel, "
+                   "no companion packages)"},
         {"check": "magma", "ok": None, "detail": conda_forge.load().flavour.magma},
         {"check": "conda-build", "ok": probe.usable,
          "detail": f"conda-build {probe.version}" if probe.usable else probe.reason},
@@ -99,7 +113,47 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool)
         for check in checks:
             result = "-" if check["ok"] is None else "[green]ok[/]" if check["ok"] else "[red]failed[/]"
             table.add_row(str(check["check"]), result, str(check["detail"]))
-        out.print(table)
+        console.print(table)
     if not probe.usable:
         raise PreflightError(f"conda-build is needed to build the conda-forge flavour's recipes: {probe.reason}",
                              "install conda-build into a conda on PATH (`conda install -n base conda-build`)")
+
+
+def build_engine(name: str, require_available: bool) -> tuple[Engine, str]:
+    """The engine that builds this flavour: conda-build, which reads its meta.yaml. The embedded engine (rattler-build)
+    needs a recipe.yaml, which this flavour does not render yet, so it is refused rather than given the wrong recipe."""
+    from torchforge.engines.conda_build import CondaBuildEngine, probe
+
+    if name == "rattler-build":
+        raise UsageError("--flavour conda-forge builds with conda-build (its recipes are meta.yaml); the embedded "
+                         "rattler-build engine cannot build them yet",
+                         "use --engine conda-build (or auto with conda-build installed), or --flavour official")
+    if name not in ("auto", "conda-build"):
+        raise UsageError(f"unknown engine {name!r}", "use auto, conda-build or rattler-build")
+    found = probe()
+    if not found.usable and require_available:
+        raise ToolMissingError(f"--flavour conda-forge builds with conda-build, which is not available here: {found.reason}",
+                               "install conda-build into a conda on PATH (`conda install -n base conda-build`), "
+                               "or use --flavour official (the embedded engine builds it)")
+    version = f" {found.version}" if found.usable else ""
+    return CondaBuildEngine(), f"using conda-build{version} (--flavour conda-forge renders meta.yaml)"
+
+
+def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: Engine, *, source: str | None,
+                    patches: list[Path], feedstock_patches: bool) -> list[PlannedRecipe]:
+    """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel."""
+    channel = conda_forge.load().flavour.channel
+    planned = []
+    for recipe in recipes:
+        where = _source(recipe, source, patches)
+        planned.append(PlannedRecipe(
+            recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
+            _folder(recipe, where, patches, feedstock_patches, engine.recipe_format), (channel,),
+            recipe.cuda or "cpu", where.location if where.kind == "path" else None))
+    return planned
+
+
+def show_warnings(recipes: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> None:
+    for recipe in recipes:
+        for message in recipe.warnings_for(feedstock_patches):
+            warn(f"{recipe.id}: {message}")

@@ -20,7 +20,7 @@ from torchforge import data as tables
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, UsageError
 from torchforge.recipe import Source
-from torchforge.render import render_template, yaml_scalar
+from torchforge.render import RecipeFormat, render_template, yaml_scalar
 from torchforge.variant import split_list
 
 Accel = Literal["cuda", "cpu"]
@@ -530,10 +530,13 @@ def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     return tuple(checks)
 
 
-def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False) -> dict[str, str]:
+def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches: bool = False,
+                 recipe_format: RecipeFormat = RecipeFormat.CONDA_BUILD) -> dict[str, str]:
     """{file name: text} of the recipe folder (conda-build's meta.yaml; the other files it names). With
     `feedstock_patches`, conda-build downloads the feedstock's patches of this job (pinned commit, sha256) and
     build.sh applies them before building."""
+    if recipe_format is not RecipeFormat.CONDA_BUILD:
+        raise UsageError("--flavour conda-forge renders conda-build recipes (meta.yaml) only", "leave --format out")
     libtorch, *others = recipe.outputs
     fields = {
         "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings_for(feedstock_patches),
