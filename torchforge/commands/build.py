@@ -136,7 +136,12 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         check_dir(out_dir, "--out")
         check_channel_args(channel)
-        chosen_flavour, why_flavour = choose(flavour, pytorch)
+        if (fmt == "wheel" or magma_only) and flavour is None:  # both are the official flavour's packages
+            chosen_flavour, why_flavour = Flavour.OFFICIAL, (
+                "flavour official: " + ("--format wheel builds pip wheels" if fmt == "wheel" else
+                                        "--magma-only builds the official flavour's magma-cudaXYZ"))
+        else:
+            chosen_flavour, why_flavour = choose(flavour, pytorch)
         note(why_flavour)
         if chosen_flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
