@@ -112,8 +112,8 @@ def register(app: typer.Typer) -> None:
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
                      regenerate=regenerate_line(provider, given), site=site_config.load(config),
-                     extra_args=site_args(channel or (), str(config) if config else None)
-                     + (("--skip-preflight",) if skip_preflight else ()) + pinned, gpu_runner=gpu_runner,
+                     extra_args=pinned + site_args(channel or (), str(config) if config else None)
+                     + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
                      test_script=test_script, magma_source=magma_source)
         path = write_file(render(ci, provider), out_dir, provider, force=force)
         out.print(str(path))
