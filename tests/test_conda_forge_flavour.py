@@ -242,10 +242,37 @@ def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
     assert main(["matrix", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--json"]) == 0
     rows = __import__("json").loads(capsys.readouterr().out)
     assert [r["cuda"] for r in rows] == ["12.9", "13.0", "cpu"]
-    assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_pyXY",
-                                  "pytorch-gpu": "cuda129_mkl_torchforge"}
+    recipe = conda_forge.plan("2.13.0", "linux-64", "12.9")
+    suffix = f"h{conda_forge.settings_digest(recipe.settings)}_{recipe.build_number}"
+    assert rows[0]["outputs"] == {"libtorch": f"cuda129_mkl_torchforge_{suffix}",
+                                  "pytorch": f"cuda129_mkl_torchforge_pyXY_{suffix}",
+                                  "pytorch-gpu": f"cuda129_mkl_torchforge_{suffix}"}
+    assert rows[0]["packages"] == [p.stem for p in recipe.planned_outputs()]
+    assert len(rows[0]["packages"]) == 2 + len(recipe.pythons)
     assert rows[0]["channel"] == "https://conda.anaconda.org/conda-forge"
     assert rows[0]["magma"] == "libmagma-devel" and rows[2]["magma"] is None  # conda-forge's libmagma, CUDA only
+
+
+@pytest.mark.parametrize(("args", "flavour", "why"), [
+    (["--pytorch", "2.13.0"], "conda-forge", "flavour conda-forge: PyTorch 2.13.0 published no official conda package"),
+    (["--pytorch", "2.6.0"], "conda-forge", "flavour conda-forge: PyTorch 2.6.0 published no official conda package"),
+    (["--pytorch", "2.13.0", "--flavour", "official"], "official", "flavour official (--flavour)"),
+    (["--pytorch", "2.5.1"], "official", "flavour official: PyTorch 2.5.1 published official conda packages"),
+    ([], "official", "flavour official: no --pytorch given"),
+])
+def test_the_flavour_defaults_to_conda_forge_where_no_official_conda_package_exists_and_says_why(
+        args: list[str], flavour: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["matrix", *args, "--cuda", "cpu", "--py", "3.12", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert why in " ".join(captured.err.split())
+    assert all(("flavour" in r and r["flavour"] == "conda-forge") == (flavour == "conda-forge") for r in rows)
+    assert main(["render", *args, "--cuda", "cpu", "--py", "3.12", "--out", str(tmp_path / "r")]) == 0
+    meta = next((tmp_path / "r").glob("*/meta.yaml")).read_text()
+    assert ("torchforge_flavour: conda-forge" in meta) == (flavour == "conda-forge")
+    assert why in " ".join(capsys.readouterr().err.split())
 
 
 def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:

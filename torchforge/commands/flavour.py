@@ -56,16 +56,12 @@ def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt
               f"(channel: {conda_forge.load().flavour.channel})")
 
 
-def _shown(build_string: str) -> str:
-    """A build string as users read it: conda-build fills in the Python per package (py312)."""
-    return build_string.replace("{{ CONDA_PY }}", "XY")
-
-
 def as_json(recipes: tuple[conda_forge.CondaForgeRecipe, ...]) -> list[dict[str, object]]:
     return [{
         "id": r.id, "flavour": "conda-forge", "version": r.version, "platform": r.platform, "cuda": r.cuda or "cpu",
         "arch_list": r.arch_list, "blas": r.blas, "pythons": list(r.pythons), "build_number": r.build_number,
-        "outputs": {o.name: _shown(o.build_string) for o in r.outputs}, "feedstock": r.feedstock_commit,
+        "outputs": {o.name: o.build_string_with("XY") for o in r.outputs},
+        "packages": [p.stem for p in r.planned_outputs()], "feedstock": r.feedstock_commit,
         "channel": conda_forge.load().flavour.channel, "magma": r.magma,
         "feedstock_patches": len(r.feedstock_patches), "warnings": list(r.warnings_for(False)),
     } for r in recipes]
@@ -79,7 +75,7 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
     for column in ("recipe", "outputs", "build number", "pythons", "magma (conda-forge)", "notes"):
         table.add_column(column, overflow="fold")
     for r in recipes:
-        table.add_row(r.id, ", ".join(f"{o.name} ({_shown(o.build_string)})" for o in r.outputs), str(r.build_number),
+        table.add_row(r.id, ", ".join(f"{o.name} ({o.build_string_with('XY')})" for o in r.outputs), str(r.build_number),
                       ",".join(r.pythons), r.magma or "-", f"{len(r.warnings_for(False))} warning(s)")
     out.print(table)
 

@@ -51,7 +51,7 @@ def plan_as_json(render_plan: RenderPlan) -> list[dict[str, object]]:
 
 
 def print_table(render_plan: RenderPlan) -> None:
-    table = Table(title="torchforge variants")
+    table = Table(title="torchforge variants (flavour official)")
     for column in ("variant", "status", "build string", "magma package", "notes"):
         table.add_column(column, overflow="fold")
     for variant in render_plan.variants:
