@@ -472,7 +472,7 @@ def test_build_dry_run_plans_one_step_of_every_output_and_prints_the_conda_build
 
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--engine", "rattler-build"], 2, "the embedded rattler-build engine cannot build them yet"),
-    (["--magma-only"], 2, "--magma-only applies to --flavour official only"),
+    (["--flavour", "conda-forge", "--magma-only"], 2, "--magma-only applies to --flavour official only"),
     (["--container"], 2, "--container applies to --flavour official only"),
     (["--flavour", "official", "--feedstock-patches"], 2, "--feedstock-patches applies to --flavour conda-forge only"),
 ])

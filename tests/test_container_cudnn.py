@@ -41,7 +41,7 @@ def test_each_cu130_release_derives_an_image_with_its_own_cudnn(
         pytorch: str, cudnn: str) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # a dry run needs no container client
     out = tmp_path / "out"
-    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", pytorch, "--cuda", "13.0", "--py", "3.12",
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", pytorch, "--flavour", "official", "--cuda", "13.0", "--py", "3.12",
                                      "--out", str(out), "--no-cache")
     assert code == 0, err
     (variant,) = plan(selection(pytorch, "13.0", "3.12")).variants

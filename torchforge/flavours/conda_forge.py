@@ -8,6 +8,7 @@ templates in recipe_templates/conda_forge/. Pure: no files, no commands.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -215,8 +216,8 @@ class Output:
     name: str
     words: str  # conda-forge's variant words and the marker: cuda124_mkl_torchforge
     per_python: bool  # one package per Python (pytorch): the build string carries _pyXY
-    suffix: str  # h<digest of the recipe's settings>_<build number>
     requirements: dict[str, tuple[str, ...]]  # key -> specs, in the feedstock's order
+    suffix: str = ""  # h<digest of the recipe's settings>_<build number>: plan() fills it in once the recipe is known
 
     def build_string_with(self, python_word: str) -> str:
         """The build string with `python_word` where the Python goes: `312`, or a recipe format's expression."""
@@ -286,7 +287,9 @@ class CondaForgeRecipe:
     @property
     def settings(self) -> str:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
-        return recipe_settings(self.feedstock_commit, self.cuda, self.arch_list, self.blas, self.build_number)
+        return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
+                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
+                          sort_keys=True)
 
     def build_string(self, name: str, python: str | None = None) -> str:
         """The full build string of output `name` (for a Python X.Y where it is built per Python)."""
@@ -365,8 +368,7 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     fields = {"version": version, "build": str(build), "blas": blas, "cuda_nodot": versions.nodot(cuda) if cuda else "",
               "cuda": cuda or "", "py": "{{ CONDA_PY }}"}
     ours = set(release.outputs(accel_key))
-    suffix = f"h{settings_digest(recipe_settings(release.commit, cuda, arch, blas, build))}_{build}"
-    outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker, suffix)
+    outputs = tuple(_output(jobs, name, ours, accel_key, blas, reference, fields, settings.marker)
                     for name in release.outputs(accel_key) if name not in settings.omitted_outputs)
     env = [(row.name, _format(row.value, fields)) for row in jobs.recipe.env
            if _applies(row, accel_key, blas, reference)]
@@ -375,13 +377,20 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     config = _variant_config(ci, chosen, blas, cuda, c_version, arch)
     patches = tuple((settings.feedstock_files.format(commit=release.commit, path=f"recipe/{p.path}"), p.sha256, p.path)
                     for p in jobs.recipe.patches if _applies(p, accel_key, blas, reference))
-    return CondaForgeRecipe(
+    return with_build_strings(CondaForgeRecipe(
         version=version, platform=platform, cuda=cuda, arch_list=arch, blas=blas, pythons=tuple(chosen),
         build_number=build, feedstock_commit=release.commit, outputs=outputs, env=tuple(env),
         variant_config=config,
         activation_variable=release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST",
         warnings=tuple(warnings), feedstock_patches=patches,
-    )
+    ))
+
+
+def with_build_strings(recipe: CondaForgeRecipe) -> CondaForgeRecipe:
+    """The recipe with every output's build string complete: torchforge's digest of the recipe's settings (all of
+    them, whatever they come to hold) and the build number, one for all outputs."""
+    suffix = f"h{settings_digest(recipe.settings)}_{recipe.build_number}"
+    return dataclasses.replace(recipe, outputs=tuple(dataclasses.replace(o, suffix=suffix) for o in recipe.outputs))
 
 
 def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: str | None) -> str:
@@ -441,12 +450,6 @@ def _format(text: str, fields: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), text)
 
 
-def recipe_settings(commit: str, cuda: str | None, arch_list: str, blas: str, build_number: int) -> str:
-    """The settings of one recipe as the packages record them (JSON, sorted keys)."""
-    return json.dumps({"flavour": "conda-forge", "feedstock": commit, "cuda": cuda or "cpu", "arch_list": arch_list,
-                       "blas": blas, "build_number": build_number}, sort_keys=True)
-
-
 def settings_digest(settings: str) -> str:
     """torchforge's stand-in for conda-build's PKG_HASH: 7 hex digits of the settings, so every engine and the
     pipeline know the build string before a build (another arch list or CUDA: another package)."""
@@ -454,14 +457,14 @@ def settings_digest(settings: str) -> str:
 
 
 def _output(jobs: PlatformJobs, name: str, ours: set[str], accel: Accel, blas: Blas, reference: str | None,
-            fields: dict[str, str], marker: str, suffix: str) -> Output:
+            fields: dict[str, str], marker: str) -> Output:
     requirements: dict[str, tuple[str, ...]] = {}
     for key in OUTPUT_KEYS:
         specs = [_mark(_format(r.spec, fields), ours, blas, marker) for r in jobs.recipe.requirements
                  if r.output == name and r.key == key and _applies(r, accel, blas, reference)]
         requirements[key] = tuple(dict.fromkeys(specs))
     word = f"cuda{fields['cuda_nodot']}" if accel == "cuda" else "cpu"
-    return Output(name, f"{word}_{blas}_{marker}", name == "pytorch", suffix, requirements)
+    return Output(name, f"{word}_{blas}_{marker}", name == "pytorch", requirements)
 
 
 def _mark(spec: str, ours: set[str], blas: str, marker: str) -> str:
@@ -536,7 +539,7 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
     `feedstock_patches`, conda-build downloads the feedstock's patches of this job (pinned commit, sha256) and
     build.sh applies them before building."""
     if recipe_format is not RecipeFormat.CONDA_BUILD:
-        raise UsageError("--flavour conda-forge renders conda-build recipes (meta.yaml) only", "leave --format out")
+        raise UsageError("--flavour conda-forge renders conda-build recipes only (meta.yaml)", "leave --format out")
     libtorch, *others = recipe.outputs
     fields = {
         "header": header(recipe), "commit": recipe.feedstock_commit, "warnings": recipe.warnings_for(feedstock_patches),
