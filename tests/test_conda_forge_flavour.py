@@ -296,6 +296,8 @@ def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(t
 RENDERED = [("2.6.0", "12.6", None), ("2.13.0", "13.0", None), ("2.13.0", "cpu", None),
             ("2.9.1", "12.4", "7.0;8.6"), ("2.9.1", "12.4", "8.0")]
 WITH_FEEDSTOCK_PATCHES = {("2.13.0", "cpu", None)}  # the patches as downloaded sources: conda-build takes the list
+# two Pythons: one libtorch, a pytorch per Python and one metapackage, exactly as planned
+PYTHONS = {("2.6.0", "12.6", None): ("3.11", "3.12")}
 
 
 def stand_in_specs(files: dict[str, str], own: set[str]) -> set[str]:
@@ -338,7 +340,7 @@ def conda_renders(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cf-render")
     recipes, specs = {}, set()
     for version, accel, arch in RENDERED:
-        recipe = conda_forge.plan(version, "linux-64", accel, arch, ("3.12",))
+        recipe = conda_forge.plan(version, "linux-64", accel, arch, PYTHONS.get((version, accel, arch), ("3.12",)))
         files = conda_forge.recipe_files(recipe, SOURCE,
                                          feedstock_patches=(version, accel, arch) in WITH_FEEDSTOCK_PATCHES)
         folder = root / "recipes" / recipe.id
@@ -363,8 +365,9 @@ def conda_render(conda_renders, case: tuple[str, str, str | None]) -> list[str]:
     packages = [Path(line).name.removesuffix(".conda") for line in result.stdout.split() if line.endswith(".conda")]
     # exactly the names the pipeline plans, in the same order
     assert packages == [p.stem for p in recipe.planned_outputs()], packages
+    assert len(packages) == 2 + len(recipe.pythons)
     word = f"cuda{recipe.cuda.replace('.', '')}" if recipe.cuda else "cpu"
-    assert packages[2] == (f"{'pytorch-gpu' if recipe.cuda else 'pytorch-cpu'}-{recipe.version}-{word}_mkl_torchforge_"
+    assert packages[-1] == (f"{'pytorch-gpu' if recipe.cuda else 'pytorch-cpu'}-{recipe.version}-{word}_mkl_torchforge_"
                            f"h{conda_forge.settings_digest(recipe.settings)}_{recipe.build_number}")
     return packages
 

@@ -105,7 +105,8 @@ def test_other_settings_or_one_missing_output_rebuild_all(built, tmp_path: Path)
     assert step.action is Action.BUILD
 
 
-def test_a_package_other_than_planned_fails_the_step_and_nothing_is_published(built, tmp_path: Path) -> None:
+def test_a_package_other_than_planned_fails_the_step_and_nothing_is_published(
+        built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The recipe makes build 0 of each output; a plan that names another build string of one output is not met:
     the step fails naming it, and not even the outputs that match are published."""
     _, stubs, _, _, _ = built
@@ -117,6 +118,14 @@ def test_a_package_other_than_planned_fails_the_step_and_nothing_is_published(bu
     assert f"no {wrong[2]}.conda/.tar.bz2 was produced" in result.error
     assert f"{STEMS[2]}.conda" in result.error  # what was built instead
     assert not list(out.glob("linux-64/*.conda"))
+    from torchforge.commands.build import print_results
+
+    capsys.readouterr()
+    print_results([result])
+    cells = [[c.strip() for c in line.split("│")] for line in capsys.readouterr().out.splitlines() if "│" in line]
+    rows = [r for r in cells if r[1]]  # a long error wraps onto lines of its own
+    assert [(r[1], r[2]) for r in rows] == [(stem, "failed") for stem in wrong]
+    assert rows[0][5].startswith(f"split-demo-1.0-cpu: no {wrong[2]}") and rows[1][5] == rows[2][5] == "(same build)"
 
 
 def test_dry_run_prints_the_one_command_that_builds_every_output(tmp_path: Path) -> None:
@@ -129,3 +138,17 @@ def test_dry_run_prints_the_one_command_that_builds_every_output(tmp_path: Path)
     assert printed == [f"[dry-run] conda build {out}/recipes/split-demo-1.0-cpu --output-folder {staging} "
                        f"-c file://{out.resolve()} -c https://conda.anaconda.org/conda-forge --override-channels "
                        "--no-anaconda-upload --no-test"]
+
+
+def test_the_results_table_has_a_row_per_output_with_its_published_file(
+        built, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchforge.commands.build import print_results
+
+    _, _, _, results, _ = built
+    capsys.readouterr()
+    print_results(results)
+    rows = [line for line in capsys.readouterr().out.splitlines() if "torchforge_" in line]
+    assert len(rows) == 3
+    for row, stem, artifact in zip(rows, STEMS, results[0].artifacts):
+        cells = [cell.strip() for cell in row.split("│")]
+        assert cells[1] == stem and cells[2] == "ok" and cells[5] == str(artifact)
