@@ -477,6 +477,7 @@ def test_build_dry_run_plans_one_step_of_every_output_and_prints_the_conda_build
     (["--engine", "rattler-build"], 2, "the embedded rattler-build engine cannot build them yet"),
     (["--flavour", "conda-forge", "--magma-only"], 2, "--magma-only applies to --flavour official only"),
     (["--container"], 2, "--container applies to --flavour official only"),
+    (["--cache", "somewhere"], 2, "--cache applies to --flavour official only"),
     (["--flavour", "official", "--feedstock-patches"], 2, "--feedstock-patches applies to --flavour conda-forge only"),
 ])
 def test_build_refuses_what_the_flavour_cannot_do_and_says_what_would_work(
@@ -613,5 +614,26 @@ def test_doctor_shows_the_flavour_and_its_channel_and_needs_conda_build(
     if tool is None:
         pytest.skip(HOW_TO_GET_ONE)
     monkeypatch.setenv("PATH", f"{tool.path_prefix}:/usr/bin:/bin" if tool.path_prefix else machine_path)
-    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0
-    assert {c["check"]: c for c in json.loads(capsys.readouterr().out)}["conda-build"]["detail"].startswith("conda-build 26.")
+    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0  # the flavour of 2.9.1 by default
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["conda-build"]["detail"].startswith("conda-build 26.")
+    assert checks["flavour"]["detail"] == "conda-forge: 1 recipe(s), libtorch-2.9.1-cpu-linux_64"
+    assert "no pytorch, nvidia or defaults channel, no companion packages" in checks["channel"]["detail"]
+
+
+def test_doctor_and_build_show_the_site_configs_channel_in_place_of_conda_forges(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    site = tmp_path / "torchforge.toml"
+    site.write_text('[channels]\nreplace = ["file:///srv/conda-forge-mirror"]\n')
+    main(["doctor", "--pytorch", "2.13.0", "--cuda", "cpu", "--json", "--config", str(site)])
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["channel"]["detail"].startswith(
+        "file:///srv/conda-forge-mirror (the site config's for https://conda.anaconda.org/conda-forge)")
+    out = tmp_path / "ch"
+    assert main(["build", "--pytorch", "2.13.0", "--cuda", "cpu", "--dry-run", "--config", str(site),
+                 "--out", str(out)]) == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[dry-run] conda build")]
+    assert len(printed) == 1 and printed[0].endswith(
+        f"-c file://{out.resolve()} -c file:///srv/conda-forge-mirror --override-channels --no-anaconda-upload")

@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
                  "--magma-patch": magma_patch, "--magma-only": magma_only, "--container": container,
-                 "--format wheel": fmt == "wheel", "--jobs": jobs})
+                 "--format wheel": fmt == "wheel", "--jobs": jobs, "--cache": cache})
             flavour_commands.show_warnings(recipes, feedstock_patches)
             site = site_config.load(config)
             # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
