@@ -120,12 +120,14 @@ def test_magma_patches_go_to_magma_recipes_only(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ small messages (issue 25, item 12)
 
 def test_magma_only_prints_no_pytorch_warnings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["build", "--dry-run", "--magma-only", "--skip-preflight", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8",
+    code = main(["build", "--dry-run", "--magma-only", "--skip-preflight", "--pytorch", "2.9.0", "--cuda", "12.8",
                  "--py", "3.12", "--out", str(tmp_path / "ch")])
     err = capsys.readouterr().err
     assert code == 0, err
     assert "warning: magma-cuda128-2.6.1-linux_64" in err
     assert "warning: pytorch-" not in err
+    # magma-cudaXYZ is the official flavour's package, whatever the release's default flavour
+    assert "flavour official: --magma-only builds the official flavour's magma-cudaXYZ" in err
 
 
 def test_help_shows_the_defaults_of_cuda_and_py_from_the_data(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.commands import flavour as flavour_commands
-from torchforge.flavours import Flavour, choose
+from torchforge.flavours import MAGMA_ONLY, Flavour, choose
 from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
 from torchforge.fileops import check_dir
@@ -136,12 +136,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         check_dir(out_dir, "--out")
         check_channel_args(channel)
-        if (fmt == "wheel" or magma_only) and flavour is None:  # both are the official flavour's packages
-            chosen_flavour, why_flavour = Flavour.OFFICIAL, (
-                "flavour official: " + ("--format wheel builds pip wheels" if fmt == "wheel" else
-                                        "--magma-only builds the official flavour's magma-cudaXYZ"))
-        else:
-            chosen_flavour, why_flavour = choose(flavour, pytorch)
+        chosen_flavour, why_flavour = choose(flavour, pytorch, "--format wheel builds pip wheels" if fmt == "wheel"
+                                             else MAGMA_ONLY if magma_only else "")
         note(why_flavour)
         if chosen_flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(

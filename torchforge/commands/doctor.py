@@ -14,7 +14,7 @@ from torchforge.commands.options import (
 )
 from torchforge import config as site_config
 from torchforge.commands import flavour as flavour_commands
-from torchforge.flavours import Flavour, choose
+from torchforge.flavours import MAGMA_ONLY, Flavour, choose
 from torchforge import containers
 from torchforge.console import note, out
 from torchforge.preflight import checked_jobs, report_table, run_preflight
@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
 
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
-        flavour, why = choose(flavour, pytorch)
+        flavour, why = choose(flavour, pytorch, MAGMA_ONLY if magma_only else "")
         note(why)
         if flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(

@@ -13,6 +13,10 @@ from torchforge import versions
 from torchforge.errors import UsageError
 
 
+# Why a command with --magma-only is the official flavour's whatever the release (conda-forge's links libmagma).
+MAGMA_ONLY = "--magma-only builds the official flavour's magma-cudaXYZ"
+
+
 class Flavour(str, Enum):
     OFFICIAL = "official"
     CONDA_FORGE = "conda-forge"
@@ -35,11 +39,14 @@ def check(flavour: Flavour, pytorch: str) -> Flavour:
     return flavour
 
 
-def choose(flavour: Flavour | None, pytorch: str | None) -> tuple[Flavour, str]:
-    """The flavour of a command line and why: --flavour if given, else conda-forge for a release that published no
-    official conda package (2.6+, where the flavour has the feedstock's facts), else official."""
+def choose(flavour: Flavour | None, pytorch: str | None, official_because: str = "") -> tuple[Flavour, str]:
+    """The flavour of a command line and why: --flavour if given, else official where the command asks for one of
+    its packages (`official_because`: e.g. "--magma-only builds magma-cudaXYZ"), else conda-forge for a release that
+    published no official conda package (2.6+, where the flavour has the feedstock's facts), else official."""
     if flavour is not None:
         return check(flavour, pytorch) if pytorch else flavour, f"flavour {flavour.value} (--flavour)"
+    if official_because:
+        return Flavour.OFFICIAL, f"flavour official: {official_because}"
     if pytorch is None:
         return Flavour.OFFICIAL, ("flavour official: no --pytorch given, so the release is chosen among the official "
                                   "flavour's (give --pytorch 2.6 or newer, or --flavour conda-forge, for conda-forge's shape)")
