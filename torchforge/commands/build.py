@@ -247,9 +247,10 @@ def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_ru
     for result in failed:
         _explain(result)
     if failed:
-        not_attempted = len(steps) - len(results)  # the plan stops at the first failure without --keep-going
+        # counted in packages: a recipe step of several outputs fails (or is skipped) with all of them
+        not_attempted = sum(len(s.stems) for s in steps[len(results):])  # the plan stops at the first failure
         raise BuildFailedError(
-            f"{len(failed)} of {len(steps)} planned package(s) failed"
+            f"{sum(len(r.step.stems) for r in failed)} of {sum(len(s.stems) for s in steps)} planned package(s) failed"
             + (f", {not_attempted} not attempted after it" if not_attempted else ""),
             "read the log tail above; rerun the same command to resume (finished packages are skipped)"
             + ("; --keep-going attempts the others past a failure" if not_attempted else ""),
