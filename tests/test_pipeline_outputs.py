@@ -79,12 +79,23 @@ def test_one_build_publishes_every_planned_output_together(built) -> None:
     assert any(e.startswith(f"build {', '.join(STEMS)} (conda-build)") for e in events)
 
 
-def test_a_rerun_reuses_all_outputs_and_says_what_was_compared(built) -> None:
+def test_a_rerun_reuses_all_outputs_and_says_what_was_compared(built, capsys: pytest.CaptureFixture[str]) -> None:
     root, stubs, _, _, _ = built
     [step] = plan_recipe_steps([recipe(channel=f"file://{stubs}")], settings(root / "out"))
     assert step.action is Action.REUSE
     assert step.reason.startswith(f"all 3 outputs: already in {root / 'out'}, built with the same settings (")
     assert "arch list" in step.reason and "flavour test" in step.reason
+    from torchforge.commands.build import print_results
+
+    events: list[str] = []
+    results = Pipeline(CondaBuildEngine(), Runner(), settings(root / "out"), on_event=events.append).run([step])
+    assert events == [f"reuse {', '.join(STEMS)}: {step.reason}"]
+    capsys.readouterr()
+    print_results(results)
+    rows = [[c.strip() for c in line.split("│")] for line in capsys.readouterr().out.splitlines() if "│" in line]
+    rows = [r for r in rows if r[1]]
+    assert [r[1] for r in rows] == list(STEMS) and rows[0][5].startswith("all 3 outputs: already in")
+    assert rows[1][5] == rows[2][5] == "(same build)"
 
 
 def test_other_settings_or_one_missing_output_rebuild_all(built, tmp_path: Path) -> None:

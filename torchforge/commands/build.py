@@ -75,8 +75,10 @@ def print_results(results: list[StepResult]) -> None:
         for number, stem in enumerate(result.step.stems):
             if number < len(artifacts):
                 detail = str(artifacts[number])
+            elif number:
+                detail = "(same build)"
             else:
-                detail = result.step.reason if result.ok else result.error.splitlines()[0] if number == 0 else "(same build)"
+                detail = result.step.reason if result.ok else result.error.splitlines()[0]
             table.add_row(stem, status, f"{result.seconds:.0f} s", _cache_result(result) if number == 0 else "", detail)
     out.print(table)
 
