@@ -275,6 +275,33 @@ def test_the_flavour_defaults_to_conda_forge_where_no_official_conda_package_exi
     assert why in " ".join(capsys.readouterr().err.split())
 
 
+def test_a_patch_is_part_of_the_settings_so_a_patched_build_is_another_package(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--patch and --feedstock-patches change the binary: the recorded settings name them (the patch by its sha256),
+    so the build strings differ and a rerun with another patch never reuses the unpatched packages."""
+    import hashlib
+
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n")
+    plain = conda_forge.plan("2.9.1", "linux-64", "cpu", None, ("3.12",))
+    ran = [main(["render", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--out", str(tmp_path / name),
+                 *extra]) for name, extra in (("plain", []), ("patched", ["--patch", str(patch)]),
+                                              ("feedstock", ["--feedstock-patches"]))]
+    assert ran == [0, 0, 0]
+    metas = {name: rendered_meta({"meta.yaml": (tmp_path / name / plain.id / "meta.yaml").read_text()})
+             for name in ("plain", "patched", "feedstock")}
+    settings = {name: json.loads(meta["extra"]["torchforge_settings"]) for name, meta in metas.items()}
+    assert settings["plain"] == json.loads(plain.settings)
+    assert settings["patched"] == {**settings["plain"], "patch": [hashlib.sha256(patch.read_bytes()).hexdigest()]}
+    assert settings["feedstock"] == {**settings["plain"], "feedstock_patches": True}
+    strings = {name: meta["build"]["string"] for name, meta in metas.items()}
+    assert strings["plain"] == plain.build_string("libtorch") and len(set(strings.values())) == 3
+    capsys.readouterr()
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--patch", str(patch),
+                 "--out", str(tmp_path / "ch"), "--dry-run"]) == 0
+    assert strings["patched"] in capsys.readouterr().err and not (tmp_path / "ch").exists()
+
+
 def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:
     import subprocess
     recipe = conda_forge.plan("2.13.0", "linux-64", "12.4", "7.0;8.6")

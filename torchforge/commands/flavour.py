@@ -11,6 +11,7 @@ from rich.table import Table
 
 from torchforge import data as tables
 from torchforge.channels import SiteChannels
+from torchforge.commands.options import file_digests
 from torchforge.console import err, out, warn
 from torchforge.engines import Engine
 from torchforge.errors import PreflightError, ToolMissingError, UsageError
@@ -44,8 +45,15 @@ def _folder(recipe: conda_forge.CondaForgeRecipe, source: Source, patches: list[
     return {**files, **patch_files(patches)}
 
 
+def patched(recipes: tuple[conda_forge.CondaForgeRecipe, ...], patches: list[Path],
+            feedstock_patches: bool) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes with what they apply to the source in their settings (and so in their build strings)."""
+    return tuple(conda_forge.with_patches(r, file_digests(patches), feedstock_patches) for r in recipes)
+
+
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
            source: str | None, patches: list[Path], feedstock_patches: bool = False) -> None:
+    recipes = patched(recipes, patches, feedstock_patches)
     folders = {recipe.id: _folder(recipe, _source(recipe, source, patches), patches, feedstock_patches, fmt)
                for recipe in recipes}
     written = write_folders(folders, out_dir, force=force)
@@ -140,7 +148,7 @@ def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: E
     """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel."""
     channel = conda_forge.load().flavour.channel
     planned = []
-    for recipe in recipes:
+    for recipe in patched(recipes, patches, feedstock_patches):
         where = _source(recipe, source, patches)
         planned.append(PlannedRecipe(
             recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,

@@ -45,7 +45,7 @@ PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir
 MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
 
 
-def _digests(patches: list[Path] | None) -> tuple[str, ...]:
+def file_digests(patches: list[Path] | None) -> tuple[str, ...]:
     return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
 
 
@@ -102,8 +102,8 @@ def selection_from_flags(
         source=source,
         magma_source=inspect_magma_source(magma_source) if magma_source else None,
         # Patches change the binary: their content (not their path) is part of the variant's settings.
-        patch_digests=_digests(patches),
-        magma_patch_digests=_digests(magma_patches),
+        patch_digests=file_digests(patches),
+        magma_patch_digests=file_digests(magma_patches),
     )
     selection = Selection.from_flags(pytorch, cuda, python, platform, options)
     if pytorch is None:

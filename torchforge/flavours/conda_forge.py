@@ -269,6 +269,10 @@ class CondaForgeRecipe:
     activation_variable: str
     warnings: tuple[str, ...]
     feedstock_patches: tuple[tuple[str, str, str], ...] = ()  # (URL, sha256, path) of each patch of this job
+    # What the recipe applies to the source, when anything (with_patches): the sha256 of each --patch, and whether
+    # the feedstock's patches are applied; part of the settings, so another patch is another package.
+    patch_digests: tuple[str, ...] = ()
+    applies_feedstock_patches: bool = False
 
     @property
     def accel(self) -> Accel:
@@ -288,8 +292,15 @@ class CondaForgeRecipe:
     def settings(self) -> str:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
         return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
-                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number},
+                           "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number,
+                           **self._patch_settings},
                           sort_keys=True)
+
+    @property
+    def _patch_settings(self) -> dict[str, object]:
+        """Only what is applied: a recipe without patches keeps the settings (and build strings) it always had."""
+        return {**({"patch": list(self.patch_digests)} if self.patch_digests else {}),
+                **({"feedstock_patches": True} if self.applies_feedstock_patches else {})}
 
     def build_string(self, name: str, python: str | None = None) -> str:
         """The full build string of output `name` (for a Python X.Y where it is built per Python)."""
@@ -384,6 +395,13 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
         activation_variable=release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST",
         warnings=tuple(warnings), feedstock_patches=patches,
     ))
+
+
+def with_patches(recipe: CondaForgeRecipe, digests: tuple[str, ...], feedstock_patches: bool) -> CondaForgeRecipe:
+    """The recipe that also applies the user's patches (their sha256) and, if asked, the feedstock's: other settings,
+    so other build strings."""
+    return with_build_strings(dataclasses.replace(recipe, patch_digests=digests,
+                                                  applies_feedstock_patches=feedstock_patches))
 
 
 def with_build_strings(recipe: CondaForgeRecipe) -> CondaForgeRecipe:
