@@ -302,6 +302,28 @@ def test_a_patch_is_part_of_the_settings_so_a_patched_build_is_another_package(
     assert strings["patched"] in capsys.readouterr().err and not (tmp_path / "ch").exists()
 
 
+def test_a_local_source_is_part_of_the_settings_and_an_edit_of_it_is_another_package(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchforge import sourcestate
+
+    source = tmp_path / "pytorch"
+    source.mkdir()
+    (source / "setup.py").write_text("print('v1')\n")
+
+    def planned() -> tuple[dict, str]:
+        assert main(["render", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--source", str(source),
+                     "--out", str(tmp_path / "r"), "--force"]) == 0
+        meta = rendered_meta({"meta.yaml": next((tmp_path / "r").glob("*/meta.yaml")).read_text()})
+        return json.loads(meta["extra"]["torchforge_settings"]), meta["build"]["string"]
+
+    first, first_string = planned()
+    assert first["source"] == sourcestate.identity(str(source)) and first["source"].startswith("sha256:")
+    assert planned() == (first, first_string)  # the same tree: the same package
+    (source / "setup.py").write_text("print('v2')\n")
+    second, second_string = planned()
+    assert second["source"] != first["source"] and second_string != first_string
+
+
 def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:
     import subprocess
     recipe = conda_forge.plan("2.13.0", "linux-64", "12.4", "7.0;8.6")

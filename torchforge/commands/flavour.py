@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchforge import data as tables
+from torchforge import sourcestate
 from torchforge.channels import SiteChannels
 from torchforge.commands.options import file_digests
 from torchforge.console import err, out, warn
@@ -45,15 +46,16 @@ def _folder(recipe: conda_forge.CondaForgeRecipe, source: Source, patches: list[
     return {**files, **patch_files(patches)}
 
 
-def patched(recipes: tuple[conda_forge.CondaForgeRecipe, ...], patches: list[Path],
-            feedstock_patches: bool) -> tuple[conda_forge.CondaForgeRecipe, ...]:
-    """The recipes with what they apply to the source in their settings (and so in their build strings)."""
-    return tuple(conda_forge.with_patches(r, file_digests(patches), feedstock_patches) for r in recipes)
+def with_inputs(recipes: tuple[conda_forge.CondaForgeRecipe, ...], source: str | None, patches: list[Path],
+                feedstock_patches: bool) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes with what they are built from in their settings (and so in their build strings)."""
+    identity = sourcestate.identity(source) if source else None
+    return tuple(conda_forge.with_inputs(r, identity, file_digests(patches), feedstock_patches) for r in recipes)
 
 
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
            source: str | None, patches: list[Path], feedstock_patches: bool = False) -> None:
-    recipes = patched(recipes, patches, feedstock_patches)
+    recipes = with_inputs(recipes, source, patches, feedstock_patches)
     folders = {recipe.id: _folder(recipe, _source(recipe, source, patches), patches, feedstock_patches, fmt)
                for recipe in recipes}
     written = write_folders(folders, out_dir, force=force)
@@ -148,7 +150,7 @@ def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: E
     """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel."""
     channel = conda_forge.load().flavour.channel
     planned = []
-    for recipe in patched(recipes, patches, feedstock_patches):
+    for recipe in with_inputs(recipes, source, patches, feedstock_patches):
         where = _source(recipe, source, patches)
         planned.append(PlannedRecipe(
             recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,

@@ -269,8 +269,10 @@ class CondaForgeRecipe:
     activation_variable: str
     warnings: tuple[str, ...]
     feedstock_patches: tuple[tuple[str, str, str], ...] = ()  # (URL, sha256, path) of each patch of this job
-    # What the recipe applies to the source, when anything (with_patches): the sha256 of each --patch, and whether
-    # the feedstock's patches are applied; part of the settings, so another patch is another package.
+    # What the recipe builds from, where the user chose it (with_inputs): the identity of a --source
+    # (torchforge.sourcestate), the sha256 of each --patch, whether the feedstock's patches are applied. Part of
+    # the settings, so another source or patch is another package.
+    source_identity: str | None = None
     patch_digests: tuple[str, ...] = ()
     applies_feedstock_patches: bool = False
 
@@ -293,13 +295,15 @@ class CondaForgeRecipe:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
         return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
                            "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number,
-                           **self._patch_settings},
+                           **self._input_settings},
                           sort_keys=True)
 
     @property
-    def _patch_settings(self) -> dict[str, object]:
-        """Only what is applied: a recipe without patches keeps the settings (and build strings) it always had."""
-        return {**({"patch": list(self.patch_digests)} if self.patch_digests else {}),
+    def _input_settings(self) -> dict[str, object]:
+        """Only what was chosen: a recipe of the release's source without patches keeps the settings (and build
+        strings) it always had."""
+        return {**({"source": self.source_identity} if self.source_identity else {}),
+                **({"patch": list(self.patch_digests)} if self.patch_digests else {}),
                 **({"feedstock_patches": True} if self.applies_feedstock_patches else {})}
 
     def build_string(self, name: str, python: str | None = None) -> str:
@@ -397,10 +401,11 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     ))
 
 
-def with_patches(recipe: CondaForgeRecipe, digests: tuple[str, ...], feedstock_patches: bool) -> CondaForgeRecipe:
-    """The recipe that also applies the user's patches (their sha256) and, if asked, the feedstock's: other settings,
-    so other build strings."""
-    return with_build_strings(dataclasses.replace(recipe, patch_digests=digests,
+def with_inputs(recipe: CondaForgeRecipe, source_identity: str | None, digests: tuple[str, ...],
+                feedstock_patches: bool) -> CondaForgeRecipe:
+    """The recipe built from the user's --source (its identity), with the user's patches (their sha256) and, if
+    asked, the feedstock's: other settings, so other build strings."""
+    return with_build_strings(dataclasses.replace(recipe, source_identity=source_identity, patch_digests=digests,
                                                   applies_feedstock_patches=feedstock_patches))
 
 
