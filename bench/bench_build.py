@@ -48,7 +48,7 @@ def _resume_rows(tmp: Path) -> list[Row]:
     from torchforge.recipe import pytorch_context
     from torchforge.render import RecipeFormat, render_files
 
-    request = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", PY, "--source", str(FIXTURE)]
+    request = ["--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", PY, "--source", str(FIXTURE)]
     (variant,) = plan(Selection.from_flags("2.9.0", "cpu", PY, None, Options(source=str(FIXTURE)))).variants
     recipe = render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]
     stubs = tmp / "stubs"

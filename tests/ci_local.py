@@ -150,7 +150,7 @@ def scratch_repository(cuda: bool) -> dict[str, str]:
     shutil.move(SHARED / "torchforge.toml", REPO / "torchforge.toml")
     (REPO / "ci").mkdir()
     (REPO / CHECK_SCRIPT).write_text(CHECK)
-    flags = ["--pytorch", PYTORCH, "--cuda", accels, "--py", "3.11", "--source", "fixtures/torch_heavy", "--env", FIXTURE_ENV,
+    flags = ["--pytorch", PYTORCH, "--flavour", "official", "--cuda", accels, "--py", "3.11", "--source", "fixtures/torch_heavy", "--env", FIXTURE_ENV,
              "--upload-to", CHANNEL.as_uri(), "--config", "torchforge.toml", "--test-script", CHECK_SCRIPT,
              *cuda_flags, *(["fixtures/magma_like", "--skip-preflight"] if cuda else [])]
     # --skip-preflight with CUDA: the image holds this machine's toolkit, which has no cuBLAS/cuSPARSE, and the

@@ -14,7 +14,7 @@ import pytest
 from tests.test_torch_like import FIXTURE
 from torchforge.cli import main
 
-BUILD = ["build", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--source", str(FIXTURE)]
+BUILD = ["build", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11", "--source", str(FIXTURE)]
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

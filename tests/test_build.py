@@ -196,7 +196,7 @@ def test_a_failure_counts_the_planned_packages_not_only_the_attempted(tmp_path: 
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     # Four steps (pytorch-mutex, pytorch-cuda, magma-cuda126, pytorch): magma fails (nvcc is 13.0) and, without
     # --keep-going, its pytorch is never attempted.
-    code = main(["build", "--pytorch", "2.13.0", "--cuda", "12.6", "--py", "3.12", "--magma-source", str(FIXTURE),
+    code = main(["build", "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "12.6", "--py", "3.12", "--magma-source", str(FIXTURE),
                  "--source", str(FIXTURE), "--skip-preflight", "--out", str(tmp_path / "channel")])
     assert code == 6
     err = " ".join(capsys.readouterr().err.split())
@@ -221,7 +221,7 @@ def test_pytorch_waits_for_its_magma_and_keep_going_continues(tmp_path: Path, ca
     """CUDA 12.6 magma fails (nvcc mismatch) so its pytorch is skipped; the cpu variant is still attempted."""
     if nvcc_release() is None:
         pytest.skip("needs nvcc")
-    code = main(["build", "--pytorch", "2.13.0", "--cuda", "12.6,cpu", "--py", "3.12", "--keep-going",
+    code = main(["build", "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "12.6,cpu", "--py", "3.12", "--keep-going",
                  "--magma-source", str(FIXTURE), "--source", str(tmp_path / "no-such-source"),
                  "--skip-preflight", "--out", str(tmp_path / "channel")])
     assert code == 6

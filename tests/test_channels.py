@@ -80,7 +80,7 @@ def test_dry_run_commands_of_both_engines_carry_the_channels(tmp_path: Path, cap
                                                              era: str) -> None:
     (pytorch, accel, python, platform), expected = ERAS[era]
     out = tmp_path / "out"
-    request = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--platform", platform, "--out", str(out),
+    request = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "--platform", platform, "--out", str(out),
                "-c", "file:///srv/extra"]
     if platform != "linux-64":  # a dry run refuses a platform this host cannot build, unless preflight is skipped
         request.append("--skip-preflight")
@@ -305,14 +305,14 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     monkeypatch.setenv("PATH", str(only_podman))
     request = ["--dry-run", "--container", "--py", "3.12", "--out", str(tmp_path / "out")]
     # CUDA 13.2 (2.12+) has no image with a source: refused before anything runs, naming the fix
-    assert main(["build", *request, "--pytorch", "2.12.0", "--cuda", "13.2"]) == ExitCode.USAGE
+    assert main(["build", *request, "--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2"]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert "no build image is known for CUDA 13.2" in err and '[images."13.2"]' in err and "[dry-run]" not in err
     # a site image without conda-build is refused; named as a base, it is derived instead
     config = tmp_path / "no-conda.toml"
     config.write_text('[images."12.8"]\nimage = "registry.example/cuda:12.8"\ncuda_home = "/usr/local/cuda-12.8"\n'
                       'conda_build = false\n')
-    assert main(["build", *request, "--pytorch", "2.9.0", "--cuda", "12.8", "--config", str(config)]) == ExitCode.TOOL_MISSING
+    assert main(["build", *request, "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8", "--config", str(config)]) == ExitCode.TOOL_MISSING
     assert "has no conda-build" in capsys.readouterr().err
     assert main(["build", *request, "--cuda", "cpu", "--engine", "rattler-build"]) == ExitCode.USAGE
     assert "--container runs conda-build" in capsys.readouterr().err
@@ -321,7 +321,7 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
     # a site names its own image for a CUDA version the data has none for
     config = tmp_path / "site.toml"
     config.write_text('[images."13.2"]\nimage = "registry.example/builder:cuda13.2"\ncuda_home = "/usr/local/cuda-13.2"\n')
-    code = main(["build", *request, "--pytorch", "2.12.0", "--cuda", "13.2", "--config", str(config)])
+    code = main(["build", *request, "--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--config", str(config)])
     assert code == 0
     assert "registry.example/builder:cuda13.2 conda build" in capsys.readouterr().err
 
@@ -334,7 +334,7 @@ def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: s
     (pytorch, accel, python, _), expected = ERAS[era]
     image = containers.image_for(accel)
     assert image is not None
-    args = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "-c", "file:///srv/extra", "--out", str(tmp_path)]
+    args = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "-c", "file:///srv/extra", "--out", str(tmp_path)]
     assert main(["ci", "github", *args]) == 0
     assert main(["ci", "gitlab", *args]) == 0
     github_text = (tmp_path / Provider.GITHUB.path).read_text()
@@ -392,7 +392,7 @@ def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path)
     Path("site.toml").write_text('[images."13.2"]\nimage = "registry.example/builder:cuda13.2"\n'
                                  'cuda_home = "/usr/local/cuda-13.2"\n')
-    args = ["--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12", "--out", "."]
+    args = ["--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--py", "3.12", "--out", "."]
     assert main(["ci", "gitlab", *args]) == ExitCode.USAGE  # no image with a source for 13.2
     assert main(["ci", "gitlab", *args, "--config", "site.toml"]) == 0
     doc = YAML(typ="safe").load(Path(".gitlab-ci.yml").read_text())
@@ -487,7 +487,7 @@ def test_container_dry_run_builds_the_derived_image_before_running_in_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # a dry run needs no client
     out = tmp_path / "out"
-    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12",
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8", "--py", "3.12",
                                      "--out", str(out), "--no-cache")
     assert code == 0, err
     image = containers.load_table().images["12.8"]
@@ -514,19 +514,19 @@ def test_a_site_image_entry_skips_the_derivation(tmp_path: Path, capsys: pytest.
     config = tmp_path / "site.toml"
     config.write_text('[images."12.8"]\nimage = "registry.example/torchforge/builder:cuda12.8"\n'
                       'cuda_home = "/usr/local/cuda-12.8"\nglibc = "2.28"\n')
-    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12",
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8", "--py", "3.12",
                                      "--out", str(tmp_path / "out"), "--config", str(config))
     assert code == 0, err
     assert not any(line.startswith(("docker build", "docker image")) for line in lines)
     assert "registry.example/torchforge/builder:cuda12.8 conda build" in lines[-1]
     # a site `base` is derived like the data's
     config.write_text('[images."13.2"]\nbase = "registry.example/cuda:13.2"\ncuda_home = "/usr/local/cuda-13.2"\n')
-    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--py", "3.12",
                                      "--out", str(tmp_path / "out"), "--config", str(config))
     assert code == 0, err
     assert any(line.startswith("docker build --tag torchforge/builder:cuda13.2-") for line in lines)
     config.write_text('[images."13.2"]\nimage = "a"\nbase = "b"\ncuda_home = "/usr/local/cuda-13.2"\n')
-    assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
+    assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--py", "3.12",
                  "--out", str(tmp_path / "out"), "--config", str(config)]) == ExitCode.USAGE
     assert "exactly one of image" in capsys.readouterr().err
     # keys and cuda_home are checked as the data's are: a CUDA torchforge does not know, a relative toolkit path,
@@ -535,7 +535,7 @@ def test_a_site_image_entry_skips_the_derivation(tmp_path: Path, capsys: pytest.
                          ('[images."13.2"]\nimage = "a"\ncuda_home = "cuda"\n', "cuda_home 'cuda' is not an absolute"),
                          ('[images.cpu]\nimage = "a"\ncuda_home = "/usr/local/cuda"\n', "a cpu image has no cuda_home")):
         config.write_text(entry)
-        assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--cuda", "13.2", "--py", "3.12",
+        assert main(["build", "--dry-run", "--container", "--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--py", "3.12",
                      "--out", str(tmp_path / "refused"), "--config", str(config)]) == ExitCode.USAGE
         err = capsys.readouterr().err
         assert words in err and "key is cpu or a CUDA X.Y" in err and not (tmp_path / "refused").exists()
@@ -572,7 +572,7 @@ def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(
     (variant,) = plan(selection(pytorch, accel, python)).variants
     derived = containers.derivation(accel, image, variant.cudnn or "")  # the same as `torchforge build --container`
     assert derived.cudnn == "9.10.2.21"
-    args = ["--pytorch", pytorch, "--cuda", accel, "--py", python, "--out", str(tmp_path)]
+    args = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "--out", str(tmp_path)]
     assert main(["ci", "github", *args]) == 0 and main(["ci", "gitlab", *args]) == 0
     github = YAML(typ="safe").load((tmp_path / Provider.GITHUB.path).read_text())
     gitlab = YAML(typ="safe").load((tmp_path / Provider.GITLAB.path).read_text())

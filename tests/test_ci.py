@@ -291,9 +291,9 @@ LINT_CASES = {
     "windows": ("--cuda", "cpu,12.4", "--py", "3.11", "--platform", "win-64", "--upload-to", "file:///srv/channel"),
     # the oldest era's image and channels, and a release after 2.5 with an extra channel for every build
     "era-1.8": ("--pytorch", "1.8.1", "--cuda", "11.1,cpu", "--py", "3.9"),
-    "after-2.5-with-channel": ("--pytorch", "2.6.0", "--cuda", "11.8", "--py", "3.12", "-c", "file:///srv/extra"),
+    "after-2.5-with-channel": ("--pytorch", "2.6.0", "--flavour", "official", "--cuda", "11.8", "--py", "3.12", "-c", "file:///srv/extra"),
     # AlmaLinux 8 bases (glibc 2.28): `container:` jobs whose first step derives conda-build into the base
-    "derived-12.8-and-13.0": ("--pytorch", "2.9.0", "--cuda", "12.8,13.0", "--py", "3.12",
+    "derived-12.8-and-13.0": ("--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8,13.0", "--py", "3.12",
                               "--upload-to", "file:///srv/channel"),
     "options": ("--cuda", "12.4", "--py", "3.12", "--arch-list", "8.0;9.0", "--build-number", "2", "--debug",
                 "--env", "USE_NCCL=0", "--env", "NOTE=two words", "--upload-to", "quetz+https://q.example/ch"),
@@ -396,7 +396,7 @@ def test_replaces_own_file_but_not_a_foreign_one(tmp_path: Path, capsys: pytest.
 def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
     """CUDA tests on the GPU runner (ci.toml, torchforge.toml [ci] gpu_runner, --gpu-runner, in that order of
     precedence), CPU tests where they were built; --test-script replaces the smoke check."""
-    args = ("--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.12", "--upload-to", "quetz+https://q.example/ch")
+    args = ("--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu,13.0", "--py", "3.12", "--upload-to", "quetz+https://q.example/ch")
     code, path = ci(tmp_path / "a", Provider.GITLAB, *args)
     assert code == 0
     doc = load(path)
@@ -430,7 +430,7 @@ def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
 
 
 def test_staging_label_then_promote_for_a_directory_channel(tmp_path: Path) -> None:
-    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12",
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.12",
                     "--upload-to", "file:///srv/channel")
     assert code == 0
     doc = load(path)
@@ -478,7 +478,7 @@ def test_smoke_check_arch_coverage() -> None:
 
 
 def test_skip_preflight_reaches_every_build_job_and_nothing_else(tmp_path: Path) -> None:
-    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.12",
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu,13.0", "--py", "3.12",
                     "--skip-preflight")
     assert code == 0
     graph, commands = gitlab_graph(load(path))
@@ -497,7 +497,7 @@ def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_cach
     for name in ("magma_like", "torch_like"):
         shutil.copytree(fixtures / name, tmp_path / name)
     monkeypatch.chdir(tmp_path)
-    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu,13.0", "--py", "3.11",
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu,13.0", "--py", "3.11",
                     "--arch-list", "8.0;9.0", "--source", "torch_like", "--magma-source", "magma_like")
     assert code == 0
     doc = load(path)
@@ -518,3 +518,20 @@ def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_cach
         assert "fills " + doc[job]["cache"]["key"].removeprefix("ccache-") in text, job
         planned |= set(re.findall(r"\b((?:magma-cuda\d+|pytorch)-[\d.]+-\S+_\d+)\b", text))
     assert installed and installed <= planned, (installed, planned)
+
+
+def test_ci_writes_the_official_flavours_jobs_and_pins_the_flavour_where_build_would_default_to_another(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """2.6+ builds the conda-forge flavour by default; ci writes official-flavour jobs only, so it refuses the default
+    and, asked for --flavour official, every build job (and the regenerate line) says so: the job builds what the
+    pipeline was written for."""
+    code, path = ci(tmp_path / "a", Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12")
+    assert code == ExitCode.USAGE and not path.exists()
+    assert "add --flavour official" in " ".join(capsys.readouterr().err.split())
+    code, path = ci(tmp_path / "b", Provider.GITLAB, "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu",
+                    "--py", "3.12")
+    text = path.read_text()
+    builds = [line for line in text.splitlines() if "torchforge build " in line]
+    assert code == 0 and builds and all("--flavour official" in line for line in builds)
+    code, path = ci(tmp_path / "c", Provider.GITLAB, "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12")
+    assert code == 0 and "--flavour" not in path.read_text()  # official is 2.5's default: nothing to pin

@@ -32,7 +32,7 @@ def test_matrix_shows_refused_variants_and_exits_non_zero(capsys: pytest.Capture
 
 
 def test_render_refusal_exit_code_and_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["render", "--cuda", "13.0", "--py", "3.12", "--pytorch", "2.9.0", "--arch-list", "6.1", "--out", str(tmp_path / "r")])
+    code = main(["render", "--cuda", "13.0", "--py", "3.12", "--pytorch", "2.9.0", "--flavour", "official", "--arch-list", "6.1", "--out", str(tmp_path / "r")])
     assert code == 4
     err = capsys.readouterr().err
     assert "GPU arch 6.1 is outside what nvcc 13.0 accepts" in err and "what would work" in err
@@ -78,7 +78,7 @@ MAGMA_LIKE = Path(__file__).parent / "fixtures" / "magma_like"  # its include/ma
 
 def test_a_magma_source_of_a_version_the_pytorch_release_rejects_is_refused(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["render", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--magma-source", str(MAGMA_LIKE),
+    code = main(["render", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "13.0", "--py", "3.12", "--magma-source", str(MAGMA_LIKE),
                  "--out", str(tmp_path / "out")])
     assert code == 4
     err = capsys.readouterr().err
@@ -95,7 +95,7 @@ def test_a_magma_source_whose_version_cannot_be_read_is_a_usage_error(kind: str,
         (source / "include").mkdir(parents=True)
     if kind == "no-version":
         (source / "include" / "magma_types.h").write_text("#define MAGMA_VERSION_MAJOR 2\n")
-    code = main(["render", "--pytorch", "2.9.0", "--cuda", "13.0", "--magma-source", str(source), "--out", str(tmp_path / "o")])
+    code = main(["render", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "13.0", "--magma-source", str(source), "--out", str(tmp_path / "o")])
     assert code == 2
     err = capsys.readouterr().err
     expected = {"missing": "does not exist", "not-magma": "has no include/magma_types.h: it is not a MAGMA source tree",
@@ -126,6 +126,8 @@ def test_magma_only_prints_no_pytorch_warnings(tmp_path: Path, capsys: pytest.Ca
     assert code == 0, err
     assert "warning: magma-cuda128-2.6.1-linux_64" in err
     assert "warning: pytorch-" not in err
+    # magma-cudaXYZ is the official flavour's package, whatever the release's default flavour
+    assert "flavour official: --magma-only builds the official flavour's magma-cudaXYZ" in err
 
 
 def test_help_shows_the_defaults_of_cuda_and_py_from_the_data(capsys: pytest.CaptureFixture[str]) -> None:

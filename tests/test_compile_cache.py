@@ -293,7 +293,7 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
     out = tmp_path / "channel"
     config = tmp_path / "torchforge.toml"
     config.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
-    argv = [sys.executable, "-m", "torchforge.cli", "build", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11",
+    argv = [sys.executable, "-m", "torchforge.cli", "build", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11",
             "--source", str(FIXTURE), "--env", "TORCH_HEAVY_TUS=8", "--out", str(out), "--config", str(config),
             "--skip-preflight", "--engine", "rattler-build"]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -100,7 +100,7 @@ def conda_env(conda_tool: CondaTool, tmp_path: Path, monkeypatch: pytest.MonkeyP
 TORCH_LIKE, MAGMA_LIKE = str(FIXTURES / "torch_like"), str(FIXTURES / "magma_like")
 # PyTorch 2.13 accepts MAGMA 2.10, which magma_like stands for.
 PYTORCH = "2.13.0"
-COMMON = ["--engine", "conda-build", "--pytorch", PYTORCH, "--py", "3.11", "--source", TORCH_LIKE, "--skip-preflight"]
+COMMON = ["--engine", "conda-build", "--pytorch", PYTORCH, "--flavour", "official", "--py", "3.11", "--source", TORCH_LIKE, "--skip-preflight"]
 CUDA_ARGS = [*COMMON, "--cuda", NVCC_RELEASE, "--arch-list", "8.0;9.0", "--magma-source", MAGMA_LIKE]
 CPU_ARGS = [*COMMON, "--cuda", "cpu"]
 

@@ -5,6 +5,8 @@ never built changes exactly the values that should change; bad requests are refu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -30,12 +32,12 @@ def _pin(function: str):  # conda-build's Jinja functions, written back in the d
     return call
 
 
-def rendered_meta(files: dict[str, str], pkg_hash: str = "HASH", conda_py: str = "312") -> dict:
+def rendered_meta(files: dict[str, str], conda_py: str = "312") -> dict:
     """meta.yaml as conda-build reads it: Jinja first (functions in the data's notation), then YAML."""
     text = jinja2.Template(files["meta.yaml"]).render(
         pin_subpackage=_pin("pin_subpackage"), pin_compatible=_pin("pin_compatible"),
         compiler=lambda lang: f"compiler {lang}", stdlib=lambda lang: f"stdlib {lang}",
-        PKG_HASH=pkg_hash, CONDA_PY=conda_py, torch_cuda_arch_list="ARCH")
+        CONDA_PY=conda_py, torch_cuda_arch_list="ARCH")
     return YAML(typ="safe").load(text)
 
 
@@ -109,10 +111,15 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
             assert actual == expected_specs(version, platform, output, key, cuda, build), (output, key)
     pytorch_run = output_requirements(meta)["pytorch"]["run"]
     assert ("__cuda" in pytorch_run) == (cuda is not None)
-    # build strings: conda-forge's words plus the marker, never conda-forge's own string
+    # build strings: conda-forge's words plus the marker, never conda-forge's own string; where conda-build puts
+    # its hash, torchforge's digest of the recipe's settings (so the pipeline knows every name before a build)
     word = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
-    assert meta["build"]["string"] == f"{word}_{blas}_{marker}_hHASH_{build}"
-    assert meta["outputs"][1]["build"]["string"] == f"{word}_{blas}_{marker}_py312_hHASH_{build}"
+    digest = hashlib.sha256(recipe.settings.encode()).hexdigest()[:7]
+    assert meta["build"]["string"] == f"{word}_{blas}_{marker}_h{digest}_{build}" == recipe.build_string("libtorch")
+    assert meta["outputs"][1]["build"]["string"] == f"{word}_{blas}_{marker}_py312_h{digest}_{build}" \
+        == recipe.build_string("pytorch", "3.12")
+    assert [json.loads(recipe.settings)[k] for k in ("feedstock", "cuda", "arch_list", "blas", "build_number")] == \
+        [release.commit, cuda or "cpu", jobs.arch_list[cuda].value if cuda else "", blas, build]
     # the environment of build.sh: every export the feedstock makes for this job, with its value
     env = exported(files["build.sh"])
     wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in jobs.recipe.env
@@ -171,8 +178,29 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.9" not in custom["libtorch.host"]
     assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
     assert custom["config.c_compiler_version"] == ("13",) and feedstock["config.c_compiler_version"] == ("14",)
-    assert custom["string.pytorch"] == "cuda124_mkl_torchforge_py312_hHASH_301"
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_301", str(custom["string.pytorch"]))
+    # the arch list alone changes every build string (torchforge's digest of the settings), nothing else
+    other = _values("2.9.1", "12.4", "7.0;8.6;9.0")
+    assert {k for k in custom if custom[k] != other[k]} == {
+        "env.TORCH_CUDA_ARCH_LIST", "activate", "config.torch_cuda_arch_list",
+        "string.libtorch", "string.pytorch", "string.pytorch-gpu"}
     assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_301" in custom["libtorch.run_constrained"]
+
+
+def test_planned_outputs_are_libtorch_pytorch_per_python_and_the_metapackage_with_one_digest() -> None:
+    recipe = conda_forge.plan("2.9.1", "linux-aarch64", "12.9", None, ("3.11", "3.12"))
+    planned = recipe.planned_outputs()
+    digest = conda_forge.settings_digest(recipe.settings)
+    assert [(p.name, p.python, p.subdir) for p in planned] == [
+        ("libtorch", None, "linux-aarch64"), ("pytorch", "3.11", "linux-aarch64"), ("pytorch", "3.12", "linux-aarch64"),
+        ("pytorch-gpu", None, "linux-aarch64")]
+    assert [p.stem for p in planned] == [
+        f"libtorch-2.9.1-cuda129_generic_torchforge_h{digest}_{recipe.build_number}",
+        f"pytorch-2.9.1-cuda129_generic_torchforge_py311_h{digest}_{recipe.build_number}",
+        f"pytorch-2.9.1-cuda129_generic_torchforge_py312_h{digest}_{recipe.build_number}",
+        f"pytorch-gpu-2.9.1-cuda129_generic_torchforge_h{digest}_{recipe.build_number}"]
+    with pytest.raises(ValueError):
+        recipe.build_string("pytorch")  # per Python: which one must be said
 
 
 def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
@@ -193,7 +221,7 @@ def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
     (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "5.0;8.6"], "is not an arch nvcc 13.0 builds"),
     (["--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.9"], "not 3.9"),
     (["--pytorch", "2.9.1", "--platform", "osx-arm64"], "not osx-arm64"),
-    (["--pytorch", "2.9.1", "--format", "rattler-build"], "conda-build recipes only"),
+    (["--pytorch", "2.9.1", "--platform", "win-64", "--format", "rattler-build"], "win-64 recipes for conda-build only"),
     (["--pytorch", "2.9.1", "--cuda", "12.4,12.6", "--arch-list", "8.0"], "ambiguous"),
     (["--pytorch", "2.9.1", "--jetson", "orin", "--env", "USE_NCCL=0"], "--jetson, --env apply to --flavour official only"),
     (["--pytorch", "2.9.1", "--companions"], "--companions applies to --flavour official only"),
@@ -220,10 +248,86 @@ def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
     assert main(["matrix", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--json"]) == 0
     rows = __import__("json").loads(capsys.readouterr().out)
     assert [r["cuda"] for r in rows] == ["12.9", "13.0", "cpu"]
-    assert rows[0]["outputs"] == {"libtorch": "cuda129_mkl_torchforge", "pytorch": "cuda129_mkl_torchforge_pyXY",
-                                  "pytorch-gpu": "cuda129_mkl_torchforge"}
+    recipe = conda_forge.plan("2.13.0", "linux-64", "12.9")
+    suffix = f"h{conda_forge.settings_digest(recipe.settings)}_{recipe.build_number}"
+    assert rows[0]["outputs"] == {"libtorch": f"cuda129_mkl_torchforge_{suffix}",
+                                  "pytorch": f"cuda129_mkl_torchforge_pyXY_{suffix}",
+                                  "pytorch-gpu": f"cuda129_mkl_torchforge_{suffix}"}
+    assert rows[0]["packages"] == [p.stem for p in recipe.planned_outputs()]
+    assert len(rows[0]["packages"]) == 2 + len(recipe.pythons)
     assert rows[0]["channel"] == "https://conda.anaconda.org/conda-forge"
     assert rows[0]["magma"] == "libmagma-devel" and rows[2]["magma"] is None  # conda-forge's libmagma, CUDA only
+
+
+@pytest.mark.parametrize(("args", "flavour", "why"), [
+    (["--pytorch", "2.13.0"], "conda-forge", "flavour conda-forge: PyTorch 2.13.0 published no official conda package"),
+    (["--pytorch", "2.6.0"], "conda-forge", "flavour conda-forge: PyTorch 2.6.0 published no official conda package"),
+    (["--pytorch", "2.13.0", "--flavour", "official"], "official", "flavour official (--flavour)"),
+    (["--pytorch", "2.5.1"], "official", "flavour official: PyTorch 2.5.1 published official conda packages"),
+    ([], "official", "flavour official: no --pytorch given"),
+])
+def test_the_flavour_defaults_to_conda_forge_where_no_official_conda_package_exists_and_says_why(
+        args: list[str], flavour: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["matrix", *args, "--cuda", "cpu", "--py", "3.12", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert why in " ".join(captured.err.split())
+    assert all(("flavour" in r and r["flavour"] == "conda-forge") == (flavour == "conda-forge") for r in rows)
+    assert main(["render", *args, "--cuda", "cpu", "--py", "3.12", "--out", str(tmp_path / "r")]) == 0
+    meta = next((tmp_path / "r").glob("*/meta.yaml")).read_text()
+    assert ("torchforge_flavour: conda-forge" in meta) == (flavour == "conda-forge")
+    assert why in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_patch_is_part_of_the_settings_so_a_patched_build_is_another_package(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--patch and --feedstock-patches change the binary: the recorded settings name them (the patch by its sha256),
+    so the build strings differ and a rerun with another patch never reuses the unpatched packages."""
+    import hashlib
+
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n")
+    plain = conda_forge.plan("2.9.1", "linux-64", "cpu", None, ("3.12",))
+    ran = [main(["render", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--out", str(tmp_path / name),
+                 *extra]) for name, extra in (("plain", []), ("patched", ["--patch", str(patch)]),
+                                              ("feedstock", ["--feedstock-patches"]))]
+    assert ran == [0, 0, 0]
+    metas = {name: rendered_meta({"meta.yaml": (tmp_path / name / plain.id / "meta.yaml").read_text()})
+             for name in ("plain", "patched", "feedstock")}
+    settings = {name: json.loads(meta["extra"]["torchforge_settings"]) for name, meta in metas.items()}
+    assert settings["plain"] == json.loads(plain.settings)
+    assert settings["patched"] == {**settings["plain"], "patch": [hashlib.sha256(patch.read_bytes()).hexdigest()]}
+    assert settings["feedstock"] == {**settings["plain"], "feedstock_patches": True}
+    strings = {name: meta["build"]["string"] for name, meta in metas.items()}
+    assert strings["plain"] == plain.build_string("libtorch") and len(set(strings.values())) == 3
+    capsys.readouterr()
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--patch", str(patch),
+                 "--out", str(tmp_path / "ch"), "--dry-run"]) == 0
+    assert strings["patched"] in capsys.readouterr().err and not (tmp_path / "ch").exists()
+
+
+def test_a_local_source_is_part_of_the_settings_and_an_edit_of_it_is_another_package(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchforge import sourcestate
+
+    source = tmp_path / "pytorch"
+    source.mkdir()
+    (source / "setup.py").write_text("print('v1')\n")
+
+    def planned() -> tuple[dict, str]:
+        assert main(["render", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--source", str(source),
+                     "--out", str(tmp_path / "r"), "--force"]) == 0
+        meta = rendered_meta({"meta.yaml": next((tmp_path / "r").glob("*/meta.yaml")).read_text()})
+        return json.loads(meta["extra"]["torchforge_settings"]), meta["build"]["string"]
+
+    first, first_string = planned()
+    assert first["source"] == sourcestate.identity(str(source)) and first["source"].startswith("sha256:")
+    assert planned() == (first, first_string)  # the same tree: the same package
+    (source / "setup.py").write_text("print('v2')\n")
+    second, second_string = planned()
+    assert second["source"] != first["source"] and second_string != first_string
 
 
 def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(tmp_path: Path) -> None:
@@ -247,6 +351,8 @@ def test_the_activation_script_exports_the_arch_list_and_deactivation_restores(t
 RENDERED = [("2.6.0", "12.6", None), ("2.13.0", "13.0", None), ("2.13.0", "cpu", None),
             ("2.9.1", "12.4", "7.0;8.6"), ("2.9.1", "12.4", "8.0")]
 WITH_FEEDSTOCK_PATCHES = {("2.13.0", "cpu", None)}  # the patches as downloaded sources: conda-build takes the list
+# two Pythons: one libtorch, a pytorch per Python and one metapackage, exactly as planned
+PYTHONS = {("2.6.0", "12.6", None): ("3.11", "3.12")}
 
 
 def stand_in_specs(files: dict[str, str], own: set[str]) -> set[str]:
@@ -289,7 +395,7 @@ def conda_renders(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cf-render")
     recipes, specs = {}, set()
     for version, accel, arch in RENDERED:
-        recipe = conda_forge.plan(version, "linux-64", accel, arch, ("3.12",))
+        recipe = conda_forge.plan(version, "linux-64", accel, arch, PYTHONS.get((version, accel, arch), ("3.12",)))
         files = conda_forge.recipe_files(recipe, SOURCE,
                                          feedstock_patches=(version, accel, arch) in WITH_FEEDSTOCK_PATCHES)
         folder = root / "recipes" / recipe.id
@@ -312,13 +418,12 @@ def conda_render(conda_renders, case: tuple[str, str, str | None]) -> list[str]:
                        "-c", f"file://{root / 'stubs'}", "--output")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     packages = [Path(line).name.removesuffix(".conda") for line in result.stdout.split() if line.endswith(".conda")]
+    # exactly the names the pipeline plans, in the same order
+    assert packages == [p.stem for p in recipe.planned_outputs()], packages
+    assert len(packages) == 2 + len(recipe.pythons)
     word = f"cuda{recipe.cuda.replace('.', '')}" if recipe.cuda else "cpu"
-    meta_name = "pytorch-gpu" if recipe.cuda else "pytorch-cpu"
-    stem = rf"{re.escape(recipe.version)}-{word}_mkl_torchforge"
-    patterns = [rf"libtorch-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}",
-                rf"pytorch-{stem}_py312_h[0-9a-f]{{7}}_{recipe.build_number}",
-                rf"{meta_name}-{stem}_h[0-9a-f]{{7}}_{recipe.build_number}"]
-    assert len(packages) == 3 and all(re.fullmatch(p, n) for p, n in zip(patterns, packages)), packages
+    assert packages[-1] == (f"{'pytorch-gpu' if recipe.cuda else 'pytorch-cpu'}-{recipe.version}-{word}_mkl_torchforge_"
+                           f"h{conda_forge.settings_digest(recipe.settings)}_{recipe.build_number}")
     return packages
 
 
@@ -407,10 +512,44 @@ def test_golden(case: str) -> None:
             assert content == (GOLDEN / case / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
 
 
-def test_build_says_it_does_not_build_the_flavour_yet_and_what_would_work(
+def test_build_dry_run_plans_one_step_of_every_output_and_prints_the_conda_build_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["build", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--out", str(tmp_path / "ch")]) == 2
-    assert "render it with `torchforge render --flavour conda-forge" in capsys.readouterr().err.replace("\n", " ")
+    out = tmp_path / "ch"
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "12.4", "--arch-list", "7.0;8.6", "--py", "3.11,3.12",
+                 "--engine", "conda-build", "--out", str(out), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    recipe = conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.11", "3.12"))
+    flat = " ".join(err.split())
+    assert "flavour conda-forge: PyTorch 2.9.1 published no official conda package" in flat
+    assert all(p.stem in err for p in recipe.planned_outputs()) and len(recipe.planned_outputs()) == 4
+    staging = out / f".torchforge-tmp-staging-{recipe.id}"
+    assert (f"[dry-run] conda build {out}/recipes/{recipe.id} --output-folder {staging} -c file://{out.resolve()} "
+            "-c https://conda.anaconda.org/conda-forge --override-channels --no-anaconda-upload") in flat
+    assert "pytorch/" not in err and "nvidia" not in err and not out.exists()
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["--flavour", "conda-forge", "--magma-only"], 2, "--magma-only applies to --flavour official only"),
+    (["--container"], 2, "--container applies to --flavour official only"),
+    (["--cache", "somewhere"], 2, "--cache applies to --flavour official only"),
+    (["--flavour", "official", "--feedstock-patches"], 2, "--feedstock-patches applies to --flavour conda-forge only"),
+])
+def test_build_refuses_what_the_flavour_cannot_do_and_says_what_would_work(
+        args: list[str], code: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--out", str(tmp_path / "ch"), *args]) == code
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "ch").exists()
+
+
+def test_build_without_conda_build_says_so_and_builds_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
+    asked = ["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--engine", "conda-build", "--out", str(tmp_path / "ch")]
+    assert main([*asked, "--skip-preflight"]) == 5
+    assert "the conda-build engine is not available here" in " ".join(capsys.readouterr().err.split())
+    assert main(asked) == 9  # preflight
+    assert "--engine conda-build cannot build the conda-forge flavour's recipes here" in " ".join(
+        capsys.readouterr().err.split())
     assert not (tmp_path / "ch").exists()
 
 
@@ -446,7 +585,7 @@ def channel_of_rendered_outputs(channel: Path, recipes: list[conda_forge.CondaFo
 
     stand_ins: set[str] = set()
     for recipe in recipes:
-        meta = rendered_meta(conda_forge.recipe_files(recipe, SOURCE), pkg_hash="1234567", conda_py="311")
+        meta = rendered_meta(conda_forge.recipe_files(recipe, SOURCE), conda_py="311")
         libtorch_string = meta["build"]["string"]
         for output in meta["outputs"]:
             fields = meta if output["name"] == "libtorch" else output
@@ -486,11 +625,13 @@ def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackag
     channel_of_rendered_outputs(tmp_path / "channel", recipes)
 
     no_gpu = solve(tmp_path / "channel", ["pytorch"], None)
-    assert no_gpu["pytorch"] == "cpu_mkl_torchforge_py311_h1234567_101"
-    assert no_gpu["libtorch"] == "cpu_mkl_torchforge_h1234567_101"
+    assert re.fullmatch(r"cpu_mkl_torchforge_py311_h[0-9a-f]{7}_101", no_gpu["pytorch"])
+    assert no_gpu["pytorch"] == recipes[1].build_string("pytorch", "3.11")
+    assert no_gpu["libtorch"] == recipes[1].build_string("libtorch")
     gpu = solve(tmp_path / "channel", ["pytorch"], "12.4")  # +200: preferred wherever __cuda is
-    assert gpu["pytorch"] == "cuda124_mkl_torchforge_py311_h1234567_301"
-    assert gpu["libtorch"] == "cuda124_mkl_torchforge_h1234567_301"
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py311_h[0-9a-f]{7}_301", gpu["pytorch"])
+    assert gpu["pytorch"] == recipes[0].build_string("pytorch", "3.11")
+    assert gpu["libtorch"] == recipes[0].build_string("libtorch")
     # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out
     assert solve(tmp_path / "channel", ["pytorch", "pytorch-cpu"], "12.4")["pytorch"].startswith("cpu_mkl_torchforge_")
     assert solve(tmp_path / "channel", ["pytorch-gpu"], "12.4")["pytorch"].startswith("cuda124_mkl_torchforge_")
@@ -511,7 +652,7 @@ def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: 
     assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags"]
 
 
-def test_doctor_shows_the_flavour_and_its_channel_and_needs_conda_build(
+def test_doctor_shows_the_flavour_its_channel_and_the_engine_that_builds_it(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
@@ -519,15 +660,41 @@ def test_doctor_shows_the_flavour_and_its_channel_and_needs_conda_build(
 
     machine_path = __import__("os").environ["PATH"]
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
-    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 9
+    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--engine", "conda-build",
+                 "--json"]) == 9
     captured = capsys.readouterr()
     checks = {c["check"]: c for c in json.loads(captured.out)}
     assert checks["channel"]["detail"].startswith("https://conda.anaconda.org/conda-forge")
     assert checks["magma"]["detail"].startswith("libmagma from conda-forge")
-    assert checks["conda-build"]["ok"] is False and "conda-build is needed" in captured.err
+    assert checks["engine"]["ok"] is False and "conda-build is needed" in captured.err
+    # without conda-build, the default engine is the embedded one, which builds this flavour's recipe.yaml
+    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["engine"]["ok"] is True and checks["engine"]["detail"].startswith("the embedded rattler-build engine")
     tool = find_conda_tool()
     if tool is None:
         pytest.skip(HOW_TO_GET_ONE)
     monkeypatch.setenv("PATH", f"{tool.path_prefix}:/usr/bin:/bin" if tool.path_prefix else machine_path)
-    assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0
-    assert {c["check"]: c for c in json.loads(capsys.readouterr().out)}["conda-build"]["detail"].startswith("conda-build 26.")
+    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0  # the flavour of 2.9.1 by default
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["engine"]["detail"].startswith("conda-build 26.")
+    assert checks["flavour"]["detail"] == "conda-forge: 1 recipe(s), libtorch-2.9.1-cpu-linux_64"
+    assert "no pytorch, nvidia or defaults channel, no companion packages" in checks["channel"]["detail"]
+
+
+def test_doctor_and_build_show_the_site_configs_channel_in_place_of_conda_forges(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    site = tmp_path / "torchforge.toml"
+    site.write_text('[channels]\nreplace = ["file:///srv/conda-forge-mirror"]\n')
+    main(["doctor", "--pytorch", "2.13.0", "--cuda", "cpu", "--json", "--config", str(site)])
+    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    assert checks["channel"]["detail"].startswith(
+        "file:///srv/conda-forge-mirror (the site config's for https://conda.anaconda.org/conda-forge)")
+    out = tmp_path / "ch"
+    assert main(["build", "--pytorch", "2.13.0", "--cuda", "cpu", "--dry-run", "--config", str(site),
+                 "--out", str(out)]) == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[dry-run] conda build")]
+    assert len(printed) == 1 and printed[0].endswith(
+        f"-c file://{out.resolve()} -c file:///srv/conda-forge-mirror --override-channels --no-anaconda-upload")

@@ -65,10 +65,8 @@ def test_libtorch_builds_with_the_first_chosen_python_when_the_feedstocks_is_lef
 
 
 def built_string_pattern(recipe: conda_forge.CondaForgeRecipe, name: str, python: str | None) -> str:
-    """The build string an engine gives output `name` for Python X.Y: the planned words, then the engine's hash
-    where meta.yaml has conda-build's PKG_HASH, then the build number."""
-    words = recipe.output(name).build_string.replace("{{ CONDA_PY }}", (python or "").replace(".", ""))
-    return rf"{re.escape(words)}_h[0-9a-f]{{7}}_{recipe.build_number}"
+    """The build string an engine must give output `name` for Python X.Y: exactly the planned one."""
+    return re.escape(recipe.build_string(name, python if recipe.output(name).per_python else None))
 
 
 def rattler_files(recipe: conda_forge.CondaForgeRecipe, source: Source = SOURCE) -> dict[str, str]:
@@ -394,51 +392,72 @@ def solve_records(channels: list[Path], specs: list[str], cuda_driver: str | Non
                                      platforms=["linux-64", "noarch"], virtual_packages=virtual))
 
 
+def build_arguments(accel: str, arch: str | None, source: Path) -> list[str]:
+    return ["--pytorch", "2.13.0", "--cuda", accel, *(["--arch-list", arch] if arch else []), "--py", PY,
+            "--source", str(source)]
+
+
 @pytest.fixture(scope="module")
 def flavour_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """The fixture's cpu and CUDA 13.0 (arch 9.0) recipes rendered, built by the embedded engine through the
-    Engine interface and the runner, then through the pipeline's RPATH fix-and-audit step: {case: (recipe,
-    stand-in channel, packages)}."""
+    """The fixture's cpu and CUDA 13.0 (arch 9.0) packages built as a user builds them: `torchforge build` (the
+    conda-forge flavour by default for 2.13.0, the embedded engine) against a stand-in channel named in the site
+    config's `[channels] replace`, into one output channel: {case: (recipe, stand-in channel, packages)}."""
     import shutil
 
     from torchforge import standin
-    from torchforge.engines import BuildJob
-    from torchforge.engines.rattler_build import RattlerBuildEngine
-    from torchforge.pipeline import _fix_and_audit
-    from torchforge.proc import Runner
+    from torchforge.commands import flavour as flavour_commands
 
     root = tmp_path_factory.mktemp("cf-split")
     source = copy_fixture(root / "torch_split")
+    out = root / "channel"
+    stubs = root / "stubs"
+    specs: set[str] = set()
+    recipes = {}
+    for case, (accel, arch) in E2E_CASES.items():
+        planned = conda_forge.plan("2.13.0", "linux-64", accel, arch, (PY,))
+        # the build strings hold the source's identity, as `torchforge build --source` plans them
+        (recipes[case],) = flavour_commands.with_inputs((planned,), str(source), [], False)
+        recipe_dir = root / "recipes" / case
+        assert main(["render", *build_arguments(accel, arch, source), "--format", "rattler-build",
+                     "--out", str(recipe_dir)]) == 0
+        specs |= set(rendered_stand_in_specs(recipe_dir / recipes[case].id, {o.name for o in planned.outputs}))
+    standin.make_stub_channel(stubs, sorted(specs), conda_forge=True)
+    config = root / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["{stubs.as_uri()}"]\n')
     built: dict[str, tuple] = {}
     for case, (accel, arch) in E2E_CASES.items():
-        recipe = conda_forge.plan("2.13.0", "linux-64", accel, arch, (PY,))
-        recipe_dir = root / "recipes" / recipe.id
-        recipe_dir.mkdir(parents=True)
-        for name, text in rattler_files(recipe, Source("path", str(source), "")).items():
-            (recipe_dir / name).write_text(text)
-        stubs = root / f"stubs-{case}"
-        standin.make_stub_channel(stubs, rendered_stand_in_specs(recipe_dir, {o.name for o in recipe.outputs}),
-                                  conda_forge=True)
-        staging = root / f"out-{case}"
-        # rattler-build's test of pytorch solves `__cuda` from this machine, which has no GPU: say there is one
-        job = BuildJob(recipe_dir=recipe_dir, staging_dir=staging, channels=(stubs.as_uri(),), python=PY,
-                       env={"CONDA_OVERRIDE_CUDA": "13.0"} if recipe.cuda else {})
-        runner = Runner()
-        result = runner.run(RattlerBuildEngine().command(job), check=False, log_file=root / f"{case}.log")
-        assert result.returncode == 0, result.output[-6000:]
-        packages = sorted((staging / "linux-64").glob("*.conda"))
-        built[case] = (recipe, stubs, [_fix_and_audit(p, runner) for p in packages])
+        # CONDA_OVERRIDE_CUDA is torchforge's to set for a CUDA recipe (this machine has no driver): not set here
+        code = main(["build", *build_arguments(accel, arch, source), "--engine", "rattler-build",
+                     "--config", str(config), "--out", str(out)])
+        assert code == 0, (out / "logs").glob("*.log") and [log.read_text()[-4000:] for log in (out / "logs").glob("*.log")]
+        recipe = recipes[case]
+        built[case] = (recipe, stubs, [out / "linux-64" / f"{p.stem}.conda" for p in recipe.planned_outputs()])
         shutil.rmtree(source / "build", ignore_errors=True)  # each case starts from a clean tree, as a user's would
-    channel = root / "channel"
-    for _, _, packages in built.values():
-        for package in packages:
-            (channel / "linux-64").mkdir(parents=True, exist_ok=True)
-            shutil.copy2(package, channel / "linux-64" / package.name)
-    from torchforge.localchannel import index
-
-    index(channel)
-    built["channel"] = (channel,)
+    built["channel"] = (out,)
     return built
+
+
+@pytest.mark.slow
+def test_a_rebuild_of_the_same_settings_reuses_every_output_and_an_edited_source_is_another_package(
+        flavour_builds, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchforge.commands import flavour as flavour_commands
+
+    (out,) = flavour_builds["channel"]
+    recipe, _, _ = flavour_builds["cpu"]
+    source = out.parent / "torch_split"
+    again = ["build", *build_arguments("cpu", None, source), "--engine", "rattler-build", "--config",
+             str(out.parent / "torchforge.toml"), "--out", str(out), "--dry-run"]
+    capsys.readouterr()
+    assert main(again) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    stems = [p.stem for p in recipe.planned_outputs()]
+    assert f"reuse {', '.join(stems)}" in err and "built with the same settings" in err
+    edited = next((source / "csrc").rglob("*.cpp"))
+    edited.write_text(edited.read_text() + "\n// edited after the build\n")
+    (changed,) = flavour_commands.with_inputs((recipe,), str(source), [], False)
+    assert main(again) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "reuse" not in err and changed.planned_outputs()[0].stem in err and "[dry-run]" in err
 
 
 @pytest.mark.slow

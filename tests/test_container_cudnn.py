@@ -41,7 +41,7 @@ def test_each_cu130_release_derives_an_image_with_its_own_cudnn(
         pytorch: str, cudnn: str) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # a dry run needs no container client
     out = tmp_path / "out"
-    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", pytorch, "--cuda", "13.0", "--py", "3.12",
+    code, lines, err = dry_run_lines(capsys, "--container", "--pytorch", pytorch, "--flavour", "official", "--cuda", "13.0", "--py", "3.12",
                                      "--out", str(out), "--no-cache")
     assert code == 0, err
     (variant,) = plan(selection(pytorch, "13.0", "3.12")).variants
@@ -143,7 +143,7 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     config = _site(tmp_path, '[images."12.8"]\nimage = "registry.example/builder:cuda12.8"\n'
                              'cuda_home = "/usr/local/cuda-12.8"\ncudnn = "9.19.0.56"\n')
-    request = ["--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--config", str(config)]
+    request = ["--container", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8", "--py", "3.12", "--config", str(config)]
     out = tmp_path / "out"
     assert main(["doctor", *request, "--out", str(out), "--json"]) == ExitCode.PREFLIGHT_FAILED
     report = capsys.readouterr().out
@@ -207,7 +207,7 @@ def test_cudnn_checks_per_kind_of_image(tmp_path: Path) -> None:
 def test_an_image_with_the_variants_cudnn_needs_no_extra_step(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
-    request = ["--container", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--out", str(tmp_path / "out")]
+    request = ["--container", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8", "--py", "3.12", "--out", str(tmp_path / "out")]
     # an image used as it is: no derivation, no cuDNN folder to point at
     config = _site(tmp_path, '[images."12.8"]\nimage = "registry.example/b:12.8"\ncuda_home = "/usr/local/cuda-12.8"\n'
                              'cudnn = "9.10.2.21"\n')

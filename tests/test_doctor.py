@@ -59,7 +59,7 @@ def full_toolkit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path, tmp_path: Path) -> None:
     # The machine's CUDA 13.0 without cuBLAS and cuSPARSE, made the same way where the toolkit has them.
     toolkit = make_stand_in_toolkit(tmp_path / "cuda", cublas=False)
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--magma-only",
+    result = cli("doctor", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "13.0", "--py", "3.12", "--magma-only",
                  "--config", str(mirror), env={"CUDA_HOME": str(toolkit)})
     assert result.returncode == 9
     lines = [line for line in result.stdout.splitlines() if "cuBLAS (CUDA 13.0)" in line]
@@ -74,7 +74,7 @@ def test_doctor_fails_for_a_toolkit_with_nvcc_but_no_cublas(mirror: Path, tmp_pa
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0 (the project's machines)")
 def test_doctor_passes_for_the_machines_cuda_with_its_libraries(mirror: Path, full_toolkit: dict[str, str]) -> None:
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--config", str(mirror),
+    result = cli("doctor", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "13.0", "--py", "3.12", "--config", str(mirror),
                  env=full_toolkit)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "cuBLAS (CUDA 13.0)" in result.stdout and "cuDNN (CUDA 13.0)" in result.stdout
@@ -99,7 +99,7 @@ def test_doctor_prints_every_problem_then_exits_9(mirror: Path) -> None:
 
 @pytest.mark.skipif(NVCC_RELEASE != "13.0", reason="needs nvcc 13.0")
 def test_doctor_json_and_jobs_override(mirror: Path, full_toolkit: dict[str, str]) -> None:
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "13.0", "--py", "3.12", "--jobs", "3", "--json",
+    result = cli("doctor", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "13.0", "--py", "3.12", "--jobs", "3", "--json",
                  "--config", str(mirror), env=full_toolkit)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -120,7 +120,7 @@ def test_doctor_names_the_requirement_a_channel_lacks(tmp_path: Path) -> None:
     assert "pyyaml" in wanted
     make_stub_channel(tmp_path / "mirror", [spec for spec in wanted if spec != "pyyaml"], runnable=False)
     config = site_config(tmp_path, tmp_path / "mirror")
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
+    result = cli("doctor", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
                  "--out", str(tmp_path / "out"), "--json")
     assert result.returncode == 9, result.stderr
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
@@ -131,7 +131,7 @@ def test_doctor_names_the_requirement_a_channel_lacks(tmp_path: Path) -> None:
     assert row["detail"] == f"host: no package for pyyaml in file://{tmp_path / 'mirror'}"
     # the same channel with pyyaml added solves
     make_stub_channel(tmp_path / "mirror", ["pyyaml"], runnable=False)
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
+    result = cli("doctor", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11", "--config", str(config),
                  "--out", str(tmp_path / "out"), "--json")
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["requirements (pytorch-2.9.0-cpu-py311-linux_64)"]["status"] == "ok", checks
@@ -140,7 +140,7 @@ def test_doctor_names_the_requirement_a_channel_lacks(tmp_path: Path) -> None:
 def test_doctor_fails_a_folder_that_is_not_an_indexed_channel(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     config = site_config(tmp_path, tmp_path / "empty")
-    result = cli("doctor", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11", "--config", str(config), "--json")
+    result = cli("doctor", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11", "--config", str(config), "--json")
     assert result.returncode == 9
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     row = checks[f"channel file://{tmp_path / 'empty'}"]

@@ -28,8 +28,10 @@ def _package_with_needed(tmp_path: Path, needed: Path) -> Path:
     return _package(tmp_path, "$ORIGIN", link=["-Wl,--no-as-needed", f"-L{needed.parent}", "-lmissing"])
 
 
-def _package(tmp_path: Path, rpath: str | None, link: list[str] | None = None) -> Path:
-    """A conda package with torch/lib/libfixture.so (built by gcc) carrying `rpath`."""
+def _package(tmp_path: Path, rpath: str | None, link: list[str] | None = None, shared_link: bool = False) -> Path:
+    """A conda package with torch/lib/libfixture.so (built by gcc) carrying `rpath`; with `shared_link`, also the
+    symlink torch/lib/libc10.so -> ../../../../libc10.so that the conda-forge flavour's pytorch ships: it resolves
+    only in an environment, where libtorch installs lib/libc10.so, so in the package alone it dangles."""
     stage = tmp_path / "stage"
     lib = stage / SITE / "torch" / "lib"
     lib.mkdir(parents=True)
@@ -43,13 +45,17 @@ def _package(tmp_path: Path, rpath: str | None, link: list[str] | None = None) -
     (stage / "info" / "index.json").write_text(json.dumps({
         "name": "pytorch", "version": "2.9.0", "build": "py3.11_cpu_0", "build_number": 0, "depends": [],
         "subdir": "linux-64", "platform": "linux", "arch": "x86_64", "timestamp": int(time.time() * 1000)}))
-    (stage / "info" / "paths.json").write_text(json.dumps({"paths_version": 1, "paths": [
-        {"_path": relative, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
-         "size_in_bytes": len(data)}]}))
-    (stage / "info" / "files").write_text(relative + "\n")
+    paths = [{"_path": relative, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
+              "size_in_bytes": len(data)}]
+    if shared_link:
+        (lib / "libc10.so").symlink_to("../../../../libc10.so")
+        paths.append({"_path": f"{SITE}/torch/lib/libc10.so", "path_type": "softlink", "sha256": "0" * 64,
+                      "size_in_bytes": 21})
+    (stage / "info" / "paths.json").write_text(json.dumps({"paths_version": 1, "paths": paths}))
+    (stage / "info" / "files").write_text("".join(p["_path"] + "\n" for p in paths))
     out = tmp_path / "out"
     out.mkdir()
-    cph.create(str(stage), [relative, "info/index.json", "info/paths.json", "info/files"],
+    cph.create(str(stage), [p["_path"] for p in paths] + ["info/index.json", "info/paths.json", "info/files"],
                "pytorch-2.9.0-py3.11_cpu_0.conda", out_folder=str(out))
     return out / "pytorch-2.9.0-py3.11_cpu_0.conda"
 
@@ -73,6 +79,23 @@ def test_a_build_machine_rpath_is_fixed_and_paths_json_follows(tmp_path: Path) -
     entry = json.loads((tree / "info" / "paths.json").read_text())["paths"][0]
     assert entry["sha256"] == hashlib.sha256(library.read_bytes()).hexdigest()
     assert entry["size_in_bytes"] == library.stat().st_size
+
+
+def test_a_fix_keeps_a_symlink_that_resolves_only_in_the_environment(tmp_path: Path) -> None:
+    """The conda-forge flavour's pytorch links torch/lib/libc10.so to libtorch's lib/libc10.so: a fix of another
+    library rewrites the archive with the link as it was (its paths.json entry untouched), not a failure."""
+    package = _package(tmp_path, "/usr/local/cuda/lib64", shared_link=True)
+    _fix_and_audit(package, Runner())
+    assert audit(package, Layout.CONDA).ok
+    tree = tmp_path / "check"
+    extract(str(package), str(tree))
+    link = tree / SITE / "torch" / "lib" / "libc10.so"
+    assert link.is_symlink() and str(link.readlink()) == "../../../../libc10.so"
+    entries = json.loads((tree / "info" / "paths.json").read_text())["paths"]
+    assert entries[1] == {"_path": f"{SITE}/torch/lib/libc10.so", "path_type": "softlink", "sha256": "0" * 64,
+                          "size_in_bytes": 21}
+    library = tree / SITE / "torch" / "lib" / "libfixture.so"
+    assert entries[0]["sha256"] == hashlib.sha256(library.read_bytes()).hexdigest()
 
 
 def test_dry_run_prints_the_patchelf_commands_and_never_rewrites(tmp_path: Path) -> None:

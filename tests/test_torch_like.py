@@ -26,7 +26,7 @@ from torchforge.resolve import classify
 from torchforge.variant import Options, Request, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
-REQUEST = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", "3.11"]
+REQUEST = ["--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11"]
 # --source makes a custom build: its build string carries the hash of the settings (torchforge.resolve).
 # A local source is identified by its content or git state (torchforge.sourcestate), as the CLI does.
 SOURCE = Options(source=str(FIXTURE), source_identity=sourcestate.identity(str(FIXTURE)))
@@ -242,7 +242,7 @@ def test_a_bundled_cudnn_other_than_the_build_string_names_stops_the_build(
     selection = Selection.from_flags("2.9.0", "12.8", "3.11", None, Options(source=str(FIXTURE)))
     stubs = stub_channel_for(selection, tmp_path / "stubs")
     out = tmp_path / "channel"
-    code = main(["build", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.11", "--source", str(FIXTURE),
+    code = main(["build", "--pytorch", "2.9.0", "--flavour", "official", "--cuda", "12.8", "--py", "3.11", "--source", str(FIXTURE),
                  "--out", str(out), "--channel", f"file://{stubs}", "--config", str(offline_site(stubs)),
                  "--skip-preflight"])
     assert code != 0

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import Enum
@@ -37,11 +37,13 @@ class Action(str, Enum):
 
 @dataclass(frozen=True)
 class Step:
-    """One package of the plan: built, or reused from the output channel or a --channel."""
+    """One build of the plan: built, or reused from the output channel or a --channel. Most yield one package;
+    a `recipe` step (the conda-forge flavour: libtorch, pytorch per Python, the metapackage) yields several, built
+    by one engine run, checked, audited and published together, and reused only all together."""
 
-    kind: str  # "companion", "magma" or "pytorch"
+    kind: str  # "companion", "magma", "pytorch" or "recipe" (several outputs)
     id: str
-    stem: str  # name-version-build, exactly the file name the engine must produce
+    stem: str  # name-version-build, exactly the file name the engine must produce (a recipe step: its first output)
     subdir: str
     python: str | None
     files: Mapping[str, str | bytes]
@@ -60,6 +62,26 @@ class Step:
     cache_key: str | None = None
     cache_first: str | None = None  # the group's first step to build (it fills the cache); None for that one
     cudnn: str = ""  # the cuDNN a pytorch build bundles (full version): its image must carry exactly that one
+    outputs: tuple[str, ...] = ()  # a recipe step: every package's name-version-build, in build order
+
+    @property
+    def stems(self) -> tuple[str, ...]:
+        """Every package this step yields."""
+        return self.outputs or (self.stem,)
+
+
+@dataclass(frozen=True)
+class PlannedRecipe:
+    """A recipe that yields several packages in one engine run, as its flavour planned it."""
+
+    id: str
+    subdir: str
+    stems: tuple[str, ...]  # every output's name-version-build, in build order
+    settings: str  # JSON the packages record (about.json extra torchforge_settings): the reuse check compares it
+    files: Mapping[str, str | bytes]  # the recipe folder, in the engine's format
+    channels: tuple[str, ...]  # the flavour's channels (the site's replacements and mirrors are applied here)
+    accel: str = "cpu"
+    local_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,7 @@ class BuildSettings:
         return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
 
 
+OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"  # the __cuda virtual package conda and rattler solve with
 KEPT_WORK = ".torchforge-kept"  # under --out: failed builds' work folders, kept by --keep-work
 
 
@@ -103,6 +126,7 @@ class StepResult:
     cache: CacheStats | None = None  # what the compile cache gave this build (None: no cache)
     first_seconds: float | None = None  # wall time of the group's first build, for a later Python
     cold_seconds: float | None = None  # wall time of this package's cold build into the same cache (a rebuild)
+    artifacts: tuple[Path, ...] = ()  # every published package of the step (artifact is the first)
 
 
 def _recorded_settings(archive: Path) -> dict[str, object]:
@@ -130,6 +154,38 @@ def _existing(stem: str, subdir: str, settings: BuildSettings, planned: str | No
         stale = (f"{archive} was built with other settings ({describe_settings(recorded)}; planned: "
                  f"{describe_settings(wanted)}); rebuilding")
     return None, stale
+
+
+def _existing_outputs(stems: tuple[str, ...], subdir: str, settings: BuildSettings, planned: str) -> tuple[str | None, str]:
+    """A recipe of several outputs is reused only when every output exists with the planned settings; otherwise
+    all are rebuilt (one engine run makes them together), and the reason names the first that is missing or stale."""
+    found = [_existing(stem, subdir, settings, planned) for stem in stems]
+    if all(reason for reason, _ in found):
+        places = "; ".join(dict.fromkeys(str(reason) for reason, _ in found))
+        return f"all {len(stems)} outputs: {places}", ""
+    stale = next((why for _, why in found if why), "")
+    missing = [stem for stem, (reason, why) in zip(stems, found) if reason is None and not why]
+    if not stale and len(missing) == len(stems):
+        return None, ""  # a new build
+    why = stale or f"{missing[0]} is in no channel"
+    return None, f"{why}; one build makes all {len(stems)} outputs, so all are rebuilt"
+
+
+def plan_recipe_steps(recipes: Sequence[PlannedRecipe], settings: BuildSettings) -> list[Step]:
+    """One `recipe` step per recipe of several outputs (the conda-forge flavour): its files are already rendered
+    for the engine; reused only when every planned output exists with the recipe's settings."""
+    steps: list[Step] = []
+    for recipe in recipes:
+        stems = tuple(recipe.stems)
+        found, stale = (None, "") if settings.force else _existing_outputs(stems, recipe.subdir, settings, recipe.settings)
+        # Their run requirements name __cuda: the engine's test environment must solve on a build machine without
+        # a driver (a CPU runner), as on conda-forge's CI; a value of the user's own is kept.
+        script_env = (OVERRIDE_CUDA,) if recipe.accel != "cpu" else ()
+        steps.append(Step("recipe", recipe.id, stems[0], recipe.subdir, None, recipe.files, script_env,
+                          Action.REUSE if found else Action.BUILD, found or stale,
+                          channels=settings.site_channels.apply(recipe.channels), accel=recipe.accel,
+                          local_source=recipe.local_source, outputs=stems))
+    return steps
 
 
 def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
@@ -193,17 +249,41 @@ def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings)
     return steps
 
 
-def _check_identity(artifact: Path, step: Step) -> None:
+def _check_identity(artifact: Path, step: Step, stem: str) -> None:
     """The built package must be exactly the planned name-version-build (and subdir)."""
     # Read without py-rattler: this process goes on after it (torchforge.rattlerchild says why that matters).
     index = localchannel.info_json(artifact, "index.json")
     built = f"{str(index.get('name', '')).lower()}-{index.get('version')}-{index.get('build')}"
     subdir = index.get("subdir")
-    if built != step.stem or subdir not in (step.subdir, "noarch"):
+    if built != stem or subdir not in (step.subdir, "noarch"):
         raise BuildFailedError(
-            f"{step.id}: the engine produced {built} ({subdir}), the plan says {step.stem} ({step.subdir})",
+            f"{step.id}: the engine produced {built} ({subdir}), the plan says {stem} ({step.subdir})",
             "the recipe or engine changed the build string: re-render and rebuild with --force",
         )
+
+
+def _built_artifacts(step: Step, staging: Path, log: Path) -> list[Path]:
+    """Every planned package of the step, found in the engine's output folder, or a failure naming what is missing
+    (nothing is published unless all are there)."""
+    found = {stem: find_artifact(staging, step.subdir, stem) for stem in step.stems}
+    missing = [stem for stem, artifact in found.items() if artifact is None]
+    if missing:
+        built = sorted(p.name for p in staging.rglob("*") if p.name.endswith((".conda", ".tar.bz2")))
+        raise BuildFailedError(
+            f"{step.id}: no {', '.join(f'{stem}.conda/.tar.bz2' for stem in missing)} was produced "
+            f"(found: {', '.join(built) or 'nothing'})",
+            f"see the log {log}",
+        )
+    return [artifact for artifact in found.values() if artifact is not None]
+
+
+def _checked(step: Step, artifacts: list[Path], runner: Runner) -> list[Path]:
+    """Each package as planned (identity), with its planned index fields, audited (RPATH fixed where it can be)."""
+    checked = []
+    for stem, artifact in zip(step.stems, artifacts):
+        _check_identity(artifact, step, stem)
+        checked.append(_fix_and_audit(ensure_index_fields(artifact, step.index_fields, runner), runner))
+    return checked
 
 
 def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
@@ -261,9 +341,10 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
         paths_file = tree / "info" / "paths.json"
         paths = json.loads(paths_file.read_text())
         for entry in paths["paths"]:
-            if (tree / entry["_path"]).is_symlink():  # unchanged by the fix; may point into another package
+            path = tree / entry["_path"]
+            if path.is_symlink():  # patchelf rewrote files only; a link may resolve only in an environment
                 continue
-            data = (tree / entry["_path"]).read_bytes()
+            data = path.read_bytes()
             entry["sha256"] = hashlib.sha256(data).hexdigest()
             entry["size_in_bytes"] = len(data)
         paths_file.write_text(json.dumps(paths, indent=2, sort_keys=True))
@@ -304,7 +385,7 @@ class Pipeline:
                 pass
         for step in steps:
             if step.action is Action.REUSE:
-                self.on_event(f"reuse {step.stem}: {step.reason}")
+                self.on_event(f"reuse {', '.join(step.stems)}: {step.reason}")
                 results.append(StepResult(step, True))
                 continue
             missing = [need for need in step.needs if need in failed]
@@ -390,6 +471,8 @@ class Pipeline:
             staging = out / f"{fileops.SCRATCH_PREFIX}staging-{step.id}"
         channels = channel_data.build_channels(out, self.settings.channels, step.channels)
         environ = {**os.environ, **self.settings.extra_env}
+        if OVERRIDE_CUDA in step.script_env:
+            environ.setdefault(OVERRIDE_CUDA, step.accel)
         stats_log = staging / "ccache-stats.log"
         if cache is not None:
             if self.runner.dry_run:
@@ -405,7 +488,7 @@ class Pipeline:
         job = BuildJob(recipe_dir, staging, channels, step.python,
                        script_env_values(step.script_env, environ), self.settings.test,
                        work_dir=staging / "work" if cache is not None else None)
-        self.on_event(f"build {step.stem} ({self.engine.name}); log: {log}")
+        self.on_event(f"build {', '.join(step.stems)} ({self.engine.name}); log: {log}")
         try:
             command = self.engine.command(job)
             if self.settings.container is not None:
@@ -421,22 +504,15 @@ class Pipeline:
             self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)
-            artifact = find_artifact(staging, step.subdir, step.stem)
-            if artifact is None:
-                built = sorted(p.name for p in staging.rglob("*") if p.name.endswith((".conda", ".tar.bz2")))
-                raise BuildFailedError(
-                    f"{step.id}: no {step.stem}.conda/.tar.bz2 was produced (found: {', '.join(built) or 'nothing'})",
-                    f"see the log {log}",
-                )
-            _check_identity(artifact, step)
-            artifact = ensure_index_fields(artifact, step.index_fields, self.runner)
-            artifact = _fix_and_audit(artifact, self.runner)
-            published = localchannel.publish(artifact, out, step.subdir, replace=True).path
+            artifacts = _checked(step, _built_artifacts(step, staging, log), self.runner)
+            # all of a step's packages together, under one lock and one re-index: never some outputs of a recipe
+            published = tuple(p.path for p in localchannel.publish_many(artifacts, out, step.subdir, replace=True))
             seconds = time.monotonic() - started
             if cache is None:
-                return StepResult(step, True, published, seconds, log=log)
+                return StepResult(step, True, published[0], seconds, log=log, artifacts=published)
             stats, cold = self._account(cache, step, stats_log, log, seconds)
-            return StepResult(step, True, published, seconds, log=log, cache=stats, cold_seconds=cold)
+            return StepResult(step, True, published[0], seconds, log=log, cache=stats, cold_seconds=cold,
+                              artifacts=published)
         except ToolFailedError as exc:
             error = f"{exc.message}\n{exc.tail}{self._work_left(step, staging)}"
             return StepResult(step, False, seconds=time.monotonic() - started, error=error, log=log)

@@ -449,6 +449,8 @@ def describe_settings(settings: dict[str, object]) -> str:
         return "upstream's settings"
     parts = []
     for key, value in sorted(settings.items()):
+        if value == "":  # e.g. the arch list of a cpu build: nothing to say
+            continue
         if key == "env" and isinstance(value, dict):
             value = " ".join(f"{name}={text}" for name, text in value.items())
         elif key == "source":

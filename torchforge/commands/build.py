@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
@@ -21,9 +21,10 @@ from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
-from torchforge.flavours import Flavour
+from torchforge.commands import flavour as flavour_commands
+from torchforge.flavours import MAGMA_ONLY, Flavour, choose
 from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
-from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
@@ -45,7 +46,7 @@ def print_plan(steps: list[Step], extra: tuple[str, ...] = (), cache_root: Path 
         table.add_column(column, overflow="fold")
     for number, step in enumerate(steps, 1):
         action = "[green]reuse[/]" if step.action is Action.REUSE else "[cyan]build[/]"
-        table.add_row(str(number), step.stem, action, step.reason or ", ".join(step.needs),
+        table.add_row(str(number), "\n".join(step.stems), action, step.reason or ", ".join(step.needs),
                       "\n".join((*extra, *step.channels)) or "-", _cache_plan(step))
     err.print(table)
     if cache_root is not None and any(step.cache_key for step in steps):
@@ -69,8 +70,16 @@ def print_results(results: list[StepResult]) -> None:
         table.add_column(column, overflow="fold")
     for result in results:
         status = "[green]ok[/]" if result.ok else "[red]failed[/]"
-        detail = str(result.artifact) if result.artifact else (result.step.reason if result.ok else result.error.splitlines()[0])
-        table.add_row(result.step.stem, status, f"{result.seconds:.0f} s", _cache_result(result), detail)
+        # a step of several outputs (one recipe) shows one row per package; they share its time and outcome
+        artifacts = result.artifacts or ((result.artifact,) if result.artifact else ())
+        for number, stem in enumerate(result.step.stems):
+            if number < len(artifacts):
+                detail = str(artifacts[number])
+            elif number:
+                detail = "(same build)"
+            else:
+                detail = result.step.reason if result.ok else result.error.splitlines()[0]
+            table.add_row(stem, status, f"{result.seconds:.0f} s", _cache_result(result) if number == 0 else "", detail)
     out.print(table)
 
 
@@ -117,27 +126,49 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
-        flavour: FlavourOpt = Flavour.OFFICIAL,
+        flavour: FlavourOpt = None,
+        feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
-        """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists)."""
-        if flavour is Flavour.CONDA_FORGE and platform == "win-64":
-            raise UsageError("torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
-                             "render them with `torchforge render --flavour conda-forge --platform win-64 ...` and run "
-                             "`conda build FOLDER -c conda-forge --override-channels` on a Windows machine with "
-                             "Visual Studio")
-        if flavour is Flavour.CONDA_FORGE:
-            raise UsageError(
-                "torchforge build does not build the conda-forge flavour yet (one conda-build run makes libtorch, "
-                "every pytorch and the metapackage; the pipeline plans one package per build)",
-                "render it with `torchforge render --flavour conda-forge ...` and build a folder with "
-                "`conda build FOLDER -c conda-forge --override-channels`")
+        """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists); with the
+        conda-forge flavour, libtorch, pytorch per Python and the metapackage of each recipe."""
         if fmt not in ("conda", "wheel"):
             raise UsageError(f"unknown --format {fmt!r}", "use conda or wheel")
         if no_cache and cache is not None:
             raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         check_dir(out_dir, "--out")
         check_channel_args(channel)
+        chosen_flavour, why_flavour = choose(flavour, pytorch, "--format wheel builds pip wheels" if fmt == "wheel"
+                                             else MAGMA_ONLY if magma_only else "")
+        note(why_flavour)
+        if chosen_flavour is Flavour.CONDA_FORGE and platform == "win-64":
+            raise UsageError("torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
+                             "render them with `torchforge render --flavour conda-forge --platform win-64 ...` and run "
+                             "`conda build FOLDER -c conda-forge --override-channels` on a Windows machine with "
+                             "Visual Studio")
+        if chosen_flavour is Flavour.CONDA_FORGE:
+            recipes = flavour_commands.recipes_from_flags(
+                pytorch, cuda, python, platform, arch_list, build_number,
+                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
+                 "--magma-patch": magma_patch, "--magma-only": magma_only, "--container": container,
+                 "--format wheel": fmt == "wheel", "--jobs": jobs, "--cache": cache})
+            flavour_commands.show_warnings(recipes, feedstock_patches)
+            site = site_config.load(config)
+            # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
+            chosen, why = flavour_commands.build_engine(engine, require_available=skip_preflight and not dry_run)
+            if not skip_preflight and not dry_run:
+                flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine)
+            err.print(why)
+            settings = BuildSettings(out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going,
+                                     test=not no_test, patches=tuple(patch or ()), site_channels=site.channels,
+                                     use_cache=False, keep_work=keep_work)
+            planned = flavour_commands.planned_recipes(recipes, chosen, source=source, patches=patch or [],
+                                                       feedstock_patches=feedstock_patches)
+            _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)
+            return
+        if feedstock_patches:
+            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
+                             "add --flavour conda-forge, or leave --feedstock-patches out")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
         jobs = checked_jobs(jobs, selection.options.extra_env)
@@ -202,27 +233,32 @@ def register(app: typer.Typer) -> None:
             extra_env=extra_env, site_channels=site.channels, container=container_settings,
             use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
         )
-        steps = plan_steps(render_plan, chosen, settings)
-        print_plan(steps, settings.channels, settings.compile_cache_root if settings.caching else None)
-        runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
-        status = Text("")
-        with Live(status, console=err, transient=True, refresh_per_second=4, redirect_stdout=False) as live:
-            def on_line(line: str) -> None:
-                live.update(Text(line[-200:], style="dim"))
+        _run_plan(plan_steps(render_plan, chosen, settings), chosen, settings, dry_run)
 
-            pipeline = Pipeline(chosen, runner, settings, on_event=note, on_line=None if dry_run else on_line)
-            results = pipeline.run(steps)
-        if dry_run:
-            return
-        print_results(results)
-        failed = [r for r in results if not r.ok]
-        for result in failed:
-            _explain(result)
-        if failed:
-            not_attempted = len(steps) - len(results)  # the plan stops at the first failure without --keep-going
-            raise BuildFailedError(
-                f"{len(failed)} of {len(steps)} planned package(s) failed"
-                + (f", {not_attempted} not attempted after it" if not_attempted else ""),
-                "read the log tail above; rerun the same command to resume (finished packages are skipped)"
-                + ("; --keep-going attempts the others past a failure" if not_attempted else ""),
-            )
+
+def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool) -> None:
+    """Show the plan, run it (or print its commands), show each package's result; a failure exits 6."""
+    print_plan(steps, settings.channels, settings.compile_cache_root if settings.caching else None)
+    runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
+    status = Text("")
+    with Live(status, console=err, transient=True, refresh_per_second=4, redirect_stdout=False) as live:
+        def on_line(line: str) -> None:
+            live.update(Text(line[-200:], style="dim"))
+
+        pipeline = Pipeline(chosen, runner, settings, on_event=note, on_line=None if dry_run else on_line)
+        results = pipeline.run(steps)
+    if dry_run:
+        return
+    print_results(results)
+    failed = [r for r in results if not r.ok]
+    for result in failed:
+        _explain(result)
+    if failed:
+        # counted in packages: a recipe step of several outputs fails (or is skipped) with all of them
+        not_attempted = sum(len(s.stems) for s in steps[len(results):])  # the plan stops at the first failure
+        raise BuildFailedError(
+            f"{sum(len(r.step.stems) for r in failed)} of {sum(len(s.stems) for s in steps)} planned package(s) failed"
+            + (f", {not_attempted} not attempted after it" if not_attempted else ""),
+            "read the log tail above; rerun the same command to resume (finished packages are skipped)"
+            + ("; --keep-going attempts the others past a failure" if not_attempted else ""),
+        )

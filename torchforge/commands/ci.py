@@ -11,12 +11,13 @@ import typer
 from torchforge import config as site_config
 from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
     PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
 )
-from torchforge.console import err, out
+from torchforge.console import err, note, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
+from torchforge.flavours import Flavour, choose
 from torchforge.render import plan
 from torchforge.targets import resolve
 
@@ -60,6 +61,7 @@ def register(app: typer.Typer) -> None:
         channel: Annotated[list[str] | None, typer.Option(
             "--channel", "-c", help="Extra channel URL for every build job (repeatable), as for build.")] = None,
         config: ConfigOpt = None,
+        flavour: FlavourOpt = None,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
         if requirement is not None and not requirement.strip():
@@ -69,8 +71,18 @@ def register(app: typer.Typer) -> None:
         if test_script is not None and (not test_script.strip() or Path(test_script).is_absolute()):
             raise UsageError(f"--test-script {test_script!r} is not a file in the repository",
                              "give its path relative to the repository root, e.g. ci/smoke.py")
+        chosen, why = choose(flavour, pytorch)
+        note(why)
+        if chosen is Flavour.CONDA_FORGE:
+            raise UsageError("torchforge ci writes the official flavour's jobs (one per package); the conda-forge "
+                             "flavour's jobs are not generated yet",
+                             "add --flavour official for the 2.5-shaped recipe, or build the conda-forge flavour with "
+                             "`torchforge build --flavour conda-forge ...`")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          None, source, magma_source)
+        # the jobs build exactly this flavour, whatever `torchforge build`'s default for the release
+        default = choose(None, selection.pytorch)[0]
+        pinned = ("--flavour", "official") if flavour is not None or default is not Flavour.OFFICIAL else ()
         if provider is Provider.GITHUB:
             for name, value in selection.options.extra_env:
                 if "${{" in value:  # GitHub evaluates ${{ }} in every `run:` before any shell quoting applies
@@ -89,6 +101,7 @@ def register(app: typer.Typer) -> None:
             ("--test-script", test_script, test_script is not None), ("--skip-preflight", None, skip_preflight),
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
+            ("--flavour", "official", bool(pinned)),
         ]
         given += [(flag, value) for flag, value, present in optional if present]
         given += [("--env", pair) for pair in env or []]
@@ -99,7 +112,7 @@ def register(app: typer.Typer) -> None:
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
                      regenerate=regenerate_line(provider, given), site=site_config.load(config),
-                     extra_args=site_args(channel or (), str(config) if config else None)
+                     extra_args=pinned + site_args(channel or (), str(config) if config else None)
                      + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
                      test_script=test_script, magma_source=magma_source)
         path = write_file(render(ci, provider), out_dir, provider, force=force)

@@ -14,9 +14,9 @@ from torchforge.commands.options import (
 )
 from torchforge import config as site_config
 from torchforge.commands import flavour as flavour_commands
-from torchforge.flavours import Flavour
+from torchforge.flavours import MAGMA_ONLY, Flavour, choose
 from torchforge import containers
-from torchforge.console import out
+from torchforge.console import note, out
 from torchforge.preflight import checked_jobs, report_table, run_preflight
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
         config: ConfigOpt = None,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
-        flavour: FlavourOpt = Flavour.OFFICIAL,
+        flavour: FlavourOpt = None,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
         MAX_JOBS, source, driver, that every channel answers and that each variant's build and host requirements solve
@@ -45,12 +45,14 @@ def register(app: typer.Typer) -> None:
 
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
+        flavour, why = choose(flavour, pytorch, MAGMA_ONLY if magma_only else "")
+        note(why)
         if flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--container": container,
                  "--magma-only": magma_only, "--channel": channel})
-            flavour_commands.doctor(recipes, as_json)
+            flavour_commands.doctor(recipes, as_json, site_config.load(config).channels, engine=engine)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
         jobs = checked_jobs(jobs, selection.options.extra_env)

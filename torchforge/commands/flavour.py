@@ -1,4 +1,4 @@
-"""`matrix`, `render` and `doctor` with `--flavour conda-forge`: the conda-forge flavour's side of the CLI."""
+"""`matrix`, `render`, `doctor` and `build` with `--flavour conda-forge`: the conda-forge flavour's side of the CLI."""
 
 from __future__ import annotations
 
@@ -6,13 +6,20 @@ import dataclasses
 import json
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 
 from torchforge import data as tables
+from torchforge import sourcestate
+from torchforge.channels import SiteChannels
+from torchforge.commands.options import file_digests
 from torchforge.console import err, out, warn
-from torchforge.errors import PreflightError, UsageError
+from torchforge.engines import Engine
+from torchforge.engines.choice import select_engine
+from torchforge.errors import PreflightError, ToolMissingError, UsageError
 from torchforge.flavours import Flavour, check, conda_forge
-from torchforge.recipe import resolve_source
+from torchforge.pipeline import PlannedRecipe
+from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
 
 def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
@@ -29,36 +36,43 @@ def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None
     return conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
 
 
+def _source(recipe: conda_forge.CondaForgeRecipe, source: str | None, patches: list[Path]) -> Source:
+    where = resolve_source(source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
+    return dataclasses.replace(where, patches=tuple(p.name for p in patches))
+
+
+def _folder(recipe: conda_forge.CondaForgeRecipe, source: Source, patches: list[Path], feedstock_patches: bool,
+            fmt: RecipeFormat) -> dict[str, str | bytes]:
+    files = conda_forge.recipe_files(recipe, source, feedstock_patches=feedstock_patches, recipe_format=fmt)
+    return {**files, **patch_files(patches)}
+
+
+def with_inputs(recipes: tuple[conda_forge.CondaForgeRecipe, ...], source: str | None, patches: list[Path],
+                feedstock_patches: bool) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes with what they are built from in their settings (and so in their build strings)."""
+    identity = sourcestate.identity(source) if source else None
+    return tuple(conda_forge.with_inputs(r, identity, file_digests(patches), feedstock_patches) for r in recipes)
+
+
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
            source: str | None, patches: list[Path], feedstock_patches: bool = False) -> None:
-    if fmt is not RecipeFormat.CONDA_BUILD:
-        raise UsageError("--flavour conda-forge renders conda-build recipes only", "leave --format out")
-    folders: dict[str, dict[str, str | bytes]] = {}
-    for recipe in recipes:
-        where = resolve_source(source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
-        files = conda_forge.recipe_files(recipe, dataclasses.replace(where, patches=tuple(p.name for p in patches)),
-                                         feedstock_patches=feedstock_patches)
-        folders[recipe.id] = {**files, **patch_files(patches)}
+    recipes = with_inputs(recipes, source, patches, feedstock_patches)
+    folders = {recipe.id: _folder(recipe, _source(recipe, source, patches), patches, feedstock_patches, fmt)
+               for recipe in recipes}
     written = write_folders(folders, out_dir, force=force)
-    for recipe in recipes:
-        for message in recipe.warnings_for(feedstock_patches):
-            warn(f"{recipe.id}: {message}")
+    show_warnings(recipes, feedstock_patches)
     for path in written:
         out.print(str(path))
     err.print(f"rendered {len(written)} conda-forge-flavour recipe folder(s) into {out_dir} "
               f"(channel: {conda_forge.load().flavour.channel})")
 
 
-def _shown(build_string: str) -> str:
-    """A build string as users read it: conda-build fills in the Python per package (py312)."""
-    return build_string.replace("{{ CONDA_PY }}", "XY")
-
-
 def as_json(recipes: tuple[conda_forge.CondaForgeRecipe, ...]) -> list[dict[str, object]]:
     return [{
         "id": r.id, "flavour": "conda-forge", "version": r.version, "platform": r.platform, "cuda": r.cuda or "cpu",
         "arch_list": r.arch_list, "blas": r.blas, "pythons": list(r.pythons), "build_number": r.build_number,
-        "outputs": {o.name: _shown(o.build_string) for o in r.outputs}, "feedstock": r.feedstock_commit,
+        "outputs": {o.name: o.build_string_with("XY") for o in r.outputs},
+        "packages": [p.stem for p in r.planned_outputs()], "feedstock": r.feedstock_commit,
         "channel": conda_forge.load().flavour.channel, "magma": r.magma,
         "feedstock_patches": len(r.feedstock_patches), "warnings": list(r.warnings_for(False)),
     } for r in recipes]
@@ -72,23 +86,28 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
     for column in ("recipe", "outputs", "build number", "pythons", "magma (conda-forge)", "notes"):
         table.add_column(column, overflow="fold")
     for r in recipes:
-        table.add_row(r.id, ", ".join(f"{o.name} ({_shown(o.build_string)})" for o in r.outputs), str(r.build_number),
+        table.add_row(r.id, ", ".join(f"{o.name} ({o.build_string_with('XY')})" for o in r.outputs), str(r.build_number),
                       ",".join(r.pythons), r.magma or "-", f"{len(r.warnings_for(False))} warning(s)")
     out.print(table)
 
 
-def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool) -> None:
-    """What the conda-forge flavour needs here: conda-build (it renders meta.yaml only) and conda-forge's channel."""
-    from torchforge.engines import conda_build
-
-    probe = conda_build.probe()
+def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
+           site: SiteChannels | None = None, console: Console = out, engine: str = "auto") -> None:
+    """What the conda-forge flavour needs here: an engine for its recipes (conda-build reads meta.yaml, the
+    embedded rattler-build engine recipe.yaml) and conda-forge's channel (no pytorch, nvidia or defaults
+    channel, and none of the official flavour's companion packages)."""
+    channel = conda_forge.load().flavour.channel
+    used = (site or SiteChannels()).apply((channel,))
+    instead = f" (the site config's for {channel})" if used != (channel,) else ""
+    engine_ok, engine_detail = _engine_check(engine)
     checks = [
         {"check": "flavour", "ok": True, "detail": f"conda-forge: {len(recipes)} recipe(s), "
                                                    + ", ".join(r.id for r in recipes)},
-        {"check": "channel", "ok": None, "detail": conda_forge.load().flavour.channel + " (every requirement)"},
+        {"check": "channel", "ok": None,
+         "detail": f"{', '.join(used)}{instead} (every requirement; no pytorch, nvidia or defaults channel, "
+                   "no companion packages)"},
         {"check": "magma", "ok": None, "detail": conda_forge.load().flavour.magma},
-        {"check": "conda-build", "ok": probe.usable,
-         "detail": f"conda-build {probe.version}" if probe.usable else probe.reason},
+        {"check": "engine", "ok": engine_ok, "detail": engine_detail},
     ]
     windows = [r for r in recipes if r.platform == conda_forge.WINDOWS]
     if windows:  # torchforge renders them anywhere; conda-build builds them on Windows only
@@ -103,7 +122,48 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool)
         for check in checks:
             result = "-" if check["ok"] is None else "[green]ok[/]" if check["ok"] else "[red]failed[/]"
             table.add_row(str(check["check"]), result, str(check["detail"]))
-        out.print(table)
-    if not probe.usable:
-        raise PreflightError(f"conda-build is needed to build the conda-forge flavour's recipes: {probe.reason}",
-                             "install conda-build into a conda on PATH (`conda install -n base conda-build`)")
+        console.print(table)
+    if not engine_ok:
+        raise PreflightError(f"--engine {engine} cannot build the conda-forge flavour's recipes here: {engine_detail}",
+                             "install conda-build into a conda on PATH (`conda install -n base conda-build`), or "
+                             "use --engine rattler-build (embedded)")
+
+
+def _engine_check(name: str) -> tuple[bool, str]:
+    """(usable, what builds the recipes): conda-build where asked for or found, else the embedded engine."""
+    from torchforge.engines.conda_build import probe
+
+    if name == "rattler-build":
+        return True, "the embedded rattler-build engine (recipe.yaml)"
+    found = probe()
+    if found.usable:
+        return True, f"conda-build {found.version} (meta.yaml)"
+    if name == "conda-build":
+        return False, f"conda-build is needed for --engine conda-build: {found.reason}"
+    return True, f"the embedded rattler-build engine (recipe.yaml; conda-build: {found.reason})"
+
+
+def build_engine(name: str, require_available: bool) -> tuple[Engine, str]:
+    """The engine that builds this flavour, chosen as for the official flavour: each renders its own recipe format
+    (meta.yaml for conda-build, recipe.yaml for the embedded rattler-build engine)."""
+    return select_engine(name, require_available=require_available)
+
+
+def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: Engine, *, source: str | None,
+                    patches: list[Path], feedstock_patches: bool) -> list[PlannedRecipe]:
+    """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel."""
+    channel = conda_forge.load().flavour.channel
+    planned = []
+    for recipe in with_inputs(recipes, source, patches, feedstock_patches):
+        where = _source(recipe, source, patches)
+        planned.append(PlannedRecipe(
+            recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
+            _folder(recipe, where, patches, feedstock_patches, engine.recipe_format), (channel,),
+            recipe.cuda or "cpu", where.location if where.kind == "path" else None))
+    return planned
+
+
+def show_warnings(recipes: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> None:
+    for recipe in recipes:
+        for message in recipe.warnings_for(feedstock_patches):
+            warn(f"{recipe.id}: {message}")

@@ -31,9 +31,13 @@ EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build var
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
 SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
 MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or tarball (its version is read from it), or a URL of the release tarball.")]
-FlavourOpt = Annotated[Flavour, typer.Option(
+FlavourOpt = Annotated[Flavour | None, typer.Option(
     "--flavour", help="Package shape: official (the pytorch channel's; the only one up to 2.5) or conda-forge "
-                      "(conda-forge's libtorch / pytorch / pytorch-gpu shape, 2.6 and newer).")]
+                      "(conda-forge's libtorch / pytorch / pytorch-gpu shape, 2.6 and newer). Default: conda-forge "
+                      "for a --pytorch release that published no official conda package (2.6+), else official.")]
+FeedstockPatchesOpt = Annotated[bool, typer.Option(
+    "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
+                                "at build time (pinned commit, sha256) and apply them.")]
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]
@@ -41,7 +45,7 @@ PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir
 MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
 
 
-def _digests(patches: list[Path] | None) -> tuple[str, ...]:
+def file_digests(patches: list[Path] | None) -> tuple[str, ...]:
     return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
 
 
@@ -98,8 +102,8 @@ def selection_from_flags(
         source=source,
         magma_source=inspect_magma_source(magma_source) if magma_source else None,
         # Patches change the binary: their content (not their path) is part of the variant's settings.
-        patch_digests=_digests(patches),
-        magma_patch_digests=_digests(magma_patches),
+        patch_digests=file_digests(patches),
+        magma_patch_digests=file_digests(magma_patches),
     )
     selection = Selection.from_flags(pytorch, cuda, python, platform, options)
     if pytorch is None:

@@ -10,13 +10,13 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
 )
 from torchforge.commands import flavour as flavour_commands
-from torchforge.console import err, out, warn
+from torchforge.console import err, note, out, warn
 from torchforge.errors import UsageError
-from torchforge.flavours import Flavour
+from torchforge.flavours import Flavour, choose
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
 
@@ -51,7 +51,7 @@ def plan_as_json(render_plan: RenderPlan) -> list[dict[str, object]]:
 
 
 def print_table(render_plan: RenderPlan) -> None:
-    table = Table(title="torchforge variants")
+    table = Table(title="torchforge variants (flavour official)")
     for column in ("variant", "status", "build string", "magma package", "notes"):
         table.add_column(column, overflow="fold")
     for variant in render_plan.variants:
@@ -73,9 +73,11 @@ def register(app: typer.Typer) -> None:
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
-        flavour: FlavourOpt = Flavour.OFFICIAL,
+        flavour: FlavourOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
+        flavour, why = choose(flavour, pytorch)
+        note(why)
         if flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
@@ -102,12 +104,12 @@ def register(app: typer.Typer) -> None:
         magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
-        flavour: FlavourOpt = Flavour.OFFICIAL,
-        feedstock_patches: Annotated[bool, typer.Option(
-            "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
-                                        "at build time (pinned commit, sha256) and apply them.")] = False,
+        flavour: FlavourOpt = None,
+        feedstock_patches: FeedstockPatchesOpt = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
+        flavour, why = choose(flavour, pytorch)
+        note(why)
         if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
             raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
                              "add --flavour conda-forge, or leave --feedstock-patches out")

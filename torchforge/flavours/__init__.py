@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from enum import Enum
 
+from torchforge import data as tables
 from torchforge import versions
 from torchforge.errors import UsageError
+
+
+# Why a command with --magma-only is the official flavour's whatever the release (conda-forge's links libmagma).
+MAGMA_ONLY = "--magma-only builds the official flavour's magma-cudaXYZ"
 
 
 class Flavour(str, Enum):
@@ -32,3 +37,26 @@ def check(flavour: Flavour, pytorch: str) -> Flavour:
                 f"pick one of the releases the flavour knows: {', '.join(known)}",
             )
     return flavour
+
+
+def choose(flavour: Flavour | None, pytorch: str | None, official_because: str = "") -> tuple[Flavour, str]:
+    """The flavour of a command line and why: --flavour if given, else official where the command asks for one of
+    its packages (`official_because`: e.g. "--magma-only builds magma-cudaXYZ"), else conda-forge for a release that
+    published no official conda package (2.6+, where the flavour has the feedstock's facts), else official."""
+    if flavour is not None:
+        return check(flavour, pytorch) if pytorch else flavour, f"flavour {flavour.value} (--flavour)"
+    if official_because:
+        return Flavour.OFFICIAL, f"flavour official: {official_because}"
+    if pytorch is None:
+        return Flavour.OFFICIAL, ("flavour official: no --pytorch given, so the release is chosen among the official "
+                                  "flavour's (give --pytorch 2.6 or newer, or --flavour conda-forge, for conda-forge's shape)")
+    release = tables.load().pytorch.releases.get(versions.minor(pytorch))
+    if release is None or release.conda_official:
+        return Flavour.OFFICIAL, f"flavour official: PyTorch {pytorch} published official conda packages"
+    from torchforge.flavours import conda_forge
+
+    if pytorch not in conda_forge.load().releases:
+        return Flavour.OFFICIAL, (f"flavour official: PyTorch {pytorch} published no official conda package, but the "
+                                  "conda-forge flavour has no feedstock facts for it (torchforge/data/conda_forge.toml)")
+    return Flavour.CONDA_FORGE, (f"flavour conda-forge: PyTorch {pytorch} published no official conda package "
+                                 "(--flavour official renders the 2.5-shaped recipe instead)")

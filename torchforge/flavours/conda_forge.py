@@ -8,6 +8,8 @@ templates in recipe_templates/conda_forge/. Pure: no files, no commands.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -227,9 +229,47 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
 
 @dataclass(frozen=True)
 class Output:
+    """One output of the recipe. Its build string is planned here, whole: conda-forge's words and the marker
+    (`cuda124_mkl_torchforge`), `_py312` for pytorch, then torchforge's digest of the recipe's settings and the
+    build number (`h1a2b3c4_301`) where conda-build would put its own hash, so every engine gives the same names
+    and the pipeline knows each file name before the build."""
+
     name: str
-    build_string: str  # without the hash and build number: cuda124_mkl_torchforge / ..._py{{ CONDA_PY }}
+    words: str  # conda-forge's variant words and the marker: cuda124_mkl_torchforge
+    per_python: bool  # one package per Python (pytorch): the build string carries _pyXY
     requirements: dict[str, tuple[str, ...]]  # key -> specs, in the feedstock's order
+    suffix: str = ""  # h<digest of the recipe's settings>_<build number>: plan() fills it in once the recipe is known
+
+    def build_string_with(self, python_word: str) -> str:
+        """The build string with `python_word` where the Python goes: `312`, or a recipe format's expression."""
+        python = f"_py{python_word}" if self.per_python else ""
+        return f"{self.words}{python}_{self.suffix}"
+
+    def build_string_for(self, python: str | None) -> str:
+        """The full build string of this output for a Python X.Y (None for an output that is not per Python)."""
+        if self.per_python and python is None:
+            raise ValueError(f"{self.name} is built per Python: name one")
+        return self.build_string_with(versions.nodot(python) if self.per_python and python else "")
+
+    @property
+    def build_string(self) -> str:
+        """meta.yaml's: conda-build fills in the Python (py{{ CONDA_PY }})."""
+        return self.build_string_with("{{ CONDA_PY }}")
+
+
+@dataclass(frozen=True)
+class PlannedOutput:
+    """One package a recipe yields: exactly the name-version-build the engine must produce."""
+
+    name: str
+    version: str
+    build_string: str
+    subdir: str
+    python: str | None  # the Python of a per-Python output (pytorch), else None
+
+    @property
+    def stem(self) -> str:
+        return f"{self.name}-{self.version}-{self.build_string}"
 
 
 @dataclass(frozen=True)
@@ -250,6 +290,12 @@ class CondaForgeRecipe:
     activation_variable: str
     warnings: tuple[str, ...]
     feedstock_patches: tuple[tuple[str, str, str], ...] = ()  # (URL, sha256, path) of each patch of this job
+    # What the recipe builds from, where the user chose it (with_inputs): the identity of a --source
+    # (torchforge.sourcestate), the sha256 of each --patch, whether the feedstock's patches are applied. Part of
+    # the settings, so another source or patch is another package.
+    source_identity: str | None = None
+    patch_digests: tuple[str, ...] = ()
+    applies_feedstock_patches: bool = False
 
     @property
     def accel(self) -> Accel:
@@ -270,8 +316,30 @@ class CondaForgeRecipe:
         """Everything that changed the binary: the reuse check and the package's `extra` record it."""
         return json.dumps({"flavour": "conda-forge", "feedstock": self.feedstock_commit, "cuda": self.cuda or "cpu",
                            "arch_list": self.arch_list, "blas": self.blas, "build_number": self.build_number,
-                           "libtorch_python": self.libtorch_python},
+                           "libtorch_python": self.libtorch_python, **self._input_settings},
                           sort_keys=True)
+
+    @property
+    def _input_settings(self) -> dict[str, object]:
+        """Only what was chosen: a recipe of the release's source without patches keeps the settings (and build
+        strings) it always had."""
+        return {**({"source": self.source_identity} if self.source_identity else {}),
+                **({"patch": list(self.patch_digests)} if self.patch_digests else {}),
+                **({"feedstock_patches": True} if self.applies_feedstock_patches else {})}
+
+    def build_string(self, name: str, python: str | None = None) -> str:
+        """The full build string of output `name` (for a Python X.Y where it is built per Python)."""
+        return self.output(name).build_string_for(python)
+
+    def planned_outputs(self) -> tuple[PlannedOutput, ...]:
+        """Every package one build of this recipe yields, in build order: libtorch, pytorch per Python, the
+        metapackage."""
+        planned: list[PlannedOutput] = []
+        for output in self.outputs:
+            for python in self.pythons if output.per_python else (None,):
+                planned.append(PlannedOutput(output.name, self.version, output.build_string_for(python),
+                                             self.platform, python))
+        return tuple(planned)
 
     @property
     def libtorch_python(self) -> str:
@@ -348,14 +416,29 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     config = _variant_config(ci, chosen, blas, cuda, c_version, arch, platform)
     patches = tuple((settings.feedstock_files.format(commit=release.commit, path=f"recipe/{p.path}"), p.sha256, p.path)
                     for p in jobs.recipe.patches if _applies(p, accel_key, blas, reference))
-    return CondaForgeRecipe(
+    return with_build_strings(CondaForgeRecipe(
         version=version, platform=platform, cuda=cuda, arch_list=arch, blas=blas, pythons=tuple(chosen),
         build_number=build, feedstock_commit=release.commit, outputs=outputs, env=tuple(env),
         variant_config=config,
         activation_variable=activation.variable if (activation := jobs.activation or release.activation)
         else "CF_TORCH_CUDA_ARCH_LIST",
         warnings=tuple(warnings), feedstock_patches=patches,
-    )
+    ))
+
+
+def with_inputs(recipe: CondaForgeRecipe, source_identity: str | None, digests: tuple[str, ...],
+                feedstock_patches: bool) -> CondaForgeRecipe:
+    """The recipe built from the user's --source (its identity), with the user's patches (their sha256) and, if
+    asked, the feedstock's: other settings, so other build strings."""
+    return with_build_strings(dataclasses.replace(recipe, source_identity=source_identity, patch_digests=digests,
+                                                  applies_feedstock_patches=feedstock_patches))
+
+
+def with_build_strings(recipe: CondaForgeRecipe) -> CondaForgeRecipe:
+    """The recipe with every output's build string complete: torchforge's digest of the recipe's settings (all of
+    them, whatever they come to hold) and the build number, one for all outputs."""
+    suffix = f"h{settings_digest(recipe.settings)}_{recipe.build_number}"
+    return dataclasses.replace(recipe, outputs=tuple(dataclasses.replace(o, suffix=suffix) for o in recipe.outputs))
 
 
 def windows_build_note(compiler: str) -> str:
@@ -424,7 +507,7 @@ def _libtorch_python(outputs: tuple[Output, ...], chosen: tuple[str, ...],
     source = next(r.source for r in jobs.recipe.requirements if r.output == libtorch.name and r.key == "host"
                   and r.spec == spec)
     pinned = host[:index] + (f"python {chosen[0]}",) + host[index + 1:]
-    rebuilt = Output(libtorch.name, libtorch.build_string, {**libtorch.requirements, "host": pinned})
+    rebuilt = dataclasses.replace(libtorch, requirements={**libtorch.requirements, "host": pinned})
     return (rebuilt, *others), (f"conda-forge builds libtorch with Python {feedstock} ({source}), which --py "
                                 f"{','.join(chosen)} leaves out: libtorch builds with Python {chosen[0]} (recorded in "
                                 "the settings; its run requirements name no Python either way)")
@@ -480,6 +563,12 @@ def _format(text: str, fields: dict[str, str]) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), text)
 
 
+def settings_digest(settings: str) -> str:
+    """torchforge's stand-in for conda-build's PKG_HASH: 7 hex digits of the settings, so every engine and the
+    pipeline know the build string before a build (another arch list or CUDA: another package)."""
+    return hashlib.sha256(settings.encode()).hexdigest()[:7]
+
+
 def _output(jobs: PlatformJobs, name: str, ours: set[str], accel: Accel, blas: Blas, reference: str | None,
             fields: dict[str, str], marker: str) -> Output:
     requirements: dict[str, tuple[str, ...]] = {}
@@ -488,8 +577,7 @@ def _output(jobs: PlatformJobs, name: str, ours: set[str], accel: Accel, blas: B
                  if r.output == name and r.key == key and _applies(r, accel, blas, reference)]
         requirements[key] = tuple(dict.fromkeys(specs))
     word = f"cuda{fields['cuda_nodot']}" if accel == "cuda" else "cpu"
-    python = "_py{{ CONDA_PY }}" if name == "pytorch" else ""
-    return Output(name, f"{word}_{blas}_{marker}{python}", requirements)
+    return Output(name, f"{word}_{blas}_{marker}", name == "pytorch", requirements)
 
 
 def _mark(spec: str, ours: set[str], blas: str, marker: str) -> str:
@@ -574,11 +662,10 @@ def _explicit_version(spec: str) -> str:
     return " ".join(fields)
 
 
-def rattler_build_string(output: Output, build_number: int) -> str:
-    """An output's build string in recipe.yaml: meta.yaml's, with rattler-build filling in the variant's Python
-    where conda-build puts CONDA_PY and its hash where conda-build puts PKG_HASH."""
-    words = output.build_string.replace("{{ CONDA_PY }}", "${{ python | version_to_buildstring }}")
-    return f"{words}_h${{{{ hash }}}}_{build_number}"
+def rattler_build_string(output: Output) -> str:
+    """An output's build string in recipe.yaml: the planned one, with rattler-build filling in the variant's
+    Python where conda-build puts CONDA_PY."""
+    return output.build_string_with("${{ python | version_to_buildstring }}")
 
 
 def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
