@@ -352,32 +352,6 @@ PY = "3.11"  # this machine's Python; the feedstock's libtorch Python (3.12) is 
 CUDA_LIBRARY_PREFIXES = ("libcudnn", "libnccl", "libmagma", "libcublas", "libcudart", "libcusparse", "libnvrtc")
 
 
-def rendered_stand_in_specs(recipe_dir: Path, own: set[str]) -> list[str]:
-    """What the stand-in channel must hold for rattler-build to solve every environment of the recipe: the rendered
-    build/host/run specs (compilers resolved by rattler-build itself), bare names pinned by the variant as
-    rattler-build pins them, a build-string glob given a matching build."""
-    from rattler_build import Stage0Recipe, VariantConfig
-
-    specs: set[str] = {"pip"}  # what the python test's `pip check` adds
-    for variant in Stage0Recipe.from_file(recipe_dir / "recipe.yaml").render(
-            VariantConfig.from_file(recipe_dir / "variants.yaml")):
-        sections = [variant.recipe.to_dict()["requirements"],
-                    *(cache.requirements.to_dict() for cache in variant.recipe.staging_caches)]
-        for spec in (s for section in sections for key in ("build", "host", "run") for s in section.get(key, [])):
-            if isinstance(spec, dict):  # pin_subpackage of this recipe's own outputs
-                continue
-            fields = spec.split()
-            name, key = fields[0], fields[0].replace("-", "_")
-            if name in own or name.startswith("__"):
-                continue
-            if len(fields) == 1 and key in variant.variant:
-                spec = f"{name} {variant.variant[key]}"
-            elif len(fields) == 3 and fields[1] == "*":
-                spec = f"{name} 1.0 0{fields[2].strip('*')}"
-            specs.add(spec)
-    return sorted(specs)
-
-
 def solve_records(channels: list[Path], specs: list[str], cuda_driver: str | None) -> list:
     import asyncio
 
@@ -420,7 +394,8 @@ def flavour_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]
         recipe_dir = root / "recipes" / case
         assert main(["render", *build_arguments(accel, arch, source), "--format", "rattler-build",
                      "--out", str(recipe_dir)]) == 0
-        specs |= set(rendered_stand_in_specs(recipe_dir / recipes[case].id, {o.name for o in planned.outputs}))
+        specs |= set(standin.rendered_recipe_requirements(recipe_dir / recipes[case].id,
+                                                            {o.name for o in planned.outputs}))
     standin.make_stub_channel(stubs, sorted(specs), conda_forge=True)
     config = root / "torchforge.toml"
     config.write_text(f'[channels]\nreplace = ["{stubs.as_uri()}"]\n')

@@ -3,6 +3,7 @@ tests/test_docs.py runs whole), and what each says when the input is wrong."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -15,7 +16,8 @@ from torchforge.errors import ExitCode
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
-SELECTION = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", HERE, "--source", str(FIXTURE)]
+# 2.9.0 builds the conda-forge flavour by default: these tests are about the official flavour's stand-ins.
+SELECTION = ["--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", HERE, "--source", str(FIXTURE)]
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +77,15 @@ def test_install_refuses_bad_input_with_what_would_work(case: str, standin: Path
         assert not prefix.exists()
 
 
+@pytest.mark.parametrize("flavour", ["official", "conda-forge"])
 def test_standin_channel_refuses_a_python_this_machine_lacks_and_a_file_as_out(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    # PyTorch 2.9.0 takes Python 3.10-3.13 (pytorch.toml); with an empty PATH no other python is found, as on a machine without it.
+        flavour: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # PyTorch 2.9.0 takes Python 3.10-3.13 (pytorch.toml, conda_forge.toml); with an empty PATH no other python is
+    # found, as on a machine without it.
     lacking = "3.10" if HERE != "3.10" else "3.12"
     monkeypatch.setenv("PATH", str(tmp_path))
-    code = main(["standin-channel", "--pytorch", "2.9.0", "--cuda", "cpu", "--py", lacking, "--out", str(tmp_path / "s")])
+    code = main(["standin-channel", "--pytorch", "2.9.0", "--flavour", flavour, "--cuda", "cpu", "--py", lacking,
+                 "--out", str(tmp_path / "s")])
     assert code == ExitCode.TOOL_MISSING and "--py X.Y" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
     afile = tmp_path / "afile"
@@ -93,3 +98,148 @@ def test_help_says_what_the_command_is_for(command: str, capsys: pytest.CaptureF
     assert main([command, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert ("STAND-IN" in text) if command == "standin-channel" else ("conda create" in text)
+
+
+# ---- the conda-forge flavour (the default for 2.6+) ----------------------------------------------------------
+
+SPLIT = Path(__file__).parent / "fixtures" / "torch_split"
+CUDA = ["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", HERE]
+
+
+def channel_records(channel: Path) -> list:
+    import rattler
+
+    repodata = rattler.SparseRepoData(rattler.Channel(str(channel)), "linux-64", channel / "linux-64" / "repodata.json")
+    return [r for name in repodata.package_names() for r in repodata.load_records(rattler.PackageName(name))]
+
+
+@pytest.fixture(scope="module")
+def flavour_standin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    channel = tmp_path_factory.mktemp("tryout-cf") / "standin"
+    import contextlib
+    import io
+
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        assert main(["standin-channel", *CUDA, "--out", str(channel)]) == 0
+    return channel, stderr.getvalue()
+
+
+def test_for_2_6_and_later_the_stand_ins_follow_builds_flavour_and_satisfy_every_rendered_requirement(
+        flavour_standin: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
+    import rattler
+
+    from torchforge.flavours import conda_forge
+    from torchforge.standin import flavour_requirements
+
+    channel, _ = flavour_standin
+    records = channel_records(channel)
+    names = {r.name.normalized for r in records}
+    # conda-forge's names (cuDNN, NCCL, MAGMA and what their -dev packages bring), none of the official flavour's
+    assert {"libcudnn-dev", "libcudnn", "nccl", "libmagma-devel", "libmagma", "cuda-version", "python", "pip"} <= names
+    assert not names & {"pytorch-mutex", "magma-cuda130", "pytorch", "libtorch", "pytorch-gpu"}
+    # every requirement rattler-build renders for the recipe is satisfied by a package of the channel
+    recipe = conda_forge.plan("2.13.0", "linux-64", "13.0", "9.0", (HERE,))
+    for spec in flavour_requirements((recipe,)):
+        assert [r for r in records if rattler.MatchSpec(spec).matches(r)], spec
+    assert tomllib.loads((channel / "torchforge.toml").read_text()) == {
+        "channels": {"replace": [f"file://{channel.resolve()}"]}}
+    assert not list(channel.glob(".torchforge-tmp-*"))
+
+
+def test_conda_forge_stand_ins_carry_their_sonames_and_run_exports(flavour_standin: tuple[Path, str],
+                                                                   tmp_path: Path) -> None:
+    from conda_package_streaming import package_streaming
+
+    from torchforge import elf
+
+    channel, _ = flavour_standin
+    (cudnn,) = (channel / "linux-64").glob("libcudnn-9*.conda")
+    files = {m.name: tar.extractfile(m).read() for tar, m in package_streaming.stream_conda_component(str(cudnn))
+             if m.isfile()}
+    library = tmp_path / "libcudnn.so.9"
+    library.write_bytes(files["lib/libcudnn.so.9"])
+    assert elf.read_elf(library).soname == "libcudnn.so.9"
+    (dev,) = (channel / "linux-64").glob("libcudnn-dev-9*.conda")
+    exports = next(json.loads(tar.extractfile(m).read()) for tar, m in
+                   package_streaming.stream_conda_component(str(dev), component="info") if m.name == "info/run_exports.json")
+    assert exports == {"weak": ["libcudnn >=9,<10.0a0"]}
+
+
+def test_standin_channel_says_which_flavour_and_that_these_are_stand_ins(flavour_standin: tuple[Path, str]) -> None:
+    _, stderr = flavour_standin
+    text = " ".join(stderr.split())
+    assert "flavour conda-forge: PyTorch 2.13.0 published no official conda package" in text
+    assert "STAND-IN package(s)" in text and "NOT the real ones" in text and "conda-forge flavour" in text
+
+
+@pytest.mark.parametrize("argv, official", [(["--pytorch", "2.13.0", "--flavour", "official"], True),
+                                            (["--pytorch", "2.9.0"], False), (["--pytorch", "2.5.1"], True)])
+def test_the_flavour_is_chosen_as_build_chooses_it(argv: list[str], official: bool, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["standin-channel", *argv, "--cuda", "cpu", "--py", HERE, "--out", str(tmp_path / "s")]) == 0
+    names = {r.name.normalized for r in channel_records(tmp_path / "s")}
+    assert ("pytorch-mutex" in names) is official  # the official flavour's cpu recipe requires it; conda-forge's none
+    assert ("mkl-devel" in names) is not official  # conda-forge's cpu libtorch builds with MKL from conda-forge
+    assert f"flavour {'official' if official else 'conda-forge'}" in capsys.readouterr().err
+
+
+def test_a_run_killed_while_writing_leaves_nothing_and_the_rerun_converges(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchforge import standin
+
+    real, calls = standin.write_stub, []
+
+    def interrupted(stub, out_dir, subdir=standin.SUBDIR):
+        calls.append(stub.name)
+        if len(calls) == 5:
+            raise KeyboardInterrupt  # as a Ctrl-C in the middle of writing the packages
+        return real(stub, out_dir, subdir)
+
+    monkeypatch.setattr(standin, "write_stub", interrupted)
+    out = tmp_path / "standin"
+    argv = ["standin-channel", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", HERE, "--out", str(out)]
+    assert main(argv) == ExitCode.INTERRUPTED
+    # no package, no index, no config, no scratch folder: only the channel's lock file, which every writer keeps
+    assert [p.name for p in out.rglob("*")] == [".torchforge.lock"]
+    monkeypatch.setattr(standin, "write_stub", real)
+    assert main(argv) == 0 and (out / "torchforge.toml").is_file()
+    first = sorted(p.name for p in (out / "linux-64").glob("*.conda"))
+    assert main(argv) == 0 and sorted(p.name for p in (out / "linux-64").glob("*.conda")) == first
+
+
+@pytest.mark.slow
+def test_built_against_the_written_channel_installed_and_imported_with_cudnn_from_the_prefix(
+        flavour_standin: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The CUDA case of the README's quick start (which runs the cpu one): `standin-channel`, `build` with its
+    config (the embedded engine), `install` of the metapackage with a driver (CONDA_OVERRIDE_CUDA: this machine has
+    none), import with nothing on LD_LIBRARY_PATH."""
+    import os
+    import shutil
+
+    channel, _ = flavour_standin
+    source = Path(shutil.copytree(SPLIT, tmp_path / "torch_split", ignore=shutil.ignore_patterns("build", "*.egg-info")))
+    out = tmp_path / "my-channel"
+    assert main(["build", *CUDA, "--source", str(source), "--engine", "rattler-build", "--config",
+                 str(channel / "torchforge.toml"), "--out", str(out)]) == 0, capsys.readouterr().err[-4000:]
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "13.0")
+    prefix = tmp_path / "env"
+    capsys.readouterr()
+    assert main(["install", "pytorch-gpu", "--channel", str(out), "--channel", str(channel), "--prefix", str(prefix)]) == 0
+    installed = capsys.readouterr().out
+    for name in ("pytorch-gpu-2.13.0-cuda130_", "pytorch-2.13.0-cuda130_", "libtorch-2.13.0-cuda130_", "libcudnn-9-",
+                 "nccl-2", "libmagma-"):
+        assert name in installed, (name, installed)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
+    probe = ("import torch; print(torch.__version__, torch.ones_sum(3), torch.cuda_built()); "
+             "print([l.split()[-1] for l in open('/proc/self/maps') if 'libcudnn.so.9' in l][0])")
+    done = subprocess.run([str(prefix / "bin" / "python"), "-c", probe], capture_output=True, text=True, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version, cudnn = done.stdout.splitlines()
+    assert version == "2.13.0 3.0 True" and Path(cudnn).resolve().parent == (prefix / "lib").resolve()
+    # without a driver the same channel offers no CUDA build: the solver says so
+    monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "")
+    assert main(["install", "pytorch-gpu", "--channel", str(out), "--channel", str(channel),
+                 "--prefix", str(tmp_path / "none")]) == ExitCode.USAGE

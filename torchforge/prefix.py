@@ -24,8 +24,8 @@ def channel_url(channel: str) -> str:
 
 
 def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list[str]:
-    """Solve `specs` against `channels` (in order, for this platform and noarch) and install the solution into
-    `prefix`, which must be new or empty. Returns `name-version-build` of every installed package."""
+    """Solve `specs` against `channels` (in order, for this platform and noarch, with this machine's virtual
+    packages) and install the solution into `prefix`, which must be new or empty. Returns `name-version-build` of every installed package."""
     import rattler
     from rattler.exceptions import SolverError
 
@@ -35,9 +35,12 @@ def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list
         raise UsageError(f"{prefix} exists and is not an empty folder", "give a new folder for the prefix")
     urls = [channel_url(c) for c in channels]
     platforms = [str(rattler.Platform.current()), "noarch"]
+    # This machine's __glibc, __cuda (its driver) etc., overridden by CONDA_OVERRIDE_CUDA and friends, as conda does:
+    # a CUDA build requires __cuda, so without them it could never be chosen.
+    virtual = rattler.VirtualPackage.detect(rattler.VirtualPackageOverrides.from_env())
     with fileops.private_scratch("install") as work:
         try:
-            records = run_async(rattler.solve(urls, list(specs), platforms=platforms,
+            records = run_async(rattler.solve(urls, list(specs), platforms=platforms, virtual_packages=virtual,
                                               gateway=rattler.Gateway(cache_dir=work / "repodata")))
         except SolverError as exc:
             raise UsageError(f"{', '.join(specs)} cannot be installed from {', '.join(urls)}: {str(exc).strip()[:600]}",

@@ -37,9 +37,10 @@ from conda_package_handling import api
 from torchforge import fileops, localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import ToolMissingError
+from torchforge.flavours.conda_forge import CondaForgeRecipe, recipe_files
 from torchforge.localchannel import index
 from torchforge.render import RecipeFormat, plan, render_files
-from torchforge.recipe import pytorch_context
+from torchforge.recipe import Source, pytorch_context
 from torchforge.variant import Selection
 
 SUBDIR = "linux-64"
@@ -305,14 +306,8 @@ def make_stub_channel(channel: Path, specs: list[str], subdirs: tuple[str, ...] 
     (e.g. /usr/bin, for a Debian build image whose /usr/bin holds the same Python as this machine's).
     `conda_forge`: see stub_for; what a stand-in depends on gets a stand-in too.
     """
-    seen: dict[tuple[str, str, str], Stub] = {}
-    pending = list(specs)
-    while pending:
-        stub = stub_for(pending.pop(0), runnable, python_alias, bin_dir, conda_forge)
-        if (stub.name, stub.version, stub.build) not in seen:
-            seen[(stub.name, stub.version, stub.build)] = stub
-            pending.extend(stub.depends)
-    written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in seen.values()]
+    stubs = stand_ins(specs, runnable=runnable, python_alias=python_alias, bin_dir=bin_dir, conda_forge=conda_forge)
+    written = [write_stub(stub, channel / subdir, subdir) for subdir in subdirs for stub in stubs]
     index(channel)
     return written
 
@@ -323,22 +318,78 @@ SITE_CONFIG = "torchforge.toml"
 
 
 def selection_requirements(selection: Selection) -> list[str]:
-    """Every build, host and run spec of the selection's pytorch recipes (magma recipes have none)."""
+    """Every build, host and run spec of the selection's pytorch recipes (magma recipes have none); a selection
+    upstream could not build is refused first."""
+    render_plan = plan(selection)
+    render_plan.require_buildable()
     specs: list[str] = []
-    for variant in plan(selection).variants:
+    for variant in render_plan.variants:
         recipe = render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]
         specs += [spec for spec in recipe_requirements(recipe) if spec not in specs]
     return [*specs, *TEST_EXTRAS]
 
 
-def write_standin_channel(selection: Selection, out: Path) -> tuple[list[Path], Path]:
-    """Stand-ins for every requirement of `selection` in the channel `out`, indexed, and `out/torchforge.toml`
-    whose `[channels] replace` makes a build use this channel instead of every data channel. Returns the
-    packages and the config file. Written in a scratch folder first: a killed run leaves no half package."""
-    plan(selection).require_buildable()
-    specs = selection_requirements(selection)
+def rendered_recipe_requirements(recipe_dir: Path, own: set[str]) -> list[str]:
+    """What a stand-in channel must hold for rattler-build to solve every environment of the recipe folder
+    (recipe.yaml + variants.yaml): the specs rattler-build itself renders (compilers resolved from the variant
+    keys, staging outputs included), a bare name pinned by the variant as rattler-build pins it, a build-string
+    glob given a build that matches it. `own`: the recipe's outputs, which the channel must not stand in for."""
+    from rattler_build import Stage0Recipe, VariantConfig
+
+    specs: set[str] = set(TEST_EXTRAS)
+    for variant in Stage0Recipe.from_file(recipe_dir / "recipe.yaml").render(
+            VariantConfig.from_file(recipe_dir / "variants.yaml")):
+        sections = [variant.recipe.to_dict()["requirements"],
+                    *(cache.requirements.to_dict() for cache in variant.recipe.staging_caches)]
+        for spec in (s for section in sections for key in ("build", "host", "run") for s in section.get(key, [])):
+            if isinstance(spec, dict):  # pin_subpackage of the recipe's own outputs
+                continue
+            fields = spec.split()
+            name, key = fields[0], fields[0].replace("-", "_")
+            if name in own or name.startswith("__"):
+                continue
+            if len(fields) == 1 and key in variant.variant:
+                spec = f"{name} {variant.variant[key]}"
+            elif len(fields) == 3 and fields[1] == "*":
+                spec = f"{name} 1.0 0{fields[2].strip('*')}"
+            specs.add(spec)
+    return sorted(specs)
+
+
+def flavour_requirements(recipes: tuple[CondaForgeRecipe, ...]) -> list[str]:
+    """Every requirement of the conda-forge flavour's recipes as the embedded engine renders their recipe.yaml."""
+    specs: set[str] = set()
+    source = Source("path", ".", "")  # where the sources come from changes no requirement
+    with tempfile.TemporaryDirectory(prefix="standin-recipe-") as tmp:
+        for recipe in recipes:
+            folder = Path(tmp) / recipe.id
+            folder.mkdir()
+            for name, text in recipe_files(recipe, source, recipe_format=RecipeFormat.RATTLER_BUILD).items():
+                (folder / name).write_text(text)
+            specs |= set(rendered_recipe_requirements(folder, {o.name for o in recipe.outputs}))
+    return sorted(specs)
+
+
+def stand_ins(specs: list[str], *, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None,
+              conda_forge: bool = False) -> list[Stub]:
+    """One stand-in per distinct (name, version, build) the specs ask for, and for what each depends on."""
+    seen: dict[tuple[str, str, str], Stub] = {}
+    pending = list(specs)
+    while pending:
+        stub = stub_for(pending.pop(0), runnable, python_alias, bin_dir, conda_forge)
+        if (stub.name, stub.version, stub.build) not in seen:
+            seen[(stub.name, stub.version, stub.build)] = stub
+            pending.extend(stub.depends)
+    return list(seen.values())
+
+
+def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = False) -> tuple[list[Path], Path]:
+    """Stand-ins for `specs` (selection_requirements or flavour_requirements) in the channel `out`, indexed, and
+    `out/torchforge.toml` whose `[channels] replace` makes a build use this channel instead of every data channel.
+    `conda_forge`: conda-forge's packages get their shape (see stub_for). Returns the packages and the config file.
+    Written in a scratch folder first: a killed run leaves no half package and no config naming a half channel."""
     try:
-        stubs = {(s.name, s.version, s.build): s for s in (stub_for(spec) for spec in specs)}
+        stubs = stand_ins(specs, conda_forge=conda_forge)
     except FileNotFoundError as exc:
         raise ToolMissingError(f"cannot make the stand-in python: {exc}",
                                "ask for a Python this machine has (--py X.Y with pythonX.Y on PATH)") from None
@@ -346,10 +397,10 @@ def write_standin_channel(selection: Selection, out: Path) -> tuple[list[Path], 
     fileops.clean_stale(out)
     written: list[Path] = []
     with localchannel.locked(out), fileops.scratch(out, "standin") as stage:
-        for stub in stubs.values():
-            made = write_stub(stub, stage / SUBDIR)
-            target = fileops.ensure_dir(out / SUBDIR) / made.name
-            fileops.move_into_place(made, target)
+        made = [write_stub(stub, stage / SUBDIR) for stub in stubs]  # all made before any is moved in
+        for package in made:
+            target = fileops.ensure_dir(out / SUBDIR) / package.name
+            fileops.move_into_place(package, target)
             written.append(target)
         index(out)
     config = fileops.atomic_write(out / SITE_CONFIG, f'[channels]\nreplace = ["file://{out}"]\n')

@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
+from torchforge.commands import flavour as flavour_commands
 from torchforge.commands.options import (
-    CudaOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
+    ArchListOpt, CudaOpt, FlavourOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path,
+    selection_from_flags,
 )
-from torchforge.console import err, out
+from torchforge.console import err, note, out
+from torchforge.flavours import Flavour, choose
 from torchforge.prefix import install as install_into
-from torchforge.standin import write_standin_channel
+from torchforge.standin import flavour_requirements, selection_requirements, write_standin_channel
 
 
 def register(app: typer.Typer) -> None:
@@ -21,18 +24,28 @@ def register(app: typer.Typer) -> None:
     def standin_channel(
         out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Channel folder to write (created if missing).")] = Path("standin-channel"),
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
-        source: SourceOpt = None,
+        arch_list: ArchListOpt = None, source: SourceOpt = None, flavour: FlavourOpt = None,
     ) -> None:
-        """Write a STAND-IN channel for an offline build: one tiny package per requirement of the selected
-        pytorch recipes (python links to this machine's interpreter, patchelf to its patchelf; the others
-        are empty), and OUT/torchforge.toml, which makes `torchforge build --config OUT/torchforge.toml`
-        use it instead of every real channel. Packages built against it are for trying torchforge only."""
-        selection = selection_from_flags(pytorch, cuda, python, platform, source=source)
-        written, config = write_standin_channel(selection, out_dir)
+        """Write a STAND-IN channel for an offline build: one tiny package per requirement of the recipes that
+        `torchforge build` would build with the same flags (the same flavour: conda-forge's shape for 2.6+,
+        whose cuDNN, NCCL and MAGMA stand-ins are tiny libraries with the real SONAMEs and run_exports; python
+        links to this machine's interpreter, patchelf to its patchelf; the others are empty), and
+        OUT/torchforge.toml, which makes `torchforge build --config OUT/torchforge.toml` use it instead of every
+        real channel. Packages built against it are for trying torchforge only."""
+        chosen, why = choose(flavour, pytorch)
+        note(why)
+        if chosen is Flavour.CONDA_FORGE:
+            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, 0)
+            specs, shape = flavour_requirements(recipes), "the conda-forge flavour's recipes (recipe.yaml)"
+        else:
+            specs = selection_requirements(selection_from_flags(pytorch, cuda, python, platform, arch_list,
+                                                                source=source))
+            shape = "the official flavour's recipes"
+        written, config = write_standin_channel(specs, out_dir, conda_forge=chosen is Flavour.CONDA_FORGE)
         for path in written:
             out.print(str(path))
-        err.print(f"stand-in channel: {len(written)} stand-in package(s) in {out_dir}, NOT the real ones; "
-                  f"build with --config {config}")
+        err.print(f"stand-in channel: {len(written)} STAND-IN package(s) in {out_dir} for the requirements of {shape}: "
+                  f"tiny packages for trying torchforge offline, NOT the real ones; build with --config {config}")
 
     @app.command("install")
     def install(
