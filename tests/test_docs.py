@@ -104,9 +104,14 @@ def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
     assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
     if block == quickstart():
         # Imported twice: from the local channel, then from the file:// channel it was uploaded to.
-        imports = re.findall(r"^2\.9\.0 3\.0 (\S+)$", result.stdout, re.M)
+        imports = re.findall(r"^2\.13\.0 3\.0 (\S+)$", result.stdout, re.M)
         assert [Path(p).parts[-6] for p in imports] == ["env", "env2"], result.stdout
         assert "uploaded" in result.stdout
+        # the conda-forge flavour's three packages: the metapackage brings pytorch and libtorch
+        for package in ("pytorch-cpu-2.13.0-cpu_mkl_torchforge_h", "pytorch-2.13.0-cpu_mkl_torchforge_py311_h",
+                        "libtorch-2.13.0-cpu_mkl_torchforge_h"):
+            assert result.stdout.count(package) >= 2, (package, result.stdout)
+        assert "flavour conda-forge" in result.stderr and "STAND-IN" in result.stderr
 
 
 def test_the_readme_is_short_and_its_quick_start_has_at_most_ten_commands() -> None:
