@@ -119,11 +119,11 @@ def _check_here(
         try:
             solved = run_async(solve([channel_url], specs, gateway=gateway, platforms=[here, "noarch"]))
             how = "solved with dependencies from the channel"
-        except SolverError as exc:
+        except SolverError:
             # Real packages depend on python, mkl, ... from other channels: the channel alone cannot satisfy them.
             # Installing the records alone still proves the channel serves intact, installable archives.
             solved = [records[a.filename] for a in installable]  # type: ignore[misc]
-            how = f"installed without dependencies (not all in this channel: {str(exc).splitlines()[0][:160]})"
+            how = f"installed without dependencies: {_from_elsewhere(solved)}"
         prefix = work / "prefix"
         run_async(rattler_install(solved, target_prefix=prefix, cache_dir=work / "pkgs", show_progress=False))
         installed = {p.name for p in (prefix / "conda-meta").glob("*.json")}
@@ -132,3 +132,13 @@ def _check_here(
                 raise UploadFailedError(f"installing {archive.filename} from {channel_url} left no conda-meta record")
         lines.append(f"install from {channel_url}: {', '.join(a.stem for a in installable)} ({how})")
     return lines
+
+
+def _from_elsewhere(solved: Sequence[object]) -> str:
+    """What the archives need that they do not provide one another (python, numpy, ...): the channel is used next to
+    the channels that have it."""
+    names = {r.name.normalized for r in solved}  # type: ignore[attr-defined]
+    needed = sorted({d.split()[0] for r in solved for d in r.depends} - names)  # type: ignore[attr-defined]
+    needed = [n for n in needed if not n.startswith("__")]
+    shown = ", ".join(needed[:6]) + (f" and {len(needed) - 6} more" if len(needed) > 6 else "")
+    return f"{shown} come from other channels" if needed else "the solver refused the channel alone"
