@@ -184,6 +184,18 @@ def test_the_flavour_is_chosen_as_build_chooses_it(argv: list[str], official: bo
     assert f"flavour {'official' if official else 'conda-forge'}" in capsys.readouterr().err
 
 
+def test_the_stand_ins_are_for_the_platform_of_the_build_and_none_for_a_platform_it_does_not_build(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["standin-channel", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", HERE]
+    assert main([*argv, "--platform", "linux-aarch64", "--out", str(tmp_path / "arm")]) == 0
+    assert sorted(p.name for p in (tmp_path / "arm").iterdir() if p.is_dir()) == ["linux-aarch64", "noarch"]
+    index = json.loads((tmp_path / "arm" / "linux-aarch64" / "repodata.json").read_text())
+    assert {r["subdir"] for r in index["packages.conda"].values()} == {"linux-aarch64"}
+    capsys.readouterr()
+    assert main([*argv, "--platform", "win-64", "--out", str(tmp_path / "win")]) == ExitCode.USAGE
+    assert "linux only" in capsys.readouterr().err and not (tmp_path / "win").exists()
+
+
 def test_a_run_killed_while_writing_leaves_nothing_and_the_rerun_converges(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torchforge import standin

@@ -383,10 +383,12 @@ def stand_ins(specs: list[str], *, runnable: bool = True, python_alias: bool = F
     return list(seen.values())
 
 
-def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = False) -> tuple[list[Path], Path]:
+def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = False,
+                          subdir: str = SUBDIR) -> tuple[list[Path], Path]:
     """Stand-ins for `specs` (selection_requirements or flavour_requirements) in the channel `out`, indexed, and
     `out/torchforge.toml` whose `[channels] replace` makes a build use this channel instead of every data channel.
-    `conda_forge`: conda-forge's packages get their shape (see stub_for). Returns the packages and the config file.
+    `conda_forge`: conda-forge's packages get their shape (see stub_for); `subdir`: the platform of the build.
+    Returns the packages and the config file.
     Written in a scratch folder first: a killed run leaves no half package and no config naming a half channel."""
     try:
         stubs = stand_ins(specs, conda_forge=conda_forge)
@@ -397,9 +399,9 @@ def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = Fa
     fileops.clean_stale(out)
     written: list[Path] = []
     with localchannel.locked(out), fileops.scratch(out, "standin") as stage:
-        made = [write_stub(stub, stage / SUBDIR) for stub in stubs]  # all made before any is moved in
+        made = [write_stub(stub, stage / subdir, subdir) for stub in stubs]  # all made before any is moved in
         for package in made:
-            target = fileops.ensure_dir(out / SUBDIR) / package.name
+            target = fileops.ensure_dir(out / subdir) / package.name
             fileops.move_into_place(package, target)
             written.append(target)
         index(out)

@@ -16,7 +16,10 @@ from torchforge.commands.options import (
 from torchforge.console import err, note, out
 from torchforge.flavours import Flavour, choose
 from torchforge.prefix import install as install_into
-from torchforge.standin import flavour_requirements, selection_requirements, write_standin_channel
+from torchforge.errors import UsageError
+from torchforge.standin import (
+    SUBDIR, flavour_requirements, selection_requirements, write_standin_channel,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -35,13 +38,17 @@ def register(app: typer.Typer) -> None:
         chosen, why = choose(flavour, pytorch)
         note(why)
         if chosen is Flavour.CONDA_FORGE:
+            if platform == "win-64":  # as `build` refuses it
+                raise UsageError("torchforge builds the conda-forge flavour on linux only, so there is no win-64 "
+                                 "build to stand in for", "leave out --platform win-64 (or give linux-64 or linux-aarch64)")
             recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, 0)
             specs, shape = flavour_requirements(recipes), "the conda-forge flavour's recipes (recipe.yaml)"
         else:
             specs = selection_requirements(selection_from_flags(pytorch, cuda, python, platform, arch_list,
                                                                 source=source))
             shape = "the official flavour's recipes"
-        written, config = write_standin_channel(specs, out_dir, conda_forge=chosen is Flavour.CONDA_FORGE)
+        written, config = write_standin_channel(specs, out_dir, conda_forge=chosen is Flavour.CONDA_FORGE,
+                                                subdir=platform or SUBDIR)
         for path in written:
             out.print(str(path))
         err.print(f"stand-in channel: {len(written)} STAND-IN package(s) in {out_dir} for the requirements of {shape}: "
