@@ -25,7 +25,8 @@ def channel_url(channel: str) -> str:
 
 def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list[str]:
     """Solve `specs` against `channels` (in order, for this platform and noarch, with this machine's virtual
-    packages) and install the solution into `prefix`, which must be new or empty. Returns `name-version-build` of every installed package."""
+    packages) and install the solution into `prefix`, which must be new or empty. Returns `name-version-build` of
+    every installed package."""
     import rattler
     from rattler.exceptions import SolverError
 

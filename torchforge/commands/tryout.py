@@ -14,9 +14,9 @@ from torchforge.commands.options import (
     selection_from_flags,
 )
 from torchforge.console import err, note, out
+from torchforge.errors import UsageError
 from torchforge.flavours import Flavour, choose
 from torchforge.prefix import install as install_into
-from torchforge.errors import UsageError
 from torchforge.standin import (
     SUBDIR, flavour_requirements, selection_requirements, write_standin_channel,
 )
@@ -40,7 +40,8 @@ def register(app: typer.Typer) -> None:
         if chosen is Flavour.CONDA_FORGE:
             if platform == "win-64":  # as `build` refuses it
                 raise UsageError("torchforge builds the conda-forge flavour on linux only, so there is no win-64 "
-                                 "build to stand in for", "leave out --platform win-64 (or give linux-64 or linux-aarch64)")
+                                 "build to stand in for",
+                                 "leave out --platform win-64 (or give linux-64 or linux-aarch64)")
             recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, 0)
             specs, shape = flavour_requirements(recipes), "the conda-forge flavour's recipes (recipe.yaml)"
         else:

@@ -17,7 +17,7 @@ from torchforge.errors import UploadFailedError
 from torchforge.archives import Archive
 
 if TYPE_CHECKING:
-    from rattler import MatchSpec
+    from rattler import MatchSpec, RepoDataRecord
 
 
 def _spec(archive: Archive) -> MatchSpec:
@@ -134,11 +134,11 @@ def _check_here(
     return lines
 
 
-def _from_elsewhere(solved: Sequence[object]) -> str:
+def _from_elsewhere(solved: Sequence[RepoDataRecord]) -> str:
     """What the archives need that they do not provide one another (python, numpy, ...): the channel is used next to
     the channels that have it."""
-    names = {r.name.normalized for r in solved}  # type: ignore[attr-defined]
-    needed = sorted({d.split()[0] for r in solved for d in r.depends} - names)  # type: ignore[attr-defined]
+    names = {r.name.normalized for r in solved}
+    needed = sorted({d.split()[0] for r in solved for d in r.depends} - names)
     needed = [n for n in needed if not n.startswith("__")]
     shown = ", ".join(needed[:6]) + (f" and {len(needed) - 6} more" if len(needed) > 6 else "")
     return f"{shown} come from other channels" if needed else "the solver refused the channel alone"
