@@ -30,7 +30,8 @@ def test_build_cuda_11_0_py38_plans_pytorch_1_7_1_and_says_why_first(tmp_path: P
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "--cuda", "11.0", "--py", "3.8", "--dry-run", "--out", str(tmp_path / "ch")]) == 0
     captured = capsys.readouterr()
-    first = captured.err.strip().splitlines()[0]
+    flavour, first = captured.err.strip().splitlines()[:2]
+    assert flavour.startswith("flavour official: no --pytorch given")  # which shape, and why, before the release
     assert first == "PyTorch 1.7.1: the newest release with official conda packages of CUDA 11.0 with Python 3.8 on linux-64"
     assert "pytorch-1.7.1-py3.8_cuda11.0.221_cudnn8.0.5_0" in captured.err
     assert "magma-cuda110-2.5.2-1" in captured.err
