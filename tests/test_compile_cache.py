@@ -5,11 +5,14 @@ its binding, and its package holds the same payload as one built without the cac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import marshal
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 from types import CodeType
 
@@ -20,8 +23,11 @@ from tests.cuda_standin import make_stand_in_toolkit
 from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_build import NVCC_RELEASE, needs_nvcc
 from torchforge.channels import SiteChannels
-from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, read_stats
+from torchforge.compilecache import (
+    COMPILERS_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, objects_built, read_stats,
+)
 from torchforge.magmasource import inspect
+from torchforge.engines import Engine
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.proc import Runner
@@ -30,6 +36,7 @@ from torchforge.render import RecipeFormat, plan, render_files
 from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
+TORCH_LIKE = Path(__file__).parent / "fixtures" / "torch_like"  # setuptools only: an Extension and a distutils library
 FINDCUDA = Path(__file__).parent / "fixtures" / "magma_findcuda"  # MAGMA 2.6.1's FindCUDA build, in miniature
 # Small: three generated C++ units (the bench builds 120, plus CUDA units).
 ENV = (("TORCH_HEAVY_TUS", "3"),)
@@ -194,6 +201,50 @@ def test_the_nvcc_wrapper_compiles_through_ccache_and_misses_on_another_arch(tmp
     assert (compile_with("80").cuda.misses, compile_with("80").cuda.hits, compile_with("90").cuda.misses) == (1, 1, 1)
 
 
+def test_setuptools_and_ninja_command_lines_count_once_per_object(tmp_path: Path) -> None:
+    """Compiles outside CMake are seen by their command lines (setuptools under pip -v, ninja of torch's
+    cpp_extension); a verbose CMake build's command line is the object its progress line already named."""
+    build_log = tmp_path / "build.log"
+    build_log.write_text(
+        " │ │   gcc -Wsign-compare -DNDEBUG -O3 -fPIC -std=c++17 -Icsrc -c csrc/torch_like.cpp -o /tmp/b/temp/csrc/torch_like.o\n"
+        " │ │   g++ -shared /tmp/b/temp/csrc/torch_like.o -o /tmp/b/lib/torch/lib/libtorch_like.so\n"  # a link
+        "[1/2] /opt/conda/bin/x86_64-conda-linux-gnu-c++ -MMD -MF /w/build/a.o.d -c /w/csrc/a.cpp -o /w/build/a.o\n"
+        "[2/2] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile -c /w/csrc/k.cu -o /w/build/k.o\n"
+        "/usr/local/cuda/bin/nvcc -M -D__CUDACC__ /w/magmablas/k.cu -o /w/build/k.cu.o.NVCC-depend\n"  # a scan
+        "[ 50%] Building CXX object CMakeFiles/t.dir/b.cpp.o\n"
+        "/usr/bin/ccache /usr/bin/c++ -O2 -o CMakeFiles/t.dir/b.cpp.o -c /w/b.cpp\n"
+        "[ 60%] Building NVCC (Device) object CMakeFiles/m.dir/magmablas/m_generated_k.cu.o\n"
+        '/usr/local/cuda/bin/nvcc /w/magmablas/k.cu -c -o "/w/build/CMakeFiles/m.dir/magmablas/./m_generated_k.cu.o"\n')
+    assert objects_built(build_log) == {"host": 3, "CUDA": 2}
+
+
+def test_a_setuptools_compile_goes_through_ccache_once_even_under_cmakes_launcher(tmp_path: Path) -> None:
+    """The CC wrapper route.sh makes, with the real ccache and gcc: named like the compiler it runs, one cache
+    call per compile whether setuptools runs it or CMake's launcher (ccache) does (which hashes the wrapper, so
+    a separate entry), and the same call again hits."""
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.c").write_text("int a(void) { return 1; }\n")
+    stats_log = work / "stats.log"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}, **cache.build_env(work, stats_log),
+           "PYTHON": sys.executable}
+    routed = subprocess.run(["bash", "-euc", f'. "{env[COMPILERS_VARIABLE]}/route.sh"; printf "%s\\n" "$CC" "$CXX"'],
+                            env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+    cc = routed[0].split()[0]
+    real = shutil.which(sysconfig.get_config_var("CC").split()[0]) or "cc"
+    assert Path(cc).name == Path(real).name and Path(cc).parent.name == "CC"
+    assert Path(routed[1].split()[0]).parent.name == "CXX"
+    for argv in ([cc], [ccache, cc], [cc]):
+        subprocess.run([*argv, "-c", "a.c", "-o", "a.o"], cwd=work, env=env, check=True)
+    stats = read_stats(stats_log)
+    assert (stats.host.misses, stats.host.hits) == (2, 1)
+    assert Path(cc).read_text().startswith(f"#!/bin/sh\n# compiler sha256 {hashlib.sha256(Path(real).read_bytes()).hexdigest()}")
+
+
 def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "cache", "pytorch-2.9.0-cpu-linux_64-0123456789abcdef", "/usr/bin/ccache")
     cache.prepare()
@@ -315,6 +366,64 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
                 if r.step.kind == "pytorch"]
     assert rerun.ok, rerun.error
     assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill
+
+
+def build_torch_like(engine: Engine, out: Path, stubs: Path, extra_env: tuple[tuple[str, str], ...] = ()) -> StepResult:
+    sel = Selection.from_flags("2.9.0", "cpu", "3.11", None, Options(source=str(TORCH_LIKE), extra_env=extra_env))
+    settings = offline(out, stubs, force=True)
+    (result,) = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+                 if r.step.kind == "pytorch"]
+    assert result.ok and result.cache is not None and result.log is not None, result.error
+    return result
+
+
+def rebuild_compiles_nothing_through_setuptools(engine: Engine, out: Path, stubs: Path) -> None:
+    """torch_like (setuptools: a distutils shared library and an Extension, no CMake) built twice: the second
+    build takes both objects from the cache (ccache's statistics) and its table line says so."""
+    from torchforge.commands.build import _cache_result
+
+    cold = build_torch_like(engine, out, stubs)
+    assert cold.cache is not None and (cold.cache.host.misses, cold.cache.host.hits, cold.cache.uncached) == (2, 0, 0)
+    warm = build_torch_like(engine, out, stubs)
+    assert warm.cache is not None and (warm.cache.host.hits, warm.cache.misses, warm.cache.uncached) == (2, 0, 0)
+    assert _cache_result(warm).startswith("host 2/2 reused; 2/2 objects reused (100 %); ")
+    log = warm.log.read_text()  # type: ignore[union-attr]
+    assert "compiled: nothing" in log and "/ccache-compilers/CC/" in log
+
+
+@pytest.mark.slow
+def test_a_setuptools_build_compiles_nothing_the_second_time(stubs: Path, tmp_path: Path) -> None:
+    rebuild_compiles_nothing_through_setuptools(RattlerBuildEngine(), tmp_path / "channel", stubs)
+
+
+@pytest.mark.slow
+def test_a_setuptools_build_compiles_nothing_the_second_time_with_conda_build(
+        stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from torchforge.engines.conda_build import CondaBuildEngine
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    for name, value in tool.env(tmp_path / "conda").items():
+        monkeypatch.setenv(name, value)
+    rebuild_compiles_nothing_through_setuptools(CondaBuildEngine(), tmp_path / "channel", stubs)
+
+
+@pytest.mark.slow
+def test_a_users_own_cc_launcher_is_respected_and_its_compiles_reported_as_uncached(stubs: Path, tmp_path: Path) -> None:
+    """CC="sccache gcc" in the recipe's environment (--env): the route leaves it alone, the user's launcher runs
+    every compile, and the summary says they were compiled without the cache."""
+    launcher, calls = tmp_path / "bin" / "sccache", tmp_path / "launcher-calls.txt"
+    launcher.parent.mkdir()
+    launcher.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec "$@"\n')  # the user's launcher: logs and runs
+    launcher.chmod(0o755)
+    compiler = shutil.which(sysconfig.get_config_var("CC").split()[0]) or "cc"
+    result = build_torch_like(RattlerBuildEngine(), tmp_path / "channel", stubs, (("CC", f"{launcher} {compiler}"),))
+    assert result.cache is not None and result.cache.host.calls == 0
+    assert result.cache.summary() == "host 0/2 reused (2 compiled without the cache); 0/2 objects reused (0 %)"
+    assert len([line for line in calls.read_text().splitlines() if " -c " in line]) == 2
+    assert "runs your own compiler launcher" in result.log.read_text()  # type: ignore[union-attr]
 
 
 def test_container_builds_get_the_cache_folder_and_the_ccache_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
