@@ -245,6 +245,38 @@ def test_a_setuptools_compile_goes_through_ccache_once_even_under_cmakes_launche
     assert Path(cc).read_text().startswith(f"#!/bin/sh\n# compiler sha256 {hashlib.sha256(Path(real).read_bytes()).hexdigest()}")
 
 
+@needs_nvcc
+def test_findcuda_dependency_scans_are_reused_until_a_file_they_listed_changes(tmp_path: Path) -> None:
+    """FindCUDA's `nvcc -M` per .cu file, through the wrapper with the real nvcc: the same scan in another build's
+    work folder (the engine's time-stamped one) is answered from the scan cache with the same dependency list;
+    a changed header, or other arguments, run the scan again."""
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    staging = tmp_path / "staging"
+    def scan(build: str, *args: str) -> tuple[CacheStats, str]:
+        work = staging / build / "work"
+        if not work.is_dir():
+            work.mkdir(parents=True)
+            (work / "k.cu").write_text('#include "k.h"\n__global__ void k(float* x) { x[threadIdx.x] *= K; }\n')
+            (work / "k.h").write_text("#define K 2.0f\n")
+        stats_log = staging / f"stats-{len(list(staging.glob('stats-*')))}.log"
+        env = cache.build_env(staging, stats_log)
+        subprocess.run([env["CUDA_NVCC_EXECUTABLE"], "-M", "-D__CUDACC__", str(work / "k.cu"), "-o", str(work / "k.d"),
+                        f"-I{work}", *args], cwd=work, env={**os.environ, **env}, check=True)
+        return read_stats(stats_log), (work / "k.d").read_text().replace(str(work), "WORK")
+
+    first, listed = scan("rattler-build_magma_1")
+    assert (first.scans_run, first.scans_reused) == (1, 0) and "WORK/k.h" in listed and "cuda_runtime.h" in listed
+    again, same = scan("rattler-build_magma_2")
+    assert (again.scans_run, again.scans_reused, same) == (0, 1, listed)
+    assert again.summary() == "no compiler calls went through the cache"  # a scan is no object
+    (staging / "rattler-build_magma_2" / "work" / "k.h").write_text("#define K 3.0f\n")
+    assert scan("rattler-build_magma_2")[0].scans_run == 1
+    assert scan("rattler-build_magma_2", "-DOTHER")[0].scans_run == 1
+
+
 def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "cache", "pytorch-2.9.0-cpu-linux_64-0123456789abcdef", "/usr/bin/ccache")
     cache.prepare()
@@ -481,20 +513,22 @@ def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group_and_another
 @needs_nvcc
 def test_a_findcuda_magma_rebuild_compiles_no_cuda_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MAGMA 2.6.1's way (find_package(CUDA), cuda_add_library) through the magma recipe and the pipeline: the
-    rebuild takes every kernel from the cache (ccache statistics), reports against the cold build, and packs
-    the same library. A user's own CUDA_NVCC_EXECUTABLE is left alone, and the summary says the kernels were
+    rebuild takes every kernel from the cache (ccache statistics) and every dependency scan from the scan cache,
+    reports against the cold build, and packs the same library. A user's own CUDA_NVCC_EXECUTABLE is left alone, and the summary says the kernels were
     then compiled without the cache."""
     monkeypatch.setenv("CUDA_HOME", str(make_stand_in_toolkit(tmp_path / "cuda")))  # FindCUDA wants cuBLAS
     tree, out = findcuda_tree(tmp_path, 3), tmp_path / "channel"
     cold = build_magma(tree, out)
     assert cold.cache is not None and cold.cache.hits == 0
     assert (cold.cache.cuda.misses, cold.cache.cuda.built, cold.cache.cuda.uncached) == (3, 3, 0)
+    assert (cold.cache.scans_run, cold.cache.scans_reused) == (3, 0)  # FindCUDA's nvcc -M, one per .cu file
     assert cold.cold_seconds is None and cold.artifact is not None
     cold_library = (extract(cold.artifact, tmp_path / "cold") / "lib" / "libmagma.a").read_bytes()
 
     warm = build_magma(tree, out)
     assert warm.cache is not None and warm.cache.misses == 0 and warm.cache.uncached == 0
     assert (warm.cache.cuda.hits, warm.cache.host.hits) == (3, cold.cache.host.misses)
+    assert (warm.cache.scans_run, warm.cache.scans_reused) == (0, 3)
     assert not [f for f in warm.cache.missed_files if f.endswith(".cu")]
     assert warm.cold_seconds == pytest.approx(cold.seconds, abs=0.1)
     assert warm.artifact is not None

@@ -195,6 +195,8 @@ class CacheStats:
     host: KindStats = KindStats()
     cuda: KindStats = KindStats()
     missed_files: tuple[str, ...] = ()
+    scans_reused: int = 0  # FindCUDA's `nvcc -M` dependency scans answered by the nvcc wrapper's scan cache
+    scans_run: int = 0
 
     @property
     def hits(self) -> int:
@@ -218,7 +220,9 @@ class CacheStats:
         if not kinds:
             return "no compiler calls went through the cache"
         total = self.host.total + self.cuda.total
-        return f"{', '.join(kinds)}; {self.hits}/{total} objects reused ({100 * self.hits / total:.0f} %)"
+        scans = self.scans_reused + self.scans_run
+        return (f"{', '.join(kinds)}; {self.hits}/{total} objects reused ({100 * self.hits / total:.0f} %)"
+                + (f"; {self.scans_reused}/{scans} FindCUDA dependency scans reused" if scans else ""))
 
 
 def objects_built(build_log: Path) -> dict[str, int]:
@@ -242,6 +246,7 @@ def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
     """Parse a ccache stats log (a `# <input file>` line per call, then that call's counter names) and count, by
     kind, the objects the build log names."""
     counts = {kind: [0, 0] for kind in KINDS}  # hits, misses
+    scans = {"torchforge_scan_hit": 0, "torchforge_scan_run": 0}  # written by the nvcc wrapper
     missed: list[str] = []
     current = ""
     if stats_log.is_file():
@@ -253,9 +258,11 @@ def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
             elif line == "cache_miss":
                 counts[kind_of(current)][1] += 1
                 missed.append(current)
+            elif line in scans:
+                scans[line] += 1
     built = objects_built(build_log) if build_log is not None else dict.fromkeys(KINDS, 0)
     host, cuda = (KindStats(*counts[kind], built=built[kind]) for kind in KINDS)
-    return CacheStats(host, cuda, tuple(missed))
+    return CacheStats(host, cuda, tuple(missed), scans["torchforge_scan_hit"], scans["torchforge_scan_run"])
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -315,7 +322,8 @@ class CompileCache:
         compilers = stats_log.parent / "ccache-compilers"
         if write:
             _write_atomic(config, text)
-            for folder, files in ((nvcc.parent, {nvcc.name: nvcc_wrapper(self.ccache)}),
+            scans = nvcc_wrapper(self.ccache, self.directory.resolve() / "nvcc-scans", base_dir.resolve(), stats_log.resolve())
+            for folder, files in ((nvcc.parent, {nvcc.name: scans}),
                                   (compilers, {"route.sh": compilers_route(), "wrapper.sh": compiler_wrapper(self.ccache)})):
                 folder.mkdir(exist_ok=True)
                 for name, content in files.items():
@@ -325,16 +333,74 @@ class CompileCache:
                 COMPILERS_VARIABLE: str(compilers.resolve()), **{name: self.ccache for name in LAUNCHER_VARIABLES}}
 
 
-def nvcc_wrapper(ccache: str) -> str:
+def nvcc_wrapper(ccache: str, scans: Path, base_dir: Path, stats_log: Path) -> str:
     """The script CUDA_NVCC_EXECUTABLE names: the build's nvcc ($CUDA_HOME/bin/nvcc, else the one on PATH)
-    through ccache, which hashes that real nvcc and its arguments."""
-    return f"""#!/bin/sh
+    through ccache, which hashes that real nvcc and its arguments.
+
+    FindCUDA also runs `nvcc -M` once per .cu file before compiling it, a dependency scan ccache cannot cache
+    ("unsupported compiler option"): on a warm build these scans are most of the time left. The script keeps
+    each scan's output under `scans`, keyed by the digest of nvcc (and of the host compiler on PATH), the
+    arguments and the variables nvcc reads (paths under base_dir made relative to the working directory, as
+    ccache does); an entry is used only while every file the scan listed still has the content it had, so a
+    changed header runs the scan again. Each scan logs a hit or a run in the stats log."""
+    return rf"""#!/usr/bin/env bash
 # Written by torchforge's compile cache. FindCUDA (find_package(CUDA), cuda_add_library) runs nvcc from custom
 # commands that CMAKE_CUDA_COMPILER_LAUNCHER does not reach; CUDA_NVCC_EXECUTABLE names this file instead.
 nvcc="${{CUDA_HOME:+$CUDA_HOME/bin/nvcc}}"
 if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then nvcc="$(command -v nvcc)"; fi
-if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \\$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
-exec {shlex.quote(ccache)} "$nvcc" "$@"
+if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
+case " $* " in
+    *" -M "*) ;;
+    *) exec {shlex.quote(ccache)} "$nvcc" "$@" ;;
+esac
+# FindCUDA's dependency scan: from the scan cache while every file it listed is unchanged.
+scans={shlex.quote(str(scans))} base={shlex.quote(str(base_dir))} stats={shlex.quote(str(stats_log))}
+out="" source="" previous=""
+for arg in "$@"; do
+    [ "$previous" = "-o" ] && out=$arg
+    case "$arg" in *.cu) source=$arg ;; esac
+    previous=$arg
+done
+[ -n "$out" ] || exec "$nvcc" "$@"
+# Paths under base_dir are keyed relative to the working directory, as ccache's base_dir does: each build has
+# its own work folder (the engine's, with a time stamp) at the same place relative to its objects.
+up=() dir=$PWD
+while [ "${{dir#"$base"}}" != "$dir" ]; do up+=("$dir"); [ "$dir" = "$base" ] && break; dir=${{dir%/*}}; done
+relative() {{ local text=$1 i; for i in "${{!up[@]}}"; do text=${{text//"${{up[$i]}}"/@UP$i@}}; done; printf '%s\n' "$text"; }}
+absolute() {{ local text=$1 i; for i in "${{!up[@]}}"; do text=${{text//@UP$i@/${{up[$i]}}}}; done; printf '%s\n' "$text"; }}
+# nvcc's and the host compiler's content digest, computed once per path, size, mtime and inode of each
+programs=$(stat -L -c '%n %s %Y %i' "$nvcc" "$(type -P g++)" "$(type -P gcc)" 2>/dev/null)
+known="$scans/programs/$(printf '%s' "$programs" | sha256sum | cut -c1-64)"
+if [ ! -s "$known" ]; then
+    mkdir -p "$scans/programs"
+    while read -r path _; do sha256sum < "$path"; done <<< "$programs" > "$known.$$" && mv -f "$known.$$" "$known"
+fi
+key=$({{
+    echo "torchforge nvcc -M 1"; printf '%s\n' "$programs" "$(<"$known")"
+    relative "$PWD"; printf '%s\n' "NVCC_PREPEND_FLAGS=${{NVCC_PREPEND_FLAGS:-}}" \
+        "NVCC_APPEND_FLAGS=${{NVCC_APPEND_FLAGS:-}}" "NVCC_CCBIN=${{NVCC_CCBIN:-}}" "CPATH=${{CPATH:-}}" \
+        "C_INCLUDE_PATH=${{C_INCLUDE_PATH:-}}" "CPLUS_INCLUDE_PATH=${{CPLUS_INCLUDE_PATH:-}}"
+    for arg in "$@"; do relative "$arg"; done
+}} | sha256sum) && key=${{key%% *}}
+entry="$scans/${{key:0:2}}/$key"
+if [ -s "$entry.sums" ] && [ -f "$entry.d" ]; then
+    if absolute "$(<"$entry.sums")" | sha256sum --check --status --strict - 2>/dev/null; then
+        absolute "$(<"$entry.d")" > "$out"
+        printf '# %s\ntorchforge_scan_hit\n' "$source" >> "$stats"
+        exit 0
+    fi
+fi
+"$nvcc" "$@" || exit
+printf '# %s\ntorchforge_scan_run\n' "$source" >> "$stats"
+listed=$(<"$out")
+case "$listed" in *'\ '*) exit 0 ;; esac  # a path with a space: not stored
+set -f
+files=$(printf '%s\n' "$listed" | sed -e '1s/^[^:]*:[[:space:]]*//' -e 's/\\$//')
+sums=$(sha256sum -- $files 2>/dev/null) || exit 0
+mkdir -p "${{entry%/*}}"
+relative "$listed" > "$entry.d.$$" && mv -f "$entry.d.$$" "$entry.d"
+relative "$sums" > "$entry.sums.$$" && mv -f "$entry.sums.$$" "$entry.sums"
+exit 0
 """
 
 
