@@ -5,11 +5,14 @@ its binding, and its package holds the same payload as one built without the cac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import marshal
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 from types import CodeType
 
@@ -20,8 +23,11 @@ from tests.cuda_standin import make_stand_in_toolkit
 from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_build import NVCC_RELEASE, needs_nvcc
 from torchforge.channels import SiteChannels
-from torchforge.compilecache import CacheStats, CompileCache, find_ccache, group_key, read_stats
+from torchforge.compilecache import (
+    COMPILERS_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, objects_built, read_stats,
+)
 from torchforge.magmasource import inspect
+from torchforge.engines import Engine
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.proc import Runner
@@ -30,6 +36,7 @@ from torchforge.render import RecipeFormat, plan, render_files
 from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
+TORCH_LIKE = Path(__file__).parent / "fixtures" / "torch_like"  # setuptools only: an Extension and a distutils library
 FINDCUDA = Path(__file__).parent / "fixtures" / "magma_findcuda"  # MAGMA 2.6.1's FindCUDA build, in miniature
 # Small: three generated C++ units (the bench builds 120, plus CUDA units).
 ENV = (("TORCH_HEAVY_TUS", "3"),)
@@ -194,6 +201,82 @@ def test_the_nvcc_wrapper_compiles_through_ccache_and_misses_on_another_arch(tmp
     assert (compile_with("80").cuda.misses, compile_with("80").cuda.hits, compile_with("90").cuda.misses) == (1, 1, 1)
 
 
+def test_setuptools_and_ninja_command_lines_count_once_per_object(tmp_path: Path) -> None:
+    """Compiles outside CMake are seen by their command lines (setuptools under pip -v, ninja of torch's
+    cpp_extension); a verbose CMake build's command line is the object its progress line already named."""
+    build_log = tmp_path / "build.log"
+    build_log.write_text(
+        " │ │   gcc -Wsign-compare -DNDEBUG -O3 -fPIC -std=c++17 -Icsrc -c csrc/torch_like.cpp -o /tmp/b/temp/csrc/torch_like.o\n"
+        " │ │   g++ -shared /tmp/b/temp/csrc/torch_like.o -o /tmp/b/lib/torch/lib/libtorch_like.so\n"  # a link
+        "[1/2] /opt/conda/bin/x86_64-conda-linux-gnu-c++ -MMD -MF /w/build/a.o.d -c /w/csrc/a.cpp -o /w/build/a.o\n"
+        "[2/2] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile -c /w/csrc/k.cu -o /w/build/k.o\n"
+        "/usr/local/cuda/bin/nvcc -M -D__CUDACC__ /w/magmablas/k.cu -o /w/build/k.cu.o.NVCC-depend\n"  # a scan
+        "[ 50%] Building CXX object CMakeFiles/t.dir/b.cpp.o\n"
+        "/usr/bin/ccache /usr/bin/c++ -O2 -o CMakeFiles/t.dir/b.cpp.o -c /w/b.cpp\n"
+        "[ 60%] Building NVCC (Device) object CMakeFiles/m.dir/magmablas/m_generated_k.cu.o\n"
+        '/usr/local/cuda/bin/nvcc /w/magmablas/k.cu -c -o "/w/build/CMakeFiles/m.dir/magmablas/./m_generated_k.cu.o"\n')
+    assert objects_built(build_log) == {"host": 3, "CUDA": 2}
+
+
+def test_a_setuptools_compile_goes_through_ccache_once_even_under_cmakes_launcher(tmp_path: Path) -> None:
+    """The CC wrapper route.sh makes, with the real ccache and gcc: named like the compiler it runs, one cache
+    call per compile whether setuptools runs it or CMake's launcher (ccache) does (which hashes the wrapper, so
+    a separate entry), and the same call again hits."""
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.c").write_text("int a(void) { return 1; }\n")
+    stats_log = work / "stats.log"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("CC", "CXX")}, **cache.build_env(work, stats_log),
+           "PYTHON": sys.executable}
+    routed = subprocess.run(["bash", "-euc", f'. "{env[COMPILERS_VARIABLE]}/route.sh"; printf "%s\\n" "$CC" "$CXX"'],
+                            env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+    cc = routed[0].split()[0]
+    real = shutil.which(sysconfig.get_config_var("CC").split()[0]) or "cc"
+    assert Path(cc).name == Path(real).name and Path(cc).parent.name == "CC"
+    assert Path(routed[1].split()[0]).parent.name == "CXX"
+    for argv in ([cc], [ccache, cc], [cc]):
+        subprocess.run([*argv, "-c", "a.c", "-o", "a.o"], cwd=work, env=env, check=True)
+    stats = read_stats(stats_log)
+    assert (stats.host.misses, stats.host.hits) == (2, 1)
+    assert Path(cc).read_text().startswith(f"#!/bin/sh\n# compiler sha256 {hashlib.sha256(Path(real).read_bytes()).hexdigest()}")
+
+
+@needs_nvcc
+def test_findcuda_dependency_scans_are_reused_until_a_file_they_listed_changes(tmp_path: Path) -> None:
+    """FindCUDA's `nvcc -M` per .cu file, through the wrapper with the real nvcc: the same scan in another build's
+    work folder (the engine's time-stamped one) is answered from the scan cache with the same dependency list;
+    a changed header, or other arguments, run the scan again."""
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    staging = tmp_path / "staging"
+    def scan(build: str, *args: str) -> tuple[CacheStats, str]:
+        work = staging / build / "work"
+        if not work.is_dir():
+            work.mkdir(parents=True)
+            (work / "k.cu").write_text('#include "k.h"\n__global__ void k(float* x) { x[threadIdx.x] *= K; }\n')
+            (work / "k.h").write_text("#define K 2.0f\n")
+        stats_log = staging / f"stats-{len(list(staging.glob('stats-*')))}.log"
+        env = cache.build_env(staging, stats_log)
+        subprocess.run([env["CUDA_NVCC_EXECUTABLE"], "-M", "-D__CUDACC__", str(work / "k.cu"), "-o", str(work / "k.d"),
+                        f"-I{work}", *args], cwd=work, env={**os.environ, **env}, check=True)
+        return read_stats(stats_log), (work / "k.d").read_text().replace(str(work), "WORK")
+
+    first, listed = scan("rattler-build_magma_1")
+    assert (first.scans_run, first.scans_reused) == (1, 0) and "WORK/k.h" in listed and "cuda_runtime.h" in listed
+    again, same = scan("rattler-build_magma_2")
+    assert (again.scans_run, again.scans_reused, same) == (0, 1, listed)
+    assert again.summary() == "no compiler calls went through the cache"  # a scan is no object
+    (staging / "rattler-build_magma_2" / "work" / "k.h").write_text("#define K 3.0f\n")
+    assert scan("rattler-build_magma_2")[0].scans_run == 1
+    assert scan("rattler-build_magma_2", "-DOTHER")[0].scans_run == 1
+
+
 def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "cache", "pytorch-2.9.0-cpu-linux_64-0123456789abcdef", "/usr/bin/ccache")
     cache.prepare()
@@ -317,6 +400,64 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
     assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill
 
 
+def build_torch_like(engine: Engine, out: Path, stubs: Path, extra_env: tuple[tuple[str, str], ...] = ()) -> StepResult:
+    sel = Selection.from_flags("2.9.0", "cpu", "3.11", None, Options(source=str(TORCH_LIKE), extra_env=extra_env))
+    settings = offline(out, stubs, force=True)
+    (result,) = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+                 if r.step.kind == "pytorch"]
+    assert result.ok and result.cache is not None and result.log is not None, result.error
+    return result
+
+
+def rebuild_compiles_nothing_through_setuptools(engine: Engine, out: Path, stubs: Path) -> None:
+    """torch_like (setuptools: a distutils shared library and an Extension, no CMake) built twice: the second
+    build takes both objects from the cache (ccache's statistics) and its table line says so."""
+    from torchforge.commands.build import _cache_result
+
+    cold = build_torch_like(engine, out, stubs)
+    assert cold.cache is not None and (cold.cache.host.misses, cold.cache.host.hits, cold.cache.uncached) == (2, 0, 0)
+    warm = build_torch_like(engine, out, stubs)
+    assert warm.cache is not None and (warm.cache.host.hits, warm.cache.misses, warm.cache.uncached) == (2, 0, 0)
+    assert _cache_result(warm).startswith("host 2/2 reused; 2/2 objects reused (100 %); ")
+    log = warm.log.read_text()  # type: ignore[union-attr]
+    assert "compiled: nothing" in log and "/ccache-compilers/CC/" in log
+
+
+@pytest.mark.slow
+def test_a_setuptools_build_compiles_nothing_the_second_time(stubs: Path, tmp_path: Path) -> None:
+    rebuild_compiles_nothing_through_setuptools(RattlerBuildEngine(), tmp_path / "channel", stubs)
+
+
+@pytest.mark.slow
+def test_a_setuptools_build_compiles_nothing_the_second_time_with_conda_build(
+        stubs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from torchforge.engines.conda_build import CondaBuildEngine
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    for name, value in tool.env(tmp_path / "conda").items():
+        monkeypatch.setenv(name, value)
+    rebuild_compiles_nothing_through_setuptools(CondaBuildEngine(), tmp_path / "channel", stubs)
+
+
+@pytest.mark.slow
+def test_a_users_own_cc_launcher_is_respected_and_its_compiles_reported_as_uncached(stubs: Path, tmp_path: Path) -> None:
+    """CC="sccache gcc" in the recipe's environment (--env): the route leaves it alone, the user's launcher runs
+    every compile, and the summary says they were compiled without the cache."""
+    launcher, calls = tmp_path / "bin" / "sccache", tmp_path / "launcher-calls.txt"
+    launcher.parent.mkdir()
+    launcher.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec "$@"\n')  # the user's launcher: logs and runs
+    launcher.chmod(0o755)
+    compiler = shutil.which(sysconfig.get_config_var("CC").split()[0]) or "cc"
+    result = build_torch_like(RattlerBuildEngine(), tmp_path / "channel", stubs, (("CC", f"{launcher} {compiler}"),))
+    assert result.cache is not None and result.cache.host.calls == 0
+    assert result.cache.summary() == "host 0/2 reused (2 compiled without the cache); 0/2 objects reused (0 %)"
+    assert len([line for line in calls.read_text().splitlines() if " -c " in line]) == 2
+    assert "runs your own compiler launcher" in result.log.read_text()  # type: ignore[union-attr]
+
+
 def test_container_builds_get_the_cache_folder_and_the_ccache_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from tests.test_channels import docker_run, dry_run_lines, executable
@@ -372,20 +513,22 @@ def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group_and_another
 @needs_nvcc
 def test_a_findcuda_magma_rebuild_compiles_no_cuda_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MAGMA 2.6.1's way (find_package(CUDA), cuda_add_library) through the magma recipe and the pipeline: the
-    rebuild takes every kernel from the cache (ccache statistics), reports against the cold build, and packs
-    the same library. A user's own CUDA_NVCC_EXECUTABLE is left alone, and the summary says the kernels were
+    rebuild takes every kernel from the cache (ccache statistics) and every dependency scan from the scan cache,
+    reports against the cold build, and packs the same library. A user's own CUDA_NVCC_EXECUTABLE is left alone, and the summary says the kernels were
     then compiled without the cache."""
     monkeypatch.setenv("CUDA_HOME", str(make_stand_in_toolkit(tmp_path / "cuda")))  # FindCUDA wants cuBLAS
     tree, out = findcuda_tree(tmp_path, 3), tmp_path / "channel"
     cold = build_magma(tree, out)
     assert cold.cache is not None and cold.cache.hits == 0
     assert (cold.cache.cuda.misses, cold.cache.cuda.built, cold.cache.cuda.uncached) == (3, 3, 0)
+    assert (cold.cache.scans_run, cold.cache.scans_reused) == (3, 0)  # FindCUDA's nvcc -M, one per .cu file
     assert cold.cold_seconds is None and cold.artifact is not None
     cold_library = (extract(cold.artifact, tmp_path / "cold") / "lib" / "libmagma.a").read_bytes()
 
     warm = build_magma(tree, out)
     assert warm.cache is not None and warm.cache.misses == 0 and warm.cache.uncached == 0
     assert (warm.cache.cuda.hits, warm.cache.host.hits) == (3, cold.cache.host.misses)
+    assert (warm.cache.scans_run, warm.cache.scans_reused) == (0, 3)
     assert not [f for f in warm.cache.missed_files if f.endswith(".cu")]
     assert warm.cold_seconds == pytest.approx(cold.seconds, abs=0.1)
     assert warm.artifact is not None

@@ -7,7 +7,12 @@ Pythons of a (release, CUDA, arch list, platform, env, patches, source) group re
   CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER, so nvcc compiles of CMake's CUDA language go through it as well. FindCUDA
   (`find_package(CUDA)`, `cuda_add_library`: MAGMA <= 2.8, older PyTorch) runs nvcc from custom commands that no
   launcher reaches: for those, CUDA_NVCC_EXECUTABLE names a small wrapper script that runs the toolkit's nvcc
-  through ccache (the magma recipes pass it to CMake; PyTorch's setup passes the variable on itself). Device code
+  through ccache (the magma recipes pass it to CMake; PyTorch's setup passes the variable on itself). Plain
+  setuptools and ninja builds (`setup.py`, `pip install .`, torch's cpp_extension) compile with $CC / $CXX, outside
+  CMake's launchers: the pytorch build script sources `route.sh` from the folder TORCHFORGE_COMPILERS names, which
+  points CC / CXX at wrappers named like the real compilers (conda's where the recipe's environment set them) that
+  run them through ccache; a wrapper whose caller is ccache (CMake's launcher) or nvcc runs the compiler directly,
+  so no call goes through ccache twice. Device code
   is keyed like any call: ccache hashes the nvcc binary (a toolkit change misses) and the arguments (the
   -gencode list: an arch list change misses), and nothing of the folder it is built in. Every engine builds in a fresh
   folder with a fresh host prefix: `base_dir` (the job's build root) turns the absolute paths under it into
@@ -21,8 +26,9 @@ Pythons of a (release, CUDA, arch list, platform, env, patches, source) group re
   complete entries only; the key folder's `key.json` is written the same way.
 - Statistics: each build gets its own ccache `stats_log`, read back here (hits, misses, and which files missed),
   counted by kind of object (host, CUDA). The build log says which objects the build compiled (CMake's
-  "Building CXX/C/CUDA/NVCC (Device) object" lines); objects it names beyond the calls ccache saw were compiled
-  without the cache, and the summary says so instead of claiming a full reuse.
+  "Building CXX/C/CUDA/NVCC (Device) object" lines, and the compiler command lines setuptools and ninja print);
+  objects it names beyond the calls ccache saw were compiled without the cache, and the summary says so instead
+  of claiming a full reuse. A build that prints neither (pip without -v) is not counted.
 - Time saved: the cache folder keeps the wall time of each package's cold build (no hit), so a rebuild of the
   same variant reports its time against that one.
 """
@@ -50,6 +56,10 @@ LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER"
 CONFIG_VARIABLE = "CCACHE_CONFIGPATH"
 # FindCUDA's nvcc (a CMake cache variable; PyTorch's setup also passes it from the environment to CMake).
 NVCC_VARIABLE = "CUDA_NVCC_EXECUTABLE"
+# The folder of the compiler wrappers for setuptools / ninja builds; the pytorch build script sources its route.sh.
+COMPILERS_VARIABLE = "TORCHFORGE_COMPILERS"
+# First words of CC / CXX that are a compiler launcher of the user's own: such a CC stays as it is.
+OWN_LAUNCHERS = ("ccache", "sccache", "distcc", "icecc", "buildcache")
 # A PyTorch CUDA build's objects are a few GB; ccache evicts the oldest entries beyond this.
 MAX_SIZE = "20G"
 
@@ -117,8 +127,33 @@ def patch_digests(patches: tuple[Path, ...]) -> tuple[str, ...]:
 
 KINDS = ("host", "CUDA")
 # What CMake prints for each object it compiles, with Makefiles and Ninja alike; FindCUDA's custom commands say
-# "Building NVCC (Device) object". setup.py-only builds print no such line: their objects are not counted.
+# "Building NVCC (Device) object".
 _BUILDING = re.compile(r"Building (CXX|C|CUDA|NVCC \(Device\)) object (\S+)")
+# setuptools, ninja (torch's cpp_extension) and verbose CMake print the compiler's command line instead: the
+# compiler by name, then `-c` and `-o OBJECT` (a dependency scan or preprocessing run, -M / -E, makes no object).
+_COMPILER = re.compile(r"(?:[\w.+-]*-)?(?:gcc|g\+\+|c\+\+|cc|clang|clang\+\+|nvcc|icx|icpx)(?:-[\d.]+)?")
+_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".C", ".cu")
+
+
+def _command_object(line: str) -> tuple[str, str] | None:
+    """(kind, object) of a compiler command line in a build log, None for any other line."""
+    words = [word.strip("'\"") for word in line.split()]
+    at = next((i for i, word in enumerate(words) if _COMPILER.fullmatch(word.rsplit("/", 1)[-1])), None)
+    if at is None:
+        return None
+    args = words[at + 1:]
+    if "-c" not in args or "-M" in args or "-E" in args or "-o" not in args[:-1]:
+        return None
+    target = args[args.index("-o") + 1]
+    source = next((word for word in args if word.endswith(_SOURCE_SUFFIXES)), target)
+    return kind_of(source), target
+
+
+def _same_object(target: str, cmake_objects: set[str]) -> bool:
+    """A verbose CMake build prints both lines for one object: its progress line names the object relative to the
+    build folder, its command line maybe by absolute path (FindCUDA's with /./ inside)."""
+    parts = [part for part in target.split("/") if part not in ("", ".")]
+    return any("/".join(parts[i:]) in cmake_objects for i in range(len(parts)))
 
 
 def kind_of(path: str) -> str:
@@ -160,6 +195,8 @@ class CacheStats:
     host: KindStats = KindStats()
     cuda: KindStats = KindStats()
     missed_files: tuple[str, ...] = ()
+    scans_reused: int = 0  # FindCUDA's `nvcc -M` dependency scans answered by the nvcc wrapper's scan cache
+    scans_run: int = 0
 
     @property
     def hits(self) -> int:
@@ -183,24 +220,33 @@ class CacheStats:
         if not kinds:
             return "no compiler calls went through the cache"
         total = self.host.total + self.cuda.total
-        return f"{', '.join(kinds)}; {self.hits}/{total} objects reused ({100 * self.hits / total:.0f} %)"
+        scans = self.scans_reused + self.scans_run
+        return (f"{', '.join(kinds)}; {self.hits}/{total} objects reused ({100 * self.hits / total:.0f} %)"
+                + (f"; {self.scans_reused}/{scans} FindCUDA dependency scans reused" if scans else ""))
 
 
 def objects_built(build_log: Path) -> dict[str, int]:
-    """Objects the build compiled by kind, from CMake's progress lines in the log (each object once)."""
-    seen: dict[str, str] = {}
+    """Objects the build compiled by kind, from CMake's progress lines and the compiler command lines of other
+    builds (setuptools, ninja) in the log, each object once."""
+    cmake: dict[str, str] = {}
+    commands: dict[str, str] = {}
     if build_log.is_file():
         with build_log.open(errors="replace") as handle:
             for line in handle:
                 if "object " in line and (match := _BUILDING.search(line)):
-                    seen[match.group(2)] = "host" if match.group(1) in ("CXX", "C") else "CUDA"
-    return {kind: sum(1 for k in seen.values() if k == kind) for kind in KINDS}
+                    cmake[match.group(2)] = "host" if match.group(1) in ("CXX", "C") else "CUDA"
+                elif " -c " in line and (found := _command_object(line)):
+                    commands[found[1]] = found[0]
+    named = set(cmake)
+    seen = list(cmake.values()) + [kind for target, kind in commands.items() if not _same_object(target, named)]
+    return {kind: seen.count(kind) for kind in KINDS}
 
 
 def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
     """Parse a ccache stats log (a `# <input file>` line per call, then that call's counter names) and count, by
     kind, the objects the build log names."""
     counts = {kind: [0, 0] for kind in KINDS}  # hits, misses
+    scans = {"torchforge_scan_hit": 0, "torchforge_scan_run": 0}  # written by the nvcc wrapper
     missed: list[str] = []
     current = ""
     if stats_log.is_file():
@@ -212,9 +258,11 @@ def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
             elif line == "cache_miss":
                 counts[kind_of(current)][1] += 1
                 missed.append(current)
+            elif line in scans:
+                scans[line] += 1
     built = objects_built(build_log) if build_log is not None else dict.fromkeys(KINDS, 0)
     host, cuda = (KindStats(*counts[kind], built=built[kind]) for kind in KINDS)
-    return CacheStats(host, cuda, tuple(missed))
+    return CacheStats(host, cuda, tuple(missed), scans["torchforge_scan_hit"], scans["torchforge_scan_run"])
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -271,23 +319,142 @@ class CompileCache:
             ("stats_log", stats_log.resolve()),
         ))
         nvcc = stats_log.parent / "ccache-nvcc" / "nvcc"
+        compilers = stats_log.parent / "ccache-compilers"
         if write:
             _write_atomic(config, text)
-            nvcc.parent.mkdir(exist_ok=True)
-            _write_atomic(nvcc, nvcc_wrapper(self.ccache))
-            nvcc.chmod(0o755)
+            scans = nvcc_wrapper(self.ccache, self.directory.resolve() / "nvcc-scans", base_dir.resolve(), stats_log.resolve())
+            for folder, files in ((nvcc.parent, {nvcc.name: scans}),
+                                  (compilers, {"route.sh": compilers_route(), "wrapper.sh": compiler_wrapper(self.ccache)})):
+                folder.mkdir(exist_ok=True)
+                for name, content in files.items():
+                    _write_atomic(folder / name, content)
+                    (folder / name).chmod(0o755)
         return {CONFIG_VARIABLE: str(config.resolve()), NVCC_VARIABLE: str(nvcc.resolve()),
-                **{name: self.ccache for name in LAUNCHER_VARIABLES}}
+                COMPILERS_VARIABLE: str(compilers.resolve()), **{name: self.ccache for name in LAUNCHER_VARIABLES}}
 
 
-def nvcc_wrapper(ccache: str) -> str:
+def nvcc_wrapper(ccache: str, scans: Path, base_dir: Path, stats_log: Path) -> str:
     """The script CUDA_NVCC_EXECUTABLE names: the build's nvcc ($CUDA_HOME/bin/nvcc, else the one on PATH)
-    through ccache, which hashes that real nvcc and its arguments."""
-    return f"""#!/bin/sh
+    through ccache, which hashes that real nvcc and its arguments.
+
+    FindCUDA also runs `nvcc -M` once per .cu file before compiling it, a dependency scan ccache cannot cache
+    ("unsupported compiler option"): on a warm build these scans are most of the time left. The script keeps
+    each scan's output under `scans`, keyed by the digest of nvcc (and of the host compiler on PATH), the
+    arguments and the variables nvcc reads (paths under base_dir made relative to the working directory, as
+    ccache does); an entry is used only while every file the scan listed still has the content it had, so a
+    changed header runs the scan again. Each scan logs a hit or a run in the stats log."""
+    return rf"""#!/usr/bin/env bash
 # Written by torchforge's compile cache. FindCUDA (find_package(CUDA), cuda_add_library) runs nvcc from custom
 # commands that CMAKE_CUDA_COMPILER_LAUNCHER does not reach; CUDA_NVCC_EXECUTABLE names this file instead.
 nvcc="${{CUDA_HOME:+$CUDA_HOME/bin/nvcc}}"
 if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then nvcc="$(command -v nvcc)"; fi
-if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \\$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
-exec {shlex.quote(ccache)} "$nvcc" "$@"
+if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
+case " $* " in
+    *" -M "*) ;;
+    *) exec {shlex.quote(ccache)} "$nvcc" "$@" ;;
+esac
+# FindCUDA's dependency scan: from the scan cache while every file it listed is unchanged.
+scans={shlex.quote(str(scans))} base={shlex.quote(str(base_dir))} stats={shlex.quote(str(stats_log))}
+out="" source="" previous=""
+for arg in "$@"; do
+    [ "$previous" = "-o" ] && out=$arg
+    case "$arg" in *.cu) source=$arg ;; esac
+    previous=$arg
+done
+[ -n "$out" ] || exec "$nvcc" "$@"
+# Paths under base_dir are keyed relative to the working directory, as ccache's base_dir does: each build has
+# its own work folder (the engine's, with a time stamp) at the same place relative to its objects.
+up=() dir=$PWD
+while [ "${{dir#"$base"}}" != "$dir" ]; do up+=("$dir"); [ "$dir" = "$base" ] && break; dir=${{dir%/*}}; done
+relative() {{ local text=$1 i; for i in "${{!up[@]}}"; do text=${{text//"${{up[$i]}}"/@UP$i@}}; done; printf '%s\n' "$text"; }}
+absolute() {{ local text=$1 i; for i in "${{!up[@]}}"; do text=${{text//@UP$i@/${{up[$i]}}}}; done; printf '%s\n' "$text"; }}
+# nvcc's and the host compiler's content digest, computed once per path, size, mtime and inode of each
+programs=$(stat -L -c '%n %s %Y %i' "$nvcc" "$(type -P g++)" "$(type -P gcc)" 2>/dev/null)
+known="$scans/programs/$(printf '%s' "$programs" | sha256sum | cut -c1-64)"
+if [ ! -s "$known" ]; then
+    mkdir -p "$scans/programs"
+    while read -r path _; do sha256sum < "$path"; done <<< "$programs" > "$known.$$" && mv -f "$known.$$" "$known"
+fi
+key=$({{
+    echo "torchforge nvcc -M 1"; printf '%s\n' "$programs" "$(<"$known")"
+    relative "$PWD"; printf '%s\n' "NVCC_PREPEND_FLAGS=${{NVCC_PREPEND_FLAGS:-}}" \
+        "NVCC_APPEND_FLAGS=${{NVCC_APPEND_FLAGS:-}}" "NVCC_CCBIN=${{NVCC_CCBIN:-}}" "CPATH=${{CPATH:-}}" \
+        "C_INCLUDE_PATH=${{C_INCLUDE_PATH:-}}" "CPLUS_INCLUDE_PATH=${{CPLUS_INCLUDE_PATH:-}}"
+    for arg in "$@"; do relative "$arg"; done
+}} | sha256sum) && key=${{key%% *}}
+entry="$scans/${{key:0:2}}/$key"
+if [ -s "$entry.sums" ] && [ -f "$entry.d" ]; then
+    if absolute "$(<"$entry.sums")" | sha256sum --check --status --strict - 2>/dev/null; then
+        absolute "$(<"$entry.d")" > "$out"
+        printf '# %s\ntorchforge_scan_hit\n' "$source" >> "$stats"
+        exit 0
+    fi
+fi
+"$nvcc" "$@" || exit
+printf '# %s\ntorchforge_scan_run\n' "$source" >> "$stats"
+listed=$(<"$out")
+case "$listed" in *'\ '*) exit 0 ;; esac  # a path with a space: not stored
+set -f
+files=$(printf '%s\n' "$listed" | sed -e '1s/^[^:]*:[[:space:]]*//' -e 's/\\$//')
+sums=$(sha256sum -- $files 2>/dev/null) || exit 0
+mkdir -p "${{entry%/*}}"
+relative "$listed" > "$entry.d.$$" && mv -f "$entry.d.$$" "$entry.d"
+relative "$sums" > "$entry.sums.$$" && mv -f "$entry.sums.$$" "$entry.sums"
+exit 0
+"""
+
+
+def compiler_wrapper(ccache: str) -> str:
+    """The body of each CC / CXX wrapper (route.sh puts the `real=` line naming the compiler, and its digest, above
+    it). Called by ccache (CMake's launcher is also set) or by nvcc (its host compiler), it runs the compiler
+    itself: one cache lookup per object, and nvcc's temporary host files stay out of the cache."""
+    return f"""# Written by torchforge's compile cache: the compiler through ccache, which hashes that real compiler.
+case "$(readlink /proc/$PPID/exe 2>/dev/null)" in
+    {shlex.quote(ccache)}|*/nvcc|*/cicc|*/cudafe++) exec "$real" "$@" ;;
+esac
+exec {shlex.quote(ccache)} "$real" "$@"
+"""
+
+
+def compilers_route() -> str:
+    """The script the pytorch build script sources before its install command (bash, with `set -u`): CC and CXX
+    become wrappers named like the compilers they run, so setuptools' and ninja's compiles go through ccache.
+
+    The compiler is the one the build would have used: $CC / $CXX where the recipe's environment set them
+    (conda's compiler packages, the user's --env), else the one this Python was built with (sysconfig, what
+    setuptools uses), else cc / c++. A CC that starts with a launcher of the user's own stays as it is."""
+    launchers = "|".join(f"{name}*" for name in OWN_LAUNCHERS)
+    return f"""# Written by torchforge's compile cache (torchforge/compilecache.py); sourced by the build script.
+[ -e /proc/self/exe ] || return 0  # the wrappers tell their caller from /proc (Linux)
+torchforge_route() {{
+    local variable=$1 value real wrapper here
+    here=$(dirname "${{BASH_SOURCE[0]}}")
+    value=${{!variable:-}}
+    if [ -z "$value" ]; then
+        value=$("${{PYTHON:-python}}" -c "import sysconfig; print(sysconfig.get_config_var('$variable') or '')" 2>/dev/null || true)
+        command -v "${{value%% *}}" >/dev/null 2>&1 || value=$2
+    fi
+    set -- $value
+    case "${{1##*/}}" in
+        {launchers})
+            echo "torchforge: $variable=$value runs your own compiler launcher: its compiles do not go through torchforge's compile cache"
+            return 0 ;;
+    esac
+    if ! real=$(command -v "$1"); then
+        echo "torchforge: $variable=$value: no compiler $1 found, so its compiles do not go through the compile cache"
+        return 0
+    fi
+    shift
+    mkdir -p "$here/$variable"
+    wrapper="$here/$variable/${{real##*/}}"
+    # The compiler's own digest in the wrapper: where CMake's launcher (ccache) runs the wrapper, ccache hashes
+    # the wrapper's content, which then changes with the compiler's.
+    {{ printf '#!/bin/sh\n# compiler sha256 %s\nreal=%q\n' "$(sha256sum < "$real")" "$real"
+       cat "$here/wrapper.sh"; }} > "$wrapper.tmp"
+    chmod 755 "$wrapper.tmp" && mv -f "$wrapper.tmp" "$wrapper"
+    export "$variable=$wrapper${{*:+ $*}}"
+}}
+torchforge_route CC cc
+torchforge_route CXX c++
+unset -f torchforge_route
 """

@@ -31,6 +31,9 @@ export CUDNN_LIB_DIR="${CUDNN_LIB_DIR:-/usr/lib/aarch64-linux-gnu}"
 # Known fixes for this variant (see the header): exact source edits, checked, idempotent.
 "$PYTHON" "$RECIPE_DIR/source_edits.py" "$RECIPE_DIR/source_edits.json" "$SRC_DIR"
 
+# torchforge's compile cache: setuptools' and ninja's compiles go through ccache too (torchforge/compilecache.py)
+if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
+
 "$PYTHON" setup.py install
 
 # RPATH, official rules (pytorch/builder conda build.sh): DT_RPATH (--force-rpath) so the environment's

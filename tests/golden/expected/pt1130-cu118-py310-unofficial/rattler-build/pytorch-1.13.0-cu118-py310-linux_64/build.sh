@@ -29,6 +29,9 @@ export USE_STATIC_CUDNN=0
 # Known fixes for this variant (see the header): exact source edits, checked, idempotent.
 "$PYTHON" "$RECIPE_DIR/source_edits.py" "$RECIPE_DIR/source_edits.json" "$SRC_DIR"
 
+# torchforge's compile cache: setuptools' and ninja's compiles go through ccache too (torchforge/compilecache.py)
+if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
+
 "$PYTHON" setup.py install
 
 # Bundled libraries, as the official recipe did: each is copied into torch/lib, renamed

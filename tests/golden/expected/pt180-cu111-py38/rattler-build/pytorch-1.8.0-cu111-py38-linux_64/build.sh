@@ -22,6 +22,9 @@ export _GLIBCXX_USE_CXX11_ABI=0
 export TORCH_CUDA_ARCH_LIST='3.7+PTX;5.0;6.0;6.1;7.0;7.5;8.0;8.6'
 export USE_STATIC_CUDNN=1
 
+# torchforge's compile cache: setuptools' and ninja's compiles go through ccache too (torchforge/compilecache.py)
+if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
+
 "$PYTHON" setup.py install
 
 # RPATH, official rules (pytorch/builder conda build.sh): DT_RPATH (--force-rpath) so the environment's

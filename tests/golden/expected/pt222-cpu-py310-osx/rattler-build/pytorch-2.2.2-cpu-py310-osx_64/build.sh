@@ -17,4 +17,7 @@ export CXX=clang++
 export USE_DISTRIBUTED=1
 export MACOSX_DEPLOYMENT_TARGET=11.0
 
+# torchforge's compile cache: setuptools' and ninja's compiles go through ccache too (torchforge/compilecache.py)
+if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
+
 "$PYTHON" setup.py install

@@ -19,6 +19,9 @@ export USE_GLOO_WITH_OPENSSL=1
 export USE_CUDA=0
 export _GLIBCXX_USE_CXX11_ABI=0
 
+# torchforge's compile cache: setuptools' and ninja's compiles go through ccache too (torchforge/compilecache.py)
+if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
+
 "$PYTHON" setup.py install
 
 # RPATH, official rules (pytorch/builder conda build.sh): DT_RPATH (--force-rpath) so the environment's

@@ -25,6 +25,9 @@ export TORCH_CUDA_ARCH_LIST='7.0;7.5;8.0;8.6;9.0;10.0;12.0'
 export USE_STATIC_CUDNN=0
 export USE_CUSPARSELT=1
 
+# torchforge's compile cache: setuptools' and ninja's compiles go through ccache too (torchforge/compilecache.py)
+if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
+
 "$PYTHON" -m pip install . --no-deps --no-build-isolation -vv
 
 # Bundled libraries, as the official recipe did: each is copied into torch/lib, renamed
