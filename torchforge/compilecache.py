@@ -449,7 +449,7 @@ torchforge_route() {{
     wrapper="$here/$variable/${{real##*/}}"
     # The compiler's own digest in the wrapper: where CMake's launcher (ccache) runs the wrapper, ccache hashes
     # the wrapper's content, which then changes with the compiler's.
-    {{ printf '#!/bin/sh\n# compiler sha256 %s\nreal=%q\n' "$(sha256sum < "$real")" "$real"
+    {{ printf '#!/bin/sh\\n# compiler sha256 %s\\nreal=%q\\n' "$(sha256sum < "$real")" "$real"
        cat "$here/wrapper.sh"; }} > "$wrapper.tmp"
     chmod 755 "$wrapper.tmp" && mv -f "$wrapper.tmp" "$wrapper"
     export "$variable=$wrapper${{*:+ $*}}"
