@@ -604,24 +604,37 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", ["rattler-build", "conda-build"])
 def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cache(
-        flavour_builds, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        engine: str, flavour_builds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """`torchforge build` of the flavour twice with one --cache, --force on the second: one recipe step (libtorch,
-    pytorch, the metapackage) whose setuptools compiles went through ccache; the rebuild compiles nothing."""
+    pytorch, the metapackage) whose setuptools compiles went through ccache; the rebuild compiles nothing. With
+    conda-build the variables reach build.sh through meta.yaml's script_env, with rattler-build through the
+    scripts' env (conda-build's own test step is left out, as in the conda-build test above)."""
     import re
     import shutil
 
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from torchforge.commands import flavour as flavour_commands
     from torchforge.compilecache import recipe_group_key
 
+    extra_args = []
+    if engine == "conda-build":
+        tool = find_conda_tool()
+        if tool is None:
+            pytest.skip(HOW_TO_GET_ONE)
+        for name, value in tool.env(tmp_path / "conda").items():
+            monkeypatch.setenv(name, value)
+        extra_args = ["--no-test"]
     (channel,) = flavour_builds["channel"]
     source = copy_fixture(tmp_path / "torch_split")
     out, cache = tmp_path / "channel", tmp_path / "cache"
     planned = conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,))
     (recipe,) = flavour_commands.with_inputs((planned,), str(source), [], False)
     key = recipe_group_key(recipe.id, recipe.settings)
-    args = ["build", *build_arguments("cpu", None, source), "--engine", "rattler-build", "--config",
-            str(channel.parent / "torchforge.toml"), "--out", str(out), "--cache", str(cache)]
+    args = ["build", *build_arguments("cpu", None, source), "--engine", engine, "--config",
+            str(channel.parent / "torchforge.toml"), "--out", str(out), "--cache", str(cache), *extra_args]
     counts = []
     for extra in ([], ["--force"]):
         capsys.readouterr()
