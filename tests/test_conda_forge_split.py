@@ -14,6 +14,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from torchforge.cli import main
+from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.flavours import conda_forge
 from torchforge.recipe import Source
 from torchforge.render import RecipeFormat
@@ -149,13 +150,16 @@ def test_the_rattler_build_recipe_builds_libtorch_once_and_each_python_from_it()
     doc = YAML(typ="safe").load(files["recipe.yaml"])
     staging, *packages = doc["outputs"]
     assert staging["staging"]["name"] == "libtorch-build"
+    # both scripts get the compile cache's variables from the environment torchforge builds in (empty without it)
+    forwarded = {name: f'${{{{ env.get("{name}", default="") }}}}' for name in BUILD_VARIABLES}
     assert staging["build"]["script"] == {"file": "build.sh", "env": {
-        "TORCHFORGE_OUTPUT": "libtorch", "PKG_VERSION": "${{ version }}", "PKG_BUILDNUM": str(recipe.build_number)}}
+        "TORCHFORGE_OUTPUT": "libtorch", "PKG_VERSION": "${{ version }}", "PKG_BUILDNUM": str(recipe.build_number),
+        **forwarded}}
     assert "python 3.12.*" in staging["requirements"]["host"]  # the feedstock's, chosen too: libtorch keeps it
     assert [p["package"]["name"] for p in packages] == ["libtorch", "pytorch", "pytorch-gpu"]
     assert packages[0]["inherit"] == "libtorch-build"  # libtorch: the staging files and its host's run_exports
     assert packages[1]["inherit"] == {"from": "libtorch-build", "run_exports": False}
-    assert packages[1]["build"]["script"]["env"] == {"TORCHFORGE_OUTPUT": "pytorch"}
+    assert packages[1]["build"]["script"]["env"] == {"TORCHFORGE_OUTPUT": "pytorch", **forwarded}
     assert "inherit" not in packages[2]
     assert doc["extra"]["torchforge_settings"] == recipe.settings
     # the sources are the C++ build's alone: the metapackage fetches nothing
@@ -597,3 +601,55 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     assert run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env) \
         == f"2.13.0 3.0 {bool(recipe.cuda)} {bool(recipe.cuda)}\n"
     assert consume_from_cmake(prefix, tmp_path / "consumer", env) == f"2.13.0 3.0 {1 if recipe.cuda else 0}\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["rattler-build", "conda-build"])
+def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cache(
+        engine: str, flavour_builds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`torchforge build` of the flavour twice with one --cache, --force on the second: one recipe step (libtorch,
+    pytorch, the metapackage) whose setuptools compiles went through ccache; the rebuild compiles nothing. With
+    conda-build the variables reach build.sh through meta.yaml's script_env, with rattler-build through the
+    scripts' env (conda-build's own test step is left out, as in the conda-build test above)."""
+    import re
+    import shutil
+
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from torchforge.commands import flavour as flavour_commands
+    from torchforge.compilecache import recipe_group_key
+
+    extra_args = []
+    if engine == "conda-build":
+        tool = find_conda_tool()
+        if tool is None:
+            pytest.skip(HOW_TO_GET_ONE)
+        for name, value in tool.env(tmp_path / "conda").items():
+            monkeypatch.setenv(name, value)
+        extra_args = ["--no-test"]
+    (channel,) = flavour_builds["channel"]
+    source = copy_fixture(tmp_path / "torch_split")
+    out, cache = tmp_path / "channel", tmp_path / "cache"
+    planned = conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,))
+    (recipe,) = flavour_commands.with_inputs((planned,), str(source), [], False)
+    key = recipe_group_key(recipe.id, recipe.settings)
+    args = ["build", *build_arguments("cpu", None, source), "--engine", engine, "--config",
+            str(channel.parent / "torchforge.toml"), "--out", str(out), "--cache", str(cache), *extra_args]
+    counts = []
+    for extra in ([], ["--force"]):
+        capsys.readouterr()
+        assert main([*args, *extra]) == 0
+        log = (out / "logs" / f"{recipe.id}.log").read_text()
+        found = re.search(rf"torchforge: compile cache {re.escape(str(cache / key))}: host (\d+)/(\d+) reused; "
+                          r".*compiled: (.*)", log)
+        assert found, log[-3000:]
+        counts.append((int(found[1]), int(found[2]), found[3]))
+        assert "/ccache-compilers/CC/" in log  # setuptools' compiles through route.sh's wrapper
+        assert all((out / "linux-64" / f"{p.stem}.conda").is_file() for p in recipe.planned_outputs())
+        shutil.rmtree(source / "build", ignore_errors=True)
+    (cold_hits, cold_calls, cold_compiled), (warm_hits, warm_calls, warm_compiled) = counts
+    # libtorch's libraries, then pytorch's pip install (which compiles them again, and its bindings): every
+    # compile went through the cache, none around it; the cold build's misses are the fixture's sources
+    assert cold_hits < cold_calls and "csrc/torch_cpu.cpp" in cold_compiled and "csrc/module.cpp" in cold_compiled
+    assert warm_hits == warm_calls == cold_calls and warm_compiled == "nothing"
+    assert (cache / key).is_dir() and [p.name for p in cache.iterdir()] == [key]

@@ -58,6 +58,10 @@ CONFIG_VARIABLE = "CCACHE_CONFIGPATH"
 NVCC_VARIABLE = "CUDA_NVCC_EXECUTABLE"
 # The folder of the compiler wrappers for setuptools / ninja builds; the pytorch build script sources its route.sh.
 COMPILERS_VARIABLE = "TORCHFORGE_COMPILERS"
+# Every variable build_env sets: a recipe's script environment forwards them into the build.
+BUILD_VARIABLES = (*LAUNCHER_VARIABLES, NVCC_VARIABLE, CONFIG_VARIABLE, COMPILERS_VARIABLE)
+# Recipe settings (the conda-forge flavour's) that change no object: left out of the cache key.
+OBJECT_NEUTRAL_SETTINGS = ("build_number",)
 # First words of CC / CXX that are a compiler launcher of the user's own: such a CC stays as it is.
 OWN_LAUNCHERS = ("ccache", "sccache", "distcc", "icecc", "buildcache")
 # A PyTorch CUDA build's objects are a few GB; ccache evicts the oldest entries beyond this.
@@ -108,6 +112,14 @@ def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
     accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"
     return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}-{digest}"
+
+
+def recipe_group_key(recipe_id: str, settings: str) -> str:
+    """The key of a recipe that builds several packages in one run (the conda-forge flavour): its settings (CUDA,
+    arch list, feedstock, source identity, patches ...) without the build number, which changes no object."""
+    material = {k: v for k, v in json.loads(settings).items() if k not in OBJECT_NEUTRAL_SETTINGS}
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{recipe_id}-{digest}"
 
 
 def _where(location: str) -> str:

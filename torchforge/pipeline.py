@@ -20,7 +20,8 @@ from pathlib import Path
 from torchforge import channels as channel_data
 from torchforge import containers, fileops, localchannel
 from torchforge.compilecache import (
-    NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests, read_stats,
+    BUILD_VARIABLES, NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests,
+    read_stats, recipe_group_key,
 )
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
@@ -181,10 +182,13 @@ def plan_recipe_steps(recipes: Sequence[PlannedRecipe], settings: BuildSettings)
         # Their run requirements name __cuda: the engine's test environment must solve on a build machine without
         # a driver (a CPU runner), as on conda-forge's CI; a value of the user's own is kept.
         script_env = (OVERRIDE_CUDA,) if recipe.accel != "cpu" else ()
-        steps.append(Step("recipe", recipe.id, stems[0], recipe.subdir, None, recipe.files, script_env,
+        # one build of several packages: its own cache group, which a rebuild of the same settings finds warm
+        key = recipe_group_key(recipe.id, recipe.settings) if settings.caching and not found else None
+        steps.append(Step("recipe", recipe.id, stems[0], recipe.subdir, None, recipe.files,
+                          (*script_env, *(BUILD_VARIABLES if key else ())),
                           Action.REUSE if found else Action.BUILD, found or stale,
                           channels=settings.site_channels.apply(recipe.channels), accel=recipe.accel,
-                          local_source=recipe.local_source, outputs=stems))
+                          local_source=recipe.local_source, cache_key=key, outputs=stems))
     return steps
 
 

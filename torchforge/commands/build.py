@@ -151,7 +151,7 @@ def register(app: typer.Typer) -> None:
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
                  "--magma-patch": magma_patch, "--magma-only": magma_only, "--container": container,
-                 "--format wheel": fmt == "wheel", "--jobs": jobs, "--cache": cache})
+                 "--format wheel": fmt == "wheel", "--jobs": jobs})
             flavour_commands.show_warnings(recipes, feedstock_patches)
             site = site_config.load(config)
             # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
             err.print(why)
             settings = BuildSettings(out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going,
                                      test=not no_test, patches=tuple(patch or ()), site_channels=site.channels,
-                                     use_cache=False, keep_work=keep_work)
+                                     use_cache=not no_cache, cache_root=cache, keep_work=keep_work)
             planned = flavour_commands.planned_recipes(recipes, chosen, source=source, patches=patch or [],
                                                        feedstock_patches=feedstock_patches)
             _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)

@@ -18,6 +18,7 @@ from typing import Literal
 
 from torchforge import __version__, versions
 from torchforge import data as tables
+from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, UsageError
 from torchforge.recipe import Source
@@ -741,9 +742,10 @@ def _platform_fields(recipe: CondaForgeRecipe, patched: bool) -> dict[str, objec
     """What meta.yaml says differently on Windows: its script, the driver library it may not find, and (where
     patches are applied: the user's or the feedstock's) conda-forge's MSYS2 `patch`, which Windows lacks."""
     if recipe.platform != WINDOWS:
-        return {"script": "build.sh", "driver_library": "*/libcuda.so.*", "extra_build": ()}
+        return {"script": "build.sh", "driver_library": "*/libcuda.so.*", "extra_build": (),
+                "script_env": BUILD_VARIABLES}
     return {"script": "bld.bat", "driver_library": "*/nvcuda.dll",
-            "extra_build": ("m2-patch",) if patched else ()}
+            "extra_build": ("m2-patch",) if patched else (), "script_env": ()}
 
 
 def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,

@@ -42,6 +42,8 @@ export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 # name, so its recipe names the step in TORCHFORGE_OUTPUT
 case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
   libtorch)
+    # torchforge's compile cache (set only with it): CC and CXX through ccache for setuptools' and ninja's compiles
+    if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
     "$PYTHON" setup.py -q build
     built=$(echo build/lib.*/torch)
     mkdir -p "$PREFIX/bin" "$PREFIX/lib" "$PREFIX/include" "$PREFIX/share"
@@ -64,6 +66,7 @@ case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
         -e "/python/I s/3;12/${py/./;}/g" \
         -e "s/cpython-312/cpython-${py/./}/g" \
         build/CMakeCache.txt.libtorch > build/CMakeCache.txt
+    if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
     "$PYTHON" -m pip install . --no-deps --no-build-isolation -v
     # libtorch_python stays next to the other libraries so TorchConfig.cmake finds it
     cp "$SP_DIR"/torch/lib/libtorch_python.so "$PREFIX/lib/"
