@@ -416,6 +416,19 @@ def flavour_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]
     return built
 
 
+def assert_planned_and_audited(recipe: conda_forge.CondaForgeRecipe, packages: list[Path]) -> None:
+    """Exactly the planned packages (one per output, the planned build strings), each passing the RPATH audit."""
+    from torchforge.rpath import Layout, audit
+
+    names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
+    assert sorted(names) == sorted(o.name for o in recipe.outputs)
+    for output in recipe.outputs:
+        pattern = built_string_pattern(recipe, output.name, PY)
+        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{pattern}\.conda", names[output.name])
+    for package in packages:
+        assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
+
+
 @pytest.mark.slow
 def test_a_rebuild_of_the_same_settings_reuses_every_output_and_an_edited_source_is_another_package(
         flavour_builds, capsys: pytest.CaptureFixture[str]) -> None:
@@ -443,16 +456,8 @@ def test_a_rebuild_of_the_same_settings_reuses_every_output_and_an_edited_source
 @pytest.mark.parametrize("case", list(E2E_CASES))
 def test_the_embedded_engine_builds_the_planned_packages_which_pass_the_audit_and_bundle_nothing(
         case: str, flavour_builds) -> None:
-    from torchforge.rpath import Layout, audit
-
     recipe, _, packages = flavour_builds[case]
-    names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
-    assert sorted(names) == sorted(o.name for o in recipe.outputs)
-    for output in recipe.outputs:
-        pattern = built_string_pattern(recipe, output.name, PY)
-        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{pattern}\.conda", names[output.name])
-    for package in packages:
-        assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
+    assert_planned_and_audited(recipe, packages)
     libtorch = next(p for p in packages if p.name.startswith("libtorch-"))
     pytorch = next(p for p in packages if p.name.startswith("pytorch-2"))
     contents = {p: package_files(p) for p in (libtorch, pytorch)}
@@ -559,7 +564,6 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     from torchforge.engines.conda_build import CondaBuildEngine
     from torchforge.pipeline import _fix_and_audit
     from torchforge.proc import Runner
-    from torchforge.rpath import Layout, audit
 
     tool = find_conda_tool()
     if tool is None:
@@ -581,13 +585,7 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     assert result.returncode == 0, result.output[-6000:]
     packages = [_fix_and_audit(p, runner) for p in sorted((tmp_path / "out" / "linux-64").glob("*.conda"))
                 + sorted((tmp_path / "out" / "linux-64").glob("*.tar.bz2"))]
-    names = {p.name.split("-" + recipe.version + "-")[0]: p.name for p in packages}
-    assert sorted(names) == sorted(o.name for o in recipe.outputs)
-    for output in recipe.outputs:
-        pattern = built_string_pattern(recipe, output.name, PY)
-        assert re.fullmatch(rf"{re.escape(output.name)}-2\.13\.0-{pattern}\.conda", names[output.name])
-    for package in packages:
-        assert audit(package, Layout.CONDA).ok, audit(package, Layout.CONDA).to_json()
+    assert_planned_and_audited(recipe, packages)
 
     from torchforge.localchannel import index
 

@@ -316,31 +316,34 @@ def _rattler_build_version() -> str | None:
     return str(version()) if callable(version) else "unknown"
 
 
-def _check_engine(ctx: _Context, engine: str) -> str:
+def engine_check(engine: str) -> tuple[Check, str]:
+    """The engine a build of `engine` (auto, conda-build, rattler-build) uses here, as a check, and its name."""
     if engine not in ENGINES:
-        ctx.add("engine", Level.FAIL, f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}")
-        return engine
+        return Check("engine", Level.FAIL, f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}"), engine
     found = conda_build_probe() if engine in ("auto", "conda-build") else None
     if found is not None:
         if found.usable:
-            ctx.add("engine", Level.OK, f"conda-build {found.version}" + (" (auto: `conda build --version` runs)" if engine == "auto" else ""))
-            return "conda-build"
+            auto = " (auto: `conda build --version` runs)" if engine == "auto" else ""
+            return Check("engine", Level.OK, f"conda-build {found.version}{auto}"), "conda-build"
         if engine == "conda-build":
-            ctx.add("engine", Level.FAIL, f"`conda build --version` did not run: {found.reason}",
-                    "conda install -n base conda-build, or use --engine rattler-build (embedded)")
-            return engine
+            return Check("engine", Level.FAIL, f"`conda build --version` did not run: {found.reason}",
+                         "conda install -n base conda-build, or use --engine rattler-build (embedded)"), engine
     version = _rattler_build_version()
     if version is None:
-        ctx.add("engine", Level.FAIL, "the embedded rattler-build engine (py-rattler-build) is not importable",
-                "pip install py-rattler-build (a torchforge dependency): reinstall torchforge")
-    elif found is not None and found.conda is not None:
+        return Check("engine", Level.FAIL, "the embedded rattler-build engine (py-rattler-build) is not importable",
+                     "pip install py-rattler-build (a torchforge dependency): reinstall torchforge"), "rattler-build"
+    if found is not None and found.conda is not None:
         # A `conda` that is there but does not run: say so, the build would silently use the other engine.
-        ctx.add("engine", Level.WARN, f"embedded rattler-build {version} (auto: {found.reason})",
-                "repair that conda (or install conda-build into it), or pass --engine rattler-build")
-    else:
-        why = f" (auto: {found.reason})" if found is not None else ""
-        ctx.add("engine", Level.OK, f"embedded rattler-build {version}{why}")
-    return "rattler-build"
+        return Check("engine", Level.WARN, f"embedded rattler-build {version} (auto: {found.reason})",
+                     "repair that conda (or install conda-build into it), or pass --engine rattler-build"), "rattler-build"
+    why = f" (auto: {found.reason})" if found is not None else ""
+    return Check("engine", Level.OK, f"embedded rattler-build {version}{why}"), "rattler-build"
+
+
+def _check_engine(ctx: _Context, engine: str) -> str:
+    check, resolved = engine_check(engine)
+    ctx.checks.append(check)
+    return resolved
 
 
 def _check_nvcc(ctx: _Context) -> None:

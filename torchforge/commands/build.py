@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
             flavour_commands.show_warnings(recipes, feedstock_patches)
             site = site_config.load(config)
             # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
-            chosen, why = flavour_commands.build_engine(engine, require_available=skip_preflight and not dry_run)
+            chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
             if not skip_preflight and not dry_run:
                 flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine)
             err.print(why)

@@ -15,10 +15,10 @@ from torchforge.channels import SiteChannels
 from torchforge.commands.options import file_digests
 from torchforge.console import err, out, warn
 from torchforge.engines import Engine
-from torchforge.engines.choice import select_engine
-from torchforge.errors import PreflightError, ToolMissingError, UsageError
+from torchforge.errors import PreflightError, UsageError
 from torchforge.flavours import Flavour, check, conda_forge
 from torchforge.pipeline import PlannedRecipe
+from torchforge.preflight import Level, engine_check
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
 
@@ -99,7 +99,8 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
     channel = conda_forge.load().flavour.channel
     used = (site or SiteChannels()).apply((channel,))
     instead = f" (the site config's for {channel})" if used != (channel,) else ""
-    engine_ok, engine_detail = _engine_check(engine)
+    engine_found, _ = engine_check(engine)
+    engine_ok = engine_found.status is not Level.FAIL
     checks = [
         {"check": "flavour", "ok": True, "detail": f"conda-forge: {len(recipes)} recipe(s), "
                                                    + ", ".join(r.id for r in recipes)},
@@ -107,7 +108,7 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
          "detail": f"{', '.join(used)}{instead} (every requirement; no pytorch, nvidia or defaults channel, "
                    "no companion packages)"},
         {"check": "magma", "ok": None, "detail": conda_forge.load().flavour.magma},
-        {"check": "engine", "ok": engine_ok, "detail": engine_detail},
+        {"check": "engine", "ok": engine_ok, "detail": engine_found.detail},
     ]
     windows = [r for r in recipes if r.platform == conda_forge.WINDOWS]
     if windows:  # torchforge renders them anywhere; conda-build builds them on Windows only
@@ -124,29 +125,8 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
             table.add_row(str(check["check"]), result, str(check["detail"]))
         console.print(table)
     if not engine_ok:
-        raise PreflightError(f"--engine {engine} cannot build the conda-forge flavour's recipes here: {engine_detail}",
-                             "install conda-build into a conda on PATH (`conda install -n base conda-build`), or "
-                             "use --engine rattler-build (embedded)")
-
-
-def _engine_check(name: str) -> tuple[bool, str]:
-    """(usable, what builds the recipes): conda-build where asked for or found, else the embedded engine."""
-    from torchforge.engines.conda_build import probe
-
-    if name == "rattler-build":
-        return True, "the embedded rattler-build engine (recipe.yaml)"
-    found = probe()
-    if found.usable:
-        return True, f"conda-build {found.version} (meta.yaml)"
-    if name == "conda-build":
-        return False, f"conda-build is needed for --engine conda-build: {found.reason}"
-    return True, f"the embedded rattler-build engine (recipe.yaml; conda-build: {found.reason})"
-
-
-def build_engine(name: str, require_available: bool) -> tuple[Engine, str]:
-    """The engine that builds this flavour, chosen as for the official flavour: each renders its own recipe format
-    (meta.yaml for conda-build, recipe.yaml for the embedded rattler-build engine)."""
-    return select_engine(name, require_available=require_available)
+        raise PreflightError(f"--engine {engine} cannot build the conda-forge flavour's recipes here: "
+                             f"{engine_found.detail}", engine_found.fix)
 
 
 def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: Engine, *, source: str | None,
