@@ -18,6 +18,7 @@ from typing import IO
 
 from torchforge.errors import ArchiveError, UsageError
 from torchforge.localchannel import ARCHIVE_SUFFIXES, archive_stem
+from torchforge.safeextract import MemberRule
 
 # conda subdirs: noarch, or <os>-<arch> (linux-64, osx-arm64, win-64, linux-aarch64, ...).
 SUBDIR_RE = re.compile(r"^(noarch|(linux|osx|win|emscripten|wasi|zos|freebsd)-[a-z0-9_]+)$")
@@ -56,11 +57,12 @@ def _hashes(path: Path) -> tuple[str, str, int]:
     return sha.hexdigest(), md5.hexdigest(), size
 
 
-def _read_tar(stream: IO[bytes], found: dict[str, int], meta: dict[str, bytes]) -> None:
+def _read_tar(stream: IO[bytes], found: dict[str, int], meta: dict[str, bytes], rule: MemberRule) -> None:
     """Read one tar stream to its end: every member's data is decompressed, so a short or damaged stream
-    raises here (zstd and bz2 raise EOFError or their own errors, tarfile ReadError)."""
+    raises here (zstd and bz2 raise EOFError or their own errors, tarfile ReadError). Every member goes through
+    the extraction rule: a package that would install outside its prefix is refused before it is sent."""
     with tarfile.open(fileobj=stream, mode="r|") as tf:
-        for member in tf:
+        for member in rule.checked(tf):
             if not (member.isfile() or member.issym() or member.islnk()):
                 continue
             found[member.name] = member.size if member.isfile() else -1
@@ -87,6 +89,7 @@ def _read_index_json(path: Path) -> dict[str, object]:
     stem = archive_stem(path.name)
     found: dict[str, int] = {}
     meta: dict[str, bytes] = {}
+    rule = MemberRule(path)
     if path.name.endswith(".conda"):
         with zipfile.ZipFile(path) as zf:
             bad = zf.testzip()
@@ -101,10 +104,11 @@ def _read_index_json(path: Path) -> dict[str, object]:
                         "a .conda file must keep the name it was built with (its members are named after it)",
                     )
                 with zf.open(member) as raw, zstd.ZstdFile(raw) as stream:
-                    _read_tar(stream, found, meta)
+                    _read_tar(stream, found, meta, rule)
     else:
         with path.open("rb") as raw, bz2.BZ2File(raw) as stream:
-            _read_tar(stream, found, meta)
+            _read_tar(stream, found, meta, rule)
+    rule.finish()
     if "info/index.json" not in meta:
         raise ArchiveError(f"{path}: no info/index.json inside", "this is not a conda package")
     if "info/paths.json" in meta:

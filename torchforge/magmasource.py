@@ -12,6 +12,7 @@ from pathlib import Path
 from torchforge.errors import UsageError
 from torchforge import sourcestate
 from torchforge.fileops import path_of_file_url, sha256_file
+from torchforge.safeextract import tar_members
 
 VERSION_HEADER = "include/magma_types.h"
 _DEFINE = re.compile(r"^\s*#\s*define\s+MAGMA_VERSION_(MAJOR|MINOR|MICRO)\s+(\d+)\s*$", re.MULTILINE)
@@ -42,18 +43,22 @@ def version_from_header(text: str, where: str) -> str:
 
 
 def _tarball_header(path: Path) -> tuple[str, str]:
+    """The version header's text, read while every member goes through the extraction rule: the build engine
+    unpacks this tarball later, so one that would write outside its folder is refused now."""
+    found: tuple[str, str] | None = None
     try:
-        with tarfile.open(path) as archive:
-            for member in archive:
-                parts = member.name.split("/")
-                # the header at the root or one folder down (magma-X.Y.Z/include/magma_types.h)
-                if member.isfile() and "/".join(parts[-2:]) == VERSION_HEADER and len(parts) <= 3:
-                    handle = archive.extractfile(member)
-                    assert handle is not None
-                    return handle.read().decode("utf-8", errors="replace"), f"{path}:{member.name}"
-    except (tarfile.TarError, OSError) as exc:
+        for archive, member in tar_members(path):
+            parts = member.name.split("/")
+            # the header at the root or one folder down (magma-X.Y.Z/include/magma_types.h)
+            if found is None and member.isfile() and "/".join(parts[-2:]) == VERSION_HEADER and len(parts) <= 3:
+                handle = archive.extractfile(member)
+                assert handle is not None
+                found = handle.read().decode("utf-8", errors="replace"), f"{path}:{member.name}"
+    except (tarfile.TarError, OSError, EOFError) as exc:
         raise UsageError(f"--magma-source {path} is not a readable tarball: {exc}",
                          "pass a MAGMA release tarball (.tar.gz) or an unpacked tree") from exc
+    if found is not None:
+        return found
     raise UsageError(f"--magma-source {path} has no {VERSION_HEADER}: it is not a MAGMA source tarball",
                      "pass a MAGMA release tarball (magma-X.Y.Z.tar.gz) or an unpacked tree")
 

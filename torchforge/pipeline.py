@@ -29,6 +29,7 @@ from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
 from torchforge.resolve import Variant, bundled_cudnn, describe_settings
+from torchforge.safeextract import extract_conda
 
 
 class Action(str, Enum):
@@ -303,8 +304,6 @@ def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
 
 def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], runner: Runner) -> Path:
     """Give the package's info/index.json the planned `fields` where the engine wrote other values."""
-    from conda_package_handling.api import extract
-
     if not fields or runner.dry_run:
         return artifact
     index = localchannel.info_json(artifact, "index.json")
@@ -312,7 +311,7 @@ def ensure_index_fields(artifact: Path, fields: tuple[tuple[str, str], ...], run
         return artifact
     with tempfile.TemporaryDirectory(prefix="torchforge-index-", dir=artifact.parent) as tmp:
         tree = Path(tmp) / "pkg"
-        extract(str(artifact), dest_dir=str(tree))
+        extract_conda(artifact, tree)
         index_file = tree / "info" / "index.json"
         index = json.loads(index_file.read_text())
         index.update(dict(fields))
@@ -330,15 +329,13 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from conda_package_handling.api import extract
-
     from torchforge.rpath import Layout, audit, fix_and_audit
 
     if audit(artifact, Layout.CONDA).ok:
         return artifact
     with tempfile.TemporaryDirectory(prefix="torchforge-fix-", dir=artifact.parent) as tmp:
         tree = Path(tmp) / "pkg"
-        extract(str(artifact), dest_dir=str(tree))
+        extract_conda(artifact, tree)
         fix_and_audit(tree, Layout.CONDA, runner)  # raises AuditFailedError if problems remain
         if runner.dry_run:  # the patchelf commands were printed; nothing is rewritten
             return artifact

@@ -46,6 +46,7 @@ from torchforge.errors import (
     UsageError,
 )
 from torchforge.proc import Command, Runner
+from torchforge.safeextract import extract_conda
 from torchforge.wheelzip import extract_wheel
 
 ORIGIN_TOKENS = ("$ORIGIN", "${ORIGIN}")
@@ -398,9 +399,7 @@ def unpacked(path: Path) -> Iterator[Path]:
             if name.endswith(".whl"):
                 extract_wheel(path, dest)
             else:
-                from conda_package_handling import api as cph
-
-                cph.extract(str(path), dest_dir=str(dest))
+                extract_conda(path, dest)
         except ArchiveError:
             raise
         except OSError as exc:

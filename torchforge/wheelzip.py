@@ -13,10 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from torchforge.errors import ArchiveError
+from torchforge.safeextract import check_zip
 
 
 def extract_wheel(wheel: Path, dest: Path) -> None:
-    """Extract every member with its mode. A damaged wheel (bad zip, CRC or deflate stream) is an ArchiveError."""
+    """Extract every member with its mode. A damaged wheel (bad zip, CRC or deflate stream), or one with a member
+    that would land outside `dest` (torchforge.safeextract), is an ArchiveError and nothing is written."""
     try:
         _extract(wheel, dest)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
@@ -25,6 +27,7 @@ def extract_wheel(wheel: Path, dest: Path) -> None:
 
 def _extract(wheel: Path, dest: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
+        check_zip(wheel, zf)  # every member judged before the first folder is made
         entries = zf.infolist()
     members = [m for m in entries if not m.is_dir()]
     for entry in entries:

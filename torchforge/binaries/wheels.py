@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from torchforge.binaries.catalog import catalog
 from torchforge.errors import ArchiveError, UsageError
+from torchforge.safeextract import check_zip
 from torchforge.wheel import WheelName
 
 _LOCAL = re.compile(r"""^__version__\s*=\s*['"][^'"+]+\+([A-Za-z0-9.]+)['"]""", re.MULTILINE)
@@ -57,6 +58,7 @@ def read(path: Path) -> StackWheel:
     name = WheelName.parse(path.name)
     try:
         with zipfile.ZipFile(path) as zf:
+            check_zip(path, zf)  # its names become paths: refused here, before any plan or channel exists
             names = zf.namelist()
             dist = next((n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")), None)
             if dist is None:

@@ -15,7 +15,9 @@ from torchforge.console import note
 from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
 from torchforge.magmasource import inspect as inspect_magma_source
+from torchforge.fileops import path_of_file_url
 from torchforge.resolve import default_release
+from torchforge.safeextract import check_archive
 from torchforge.variant import Options, Selection, parse_env
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
@@ -29,7 +31,26 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Debug build (DEBUG=1; b
 JetsonOpt = Annotated[str | None, typer.Option("--jetson", help="Jetson profile: nano, tx1, tx2, tx2_jp33, xavier, orin, thor.")]
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="Extra build variable NAME=VALUE (repeatable), e.g. USE_NCCL=0.")]
 GccOpt = Annotated[str | None, typer.Option("--gcc", help="Host GCC version to check against nvcc's limit, e.g. 12.")]
-SourceOpt = Annotated[str | None, typer.Option("--source", help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
+
+
+def _local_file(location: str | None) -> Path | None:
+    """The local file a --source names (a path or a file:// URL), None for a folder, a remote URL or a git mirror."""
+    if location is None:
+        return None
+    path = path_of_file_url(location) if location.startswith("file://") else Path(location).expanduser()
+    return path if path is not None and path.is_file() else None
+
+
+def _checked_source(location: str | None) -> str | None:
+    """--source as given, after a local archive passed the extraction rule: the build engine unpacks it later,
+    in either flavour, so one that would write outside its folder is refused before anything is made."""
+    local = _local_file(location)
+    if local is not None:
+        check_archive(local)
+    return location
+
+
+SourceOpt = Annotated[str | None, typer.Option("--source", callback=_checked_source, help="PyTorch source: a local checkout, a tarball URL or a git mirror.")]
 MagmaSourceOpt = Annotated[str | None, typer.Option("--magma-source", help="MAGMA source: a local tree or tarball (its version is read from it), or a URL of the release tarball.")]
 FlavourOpt = Annotated[Flavour | None, typer.Option(
     "--flavour", help="Package shape: official (the pytorch channel's; the only one up to 2.5) or conda-forge "
