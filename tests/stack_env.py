@@ -22,21 +22,28 @@ from tests.stubchannel import Stub, make_stub_channel, stub_version, write_stub
 from torchforge.localchannel import index
 from torchforge.rpath import audit
 
-# conda-forge's python brings zlib (libzlib's lib/libz.so.1), which cuDNN links: the python stand-in carries the
-# host's copy so that the prefix holds every library a real environment would.
+# cuDNN links libz.so.1, which conda-forge's libzlib holds (lib/libz.so.1). Its stand-in carries the host's copy,
+# and only it: a package that links libz must declare libzlib (the prefix audit checks who provides what), not
+# rely on python bringing it.
 ZLIB = next((p for p in (Path("/lib/x86_64-linux-gnu/libz.so.1"), Path("/usr/lib/x86_64-linux-gnu/libz.so.1"),
                          Path("/usr/lib64/libz.so.1")) if p.exists()), None)
+LIBRARY_STAND_INS = {"libzlib": "lib/libz.so.1"}
 
 
 def make_stand_ins(channel: Path, out: Path) -> None:
     specs = stand_in_specs(channel)
-    make_stub_channel(out, [s for s in specs if s.split()[0] != "python"], runnable=False)
+    make_stub_channel(out, [s for s in specs if s.split()[0] not in LIBRARY_STAND_INS], runnable=False)
     for spec in specs:
-        if spec.split()[0] == "python":
-            name, version, _ = stub_version(spec)
-            files = {"lib/libz.so.1": ZLIB.read_bytes()} if ZLIB else {}
-            write_stub(Stub(name, version, files=files), out / "linux-64")
+        if spec.split()[0] in LIBRARY_STAND_INS:
+            write_stub(zlib_stand_in(spec), out / "linux-64")
     index(out)
+
+
+def zlib_stand_in(spec: str = "libzlib") -> Stub:
+    """libzlib with the host's libz.so.1 at its conda-forge path."""
+    assert ZLIB is not None, "no libz.so.1 on this machine"
+    name, version, _ = stub_version(spec)
+    return Stub(name, version, files={LIBRARY_STAND_INS[name]: ZLIB.read_bytes()})
 
 
 def stand_in_specs(channel: Path) -> list[str]:
@@ -66,6 +73,14 @@ def install(records: list[object], prefix: Path, cache: Path) -> None:
     import rattler
 
     asyncio.run(rattler.install(records, target_prefix=prefix.resolve(), cache_dir=cache.resolve(), show_progress=False))
+
+
+def solve_and_install(channels: list[Path], specs: list[str], virtual: dict[str, str], prefix: Path) -> list[str]:
+    """Solve and install in one call, for tests that run it in py-rattler's child (torchforge.rattlerchild):
+    the names installed."""
+    records = solve(channels, specs, virtual)
+    install(records, prefix, prefix.parent / f"{prefix.name}-pkgs")
+    return sorted(str(r.name.normalized) for r in records)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,7 +108,9 @@ class Factory:
             self.component("nvidia-cuda-runtime-cu12", "cuda_runtime", [Lib("libcudart.so.12", rpath="$ORIGIN", runpath=True)]),
             self.component("nvidia-cublas-cu12", "cublas", [Lib("libcublasLt.so.12", rpath="$ORIGIN", runpath=True),
                                                            Lib("libcublas.so.12", ("libcublasLt.so.12",), "$ORIGIN", True)]),
-            self.component("nvidia-cudnn-cu12", "cudnn", [Lib("libcudnn.so.9", rpath="$ORIGIN", runpath=True)],
+            # cuDNN 9's graph library links zlib (libz.so.1), which no wheel of the stack carries.
+            self.component("nvidia-cudnn-cu12", "cudnn", [Lib("libcudnn.so.9", rpath="$ORIGIN", runpath=True),
+                                                         Lib("libcudnn_graph.so.9", ("libz.so.1",), "$ORIGIN", True)],
                            ["nvidia-cublas-cu12"]),
         ]
 

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.standin_stack import PY, PYTAG, TORCH, Factory
-from tests.stubchannel import make_stub_channel
+from tests.stack_env import zlib_stand_in
+from tests.stubchannel import make_stub_channel, write_stub
 from tests.test_adversarial import run_main
 from torchforge.binaries.plan import CudaLibs
 from torchforge.binaries.stack import repack_stack
 from torchforge.elf import read_elf
 from torchforge.errors import ExitCode
+from torchforge.localchannel import index
 from torchforge.proc import Runner
 from torchforge.rpath import audit
 
@@ -54,6 +56,8 @@ def channels(cuda_wheels: list[Path], cpu_wheels: list[Path], tmp_path_factory: 
         repack_stack(cpu_wheels, root / mode.value, Runner(), mode=mode)  # one channel: CPU and CUDA builds
     stubs = root / "stubs"
     make_stub_channel(stubs, PURE, runnable=False)
+    write_stub(zlib_stand_in(), stubs / "linux-64")  # conda-forge's libzlib: lib/libz.so.1, which cuDNN links
+    index(stubs)
     return {"conda-forge": root / "conda-forge", "wheels": root / "wheels", "stubs": stubs}
 
 
@@ -104,6 +108,10 @@ def test_wheels_mode_packages_the_components_and_keeps_their_layout(channels: di
     torch = data[f"pytorch-{TORCH}-{NV_BUILD}.conda"]
     assert {"nvidia-cublas-cu12 ==12.8.4.1", "nvidia-cudnn-cu12 ==9.10.2.21", "__cuda >=12"} <= set(torch["depends"])
     assert not any(d.startswith(("cuda-version", "libcublas")) for d in torch["depends"])
+    # cuDNN's libcudnn_graph.so.9 links libz.so.1: the package declares conda-forge's libzlib (sonames.toml);
+    # the packages whose libraries link no zlib do not.
+    assert "libzlib <2.0a0" in records["nvidia-cudnn-cu12"]["depends"], records["nvidia-cudnn-cu12"]["depends"]
+    assert not any(d.startswith("libzlib") for n in ("nvidia-cublas-cu12", "pytorch") for d in records[n]["depends"])
     for archive in sorted(chan.glob("linux-64/*.conda")):
         report = audit(archive)
         assert report.ok, (archive.name, report.findings)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torchforge import __version__, localchannel
 from torchforge.aio import run_async
-from torchforge.binaries.catalog import catalog
+from torchforge.binaries.catalog import catalog, outside_libraries
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.errors import ArchiveError, UsageError
@@ -196,7 +196,9 @@ class RepackResult:
 
 def linked_depends(stage: Path, plan: PackagePlan, specs: dict[str, str]) -> tuple[str, ...]:
     """`plan.depends` plus the stack's packages whose libraries the ELF files link and that the package does
-    not carry itself (torchvision's _C.so links libtorch_cuda.so and libcudart.so.12 with no RPATH to them)."""
+    not carry itself (torchvision's _C.so links libtorch_cuda.so and libcudart.so.12 with no RPATH to them),
+    and the packages outside the stack that provide the other libraries they link (sonames.toml: cuDNN's
+    libz.so.1 is conda-forge's libzlib)."""
     inside = {p.name for p in iter_tree(stage) if maybe_elf(p)}
     needed: set[str] = set()
     for path in iter_tree(stage):
@@ -211,6 +213,9 @@ def linked_depends(stage: Path, plan: PackagePlan, specs: dict[str, str]) -> tup
             continue
         prefixes = catalog().libraries_of(conda_name)
         if any(n.startswith(prefixes) for n in needed if prefixes):
+            extra.append(spec)
+    for soname, spec in outside_libraries().items():
+        if soname in needed and spec.split()[0] not in names:
             extra.append(spec)
     return plan.depends + tuple(sorted(extra))
 

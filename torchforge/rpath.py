@@ -34,7 +34,7 @@ from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
-from torchforge import fileops
+from torchforge import fileops, prefixmeta
 from torchforge.binaries.catalog import catalog
 from torchforge.data import data_text, parse_toml
 from torchforge.elf import ElfInfo, ElfReadError, iter_tree, maybe_elf, read_elf
@@ -74,6 +74,7 @@ class Kind(str, Enum):
     DANGLING = "dangling-entry"
     UNREADABLE = "unreadable"
     SYMLINK_ESCAPES = "symlink-escapes"
+    UNDECLARED = "undeclared-provider"  # an environment's library from a package its user does not declare
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -370,12 +371,35 @@ def audit_tree(root: Path, layout: Layout | None = None, *, nvidia_era: str = "c
         files.append(report)
         findings.extend(flagged)
     findings.extend(Finding(_rel(root, e.path), Kind.UNREADABLE, e.reason) for e in found.unreadable)
+    if tree.is_prefix:
+        findings.extend(_undeclared(root, files))
     real_root = os.path.realpath(root)
     for link in found.symlinks:
         target = os.path.realpath(link)
         if not target.startswith(real_root + os.sep):
             findings.append(Finding(_rel(root, link), Kind.SYMLINK_ESCAPES, f"-> {os.readlink(link)}"))
     return AuditReport(source or str(root), layout, tuple(files), tuple(findings))
+
+
+def _undeclared(root: Path, files: Sequence[FileReport]) -> list[Finding]:
+    """In an environment, a library must come from the package that links it or from one that package declares,
+    directly or through the requirements of others; one that another package happens to bring resolves by chance
+    and goes when that package does."""
+    installed = prefixmeta.read(root)
+    findings = []
+    for report in files:
+        user = installed.owners.get(report.file)
+        if user is None:  # a file no package installed: nothing declares anything for it
+            continue
+        declared = installed.declared_by(user)
+        for found in report.resolutions:
+            owner = installed.owners.get(posixpath.normpath(posixpath.join(found.location, found.needed))) \
+                if found.location else None
+            if owner is not None and owner not in declared:
+                findings.append(Finding(report.file, Kind.UNDECLARED,
+                                        f"{found.needed} comes from {owner}, which {user} does not declare "
+                                        "(neither directly nor through its requirements)"))
+    return findings
 
 
 @contextmanager

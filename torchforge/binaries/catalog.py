@@ -100,6 +100,17 @@ def catalog() -> Catalog:
     return loaded
 
 
+@lru_cache(maxsize=1)
+def outside_libraries() -> dict[str, str]:
+    """torchforge/data/sonames.toml: SONAME -> the conda spec of the package that provides it, for libraries a
+    repacked package links from outside the stack."""
+    where = "torchforge/data/sonames.toml"
+    libraries = parse_toml(data_text("sonames"), where).get("libraries")
+    if not isinstance(libraries, dict) or not all(isinstance(v, str) and v.strip() for v in libraries.values()):
+        raise DataError(f"{where}: [libraries] must map each SONAME to a conda spec", "fix the table")
+    return {str(k): str(v) for k, v in libraries.items()}
+
+
 @dataclass(frozen=True)
 class Mapping:
     """torchforge/data/pypi_to_conda.toml: PyPI names whose conda name differs, and requirements dropped."""
