@@ -9,6 +9,7 @@ import pytest
 
 from tests import tool_venvs
 from tests.fixtures.fake_anaconda_server import FakeAnacondaServer
+from tests.hostile import cases, hostile_package
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli
 from torchforge.archives import inspect_archive
@@ -207,3 +208,14 @@ def test_dry_run_shows_masked_command_and_sends_nothing(env: Env, server: FakeAn
     assert "BINSTAR_API_TOKEN=***" in line and "OTEL_SDK_DISABLED=true" in line
     assert line.endswith(f"upload --user tester --label main --no-progress --force {pkg}")
     assert server.requests() == []
+
+
+@pytest.mark.parametrize("case_id", ["dotdot", "symlink", "device"])
+def test_a_package_with_a_member_outside_its_prefix_is_refused_before_sending(
+        case_id: str, env: Env, server: FakeAnacondaServer, tmp_path: Path) -> None:
+    case = {c.id: c for c in cases(tmp_path / "victim.txt", tmp_path / "outside")}[case_id]
+    package = hostile_package(tmp_path / "hostile" / "linux-64", case.members)
+    result = env.upload("upload", str(package), *env.to())
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{package}: member '{case.refused}' {case.why}" in " ".join(result.stderr.split())
+    assert server.requests() == []  # not even the login check: nothing was sent

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import tool_venvs
+from tests.hostile import cases, hostile_package
 from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli
 from torchforge.archives import inspect_archive
@@ -173,3 +174,19 @@ def test_server_gone_is_retried_then_reported(tmp_path: Path) -> None:
     assert result.returncode == 7
     assert result.stderr.count("retrying") == 3
     assert "gave up after 4 attempts" in result.stderr and "ConnectionRefusedError" in result.stderr
+
+
+@pytest.mark.parametrize("case_id", ["dotdot", "symlink", "device"])
+def test_a_package_with_a_member_outside_its_prefix_is_refused_before_sending(case_id: str, quetz: Quetz,
+                                                                               tmp_path: Path) -> None:
+    # It was sent, then the server's install check died; now the pre-send check refuses it (exit 2).
+    case = {c.id: c for c in cases(tmp_path / "victim.txt", tmp_path / "outside")}[case_id]
+    package = hostile_package(tmp_path / "out" / "linux-64", case.members)
+    channel = f"hostile-{case_id}"
+    target = quetz.channel(channel)
+    result = cli("upload", str(package), "--to", target, env={"QUETZ_API_KEY": quetz.key})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{package}: member '{case.refused}' {case.why}" in " ".join(result.stderr.split())
+    with urllib.request.urlopen(f"{quetz.url}/api/channels/{channel}/packages", timeout=30) as response:
+        assert json.load(response) == []
+    assert f"/api/channels/{channel}/files" not in quetz.log.read_text()
