@@ -58,8 +58,9 @@ repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.1
 	  env -u LD_LIBRARY_PATH nice $(BIN)/torchforge verify $(STACK)/env --python $(STACK)/py312/bin/python --want cuda; \
 	else echo "no Python 3.12 (PY312=...): torchforge verify of the prefix skipped"; fi
 
-test: $(STAMP)  ## run the whole test suite
-	$(BIN)/python -m pytest -n 2 tests
+TESTS ?= tests
+test: $(STAMP)  ## run the whole test suite (TESTS=tests/test_x.py: only those)
+	$(BIN)/python -m pytest -n 2 $(TESTS)
 
 goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate
@@ -69,8 +70,9 @@ goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench
 
-bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benchmark fails the run; no figures to quote)
-	$(BIN)/python -m bench --quick
+BENCH ?=
+bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benchmark fails the run; no figures to quote; BENCH=name: only those)
+	$(BIN)/python -m bench --quick $(BENCH)
 
 container-image: $(STAMP)  ## make the local podman build images for --container (rebuilds only what changed; root, podman, runc, debootstrap)
 	$(BIN)/python -m tests.container_image
@@ -79,7 +81,8 @@ container-check: container-image  ## the real `torchforge build --container` bui
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
 ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipeline for the torch_heavy fixture here, twice, with gitlab-ci-local + podman, and check its logs (.cache/ci-local); about 30 min
-	nice $(BIN)/python -m pytest -n 0 -m ci_local tests/test_ci_local.py
+	$(BIN)/python -m tests.ci_local --check-tools
+	env -u TORCHFORGE_NO_CONTAINER TORCHFORGE_STRICT_SKIPS=1 nice $(BIN)/python -m pytest -n 0 -m ci_local tests/test_ci_local.py
 
 clean:  ## remove the virtualenv and generated output
 	rm -rf $(VENV) recipes forge-channel try build dist .pytest_cache
