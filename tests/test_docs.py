@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,6 +74,38 @@ def test_the_parse_check_catches_what_a_user_would_hit() -> None:
     assert parse_problem(["torchforge", "build", "--config", "no-such.toml"]) is None  # the user's own file
 
 
+def unmade_inputs(block: Block) -> list[str]:
+    """Relative paths a documented torchforge command reads that nothing makes: not in the repository, not made
+    by an earlier line of the block, not a folder a make target makes (its name is in the Makefile)."""
+    made_by_make = set(re.findall(r"[\w.-]+", (ROOT / "Makefile").read_text()))
+    missing, earlier = [], ""
+    for line in block.lines:
+        for words in simple_commands(line):
+            if program(words) != "torchforge" or words[1:2] == ["promote"]:  # promote takes specs (name/version)
+                continue
+            for word in words[2:]:
+                # absolute, variable, home and ../ paths are the user's own (a source checkout beside this one)
+                if word.startswith(("-", "/", "$", "~", "../")) or "/" not in word or "://" in word:
+                    continue
+                first = word.split("/")[0]
+                if not (ROOT / word).exists() and first not in made_by_make and first not in re.findall(r"[\w.-]+", earlier):
+                    missing.append(word)
+        earlier += line + "\n"
+    return missing
+
+
+def test_every_path_a_documented_command_reads_is_made_first() -> None:
+    missing = [f"{b.where}: {path}" for b in BLOCKS if b.mode in ("parse", "dry-run") for path in unmade_inputs(b)]
+    assert not missing, "no step makes these:\n" + "\n".join(missing)
+
+
+def test_the_made_first_check_names_a_folder_nothing_makes() -> None:
+    block = Block(ROOT / "x.md", 1, "bash", "parse", "", ("torchforge rpath fix unpacked/ --layout conda --dry-run",))
+    assert unmade_inputs(block) == ["unpacked/"]
+    made = Block(ROOT / "x.md", 1, "bash", "parse", "", ("mkdir unpacked", "torchforge rpath fix unpacked/ --layout conda"))
+    assert unmade_inputs(made) == []
+
+
 DRY = [b for b in BLOCKS if b.mode == "dry-run"]
 
 
@@ -100,8 +134,11 @@ RUN = [b for b in BLOCKS if b.mode == "run"]
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUN, ids=_ids(RUN))
 def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
-    result = run_block(block, fresh_folder(tmp_path), env=_env(), timeout=600)
+    folder = fresh_folder(tmp_path)
+    result = run_block(block, folder, env=_env(), timeout=600)
     assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    # Pasted in the checkout, as the pages say, the block leaves nothing git would list as untracked.
+    assert not untracked_in_checkout(folder), f"{block.where} leaves {untracked_in_checkout(folder)} in the checkout"
     if block == quickstart():
         # Imported twice: from the local channel, then from the file:// channel it was uploaded to.
         imports = re.findall(r"^2\.13\.0 3\.0 (\S+)$", result.stdout, re.M)
@@ -115,6 +152,34 @@ def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
         # the upload's install check names what the channel leaves to the others (the stand-ins), not a solver dump
         assert re.search(r"installed without dependencies: filelock, .* come from other channels", result.stdout)
         assert "Cannot solve" not in result.stdout
+
+
+def untracked_in_checkout(folder: Path) -> list[str]:
+    """What a run block made in `folder` (a stand-in for the checkout's root) that git in the checkout would not
+    ignore: the block's output belongs in a scratch folder git ignores."""
+    made = [p.name + ("/" if p.is_dir() else "") for p in sorted(folder.iterdir()) if p.name not in RUN_LINKS]
+    if not made:
+        return []
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *made], cwd=ROOT, capture_output=True, text=True)
+    return [name for name in made if name not in ignored.stdout.splitlines()]
+
+
+def test_the_untracked_check_names_a_folder_git_would_list(tmp_path: Path) -> None:
+    (tmp_path / "my-channel").mkdir()
+    (tmp_path / "try").mkdir()
+    assert untracked_in_checkout(tmp_path) == ["my-channel/"]
+
+
+def test_the_documented_smoke_check_says_what_is_missing_where_torch_is_not_importable(tmp_path: Path) -> None:
+    """docs/ci.md's `python torchforge/ci_smoke.py ...`, run by a Python without torch: one line, exit 3."""
+    command = re.search(r"`(python torchforge/ci_smoke\.py [^`]*)`", (ROOT / "docs" / "ci.md").read_text())
+    assert command, "docs/ci.md no longer shows how to run the smoke check by hand"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    done = subprocess.run([python, *shlex.split(command[1])[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == (f"FAILED: {python} cannot import torch (ModuleNotFoundError: No module named 'torch'); "
+                           "run this check with the Python of the environment the package was installed into\n")
 
 
 def test_the_readme_is_short_and_its_quick_start_has_at_most_ten_commands() -> None:
