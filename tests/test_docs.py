@@ -182,6 +182,14 @@ def test_the_documented_smoke_check_says_what_is_missing_where_torch_is_not_impo
                            "run this check with the Python of the environment the package was installed into\n")
 
 
+def test_the_publishing_page_pins_the_quetz_the_tests_run() -> None:
+    """The pins of tests/tool_venvs.py, in the install line a user copies (a plain quetz-server does not start)."""
+    from tests.tool_venvs import TOOLS
+
+    lines = [line for b in blocks(ROOT / "docs" / "publishing.md") for line in b.lines]
+    assert f"pip install {' '.join(TOOLS['quetz'])}" in lines
+
+
 def test_the_readme_is_short_and_its_quick_start_has_at_most_ten_commands() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) < 150
     assert len(quickstart().lines) <= 10
