@@ -190,6 +190,43 @@ def test_the_publishing_page_pins_the_quetz_the_tests_run() -> None:
     assert f"pip install {' '.join(TOOLS['quetz'])}" in lines
 
 
+UPSTREAM_FILE = re.compile(r"(?:pytorch|conda-build|CUDA [\d.]+|MAGMA [\d.]+|cuDNN) ([\w/.-]+\.(?:py|h|cpp|cmake))\b")
+
+
+def unopenable_citations(source: str) -> list[str]:
+    """What a `source:` line of `torchforge explain` cites that a reader cannot open: the project's notes (seed
+    files, shared/), and files neither in this repository nor named as an upstream project's."""
+    bad = re.findall(r"\bseeds? \d+|\bshared/\S+", source)
+    upstream = set(UPSTREAM_FILE.findall(source))
+    for name in re.findall(r"[\w/.<>-]+\.(?:md|txt|log|py|j2|toml|h|cpp)\b", source):
+        if name not in upstream and not (ROOT / name).exists() and not (ROOT / "docs" / name).exists():
+            bad.append(name)
+    return bad
+
+
+def test_every_explain_source_cites_what_a_reader_can_open() -> None:
+    import tomllib
+
+    table = tomllib.loads((ROOT / "torchforge" / "data" / "failures.toml").read_text())["signatures"]
+    bad = {key: found for key, sig in table.items() if (found := unopenable_citations(sig["source"]))}
+    assert not bad, bad
+
+
+def test_the_citation_check_names_notes_and_files_outside_the_repository() -> None:
+    assert unopenable_citations("seed 000 (x); compat-facts.md §4; pytorch#1") == ["seed 000", "compat-facts.md"]
+    assert unopenable_citations("pytorch torch/utils/cpp_extension.py; excerpt: tests/fixtures/failures/"
+                                "relocation-overflow.log; docs/rpath.md") == []
+
+
+def test_no_page_shows_the_folders_of_the_machine_that_wrote_it() -> None:
+    """Output examples are run in a checkout (tests/docgen.py shows it as ~/torchforge): none shows that checkout,
+    the folder its sibling checkouts live in, or the home folder."""
+    mine = [f"{folder}/" for folder in (ROOT, ROOT.parent, Path.home()) if folder != Path("/")]
+    shown = [f"{page.relative_to(ROOT)}:{n}: {folder}" for page in pages()
+             for n, line in enumerate(page.read_text().splitlines(), 1) for folder in mine if folder in line]
+    assert not shown, "\n".join(shown)
+
+
 def test_the_readme_is_short_and_its_quick_start_has_at_most_ten_commands() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) < 150
     assert len(quickstart().lines) <= 10
