@@ -47,10 +47,12 @@ class Resolved:
 
     def build(self) -> str:
         """The build as the index describes it (the file itself says it exactly once downloaded)."""
-        if "+" in self.filename.split("-")[1]:
-            return f"the {self.filename.split('-')[1].split('+')[1]} build"
-        cuda = sorted({r.split(";")[0].split("==")[0].rsplit("-", 1)[1] for r in self.requires
-                       if r.startswith("nvidia-") and r.split(";")[0].split("==")[0].rsplit("-", 1)[1].startswith("cu")})
+        version = self.filename.split("-")[1]
+        if "+" in version:
+            return f"the {version.split('+', 1)[1]} build"
+        # PyPI's CUDA wheels drop +cuXYZ from the name; their NVIDIA requirements end in -cu12, -cu13 ...
+        names = (r.split(";")[0].split("==")[0] for r in self.requires if r.startswith("nvidia-"))
+        cuda = sorted({name.rsplit("-", 1)[1] for name in names if name.rsplit("-", 1)[1].startswith("cu")})
         return f"a CUDA build (it requires NVIDIA's {', '.join(cuda)} wheels)" if cuda else "a build without a local tag"
 
 
