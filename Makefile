@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack repack-cuda-stack example docs test goldens bench bench-quick container-image container-check ci-local clean
+.PHONY: help venv demo demo-repack demo-pypi repack-cuda-stack example docs test goldens bench bench-quick container-image container-check ci-local clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,14 +24,15 @@ demo: $(STAMP)  ## the main job on the embedded default: print the variant table
 	$(MAKE) --no-print-directory demo-repack
 
 DEMO := .cache/demo
-demo-repack: $(STAMP)  ## download the official torch 2.13.0 CPU wheel (~190 MB), repack it into ./forge-channel, install it with py-rattler, import it from a second venv (.cache/demo/py)
-	$(BIN)/pip download torch==2.13.0 --no-deps --quiet -d $(DEMO)/wheels
-	$(BIN)/torchforge repack $(DEMO)/wheels/torch-2.13.0*.whl --out forge-channel --replace
-	$(BIN)/torchforge rpath audit forge-channel/linux-64/pytorch-2.13.0-whl_py3.11_cpu_0.conda
-	test -x $(DEMO)/py/bin/python || ($(BIN)/python -m venv $(DEMO)/py && $(DEMO)/py/bin/pip install --quiet typing_extensions sympy networkx jinja2 filelock fsspec numpy)
-	rm -rf $(DEMO)/env
-	$(BIN)/python -c "from pathlib import Path; from torchforge.repack import install_from_channel; print(install_from_channel(Path('forge-channel'), Path('$(DEMO)/env')))"
-	PYTHONPATH=$(DEMO)/env/lib/python3.11/site-packages $(DEMO)/py/bin/python -c "import torch; print(torch.__version__, torch.__file__); print('torch.ones(3).sum() =', torch.ones(3).sum().item())"
+DEMO_TORCH ?= 2.13.0
+DEMO_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+DEMO_ARGS := --torch $(DEMO_TORCH) --cpu-index $(DEMO_CPU_INDEX) --work $(DEMO) --out forge-channel
+demo-repack: $(STAMP)  ## fetch torch 2.13.0 (the CPU wheel, ~190 MB, from PyTorch's CPU index, else pip's index: it says which build came), repack it into ./forge-channel, audit it, install it with py-rattler, import it from a second venv (.cache/demo/py)
+	$(BIN)/python scripts/demo_repack.py $(DEMO_ARGS)
+
+demo-pypi: $(STAMP)  ## not in `make test` (~530 MB): demo-repack with pip's configuration set aside, as on a machine with stock PyPI
+	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+	  $(BIN)/python scripts/demo_repack.py $(DEMO_ARGS)
 
 example: $(STAMP)  ## the README's quick start, offline, in a fresh ./try: stand-in channel, build, install, import, upload to file://, install, import
 	rm -rf try
@@ -57,8 +58,9 @@ repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.1
 	  env -u LD_LIBRARY_PATH nice $(BIN)/torchforge verify $(STACK)/env --python $(STACK)/py312/bin/python --want cuda; \
 	else echo "no Python 3.12 (PY312=...): torchforge verify of the prefix skipped"; fi
 
-test: $(STAMP)  ## run the whole test suite
-	$(BIN)/python -m pytest -n 2 tests
+TESTS ?= tests
+test: $(STAMP)  ## run the whole test suite (TESTS=tests/test_x.py: only those)
+	$(BIN)/python -m pytest -n 2 $(TESTS)
 
 goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate
@@ -68,8 +70,9 @@ goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench
 
-bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benchmark fails the run; no figures to quote)
-	$(BIN)/python -m bench --quick
+BENCH ?=
+bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benchmark fails the run; no figures to quote; BENCH=name: only those)
+	$(BIN)/python -m bench --quick $(BENCH)
 
 container-image: $(STAMP)  ## make the local podman build images for --container (rebuilds only what changed; root, podman, runc, debootstrap)
 	$(BIN)/python -m tests.container_image
@@ -78,7 +81,8 @@ container-check: container-image  ## the real `torchforge build --container` bui
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
 ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipeline for the torch_heavy fixture here, twice, with gitlab-ci-local + podman, and check its logs (.cache/ci-local); about 30 min
-	nice $(BIN)/python -m pytest -n 0 -m ci_local tests/test_ci_local.py
+	$(BIN)/python -m tests.ci_local --check-tools
+	env -u TORCHFORGE_NO_CONTAINER TORCHFORGE_STRICT_SKIPS=1 nice $(BIN)/python -m pytest -n 0 -m ci_local tests/test_ci_local.py
 
 clean:  ## remove the virtualenv and generated output
 	rm -rf $(VENV) recipes forge-channel try build dist .pytest_cache

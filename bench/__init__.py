@@ -18,6 +18,7 @@ class Row:
     value: str
     note: str = ""
     ok: bool = True  # False: the benchmark could not measure (a build failed); `python -m bench` exits 1
+    skipped: str = ""  # why it did not run (podman missing ...): reported as a skip in the last lines, never as a pass
 
 
 def timed(fn: Callable[[], object], repeat: int = 1) -> float:

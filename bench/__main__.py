@@ -1,7 +1,9 @@
 """Run every bench_*.py module in this folder and print one table.
 
 `python -m bench [--quick] [NAME ...]`: NAMEs run a subset; --quick runs each once at small sizes (CI).
-Exit status 1 when a benchmark could not measure (a row marked failed, or an exception in a module).
+Exit status 1 when a benchmark could not measure (a row marked failed, or an exception in a module). A skipped
+benchmark is listed as such in the last lines; in CI (strict skips, as tests/conftest.py) it fails the run
+unless tests/skips_allowed.py allows it (`bench/bench_NAME.py::`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main(argv: list[str]) -> int:
     here = Path(__file__).parent
     modules = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_"))
     failed: list[str] = []
+    skipped: list[tuple[str, str]] = []
     for name in modules:
         if names and not any(n in name for n in names):
             continue
@@ -38,13 +41,29 @@ def main(argv: list[str]) -> int:
             console.print(traceback.format_exc())
             rows = [Row(name.removeprefix("bench_"), "raised an exception (traceback above)", "-", ok=False)]
         for row in rows:
-            table.add_row(row.benchmark, row.measure, row.value if row.ok else f"[red]{row.value} (failed)[/]", row.note)
+            value = row.value if row.ok else f"[red]{row.value} (failed)[/]"
+            table.add_row(row.benchmark, row.measure, "[yellow]skipped[/]" if row.skipped else value,
+                          row.skipped or row.note)
             if not row.ok:
                 failed.append(f"{row.benchmark}: {row.measure}")
+            if row.skipped:
+                skipped.append((f"bench/{name}.py::", f"{row.benchmark}: {row.measure}: {row.skipped}"))
     console.print(table)
+    return _summary(console, failed, skipped)
+
+
+def _summary(console: Console, failed: list[str], skipped: list[tuple[str, str]]) -> int:
+    """The last lines: what failed, then what did not run and why (a skip is not a pass)."""
+    from tests.skips_allowed import allowed, strict
+
     if failed:
         console.print(f"[red]{len(failed)} benchmark(s) failed:[/] " + "; ".join(failed))
-    return 1 if failed else 0
+    for node, why in skipped:
+        verdict = "allowed (tests/skips_allowed.py)" if allowed(node, why) else \
+            "NOT allowed: fails the run" if strict() else "not allowed in CI"
+        console.print(f"[yellow]SKIPPED, not run:[/] {why} ({verdict})", soft_wrap=True)
+    refused = [node for node, why in skipped if strict() and not allowed(node, why)]
+    return 1 if failed or refused else 0
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def run(quick: bool = False) -> list[Row]:
     try:
         container_image.ensure(cuda=False)
     except container_image.Unavailable as exc:
-        return [Row("container", "torch_like cpu in podman / on this machine", "-", f"skipped: {exc}")]
+        return [Row("container", "torch_like cpu in podman / on this machine", "-", skipped=str(exc))]
     start = time.perf_counter()
     container_image.ensure(cuda=container_image.cuda_available())
     current = time.perf_counter() - start

@@ -69,6 +69,22 @@ class Unavailable(Exception):
     """gitlab-ci-local or podman cannot run here; the message says why."""
 
 
+# Every command the pipeline run needs, with the Debian package that brings it: podman and runc run the jobs,
+# debootstrap makes their images, node and npm install and run gitlab-ci-local, rsync copies its checkouts.
+TOOLS = (("podman", "podman"), ("runc", "runc"), ("debootstrap", "debootstrap"), ("rsync", "rsync"),
+         ("node", "nodejs"), ("npm", "npm"))
+
+
+def check_tools() -> None:
+    """Raises Unavailable naming every missing command at once, with the one command that installs them."""
+    missing = [(tool, package) for tool, package in TOOLS if shutil.which(tool) is None]
+    if missing:
+        names = ", ".join(tool for tool, _ in missing)
+        raise Unavailable(f"{names} {'is' if len(missing) == 1 else 'are'} not on PATH; install "
+                          f"{'it' if len(missing) == 1 else 'them all'} with: apt-get install -y "
+                          + " ".join(package for _, package in missing))
+
+
 @dataclass(frozen=True)
 class Run:
     returncode: int
@@ -185,6 +201,7 @@ def run_pipeline(bundled: dict[str, str], number: int) -> Run:
 
 def main(cuda: bool) -> int:
     try:
+        check_tools()
         container_image.ensure(cuda=cuda)
         ensure_gitlab_ci_local()
         helper_image()
@@ -204,5 +221,17 @@ def main(cuda: bool) -> int:
     return 0
 
 
+def preflight() -> int:
+    """`python -m tests.ci_local --check-tools` (`make ci-local`'s first step): exit 1 naming what is missing."""
+    try:
+        check_tools()
+    except Unavailable as exc:
+        print(f"ci-local cannot run here: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
+    if "--check-tools" in sys.argv:
+        sys.exit(preflight())
     sys.exit(main(cuda="--no-cuda" not in sys.argv and container_image.cuda_available()))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.skips_allowed import ALLOWED_SKIPS, allowed
+from tests.skips_allowed import ALLOWED_SKIPS, allowed, strict
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
@@ -90,8 +90,6 @@ def big_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # In CI (CI or TORCHFORGE_STRICT_SKIPS set; .ci/run sets it) a skip fails the run unless tests/skips_allowed.py
 # lists it with the reason it cannot be helped: a toolkit bump must not silently drop the real CUDA builds.
 
-def _strict() -> bool:
-    return bool(os.environ.get("CI") or os.environ.get("TORCHFORGE_STRICT_SKIPS"))
 
 
 def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
@@ -120,7 +118,7 @@ def _unexpected() -> list[tuple[str, str]]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _strict() and _unexpected() and exitstatus == 0 and not hasattr(session.config, "workerinput"):
+    if strict() and _unexpected() and exitstatus == 0 and not hasattr(session.config, "workerinput"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -135,7 +133,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         write("(none)")
     unexpected = _unexpected()
     if unexpected:
-        terminalreporter.section("skips NOT in tests/skips_allowed.py" + (" (fail the run: strict)" if _strict() else ""))
+        terminalreporter.section("skips NOT in tests/skips_allowed.py" + (" (fail the run: strict)" if strict() else ""))
         for node, reason in unexpected:
             write(f"{node}: {reason}")
 

@@ -75,17 +75,19 @@ def _bin_reporting(bin_dir: Path, release: str) -> None:
     nvcc.chmod(0o755)
 
 
-def path_without(tool: str, farm: Path) -> str:
-    """A PATH on which every command of the real PATH is found except `tool`: `farm` gets a link to the first of
-    each name. For a test of what happens on a machine without `tool`, run the same way on one that has it."""
+def path_without(tool: str | tuple[str, ...], farm: Path) -> str:
+    """A PATH on which every command of the real PATH is found except `tool` (one name or several): `farm` gets a
+    link to the first of each name. For a test of what happens on a machine without `tool`, run the same way on
+    one that has it."""
+    left_out = (tool,) if isinstance(tool, str) else tool
     farm.mkdir(parents=True, exist_ok=True)
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         if not folder or not os.path.isdir(folder):
             continue
         for entry in os.scandir(folder):
             link = farm / entry.name
-            if entry.name != tool and not link.exists() and not link.is_symlink() and os.access(entry.path, os.X_OK) \
-                    and not entry.is_dir():
+            if entry.name not in left_out and not link.exists() and not link.is_symlink() \
+                    and os.access(entry.path, os.X_OK) and not entry.is_dir():
                 link.symlink_to(entry.path)
-    assert shutil.which(tool, path=str(farm)) is None
+    assert all(shutil.which(name, path=str(farm)) is None for name in left_out)
     return str(farm)

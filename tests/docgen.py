@@ -139,8 +139,16 @@ def run_example(command: str) -> str:
     # One pipe for both streams, so notes (stderr) and results (stdout) come in the order a terminal shows them.
     result = subprocess.run(shlex.split(command, comments=True), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    lines = [line.rstrip() for line in result.stdout.splitlines()]
+    lines = [shown_path(line).rstrip() for line in result.stdout.splitlines()]
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def shown_path(text: str) -> str:
+    """The checkout's folder as a reader's clone (`~/torchforge`), the home folder as `~`: an example never shows
+    the folders of the machine that ran it. Rich pads table cells, so the padding follows the shorter text."""
+    for real, shown in ((str(ROOT), "~/torchforge"), (str(Path.home()), "~")):
+        text = re.sub(re.escape(real) + r"(?![\w.-])(\S*)( *)", lambda m: shown + m[1] + m[2] + " " * (len(real) - len(shown)), text)
+    return text
 
 
 def fill_output(block: str) -> str:

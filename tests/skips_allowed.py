@@ -13,10 +13,17 @@ import os
 
 ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
 # .ci/run sets TORCHFORGE_NO_CONTAINER only when it could not install podman or make its images (and prints why):
-# then, and only then, the real --container builds and the gitlab-ci-local run (its jobs run in those images) may skip.
+# then, and only then, the real --container builds, the gitlab-ci-local run (its jobs run in those images) and
+# the container benchmark may skip.
 if os.environ.get("TORCHFORGE_NO_CONTAINER"):
     ALLOWED_SKIPS += (("tests/test_container_build.py::", os.environ["TORCHFORGE_NO_CONTAINER"]),
-                      ("tests/test_ci_local.py::", os.environ["TORCHFORGE_NO_CONTAINER"]))
+                      ("tests/test_ci_local.py::", os.environ["TORCHFORGE_NO_CONTAINER"]),
+                      ("bench/bench_container.py::", os.environ["TORCHFORGE_NO_CONTAINER"]))
+
+
+def strict() -> bool:
+    """In CI (`CI` or `TORCHFORGE_STRICT_SKIPS` set) a skip this list does not allow fails the run."""
+    return bool(os.environ.get("CI") or os.environ.get("TORCHFORGE_STRICT_SKIPS"))
 
 
 def allowed(nodeid: str, reason: str) -> bool:

@@ -1,7 +1,9 @@
 """`make ci-local` as a test: the emitted GitLab pipeline run twice by gitlab-ci-local with podman
 (tests/ci_local.py), then its logs and the directory channel it uploaded into are read back.
 
-Skipped, with the reason, where podman, node/npm or rsync cannot run (as tests/test_container_build.py).
+Skipped, with the reason, where podman, node/npm or rsync cannot run (as tests/test_container_build.py); `make
+ci-local` first names every missing command at once and fails, and fails on any skip (TORCHFORGE_STRICT_SKIPS):
+a target that exists to run the pipeline never passes having run nothing (tests/test_ci_local_tools.py).
 About 30 minutes on two cores: `make ci-local` runs it (`-m ci_local`); `make test` deselects it.
 """
 
@@ -28,6 +30,7 @@ def pipeline() -> list[str]:
     """Both runs' logs (the pipeline runs once per test session: minutes on two cores)."""
     cuda = container_image.cuda_available()
     try:
+        ci_local.check_tools()
         container_image.ensure(cuda=cuda)
         ci_local.ensure_gitlab_ci_local()
     except (container_image.Unavailable, ci_local.Unavailable) as exc:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,6 +74,38 @@ def test_the_parse_check_catches_what_a_user_would_hit() -> None:
     assert parse_problem(["torchforge", "build", "--config", "no-such.toml"]) is None  # the user's own file
 
 
+def unmade_inputs(block: Block) -> list[str]:
+    """Relative paths a documented torchforge command reads that nothing makes: not in the repository, not made
+    by an earlier line of the block, not a folder a make target makes (its name is in the Makefile)."""
+    made_by_make = set(re.findall(r"[\w.-]+", (ROOT / "Makefile").read_text()))
+    missing, earlier = [], ""
+    for line in block.lines:
+        for words in simple_commands(line):
+            if program(words) != "torchforge" or words[1:2] == ["promote"]:  # promote takes specs (name/version)
+                continue
+            for word in words[2:]:
+                # absolute, variable, home and ../ paths are the user's own (a source checkout beside this one)
+                if word.startswith(("-", "/", "$", "~", "../")) or "/" not in word or "://" in word:
+                    continue
+                first = word.split("/")[0]
+                if not (ROOT / word).exists() and first not in made_by_make and first not in re.findall(r"[\w.-]+", earlier):
+                    missing.append(word)
+        earlier += line + "\n"
+    return missing
+
+
+def test_every_path_a_documented_command_reads_is_made_first() -> None:
+    missing = [f"{b.where}: {path}" for b in BLOCKS if b.mode in ("parse", "dry-run") for path in unmade_inputs(b)]
+    assert not missing, "no step makes these:\n" + "\n".join(missing)
+
+
+def test_the_made_first_check_names_a_folder_nothing_makes() -> None:
+    block = Block(ROOT / "x.md", 1, "bash", "parse", "", ("torchforge rpath fix unpacked/ --layout conda --dry-run",))
+    assert unmade_inputs(block) == ["unpacked/"]
+    made = Block(ROOT / "x.md", 1, "bash", "parse", "", ("mkdir unpacked", "torchforge rpath fix unpacked/ --layout conda"))
+    assert unmade_inputs(made) == []
+
+
 DRY = [b for b in BLOCKS if b.mode == "dry-run"]
 
 
@@ -100,8 +134,13 @@ RUN = [b for b in BLOCKS if b.mode == "run"]
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUN, ids=_ids(RUN))
 def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
-    result = run_block(block, fresh_folder(tmp_path), env=_env(), timeout=600)
+    folder = fresh_folder(tmp_path)
+    result = run_block(block, folder, env=_env(), timeout=600)
     assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    # Pasted in the checkout, the block leaves nothing git would list as untracked (except where the page says
+    # the files are the user's own to commit).
+    if block.page.name not in WRITES_FILES_TO_COMMIT:
+        assert not untracked_in_checkout(folder), f"{block.where} leaves {untracked_in_checkout(folder)} in the checkout"
     if block == quickstart():
         # Imported twice: from the local channel, then from the file:// channel it was uploaded to.
         imports = re.findall(r"^2\.13\.0 3\.0 (\S+)$", result.stdout, re.M)
@@ -115,6 +154,83 @@ def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
         # the upload's install check names what the channel leaves to the others (the stand-ins), not a solver dump
         assert re.search(r"installed without dependencies: filelock, .* come from other channels", result.stdout)
         assert "Cannot solve" not in result.stdout
+
+
+# Pages whose run blocks write files for the user to commit in their own repository, and why.
+WRITES_FILES_TO_COMMIT = {"ci.md": "`torchforge ci ... --out .` writes the pipeline into the user's repository"}
+
+
+def untracked_in_checkout(folder: Path) -> list[str]:
+    """What a run block made in `folder` (a stand-in for the checkout's root) that git in the checkout would not
+    ignore: the block's output belongs in a scratch folder git ignores."""
+    made = [p.name + ("/" if p.is_dir() else "") for p in sorted(folder.iterdir()) if p.name not in RUN_LINKS]
+    if not made:
+        return []
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *made], cwd=ROOT, capture_output=True, text=True)
+    return [name for name in made if name not in ignored.stdout.splitlines()]
+
+
+def test_the_untracked_check_names_a_folder_git_would_list(tmp_path: Path) -> None:
+    (tmp_path / "my-channel").mkdir()
+    (tmp_path / "try").mkdir()
+    assert untracked_in_checkout(tmp_path) == ["my-channel/"]
+
+
+def test_the_documented_smoke_check_says_what_is_missing_where_torch_is_not_importable(tmp_path: Path) -> None:
+    """docs/ci.md's `python torchforge/ci_smoke.py ...`, run by a Python without torch: one line, exit 3."""
+    command = re.search(r"`(python torchforge/ci_smoke\.py [^`]*)`", (ROOT / "docs" / "ci.md").read_text())
+    assert command, "docs/ci.md no longer shows how to run the smoke check by hand"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    done = subprocess.run([python, *shlex.split(command[1])[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == (f"FAILED: {python} cannot import torch (ModuleNotFoundError: No module named 'torch'); "
+                           "run this check with the Python of the environment the package was installed into\n")
+
+
+def test_the_publishing_page_pins_the_quetz_the_tests_run() -> None:
+    """The pins of tests/tool_venvs.py, in the install line a user copies (a plain quetz-server does not start)."""
+    from tests.tool_venvs import TOOLS
+
+    lines = [line for b in blocks(ROOT / "docs" / "publishing.md") for line in b.lines]
+    assert f"pip install {' '.join(TOOLS['quetz'])}" in lines
+
+
+UPSTREAM_FILE = re.compile(r"(?:pytorch|conda-build|CUDA [\d.]+|MAGMA [\d.]+|cuDNN) ([\w/.-]+\.(?:py|h|cpp|cmake))\b")
+
+
+def unopenable_citations(source: str) -> list[str]:
+    """What a `source:` line of `torchforge explain` cites that a reader cannot open: the project's notes (seed
+    files, shared/), and files neither in this repository nor named as an upstream project's."""
+    bad = re.findall(r"\bseeds? \d+|\bshared/\S+", source)
+    upstream = set(UPSTREAM_FILE.findall(source))
+    for name in re.findall(r"[\w/.<>-]+\.(?:md|txt|log|py|j2|toml|h|cpp)\b", source):
+        if name not in upstream and not (ROOT / name).exists() and not (ROOT / "docs" / name).exists():
+            bad.append(name)
+    return bad
+
+
+def test_every_explain_source_cites_what_a_reader_can_open() -> None:
+    import tomllib
+
+    table = tomllib.loads((ROOT / "torchforge" / "data" / "failures.toml").read_text())["signatures"]
+    bad = {key: found for key, sig in table.items() if (found := unopenable_citations(sig["source"]))}
+    assert not bad, bad
+
+
+def test_the_citation_check_names_notes_and_files_outside_the_repository() -> None:
+    assert unopenable_citations("seed 000 (x); compat-facts.md §4; pytorch#1") == ["seed 000", "compat-facts.md"]
+    assert unopenable_citations("pytorch torch/utils/cpp_extension.py; excerpt: tests/fixtures/failures/"
+                                "relocation-overflow.log; docs/rpath.md") == []
+
+
+def test_no_page_shows_the_folders_of_the_machine_that_wrote_it() -> None:
+    """Output examples are run in a checkout (tests/docgen.py shows it as ~/torchforge): none shows that checkout,
+    the folder its sibling checkouts live in, or the home folder."""
+    mine = [f"{folder}/" for folder in (ROOT, ROOT.parent, Path.home()) if folder != Path("/")]
+    shown = [f"{page.relative_to(ROOT)}:{n}: {folder}" for page in pages()
+             for n, line in enumerate(page.read_text().splitlines(), 1) for folder in mine if folder in line]
+    assert not shown, "\n".join(shown)
 
 
 def test_the_readme_is_short_and_its_quick_start_has_at_most_ten_commands() -> None:

@@ -10,7 +10,8 @@ text into the test job (a heredoc), so it can also be run as it is:
 Checks: torch imports from this environment with the expected version; a matmul gives the right numbers; with
 --cuda, CUDA is available, the same matmul runs on the GPU, and the GPU's architecture is one the package was
 compiled for (sm_XY in torch.cuda.get_arch_list(), or PTX compute_XY at or below it, which the driver compiles).
-Exit 0 when all hold, 1 with one line per failed check otherwise.
+Exit 0 when all hold, 1 with one line per failed check otherwise, 3 when this Python cannot import torch at all
+(the line says which Python and why: run it with the environment's own Python, where the package is installed).
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", action="store_true", help="the package is a CUDA build: check the GPU too")
     args = parser.parse_args(argv)
     failed: list[str] = []
-    import torch
+    try:
+        import torch
+    except (ImportError, OSError) as exc:  # not installed here, or a library it loads is missing
+        print(f"FAILED: {sys.executable} cannot import torch ({type(exc).__name__}: {exc}); run this check with "
+              "the Python of the environment the package was installed into", file=sys.stderr)
+        return 3
 
     print(f"torch {torch.__version__} from {torch.__file__}")
     if torch.__version__.split("+")[0] != args.version:

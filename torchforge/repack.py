@@ -295,16 +295,16 @@ def _source_wheel_sha256(archive: Path) -> object:
         return None
 
 
-def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch") -> Path:
-    """Install the newest `name` from a local channel into a fresh `prefix` with py-rattler, without its
-    dependencies (an offline forge channel has no python, sympy ...); returns the prefix's site-packages.
-    py-rattler runs in a child process (torchforge.rattlerchild)."""
+def install_from_channel(channel: Path, prefix: Path, name: str = "pytorch", file_name: str | None = None) -> Path:
+    """Install the newest `name` (or exactly the package `file_name`) from a local channel into a fresh `prefix`
+    with py-rattler, without its dependencies (an offline forge channel has no python, sympy ...); returns the
+    prefix's site-packages. py-rattler runs in a child process (torchforge.rattlerchild)."""
     from torchforge.rattlerchild import call
 
-    return call("torchforge.repack:_install_here", channel, prefix, name)  # type: ignore[no-any-return]
+    return call("torchforge.repack:_install_here", channel, prefix, name, file_name)  # type: ignore[no-any-return]
 
 
-def _install_here(channel: Path, prefix: Path, name: str) -> Path:
+def _install_here(channel: Path, prefix: Path, name: str, file_name: str | None = None) -> Path:
     """`install_from_channel`'s work, in this process."""
     import rattler
 
@@ -312,9 +312,11 @@ def _install_here(channel: Path, prefix: Path, name: str) -> Path:
     if not repodata.is_file():
         raise UsageError(f"{channel} has no {SUBDIR}/repodata.json", "run `torchforge repack WHEEL --out CHANNEL` first")
     repo = rattler.SparseRepoData(rattler.Channel(str(channel.resolve())), SUBDIR, repodata)
-    records = sorted(repo.load_records(rattler.PackageName(name)), key=lambda r: (r.version, r.build_number))
+    records = sorted((r for r in repo.load_records(rattler.PackageName(name)) if file_name in (None, r.file_name)),
+                     key=lambda r: (r.version, r.build_number))
     if not records:
-        raise UsageError(f"no {name} package in {channel}", "run `torchforge repack WHEEL --out CHANNEL` first")
+        raise UsageError(f"no {file_name or name} package in {channel}",
+                         "run `torchforge repack WHEEL --out CHANNEL` first")
     if prefix.exists() and any(prefix.iterdir()):
         raise UsageError(f"{prefix} is not empty", "give a new folder for the prefix")
     run_async(rattler.install([records[-1]], target_prefix=prefix.resolve(), show_progress=False))
