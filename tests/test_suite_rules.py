@@ -32,17 +32,19 @@ def _clock_variables(tree: ast.AST) -> set[str]:
             for t in n.targets if isinstance(t, ast.Name)}
 
 
+def timed_assertions(source: str, filename: str = "<test>") -> list[int]:
+    """The lines of `source` whose assert depends on a clock reading."""
+    tree = ast.parse(source, filename)
+    clocks = _clock_variables(tree)
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert) and (_reads_a_clock(node.test) or any(
+            isinstance(n, ast.Name) and n.id in clocks for n in ast.walk(node.test)))]
+
+
 def test_no_test_asserts_on_elapsed_time() -> None:
     """Speed is measured in a benchmark (`make bench`), never asserted: a timed assertion fails on a busy machine
     and passes on a fast one for the wrong reason."""
-    timed = []
-    for path in sorted(TESTS.rglob("test_*.py")):
-        tree = ast.parse(path.read_text(), str(path))
-        clocks = _clock_variables(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assert) and (_reads_a_clock(node.test) or any(
-                    isinstance(n, ast.Name) and n.id in clocks for n in ast.walk(node.test))):
-                timed.append(f"{path.relative_to(TESTS.parent)}:{node.lineno}")
+    timed = [f"{path.relative_to(TESTS.parent)}:{line}" for path in sorted(TESTS.rglob("test_*.py"))
+             for line in timed_assertions(path.read_text(), str(path))]
     assert timed == []
 
 
