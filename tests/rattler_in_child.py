@@ -111,8 +111,10 @@ def _work(action: str, channels: list[str], specs: list[str], virtual: dict[str,
                 for n, v in virtual.items()]
     gateway = rattler.Gateway(cache_dir=cache / "repodata") if cache is not None else rattler.Gateway()
     try:
-        records = asyncio.run(rattler.solve([rattler.Channel(c) for c in channels], specs, gateway=gateway,
-                                            platforms=platforms, virtual_packages=packages))
+        # MatchSpec objects: the solver's own parsing of a string is strict and refuses the dot of an official
+        # build string (py3.11_cpu_0); MatchSpec() reads it as conda does.
+        records = asyncio.run(rattler.solve([rattler.Channel(c) for c in channels], [rattler.MatchSpec(s) for s in specs],
+                                            gateway=gateway, platforms=platforms, virtual_packages=packages))
     except SolverError as exc:
         return ("unsolvable", str(exc))
     if action == "install":

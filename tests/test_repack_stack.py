@@ -5,7 +5,6 @@ really load."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.standin_stack import PY, PYTAG, TORCH, Factory
+from tests.rattler_in_child import solve, solve_and_install
 from tests.stubchannel import make_stub_channel
 from tests.test_adversarial import run_main
 from torchforge.binaries.plan import CudaLibs
@@ -124,15 +124,8 @@ def test_wheels_mode_packages_the_components_and_keeps_their_layout(channels: di
 
 
 def _solve(channels: list[Path], specs: list[str], virtual: list[str]) -> dict[str, str]:
-    import rattler
-
-    async def go() -> list[rattler.RepoDataRecord]:
-        return await rattler.solve(
-            sources=[rattler.Channel(str(c)) for c in channels], specs=specs, platforms=["linux-64", "noarch"],
-            virtual_packages=[rattler.GenericVirtualPackage(rattler.PackageName(n), rattler.Version(v), rattler.BuildString("0"))
-                              for n, v in (item.split("=") for item in virtual)])
-
-    return {r.name.normalized: str(r.build) for r in asyncio.run(go())}
+    records = solve(channels, specs, virtual=dict(item.split("=") for item in virtual))
+    return {r.name: r.build for r in records}
 
 
 @pytest.mark.parametrize("mode", ["conda-forge", "wheels"])
@@ -158,19 +151,9 @@ def test_the_solver_prefers_cuda_where_a_driver_is_and_never_picks_it_without(mo
 @pytest.fixture(scope="module")
 def wheels_prefix(channels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`pytorch torchvision torchaudio` from the wheels channel, solved with __cuda and installed by py-rattler."""
-    import rattler
-
     root = tmp_path_factory.mktemp("prefix")
-
-    async def go() -> None:
-        records = await rattler.solve(
-            sources=[rattler.Channel(str(channels["wheels"])), rattler.Channel(str(channels["stubs"]))],
-            specs=["pytorch", "torchvision", "torchaudio"], platforms=["linux-64", "noarch"],
-            virtual_packages=[rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version("12.8"), rattler.BuildString("0")),
-                              rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.28"), rattler.BuildString("0"))])
-        await rattler.install(records, target_prefix=root / "env", cache_dir=root / "pkgs", show_progress=False)
-
-    asyncio.run(go())
+    solve_and_install([channels["wheels"], channels["stubs"]], ["pytorch", "torchvision", "torchaudio"], root / "env",
+                      virtual={"__cuda": "12.8", "__glibc": "2.28"}, cache=root)
     return root / "env"
 
 
@@ -215,15 +198,7 @@ def test_verify_fails_when_a_cuda_library_comes_from_outside_the_prefix(
 
 def test_verify_fails_on_a_cpu_build_where_cuda_is_wanted(channels: dict[str, Path], tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    import rattler
-
-    async def go() -> None:
-        records = await rattler.solve(
-            sources=[rattler.Channel(str(channels["wheels"])), rattler.Channel(str(channels["stubs"]))],
-            specs=["pytorch"], platforms=["linux-64", "noarch"], virtual_packages=[])
-        await rattler.install(records, target_prefix=tmp_path / "env", cache_dir=tmp_path / "pkgs", show_progress=False)
-
-    asyncio.run(go())
+    solve_and_install([channels["wheels"], channels["stubs"]], ["pytorch"], tmp_path / "env", cache=tmp_path)
     code, text = run_main(["verify", str(tmp_path / "env"), "--python", sys.executable, "--want", "cuda"], capsys)
     assert code == ExitCode.AUDIT_FAILED, text
     assert "torch is a CPU build where CUDA was wanted" in text

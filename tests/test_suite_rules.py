@@ -197,3 +197,75 @@ def test_no_source_file_warns_when_compiled() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             compile(path.read_text(encoding="utf-8"), str(path), "exec")
+
+
+# The modules of tests/ that may import py-rattler, and why (issue 34 item 21).
+RATTLER_ALLOWED = {
+    "tests/rattler_in_child.py": "the tests' py-rattler work; its importing functions run in torchforge.rattlerchild",
+    "tests/stack_env.py": "a program of its own (`python -m tests.stack_env`, make repack-cuda-stack), never imported",
+}
+
+
+def rattler_imports(source: str, filename: str = "<test>") -> list[int]:
+    """The lines of `source` that load py-rattler: `import rattler[.x]`, `from rattler[.x] import ...`, or
+    `importlib.import_module` / `__import__` of it (py-rattler-build, `rattler_build`, is another package)."""
+    def is_rattler(name: str | None) -> bool:
+        return name is not None and (name == "rattler" or name.startswith("rattler."))
+
+    lines = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import) and any(is_rattler(a.name) for a in node.names):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and is_rattler(node.module):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str) and is_rattler(node.args[0].value)
+              and ((isinstance(node.func, ast.Name) and node.func.id == "__import__")
+                   or (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"))):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+LOADS_RATTLER = {
+    "import": "import rattler\n",
+    "import of a submodule": "def f():\n    import rattler.exceptions\n",
+    "from-import": "from rattler import Gateway, solve\n",
+    "from-import of a submodule": "from rattler.package_streaming import extract\n",
+    "aliased": "import rattler as r\n",
+    "importlib": "import importlib\nm = importlib.import_module('rattler')\n",
+    "__import__": "m = __import__('rattler.exceptions')\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOADS_RATTLER))
+def test_the_rattler_rule_finds_each_way_of_importing_it(case: str) -> None:
+    source = LOADS_RATTLER[case]
+    assert rattler_imports(source) == [len(source.splitlines())]
+
+
+def test_the_rattler_rule_leaves_rattler_build_and_the_childs_helper_alone() -> None:
+    assert rattler_imports("import rattler_build\nfrom rattler_build import Stage0Recipe\n"
+                           "from tests.rattler_in_child import solve\nfrom torchforge.rattlerchild import call\n") == []
+
+
+def test_no_test_module_loads_py_rattler_into_the_pytest_process() -> None:
+    """py-rattler crashes now and then at interpreter exit, so torchforge runs it in a child (torchforge.rattlerchild);
+    a test that imports it crashes its pytest worker the same way. The tests' solves, installs and MatchSpec
+    readings go through tests/rattler_in_child.py, whose py-rattler imports are all in functions that run in the
+    child; tests/gpu/ holds scripts for other machines."""
+    found = [f"{path.relative_to(TESTS.parent)}:{line}" for path in sorted(TESTS.glob("*.py"))
+             if str(path.relative_to(TESTS.parent)) not in RATTLER_ALLOWED
+             for line in rattler_imports(path.read_text(), str(path))]
+    assert found == []
+    helper = ast.parse((TESTS / "rattler_in_child.py").read_text())
+    for node in helper.body:
+        assert not rattler_imports(ast.unparse(node)) or (
+            isinstance(node, ast.FunctionDef) and node.name.startswith("_")), ast.unparse(node)[:200]
+    # Nothing the tests import (tests/*.py and what they import of torchforge) loads it when imported.
+    modules = sorted(f"tests.{p.stem}" for p in TESTS.glob("*.py") if str(p.relative_to(TESTS.parent)) not in RATTLER_ALLOWED)
+    code = ("import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rattler'))")
+    done = subprocess.run([sys.executable, "-c", code, *modules], cwd=TESTS.parent, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.pkgfactory import make_package
+from tests.rattler_in_child import solve, solve_and_install
 from tests.test_upload_helpers import cli, cli_env
 from torchforge.archives import ArchiveError, inspect_archive
 
@@ -30,17 +30,6 @@ def _repodata_files(channel: Path, subdir: str) -> dict[str, dict[str, object]]:
     return {**data.get("packages", {}), **data.get("packages.conda", {})}
 
 
-def _solve_install(channel_url: str, spec: str, tmp: Path) -> Path:
-    """An independent solve + install with py-rattler, as a user's client would do it."""
-    from rattler import Gateway, install, solve
-
-    records = asyncio.run(solve([channel_url], [spec], gateway=Gateway(cache_dir=tmp / "gw"),
-                                platforms=["linux-64", "noarch"]))
-    prefix = tmp / "prefix"
-    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp / "pkgs", show_progress=False))
-    return prefix
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="installs linux-64 test packages")
 def test_upload_from_output_then_solve_and_install(tmp_path: Path) -> None:
     out = _out(tmp_path)
@@ -53,7 +42,8 @@ def test_upload_from_output_then_solve_and_install(tmp_path: Path) -> None:
     local = inspect_archive(out / "linux-64" / "hello-1.0-py3.11_cpu_0.conda")
     assert (listed["sha256"], listed["size"]) == (local.sha256, local.size)
     assert "world-1.0-py3.11_cpu_0.tar.bz2" in _repodata_files(chan, "noarch")
-    prefix = _solve_install(chan.as_uri(), "hello", tmp_path)
+    prefix = tmp_path / "prefix"
+    solve_and_install([chan.as_uri()], ["hello"], prefix, cache=tmp_path)  # as a user's client would
     assert (prefix / "share" / "hello" / "hello.txt").read_text() == "hello from hello 1.0\n"
     assert (prefix / "share" / "world" / "hello.txt").is_file()
     # Published files are readable by others (a web server serving the channel).
@@ -162,11 +152,8 @@ def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -
     listed = _repodata_files(chan, "linux-64")
     assert sorted(listed) == sorted(f"pkg{i}-1.0-py3.11_cpu_0.conda" for i in range(6))
     assert not list(chan.rglob(".torchforge-tmp-*"))  # no scratch or partial copy left by either writer
-    from rattler import Gateway, solve
-
-    records = asyncio.run(solve([chan.as_uri()], [f"pkg{i}" for i in range(6)],
-                                gateway=Gateway(cache_dir=tmp_path / "gw"), platforms=["linux-64", "noarch"]))
-    assert sorted(r.name.normalized for r in records) == sorted(f"pkg{i}" for i in range(6))
+    records = solve([chan.as_uri()], [f"pkg{i}" for i in range(6)], cache=tmp_path)
+    assert sorted(r.name for r in records) == sorted(f"pkg{i}" for i in range(6))
 
 
 def test_labels_and_promote(tmp_path: Path) -> None:

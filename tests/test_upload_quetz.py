@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -21,6 +20,7 @@ import pytest
 
 from tests import tool_venvs
 from tests.pkgfactory import make_package
+from tests.rattler_in_child import solve_and_install
 from tests.test_upload_helpers import cli
 from torchforge.archives import inspect_archive
 
@@ -98,16 +98,6 @@ def quetz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quetz]:
             server.wait(timeout=20)
 
 
-def _solve_install(channel_url: str, specs: list[str], tmp: Path) -> Path:
-    from rattler import Gateway, install, solve
-
-    records = asyncio.run(solve([channel_url], specs, gateway=Gateway(cache_dir=tmp / "gw"),
-                                platforms=["linux-64", "noarch"]))
-    prefix = tmp / "prefix"
-    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp / "pkgs", show_progress=False))
-    return prefix
-
-
 def test_upload_skip_force_then_solve_and_install(quetz: Quetz, tmp_path: Path) -> None:
     target = quetz.channel("torchforge")
     out = tmp_path / "out"
@@ -140,7 +130,8 @@ def test_upload_skip_force_then_solve_and_install(quetz: Quetz, tmp_path: Path) 
     assert "replaced" in forced.stdout
     assert f"sha256 {inspect_archive(rebuilt).sha256[:12]}" in forced.stdout  # the server now serves the new file
 
-    prefix = _solve_install(f"{quetz.url}/get/torchforge", ["hello"], tmp_path)
+    prefix = tmp_path / "prefix"
+    solve_and_install([f"{quetz.url}/get/torchforge"], ["hello"], prefix, cache=tmp_path)
     assert (prefix / "share" / "hello" / "blob.bin").stat().st_size == 9_000
     assert (prefix / "share" / "world" / "hello.txt").is_file()
 
