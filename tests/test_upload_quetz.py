@@ -164,3 +164,28 @@ def test_server_gone_is_retried_then_reported(tmp_path: Path) -> None:
     assert result.returncode == 7
     assert result.stderr.count("retrying") == 3
     assert "gave up after 4 attempts" in result.stderr and "ConnectionRefusedError" in result.stderr
+
+
+def test_a_package_of_many_chunks_is_streamed_piece_by_piece_and_served_whole(
+        quetz: Quetz, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quetz's upload API takes one multipart POST; torchforge streams its body from disk in CHUNK pieces (1 MiB).
+    A package of several pieces goes out piece by piece, and quetz serves back exactly its bytes."""
+    import hashlib
+
+    from torchforge.targets import parse_url
+    from torchforge.uploaders.base import ExistingPolicy, Outcome
+    from torchforge.uploaders.quetz import CHUNK, QuetzUploader
+
+    target = parse_url(quetz.channel("chunks"))
+    archive = inspect_archive(make_package(tmp_path / "out" / "linux-64", name="big", payload_bytes=3 * CHUNK + 4321))
+    assert archive.size > 3 * CHUNK  # the payload is incompressible: the archive is really this big
+    monkeypatch.setenv("QUETZ_API_KEY", quetz.key)
+    uploader = QuetzUploader(target, dry_run=False, echo=print)
+    pieces: list[int] = []
+    assert uploader.upload(archive, ExistingPolicy.FAIL, pieces.append) is Outcome.UPLOADED
+    assert len(pieces) == -(-archive.size // CHUNK) and sum(pieces) == archive.size
+    lines = uploader.verify([archive])  # listed with the sha256 and size sent, then installed from the channel
+    assert f"listed linux-64/{archive.filename} sha256 {archive.sha256[:12]}… {archive.size} bytes" in lines
+    with urllib.request.urlopen(f"{quetz.url}/get/chunks/linux-64/{archive.filename}", timeout=60) as response:
+        served = response.read()
+    assert len(served) == archive.size and hashlib.sha256(served).hexdigest() == archive.sha256
