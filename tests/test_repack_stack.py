@@ -303,18 +303,61 @@ def test_the_served_cuda_build_must_be_the_one_asked_for() -> None:
     assert refused.value.hint is not None and "https://download.pytorch.org/whl/cu126" in refused.value.hint
 
 
-@pytest.mark.slow
-def test_pip_resolves_the_real_stack_with_its_hashes(tmp_path: Path) -> None:
-    """The resolve step against PyPI (metadata only): every wheel repack needs, none it does not, each with a sha256."""
+# What the stack's resolve leaves to the user's channels (pure Python, or Pillow and NumPy, which conda channels have).
+FROM_USERS_CHANNELS = {"cuda-pathfinder", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath", "networkx", "numpy",
+                       "pillow", "sympy", "typing-extensions"}
+
+
+def test_pip_resolves_the_recorded_stack_with_its_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolve step (pip's metadata-only `install --dry-run --report`) on PyPI's answer for torch 2.10.0 +
+    CUDA 12.8 + torchvision + torchaudio for Python 3.12, as recorded (tests/recorded_index.py; `make
+    live-index-check` compares the record with PyPI today), served to pip as a local index: every wheel repack
+    needs, none it does not, each with the index's sha256."""
+    from packaging.utils import canonicalize_name
+
+    from tests import recorded_index
     from torchforge.binaries import fetch
 
-    planned = fetch.resolve(fetch.Request("2.10.0", "3.12", "12.8", ("torchvision", "torchaudio"), None), tmp_path, Runner())
+    record = recorded_index.recorded()
+    index_url = recorded_index.write_index(record, tmp_path / "index")
+    aside = recorded_index.pip_config_set_aside(os.environ)
+    for name in set(os.environ) - set(aside):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", aside["PIP_CONFIG_FILE"])
+    request = recorded_index.REQUEST
+    (tmp_path / "work").mkdir()
+    planned = fetch.resolve(fetch.Request(request.pytorch, request.python, request.cuda, request.companions, index_url),
+                            tmp_path / "work", Runner())
+    answer = {canonicalize_name(e["name"]): e for e in record["install"]}
+    assert FROM_USERS_CHANNELS < set(answer)  # pip resolved them too; repack leaves them out
+    assert {p.project for p in planned} == set(answer) - FROM_USERS_CHANNELS
+    for item in planned:
+        assert (item.filename, item.sha256) == (answer[item.project]["filename"], answer[item.project]["sha256"])
+        assert item.url.startswith(index_url.removesuffix("simple")), item.url  # from the recorded index, not PyPI
     names = {p.project: p.filename for p in planned}
-    assert names["torch"] == "torch-2.10.0-3-cp312-cp312-manylinux_2_28_x86_64.whl"
+    assert names["torch"].startswith("torch-2.10.0-") and names["torch"].endswith("-cp312-cp312-manylinux_2_28_x86_64.whl")
     assert names["torchvision"].startswith("torchvision-0.25.0-cp312") and names["triton"].startswith("triton-3.6.0-cp312")
     assert names["nvidia-cublas-cu12"].startswith("nvidia_cublas_cu12-12.8.4.1-")
-    assert not {"sympy", "numpy", "filelock", "networkx"} & set(names)  # pure Python: from the user's channels
-    assert all(len(p.sha256) == 64 for p in planned)
+
+
+def test_the_recorded_index_names_what_changed_on_pypi() -> None:
+    """`make live-index-check`'s comparison: a rebuilt wheel (a new build tag, another sha256), a new dependency
+    and one gone are each named."""
+    from tests import recorded_index
+
+    record = recorded_index.recorded()
+    assert recorded_index.differences(record, record) == []
+    changed = json.loads(json.dumps(record))
+    torch = next(e for e in changed["install"] if e["name"] == "torch")
+    torch["filename"] = "torch-2.10.0-99-cp312-cp312-manylinux_2_28_x86_64.whl"
+    torch["sha256"] = "0" * 64
+    changed["install"] = [e for e in changed["install"] if e["name"] != "mpmath"]
+    changed["install"].append({"name": "new-dep", "version": "1.0", "filename": "new_dep-1.0-py3-none-any.whl"})
+    found = recorded_index.differences(changed, record)
+    assert "new-dep: new today (new_dep-1.0-py3-none-any.whl)" in found
+    assert any(line.startswith("mpmath: no longer resolved") for line in found)
+    assert any(line.startswith("torch: filename ") and "2.10.0-99-" in line for line in found)
+    assert any(line.startswith("torch: sha256 ") for line in found) and len(found) == 4
 
 
 # ------------------------------------------------------------------------------------------------- CUDA 13
