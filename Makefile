@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack demo-pypi repack-cuda-stack example docs test goldens bench bench-quick container-image container-check ci-local clean
+.PHONY: help venv demo demo-repack demo-pypi repack-cuda-stack live-index-check example docs test goldens bench bench-quick container-image container-check ci-local clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.1
 	    filelock typing_extensions sympy networkx jinja2 fsspec numpy pillow); \
 	  env -u LD_LIBRARY_PATH nice $(BIN)/torchforge verify $(STACK)/env --python $(STACK)/py312/bin/python --want cuda; \
 	else echo "no Python 3.12 (PY312=...): torchforge verify of the prefix skipped"; fi
+
+live-index-check: $(STAMP)  ## not in `make test` (asks PyPI): the stack's resolve today against the answer recorded in tests/fixtures/pip_resolve (RECORD=1 records today's)
+	$(BIN)/python -m tests.recorded_index $(if $(RECORD),--record)
 
 TESTS ?= tests
 test: $(STAMP)  ## run the whole test suite (TESTS=tests/test_x.py: only those)

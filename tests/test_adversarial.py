@@ -8,7 +8,6 @@ one-line form of an unexpected exception) was printed. Names are official-style 
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.pkgfactory import make_package
+from tests.rattler_in_child import solve
 from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_torch_like import FIXTURE as TORCH_LIKE, REQUEST as TORCH_LIKE_REQUEST, STEM as TORCH_LIKE_STEM
 from tests.test_torch_like import offline_site, rendered_recipe
@@ -431,8 +431,6 @@ def assert_converged(channel: Path, filename: str, stub_channels: tuple[Path, ..
     """Nothing left over, the file listed with its own sha256, and py-rattler solves it from the channel."""
     import hashlib
 
-    from rattler import Gateway, MatchSpec, solve
-
     assert not list(channel.rglob(SCRATCH)), list(channel.rglob(SCRATCH))
     assert not (channel / ".tmp").exists()
     path = channel / "linux-64" / filename
@@ -440,10 +438,8 @@ def assert_converged(channel: Path, filename: str, stub_channels: tuple[Path, ..
     assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert record["size"] == path.stat().st_size
     name, version, build = localchannel.archive_stem(filename).rsplit("-", 2)
-    spec = MatchSpec(f"{name} =={version} {build}")
     urls = [channel.as_uri(), *(c.as_uri() for c in stub_channels)]
-    records = asyncio.run(solve(urls, [spec], gateway=Gateway(cache_dir=channel.parent / f"gw-{time.time_ns()}"),
-                                platforms=["linux-64", "noarch"]))
+    records = solve(urls, [f"{name} =={version} {build}"], cache=channel.parent / f"gw-{time.time_ns()}")
     assert filename in {r.file_name for r in records}
 
 

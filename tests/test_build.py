@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cuda_standin import make_stand_in_toolkit
+from tests.rattler_in_child import solve_and_install
 from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
@@ -66,16 +66,13 @@ def built_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 def test_fixture_goes_through_render_build_channel_install_with_exact_sm_targets(built_channel: Path, tmp_path: Path) -> None:
-    import rattler
-
     package = built_channel / "linux-64" / f"{MAGMA_STEM}.conda"
     assert package.is_file()
     repodata = json.loads((built_channel / "linux-64" / "repodata.json").read_text())
     assert list(repodata["packages.conda"]) == [f"{MAGMA_STEM}.conda"]
     assert not list(built_channel.glob(".torchforge-tmp-*")), "staging folders must not stay in the channel"
-    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    solve_and_install([built_channel], ["magma-cuda130 ==2.10.0"], prefix, cache=tmp_path / "cache")
     library = prefix / "lib" / "libmagma.a"
     assert library.is_file() and (prefix / "include" / "magma.h").is_file()
     listing = subprocess.run([cuobjdump(), "--list-elf", str(library)], capture_output=True, text=True, check=True).stdout
@@ -97,11 +94,8 @@ CONSUMER = Path(__file__).parent / "fixtures" / "magma_consumer"
 
 @pytest.fixture(scope="module")
 def installed_magma(built_channel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import rattler
-
     prefix = tmp_path_factory.mktemp("consumer") / "prefix"
-    records = asyncio.run(rattler.solve([str(built_channel)], ["magma-cuda130 ==2.10.0"], platforms=["linux-64", "noarch"]))
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=prefix.parent / "cache", show_progress=False))
+    solve_and_install([built_channel], ["magma-cuda130 ==2.10.0"], prefix, cache=prefix.parent / "cache")
     return prefix
 
 
@@ -135,11 +129,8 @@ def test_ptx_is_added_only_for_an_arch_the_list_marks(tmp_path: Path) -> None:
     args = [arg if arg != "8.0;9.0" else "8.0;9.0+PTX" for arg in MAGMA_ARGS]
     channel = tmp_path / "channel"
     assert main(["build", *args, "--out", str(channel)]) == 0
-    import rattler
-
-    records = asyncio.run(rattler.solve([str(channel)], ["magma-cuda130"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    solve_and_install([channel], ["magma-cuda130"], prefix, cache=tmp_path / "cache")
     ptx = subprocess.run([cuobjdump(), "--list-ptx", str(prefix / "lib" / "libmagma.a")], capture_output=True,
                          text=True, check=True).stdout
     assert {line.rsplit(".", 2)[-2] for line in ptx.splitlines() if line.startswith("PTX file")} == {"sm_90"}

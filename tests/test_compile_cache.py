@@ -89,9 +89,9 @@ def uncached(stubs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def extract(package: Path, into: Path) -> Path:
-    from rattler.package_streaming import extract as rattler_extract
+    from conda_package_handling import api as cph
 
-    rattler_extract(str(package), str(into))
+    cph.extract(str(package), dest_dir=str(into))
     return into
 
 

@@ -15,6 +15,8 @@ import jinja2
 import pytest
 from ruamel.yaml import YAML
 
+from tests.rattler_in_child import Unsolvable
+from tests.rattler_in_child import solve as solve_in_child
 from torchforge.cli import main
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
@@ -628,17 +630,8 @@ def channel_of_rendered_outputs(channel: Path, recipes: list[conda_forge.CondaFo
 
 
 def solve(channel: Path, specs: list[str], cuda_driver: str | None) -> dict[str, str]:
-    import asyncio
-
-    import rattler
-
-    virtual = [rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version(cuda_driver),
-                                             rattler.BuildString("0"))] if cuda_driver else []
-    virtual.append(rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"),
-                                                 rattler.BuildString("0")))
-    records = asyncio.run(rattler.solve([rattler.Channel(str(channel))], specs, platforms=["linux-64", "noarch"],
-                                        virtual_packages=virtual))
-    return {r.name.normalized: str(r.build) for r in records}
+    virtual = {"__glibc": "2.36", **({"__cuda": cuda_driver} if cuda_driver else {})}
+    return {r.name: r.build for r in solve_in_child([channel], specs, virtual=virtual)}
 
 
 def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackages_exclude_each_other(
@@ -658,9 +651,7 @@ def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackag
     # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out
     assert solve(tmp_path / "channel", ["pytorch", "pytorch-cpu"], "12.4")["pytorch"].startswith("cpu_mkl_torchforge_")
     assert solve(tmp_path / "channel", ["pytorch-gpu"], "12.4")["pytorch"].startswith("cuda124_mkl_torchforge_")
-    import rattler.exceptions
-
-    with pytest.raises(rattler.exceptions.SolverError):
+    with pytest.raises(Unsolvable):
         solve(tmp_path / "channel", ["pytorch-gpu"], None)  # the GPU build needs a driver (__cuda)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from tests.rattler_in_child import Record, solve, solve_and_install
 from torchforge.cli import main
 from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.flavours import conda_forge
@@ -185,9 +186,6 @@ def test_a_source_archive_keeps_its_sha256_in_both_formats(recipe_format: Recipe
 
 
 def test_conda_forge_stand_ins_carry_the_real_sonames_links_dependencies_and_run_exports(tmp_path: Path) -> None:
-    import asyncio
-
-    import rattler
     from conda_package_streaming import package_streaming
 
     from torchforge import standin
@@ -220,9 +218,7 @@ def test_conda_forge_stand_ins_carry_the_real_sonames_links_dependencies_and_run
         library.write_bytes(contents[package][path])
         assert dynamic(library)["soname"] == [soname]
     # a real solver installs libcudnn with libcudnn-dev
-    records = asyncio.run(rattler.solve([rattler.Channel(str(tmp_path / "channel"))], ["libcudnn-dev"],
-                                        platforms=["linux-64", "noarch"]))
-    assert sorted(r.name.normalized for r in records) == ["libcudnn", "libcudnn-dev"]
+    assert sorted(r.name for r in solve([tmp_path / "channel"], ["libcudnn-dev"])) == ["libcudnn", "libcudnn-dev"]
 
 
 def test_every_stand_in_fact_cites_a_line_of_a_repository_at_a_commit() -> None:
@@ -356,18 +352,10 @@ PY = "3.11"  # this machine's Python; the feedstock's libtorch Python (3.12) is 
 CUDA_LIBRARY_PREFIXES = ("libcudnn", "libnccl", "libmagma", "libcublas", "libcudart", "libcusparse", "libnvrtc")
 
 
-def solve_records(channels: list[Path], specs: list[str], cuda_driver: str | None) -> list:
-    import asyncio
-
-    import rattler
-
-    virtual = [rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.36"),
-                                             rattler.BuildString("0"))]
-    if cuda_driver:
-        virtual.append(rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version(cuda_driver),
-                                                     rattler.BuildString("0")))
-    return asyncio.run(rattler.solve([rattler.Channel(str(c)) for c in channels], specs,
-                                     platforms=["linux-64", "noarch"], virtual_packages=virtual))
+def install_solved(channels: list[Path], specs: list[str], cuda_driver: str | None, prefix: Path) -> list[Record]:
+    """Solve `specs` for a machine with glibc 2.36 (and a driver for CUDA `cuda_driver`) and install into `prefix`."""
+    virtual = {"__glibc": "2.36", **({"__cuda": cuda_driver} if cuda_driver else {})}
+    return solve_and_install(channels, specs, prefix, virtual=virtual, cache=prefix.parent / "cache")
 
 
 def build_arguments(accel: str, arch: str | None, source: Path) -> list[str]:
@@ -500,20 +488,16 @@ def test_libtorch_takes_cudnn_nccl_and_magma_from_conda_forge_through_their_run_
 @pytest.mark.parametrize("case", list(E2E_CASES))
 def test_installed_next_to_the_stand_ins_it_imports_runs_and_a_cmake_consumer_links_libtorch(
         case: str, flavour_builds, tmp_path: Path) -> None:
-    import asyncio
     import os
-
-    import rattler
 
     recipe, stubs, _ = flavour_builds[case]
     (channel,) = flavour_builds["channel"]
     metapackage = recipe.outputs[-1].name
-    records = solve_records([channel, stubs], ["libtorch", "pytorch", metapackage],
-                            "13.0" if recipe.cuda else None)
-    chosen = {r.name.normalized: str(r.build) for r in records}
-    assert chosen["pytorch"].startswith(recipe.tag) and chosen["libtorch"].startswith(recipe.tag)
     prefix = tmp_path / "env"
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    records = install_solved([channel, stubs], ["libtorch", "pytorch", metapackage], "13.0" if recipe.cuda else None,
+                             prefix)
+    chosen = {r.name: r.build for r in records}
+    assert chosen["pytorch"].startswith(recipe.tag) and chosen["libtorch"].startswith(recipe.tag)
 
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
     probe = ("import torch; print(torch.__version__, torch.ones_sum(3), torch.cuda_built(), torch.load_linalg()); "
@@ -552,10 +536,7 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     --disable-new-dtags and -rpath $PREFIX/lib, the empty stand-in compilers export nothing, so the libraries
     carry DT_RUNPATH, which does not reach libtorch_cuda's cuDNN through pytorch's torch/lib symlinks. The
     pipeline's RPATH fix (DT_RPATH) runs after the build, and this test imports after it."""
-    import asyncio
     import os
-
-    import rattler
 
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from tests.test_conda_forge_flavour import stand_in_specs
@@ -590,10 +571,9 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     from torchforge.localchannel import index
 
     index(tmp_path / "out")
-    records = solve_records([tmp_path / "out", stubs], ["libtorch", "pytorch", recipe.outputs[-1].name],
-                            "13.0" if recipe.cuda else None)
     prefix = tmp_path / "env"
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    install_solved([tmp_path / "out", stubs], ["libtorch", "pytorch", recipe.outputs[-1].name],
+                   "13.0" if recipe.cuda else None, prefix)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
     probe = "import torch; print(torch.__version__, torch.ones_sum(3), torch.cuda_built(), torch.load_linalg())"
     assert run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env) \

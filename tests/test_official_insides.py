@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from rattler import MatchSpec
 from ruamel.yaml import YAML
 
+from tests.rattler_in_child import Spec, parse_specs
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, render_files
 from torchforge.resolve import classify
@@ -337,12 +337,33 @@ CASES: dict[str, Official] = {
 }
 
 
+# Requirement texts read by py-rattler, in its child process (tests/rattler_in_child.py): filled for every text the
+# module compares by one read before its tests (`_every_text_read_once`); a text outside it is read on its own.
+_READ: dict[str, Spec] = {}
+
+
+def _read(text: str) -> Spec:
+    if text not in _READ:
+        _READ.update(parse_specs([text]))
+    return _READ[text]
+
+
 def spec(text: str) -> str:
-    return str(MatchSpec(text))
+    return _read(text).text
 
 
 def name_of(text: str) -> str:
-    return MatchSpec(text).name.normalized
+    return _read(text).name
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _every_text_read_once() -> None:
+    requests = [o.request for o in CASES.values()]
+    requests += [Request(p, accel, py, subdir) for p, cuda, subdir, py, _ in WHEEL_TRITON for accel in (cuda, "cpu")]
+    texts = {t for r in requests for section in rendered(r)[0].values() for t in section if isinstance(t, str)}
+    texts |= {t for o in CASES.values() for t, _ in (*o.run, *o.host_pins, *o.image, *([o.magma] if o.magma else []))}
+    texts |= {t for *_, t in WHEEL_TRITON if t}
+    _READ.update(parse_specs(sorted(texts)))
 
 
 def rendered(request: Request) -> tuple[dict[str, list[str]], dict[str, str], list[str]]:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from conda_package_handling import api as cph
-from rattler.package_streaming import extract
 
 from torchforge.elf import read_elf
 from torchforge.errors import AuditFailedError
@@ -73,7 +72,7 @@ def test_a_build_machine_rpath_is_fixed_and_paths_json_follows(tmp_path: Path) -
     _fix_and_audit(package, Runner())
     assert audit(package, Layout.CONDA).ok
     tree = tmp_path / "check"
-    extract(str(package), str(tree))
+    cph.extract(str(package), dest_dir=str(tree))
     library = tree / SITE / "torch" / "lib" / "libfixture.so"
     assert "/usr/local/cuda" not in (read_elf(library).rpath or "")
     entry = json.loads((tree / "info" / "paths.json").read_text())["paths"][0]
@@ -88,7 +87,7 @@ def test_a_fix_keeps_a_symlink_that_resolves_only_in_the_environment(tmp_path: P
     _fix_and_audit(package, Runner())
     assert audit(package, Layout.CONDA).ok
     tree = tmp_path / "check"
-    extract(str(package), str(tree))
+    cph.extract(str(package), dest_dir=str(tree))
     link = tree / SITE / "torch" / "lib" / "libc10.so"
     assert link.is_symlink() and str(link.readlink()) == "../../../../libc10.so"
     entries = json.loads((tree / "info" / "paths.json").read_text())["paths"]
@@ -124,7 +123,7 @@ def test_a_link_into_another_package_survives_the_fix(tmp_path: Path) -> None:
     this one. Fixing the package's RPATHs keeps them as they are (their paths.json entry too)."""
     package = _package(tmp_path, "/usr/local/cuda/lib64")
     tree = tmp_path / "tree"
-    extract(str(package), str(tree))
+    cph.extract(str(package), dest_dir=str(tree))
     link = f"{SITE}/torch/lib/libc10.so"
     (tree / link).symlink_to("../../../../libc10.so")
     paths = json.loads((tree / "info" / "paths.json").read_text())
@@ -136,7 +135,7 @@ def test_a_link_into_another_package_survives_the_fix(tmp_path: Path) -> None:
     _fix_and_audit(package, Runner())
     assert audit(package, Layout.CONDA).ok
     fixed = tmp_path / "fixed"
-    extract(str(package), str(fixed))
+    cph.extract(str(package), dest_dir=str(fixed))
     assert (fixed / link).is_symlink() and str((fixed / link).readlink()) == "../../../../libc10.so"
     entry = next(e for e in json.loads((fixed / "info" / "paths.json").read_text())["paths"] if e["_path"] == link)
     assert entry["sha256"] == "0" * 64

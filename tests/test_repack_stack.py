@@ -5,7 +5,6 @@ really load."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.standin_stack import PY, PYTAG, TORCH, Factory
+from tests.rattler_in_child import solve, solve_and_install
 from tests.stack_env import zlib_stand_in
 from tests.stubchannel import make_stub_channel, write_stub
 from tests.test_adversarial import run_main
@@ -132,15 +132,8 @@ def test_wheels_mode_packages_the_components_and_keeps_their_layout(channels: di
 
 
 def _solve(channels: list[Path], specs: list[str], virtual: list[str]) -> dict[str, str]:
-    import rattler
-
-    async def go() -> list[rattler.RepoDataRecord]:
-        return await rattler.solve(
-            sources=[rattler.Channel(str(c)) for c in channels], specs=specs, platforms=["linux-64", "noarch"],
-            virtual_packages=[rattler.GenericVirtualPackage(rattler.PackageName(n), rattler.Version(v), rattler.BuildString("0"))
-                              for n, v in (item.split("=") for item in virtual)])
-
-    return {r.name.normalized: str(r.build) for r in asyncio.run(go())}
+    records = solve(channels, specs, virtual=dict(item.split("=") for item in virtual))
+    return {r.name: r.build for r in records}
 
 
 @pytest.mark.parametrize("mode", ["conda-forge", "wheels"])
@@ -166,19 +159,9 @@ def test_the_solver_prefers_cuda_where_a_driver_is_and_never_picks_it_without(mo
 @pytest.fixture(scope="module")
 def wheels_prefix(channels: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`pytorch torchvision torchaudio` from the wheels channel, solved with __cuda and installed by py-rattler."""
-    import rattler
-
     root = tmp_path_factory.mktemp("prefix")
-
-    async def go() -> None:
-        records = await rattler.solve(
-            sources=[rattler.Channel(str(channels["wheels"])), rattler.Channel(str(channels["stubs"]))],
-            specs=["pytorch", "torchvision", "torchaudio"], platforms=["linux-64", "noarch"],
-            virtual_packages=[rattler.GenericVirtualPackage(rattler.PackageName("__cuda"), rattler.Version("12.8"), rattler.BuildString("0")),
-                              rattler.GenericVirtualPackage(rattler.PackageName("__glibc"), rattler.Version("2.28"), rattler.BuildString("0"))])
-        await rattler.install(records, target_prefix=root / "env", cache_dir=root / "pkgs", show_progress=False)
-
-    asyncio.run(go())
+    solve_and_install([channels["wheels"], channels["stubs"]], ["pytorch", "torchvision", "torchaudio"], root / "env",
+                      virtual={"__cuda": "12.8", "__glibc": "2.28"}, cache=root)
     return root / "env"
 
 
@@ -223,15 +206,7 @@ def test_verify_fails_when_a_cuda_library_comes_from_outside_the_prefix(
 
 def test_verify_fails_on_a_cpu_build_where_cuda_is_wanted(channels: dict[str, Path], tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    import rattler
-
-    async def go() -> None:
-        records = await rattler.solve(
-            sources=[rattler.Channel(str(channels["wheels"])), rattler.Channel(str(channels["stubs"]))],
-            specs=["pytorch"], platforms=["linux-64", "noarch"], virtual_packages=[])
-        await rattler.install(records, target_prefix=tmp_path / "env", cache_dir=tmp_path / "pkgs", show_progress=False)
-
-    asyncio.run(go())
+    solve_and_install([channels["wheels"], channels["stubs"]], ["pytorch"], tmp_path / "env", cache=tmp_path)
     code, text = run_main(["verify", str(tmp_path / "env"), "--python", sys.executable, "--want", "cuda"], capsys)
     assert code == ExitCode.AUDIT_FAILED, text
     assert "torch is a CPU build where CUDA was wanted" in text
@@ -336,18 +311,61 @@ def test_the_served_cuda_build_must_be_the_one_asked_for() -> None:
     assert refused.value.hint is not None and "https://download.pytorch.org/whl/cu126" in refused.value.hint
 
 
-@pytest.mark.slow
-def test_pip_resolves_the_real_stack_with_its_hashes(tmp_path: Path) -> None:
-    """The resolve step against PyPI (metadata only): every wheel repack needs, none it does not, each with a sha256."""
+# What the stack's resolve leaves to the user's channels (pure Python, or Pillow and NumPy, which conda channels have).
+FROM_USERS_CHANNELS = {"cuda-pathfinder", "filelock", "fsspec", "jinja2", "markupsafe", "mpmath", "networkx", "numpy",
+                       "pillow", "sympy", "typing-extensions"}
+
+
+def test_pip_resolves_the_recorded_stack_with_its_hashes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolve step (pip's metadata-only `install --dry-run --report`) on PyPI's answer for torch 2.10.0 +
+    CUDA 12.8 + torchvision + torchaudio for Python 3.12, as recorded (tests/recorded_index.py; `make
+    live-index-check` compares the record with PyPI today), served to pip as a local index: every wheel repack
+    needs, none it does not, each with the index's sha256."""
+    from packaging.utils import canonicalize_name
+
+    from tests import recorded_index
     from torchforge.binaries import fetch
 
-    planned = fetch.resolve(fetch.Request("2.10.0", "3.12", "12.8", ("torchvision", "torchaudio"), None), tmp_path, Runner())
+    record = recorded_index.recorded()
+    index_url = recorded_index.write_index(record, tmp_path / "index")
+    aside = recorded_index.pip_config_set_aside(os.environ)
+    for name in set(os.environ) - set(aside):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", aside["PIP_CONFIG_FILE"])
+    request = recorded_index.REQUEST
+    (tmp_path / "work").mkdir()
+    planned = fetch.resolve(fetch.Request(request.pytorch, request.python, request.cuda, request.companions, index_url),
+                            tmp_path / "work", Runner())
+    answer = {canonicalize_name(e["name"]): e for e in record["install"]}
+    assert FROM_USERS_CHANNELS < set(answer)  # pip resolved them too; repack leaves them out
+    assert {p.project for p in planned} == set(answer) - FROM_USERS_CHANNELS
+    for item in planned:
+        assert (item.filename, item.sha256) == (answer[item.project]["filename"], answer[item.project]["sha256"])
+        assert item.url.startswith(index_url.removesuffix("simple")), item.url  # from the recorded index, not PyPI
     names = {p.project: p.filename for p in planned}
-    assert names["torch"] == "torch-2.10.0-3-cp312-cp312-manylinux_2_28_x86_64.whl"
+    assert names["torch"].startswith("torch-2.10.0-") and names["torch"].endswith("-cp312-cp312-manylinux_2_28_x86_64.whl")
     assert names["torchvision"].startswith("torchvision-0.25.0-cp312") and names["triton"].startswith("triton-3.6.0-cp312")
     assert names["nvidia-cublas-cu12"].startswith("nvidia_cublas_cu12-12.8.4.1-")
-    assert not {"sympy", "numpy", "filelock", "networkx"} & set(names)  # pure Python: from the user's channels
-    assert all(len(p.sha256) == 64 for p in planned)
+
+
+def test_the_recorded_index_names_what_changed_on_pypi() -> None:
+    """`make live-index-check`'s comparison: a rebuilt wheel (a new build tag, another sha256), a new dependency
+    and one gone are each named."""
+    from tests import recorded_index
+
+    record = recorded_index.recorded()
+    assert recorded_index.differences(record, record) == []
+    changed = json.loads(json.dumps(record))
+    torch = next(e for e in changed["install"] if e["name"] == "torch")
+    torch["filename"] = "torch-2.10.0-99-cp312-cp312-manylinux_2_28_x86_64.whl"
+    torch["sha256"] = "0" * 64
+    changed["install"] = [e for e in changed["install"] if e["name"] != "mpmath"]
+    changed["install"].append({"name": "new-dep", "version": "1.0", "filename": "new_dep-1.0-py3-none-any.whl"})
+    found = recorded_index.differences(changed, record)
+    assert "new-dep: new today (new_dep-1.0-py3-none-any.whl)" in found
+    assert any(line.startswith("mpmath: no longer resolved") for line in found)
+    assert any(line.startswith("torch: filename ") and "2.10.0-99-" in line for line in found)
+    assert any(line.startswith("torch: sha256 ") for line in found) and len(found) == 4
 
 
 # ------------------------------------------------------------------------------------------------- CUDA 13

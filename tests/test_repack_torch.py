@@ -7,7 +7,6 @@ the session's own temporary folder (conftest.session_shared), so no session reus
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ import pytest
 from filelock import FileLock
 
 from tests.conftest import TORCH, cached, session_shared
+from tests.rattler_in_child import install_without_dependencies
 from torchforge.elf import read_elf
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit, find_patchelf
@@ -153,15 +153,10 @@ def test_repacked_info_is_complete(extracted: Path) -> None:
 
 
 def test_installed_repack_imports(channel: Path, import_python: Path, tmp_path: Path) -> None:
-    import rattler
-
-    repo = rattler.SparseRepoData(rattler.Channel(str(channel)), "linux-64", channel / "linux-64" / "repodata.json")
-    records = [r for r in repo.load_records(rattler.PackageName("pytorch")) if str(r.build) == f"whl_py{PY}_cpu_0"]
-    assert len(records) == 1
     prefix = tmp_path / "env"
     # Only pytorch itself: its conda dependencies (python, sympy ...) are not in this offline channel; the
     # interpreter below brings them, the prefix brings torch.
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "pkgs", show_progress=False))
+    install_without_dependencies(channel, "pytorch", f"whl_py{PY}_cpu_0", prefix, tmp_path / "pkgs")
     site = prefix / "lib" / f"python{PY}" / "site-packages"
     assert (prefix / "conda-meta").is_dir() and (site / "torch" / "lib" / "libtorch_cpu.so").is_file()
     assert f"#!{prefix}/bin/python" in (prefix / "bin" / "torchrun").read_text()  # placeholder replaced

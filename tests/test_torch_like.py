@@ -5,7 +5,6 @@ also bundles stand-ins for cuDNN, CUPTI and cuSPARSELt the way the official reci
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.rattler_in_child import solve_and_install
 from tests.stubchannel import Stub, make_stub_channel, recipe_requirements, write_stub
 from torchforge import localchannel, sourcestate
 from torchforge.cli import main
@@ -73,8 +73,6 @@ def test_stub_versions_follow_the_specs(stubs: Path) -> None:
 @pytest.mark.slow
 def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
         built: Path, stubs: Path, tmp_path: Path) -> None:
-    import rattler
-
     package = built / "linux-64" / f"{STEM}.conda"
     assert package.is_file()
     repodata = json.loads((built / "linux-64" / "repodata.json").read_text())
@@ -87,10 +85,9 @@ def test_torch_like_builds_through_the_pytorch_recipe_and_imports_after_install(
 
     report = audit(package, Layout.CONDA)
     assert report.ok, report.findings
-    records = asyncio.run(rattler.solve([str(built), str(stubs)], ["pytorch"], platforms=["linux-64", "noarch"]))
-    assert {r.name.normalized for r in records} >= {"pytorch", "python", "pytorch-mutex"}
     prefix = tmp_path / "prefix"
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    records = solve_and_install([built, stubs], ["pytorch"], prefix, cache=tmp_path / "cache")
+    assert {r.name for r in records} >= {"pytorch", "python", "pytorch-mutex"}
     extension = next((prefix / "lib" / "python3.11" / "site-packages" / "torch").glob("_C*.so"))
     info = read_elf(extension)
     assert info is not None and not info.runpath  # the recipe's patchelf loop forces DT_RPATH
@@ -174,8 +171,6 @@ def cuda_env(cuda_like: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.slow
 def test_cuda_variant_bundles_the_libraries_and_imports_with_empty_ld_library_path(
         cuda_env: Path, cuda_stubs: Path, tmp_path: Path) -> None:
-    import rattler
-
     from torchforge.rpath import Layout, audit
 
     out = tmp_path / "channel"
@@ -186,9 +181,8 @@ def test_cuda_variant_bundles_the_libraries_and_imports_with_empty_ld_library_pa
     package = out / "linux-64" / f"{CUDA_STEM}.conda"
     report = audit(package, Layout.CONDA)
     assert report.ok, report.findings
-    records = asyncio.run(rattler.solve([str(out), str(cuda_stubs)], ["pytorch"], platforms=["linux-64", "noarch"]))
     prefix = tmp_path / "prefix"
-    asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+    solve_and_install([out, cuda_stubs], ["pytorch"], prefix, cache=tmp_path / "cache")
     lib = prefix / "lib" / "python3.11" / "site-packages" / "torch" / "lib"
     names = sorted(p.name for p in lib.iterdir())
     # cuDNN keeps its names (its libraries load each other by name); CUPTI and cuSPARSELt get the hash.

@@ -163,6 +163,36 @@ def test_connection_dropped_mid_upload(env: Env, server: FakeAnacondaServer, pkg
     assert dist is not None and dist.sha256 == inspect_archive(pkg).sha256
 
 
+def test_a_package_of_many_chunks_goes_whole_with_the_digests_the_service_checks(
+        env: Env, server: FakeAnacondaServer, tmp_path: Path) -> None:
+    """anaconda-client's staged upload: POST /stage with the file's sha256, one multipart POST of the file to the
+    storage URL (read from disk in pieces of 8 KiB) with its Content-MD5 and Content-Length, then POST /commit.
+    A file of megabytes arrives whole: the storage's MD5 and length checks and the commit's sha256 check pass."""
+    big = make_package(tmp_path / "big" / "linux-64", payload_bytes=(3 << 20) + 4321)
+    result = env.upload("upload", str(big), *env.to())
+    assert result.returncode == 0, result.stderr
+    dist = server.dist("tester", "hello", "1.0", BASENAME)
+    assert dist is not None and dist.size == big.stat().st_size > 3 << 20 and dist.data == big.read_bytes()
+    assert [s for (_m, _p, s, _a) in server.requests("POST", "^/storage/")] == [201]
+
+
+@pytest.mark.parametrize(("where", "refusal"), [("transfer", "BinstarError: ('Error uploading package!', 400)"),
+                                                ("storage", "sha256 mismatch: staged")])
+def test_a_damaged_upload_is_refused_nothing_is_listed_and_a_rerun_sends_it_whole(
+        env: Env, server: FakeAnacondaServer, pkg: Path, where: str, refusal: str) -> None:
+    """One byte changed on the way (the storage's MD5 check refuses it: S3's BadDigest) or once stored (the commit
+    compares the sha256 the client staged): the upload fails (exit 7) and the service lists nothing."""
+    server.damage(where)
+    result = env.upload("upload", str(pkg), *env.to())
+    assert result.returncode == 7, result.stdout + result.stderr
+    assert refusal in result.stderr, result.stderr
+    assert server.dist("tester", "hello", "1.0", BASENAME) is None
+    again = env.upload("upload", str(pkg), *env.to())
+    assert again.returncode == 0, again.stderr
+    dist = server.dist("tester", "hello", "1.0", BASENAME)
+    assert dist is not None and dist.sha256 == inspect_archive(pkg).sha256 and dist.data == pkg.read_bytes()
+
+
 def test_persistent_server_error_gives_up(env: Env, server: FakeAnacondaServer, pkg: Path) -> None:
     for _ in range(4):
         server.fail("POST", "^/stage/", 502)

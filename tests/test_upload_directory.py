@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.pkgfactory import make_package
+from tests.rattler_in_child import solve, solve_and_install
 from tests.test_upload_helpers import cli, cli_env
 from torchforge.archives import ArchiveError, inspect_archive
 
@@ -30,17 +31,6 @@ def _repodata_files(channel: Path, subdir: str) -> dict[str, dict[str, object]]:
     return {**data.get("packages", {}), **data.get("packages.conda", {})}
 
 
-def _solve_install(channel_url: str, spec: str, tmp: Path) -> Path:
-    """An independent solve + install with py-rattler, as a user's client would do it."""
-    from rattler import Gateway, install, solve
-
-    records = asyncio.run(solve([channel_url], [spec], gateway=Gateway(cache_dir=tmp / "gw"),
-                                platforms=["linux-64", "noarch"]))
-    prefix = tmp / "prefix"
-    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp / "pkgs", show_progress=False))
-    return prefix
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="installs linux-64 test packages")
 def test_upload_from_output_then_solve_and_install(tmp_path: Path) -> None:
     out = _out(tmp_path)
@@ -53,7 +43,8 @@ def test_upload_from_output_then_solve_and_install(tmp_path: Path) -> None:
     local = inspect_archive(out / "linux-64" / "hello-1.0-py3.11_cpu_0.conda")
     assert (listed["sha256"], listed["size"]) == (local.sha256, local.size)
     assert "world-1.0-py3.11_cpu_0.tar.bz2" in _repodata_files(chan, "noarch")
-    prefix = _solve_install(chan.as_uri(), "hello", tmp_path)
+    prefix = tmp_path / "prefix"
+    solve_and_install([chan.as_uri()], ["hello"], prefix, cache=tmp_path)  # as a user's client would
     assert (prefix / "share" / "hello" / "hello.txt").read_text() == "hello from hello 1.0\n"
     assert (prefix / "share" / "world" / "hello.txt").is_file()
     # Published files are readable by others (a web server serving the channel).
@@ -129,44 +120,64 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     assert not chan.exists()
 
 
+# Each writer: says it is ready, waits for the test's "go" (a start barrier: neither begins before both are
+# started), prints when it began and ended (CLOCK_MONOTONIC, one clock for every process of the machine), and
+# publishes its packages one by one into the same channel, through the CLI or the library.
 CONCURRENT = """
 import sys
+import time
 from pathlib import Path
-from torchforge.localchannel import publish
+
 from torchforge.archives import inspect_archive
-# Started together by the test; each publishes its packages one by one into the same channel.
-chan, files = Path(sys.argv[1]), sys.argv[2:]
-for f in files:
-    a = inspect_archive(Path(f))
-    publish(a.path, chan, a.subdir)
+from torchforge.cli import main
+from torchforge.localchannel import publish
+
+barrier, mode, chan, files = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4:]
+(barrier / f"ready-{Path(files[0]).name}").touch()
+while not (barrier / "go").exists():
+    time.sleep(0.001)
+began = time.monotonic()
+if mode == "cli":
+    code = main(["upload", *files, "--to", chan.as_uri(), "--no-verify"])
+else:
+    for f in files:
+        a = inspect_archive(Path(f))
+        publish(a.path, chan, a.subdir)
+    code = 0
+print(began, time.monotonic(), flush=True)
+sys.exit(code)
 """
 
 
 @pytest.mark.parametrize("via_cli", [True, False], ids=["cli", "library"])
 def test_concurrent_uploads_leave_a_valid_index(tmp_path: Path, via_cli: bool) -> None:
-    chan = tmp_path / "chan"
+    chan, barrier = tmp_path / "chan", tmp_path / "barrier"
+    barrier.mkdir()
     groups: list[list[Path]] = [[], []]
     for i in range(6):
         groups[i % 2].append(make_package(tmp_path / f"pk{i % 2}" / "linux-64", name=f"pkg{i}"))
-    env = cli_env()
-    if via_cli:
-        argvs = [[sys.executable, "-m", "torchforge.cli", "upload", *map(str, g), "--to", chan.as_uri(),
-                  "--no-verify"] for g in groups]
-    else:
-        argvs = [[sys.executable, "-c", CONCURRENT, str(chan), *map(str, g)] for g in groups]
-    procs = [subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
-    # Wait for both before asserting, so a failure never leaves a process running behind the test.
-    outcomes = [(proc.communicate(timeout=300)[1], proc.returncode) for proc in procs]
-    for err, returncode in outcomes:
+    argvs = [[sys.executable, "-c", CONCURRENT, str(barrier), "cli" if via_cli else "library", str(chan), *map(str, g)]
+             for g in groups]
+    procs = [subprocess.Popen(a, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for a in argvs]
+    try:
+        for _ in range(30_000):  # both writers started, their imports done, before either may write
+            if len(list(barrier.glob("ready-*"))) == 2 or any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.01)
+        (barrier / "go").touch()
+    finally:
+        # Wait for both before asserting, so a failure never leaves a process running behind the test.
+        outcomes = [(*proc.communicate(timeout=300), proc.returncode) for proc in procs]
+    for out, err, returncode in outcomes:
         assert returncode == 0, err
+    spans = [tuple(map(float, out.split()[-2:])) for out, _, _ in outcomes]
+    # The writers overlapped: each began before the other ended.
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans
     listed = _repodata_files(chan, "linux-64")
     assert sorted(listed) == sorted(f"pkg{i}-1.0-py3.11_cpu_0.conda" for i in range(6))
     assert not list(chan.rglob(".torchforge-tmp-*"))  # no scratch or partial copy left by either writer
-    from rattler import Gateway, solve
-
-    records = asyncio.run(solve([chan.as_uri()], [f"pkg{i}" for i in range(6)],
-                                gateway=Gateway(cache_dir=tmp_path / "gw"), platforms=["linux-64", "noarch"]))
-    assert sorted(r.name.normalized for r in records) == sorted(f"pkg{i}" for i in range(6))
+    records = solve([chan.as_uri()], [f"pkg{i}" for i in range(6)], cache=tmp_path)
+    assert sorted(r.name for r in records) == sorted(f"pkg{i}" for i in range(6))
 
 
 def test_labels_and_promote(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import pytest
 from tests import tool_venvs
 from tests.hostile import cases, hostile_package
 from tests.pkgfactory import make_package
+from tests.rattler_in_child import solve_and_install
 from tests.test_upload_helpers import cli
 from torchforge.archives import inspect_archive
 
@@ -99,16 +99,6 @@ def quetz(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Quetz]:
             server.wait(timeout=20)
 
 
-def _solve_install(channel_url: str, specs: list[str], tmp: Path) -> Path:
-    from rattler import Gateway, install, solve
-
-    records = asyncio.run(solve([channel_url], specs, gateway=Gateway(cache_dir=tmp / "gw"),
-                                platforms=["linux-64", "noarch"]))
-    prefix = tmp / "prefix"
-    asyncio.run(install(records, target_prefix=prefix, cache_dir=tmp / "pkgs", show_progress=False))
-    return prefix
-
-
 def test_upload_skip_force_then_solve_and_install(quetz: Quetz, tmp_path: Path) -> None:
     target = quetz.channel("torchforge")
     out = tmp_path / "out"
@@ -141,7 +131,8 @@ def test_upload_skip_force_then_solve_and_install(quetz: Quetz, tmp_path: Path) 
     assert "replaced" in forced.stdout
     assert f"sha256 {inspect_archive(rebuilt).sha256[:12]}" in forced.stdout  # the server now serves the new file
 
-    prefix = _solve_install(f"{quetz.url}/get/torchforge", ["hello"], tmp_path)
+    prefix = tmp_path / "prefix"
+    solve_and_install([f"{quetz.url}/get/torchforge"], ["hello"], prefix, cache=tmp_path)
     assert (prefix / "share" / "hello" / "blob.bin").stat().st_size == 9_000
     assert (prefix / "share" / "world" / "hello.txt").is_file()
 
@@ -190,3 +181,28 @@ def test_a_package_with_a_member_outside_its_prefix_is_refused_before_sending(ca
     with urllib.request.urlopen(f"{quetz.url}/api/channels/{channel}/packages", timeout=30) as response:
         assert json.load(response) == []
     assert f"/api/channels/{channel}/files" not in quetz.log.read_text()
+
+
+def test_a_package_of_many_chunks_is_streamed_piece_by_piece_and_served_whole(
+        quetz: Quetz, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quetz's upload API takes one multipart POST; torchforge streams its body from disk in CHUNK pieces (1 MiB).
+    A package of several pieces goes out piece by piece, and quetz serves back exactly its bytes."""
+    import hashlib
+
+    from torchforge.targets import parse_url
+    from torchforge.uploaders.base import ExistingPolicy, Outcome
+    from torchforge.uploaders.quetz import CHUNK, QuetzUploader
+
+    target = parse_url(quetz.channel("chunks"))
+    archive = inspect_archive(make_package(tmp_path / "out" / "linux-64", name="big", payload_bytes=3 * CHUNK + 4321))
+    assert archive.size > 3 * CHUNK  # the payload is incompressible: the archive is really this big
+    monkeypatch.setenv("QUETZ_API_KEY", quetz.key)
+    uploader = QuetzUploader(target, dry_run=False, echo=print)
+    pieces: list[int] = []
+    assert uploader.upload(archive, ExistingPolicy.FAIL, pieces.append) is Outcome.UPLOADED
+    assert len(pieces) == -(-archive.size // CHUNK) and sum(pieces) == archive.size
+    lines = uploader.verify([archive])  # listed with the sha256 and size sent, then installed from the channel
+    assert f"listed linux-64/{archive.filename} sha256 {archive.sha256[:12]}… {archive.size} bytes" in lines
+    with urllib.request.urlopen(f"{quetz.url}/get/chunks/linux-64/{archive.filename}", timeout=60) as response:
+        served = response.read()
+    assert len(served) == archive.size and hashlib.sha256(served).hexdigest() == archive.sha256
