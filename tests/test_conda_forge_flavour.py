@@ -288,7 +288,7 @@ def test_a_patch_is_part_of_the_settings_so_a_patched_build_is_another_package(
     import hashlib
 
     patch = tmp_path / "fix.patch"
-    patch.write_text("--- a/x\n+++ b/x\n")
+    patch.write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     plain = conda_forge.plan("2.9.1", "linux-64", "cpu", None, ("3.12",))
     ran = [main(["render", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--out", str(tmp_path / name),
                  *extra]) for name, extra in (("plain", []), ("patched", ["--patch", str(patch)]),

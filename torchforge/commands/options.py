@@ -15,6 +15,7 @@ from torchforge.console import note
 from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
 from torchforge.magmasource import inspect as inspect_magma_source
+from torchforge.patchfile import check_patches
 from torchforge.resolve import default_release
 from torchforge.variant import Options, Selection, parse_env
 
@@ -41,8 +42,13 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]
-PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file for the pytorch recipes (repeatable).")]
-MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
+# A file with no hunk is refused while the command line is read: before anything is planned or written.
+PatchOpt = Annotated[list[Path] | None, typer.Option(
+    "--patch", exists=True, dir_okay=False, callback=lambda paths: check_patches("--patch", paths),
+    help="Patch file for the pytorch recipes (repeatable).")]
+MagmaPatchOpt = Annotated[list[Path] | None, typer.Option(
+    "--magma-patch", exists=True, dir_okay=False, callback=lambda paths: check_patches("--magma-patch", paths),
+    help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
 
 
 def file_digests(patches: list[Path] | None) -> tuple[str, ...]:
