@@ -676,12 +676,12 @@ def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     libs = ["c10", "shm", "torch", "torch_cpu", "torch_global_deps"]
     if recipe.cuda:
         libs += ["torch_cuda_linalg", "c10_cuda", "caffe2_nvrtc", "torch_cuda"]
-    checks = [f"test -f $PREFIX/lib/lib{lib}.so" for lib in libs]
-    checks.append("test -f $PREFIX/share/cmake/Torch/TorchConfig.cmake")
-    checks.append("test ! -e $PREFIX/lib/libtorch_python.so")
+    checks = [f'test -f "$PREFIX/lib/lib{lib}.so"' for lib in libs]
+    checks.append('test -f "$PREFIX/share/cmake/Torch/TorchConfig.cmake"')
+    checks.append('test ! -e "$PREFIX/lib/libtorch_python.so"')
     if recipe.cuda:
         variable = recipe.activation_variable
-        checks.append(f'. $PREFIX/etc/conda/activate.d/libtorch-torchforge_activate.sh && test "${variable}" = "{recipe.arch_list}"')
+        checks.append(f'. "$PREFIX/etc/conda/activate.d/libtorch-torchforge_activate.sh" && test "${variable}" = "{recipe.arch_list}"')
     return tuple(checks)
 
 
