@@ -218,7 +218,7 @@ def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--pytorch", "2.5.1"], "releases up to 2.5 had official conda packages"),
     (["--pytorch", "2.9.1", "--cuda", "12.4"], "no arch list to follow"),
-    (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "5.0;8.6"], "is not an arch nvcc 13.0 builds"),
+    (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "8.6;sm_90"], "'sm_90' is not an arch value"),
     (["--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.9"], "not 3.9"),
     (["--pytorch", "2.9.1", "--platform", "osx-arm64"], "not osx-arm64"),
     (["--pytorch", "2.9.1", "--platform", "win-64", "--format", "rattler-build"], "win-64 recipes for conda-build only"),

@@ -13,11 +13,11 @@ import typer
 from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
-from torchforge.flavours import Flavour
+from torchforge.flavours import Flavour, choose
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import check_patches
 from torchforge.resolve import default_release
-from torchforge.variant import Options, Selection, parse_env
+from torchforge.variant import Options, Selection, check_shared_flags, parse_env
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
 _DEFAULTS = tables.load().pytorch.defaults  # shown in --help: the data says what an omitted flag means
@@ -78,6 +78,17 @@ def nonempty_path(value: str | Path) -> Path:
     if not value.strip():
         raise typer.BadParameter("is empty; give a folder")
     return Path(value)
+
+
+def chosen_flavour(flavour: Flavour | None, pytorch: str | None, cuda: str | None, python: str | None,
+                   platform: str | None, arch_list: str | None = None, build_number: int = 0,
+                   official_because: str = "") -> Flavour:
+    """The flavour of a command line, named (with why) only once the flags both flavours share are valid: no
+    line states facts about a release that is then refused."""
+    check_shared_flags(pytorch, cuda, python, platform, arch_list, build_number)
+    chosen, why = choose(flavour, pytorch, official_because)
+    note(why)
+    return chosen
 
 
 def selection_from_flags(
