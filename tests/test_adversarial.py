@@ -93,7 +93,7 @@ MALFORMED: list[tuple[str, int, str]] = [
     ("matrix --platform solaris-64", USAGE, "unknown platform 'solaris-64'"),
     ("matrix --platform ''", USAGE, "--platform is empty"),
     ("matrix --arch-list ';;'", USAGE, "--arch-list is empty"),
-    ("matrix --arch-list abc --cuda 12.4 --py 3.12", REFUSED, "'abc' is not an arch value"),
+    ("matrix --arch-list abc --cuda 12.4 --py 3.12", USAGE, "'abc' is not an arch value"),
     ("matrix --jetson ''", USAGE, "--jetson is empty"),
     ("matrix --jetson foo", REFUSED, "unknown Jetson profile 'foo'"),
     ("matrix --env x", USAGE, "--env expects NAME=VALUE"),

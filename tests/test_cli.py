@@ -105,8 +105,8 @@ def test_a_magma_source_whose_version_cannot_be_read_is_a_usage_error(kind: str,
 
 def test_magma_patches_go_to_magma_recipes_only(tmp_path: Path) -> None:
     patch, magma_patch = tmp_path / "torch-fix.patch", tmp_path / "magma-fix.patch"
-    patch.write_text("--- a/setup.py\n+++ b/setup.py\n")
-    magma_patch.write_text("--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n")
+    patch.write_text("--- a/setup.py\n+++ b/setup.py\n@@ -1 +1 @@\n-a\n+b\n")
+    magma_patch.write_text("--- a/CMakeLists.txt\n+++ b/CMakeLists.txt\n@@ -1 +1 @@\n-a\n+b\n")
     out = tmp_path / "out"
     assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--patch", str(patch),
                  "--magma-patch", str(magma_patch), "--out", str(out)]) == 0

@@ -220,7 +220,7 @@ def test_every_value_cites_a_line_of_the_feedstock_at_a_full_commit() -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--pytorch", "2.5.1"], "releases up to 2.5 had official conda packages"),
     (["--pytorch", "2.9.1", "--cuda", "12.4"], "no arch list to follow"),
-    (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "5.0;8.6"], "is not an arch nvcc 13.0 builds"),
+    (["--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "8.6;sm_90"], "'sm_90' is not an arch value"),
     (["--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.9"], "not 3.9"),
     (["--pytorch", "2.9.1", "--platform", "osx-arm64"], "not osx-arm64"),
     (["--pytorch", "2.9.1", "--platform", "win-64", "--format", "rattler-build"], "win-64 recipes for conda-build only"),
@@ -290,7 +290,7 @@ def test_a_patch_is_part_of_the_settings_so_a_patched_build_is_another_package(
     import hashlib
 
     patch = tmp_path / "fix.patch"
-    patch.write_text("--- a/x\n+++ b/x\n")
+    patch.write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     plain = conda_forge.plan("2.9.1", "linux-64", "cpu", None, ("3.12",))
     ran = [main(["render", "--pytorch", "2.9.1", "--cuda", "cpu", "--py", "3.12", "--out", str(tmp_path / name),
                  *extra]) for name, extra in (("plain", []), ("patched", ["--patch", str(patch)]),

@@ -90,7 +90,7 @@ def test_use_magma_0_drops_magma_from_the_plan_and_the_recipe(tmp_path: Path) ->
 
 def test_patch_content_is_part_of_the_build_string(tmp_path: Path) -> None:
     strings = []
-    for text in ("one\n", "two\n"):
+    for text in ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+one\n", "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+two\n"):
         patch = tmp_path / "fix.patch"
         patch.write_text(text)
         out = tmp_path / f"r-{len(strings)}"

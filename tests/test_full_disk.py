@@ -43,3 +43,31 @@ def test_a_full_disk_during_upload_is_exit_10_with_the_disk_full_hint(spare_page
     assert "No space left on device" in done.stderr and where in done.stderr, done.stderr
     assert f"what would work: {FULL_DISK_HINT}" in done.stderr
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
+
+
+def test_a_full_disk_while_the_package_itself_is_copied_names_it(tmp_path: Path) -> None:
+    """The disk fills while the archive is written (a write to an open file, which names no path itself)."""
+    done = _upload_onto_small_disk(tmp_path, spare_pages=-20)
+    assert "mount" not in done.stderr.split("error:")[0], f"could not mount a tmpfs: {done.stderr}"
+    assert done.returncode == ExitCode.FILESYSTEM, done.stderr
+    assert "/chan/linux-64/hello-1.0-py3.11_cpu_0.conda: No space left on device" in done.stderr, done.stderr
+    assert "cannot use a file" not in done.stderr
+
+
+@pytest.mark.parametrize("selection", [["--pytorch", "2.5.1", "--flavour", "official"],
+                                       ["--pytorch", "2.13.0", "--flavour", "conda-forge"]])
+def test_a_full_disk_while_rendering_names_the_recipe_file(selection: list[str], tmp_path: Path) -> None:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    argv = [sys.executable, "-m", "torchforge.cli", "render", *selection, "--cuda", "cpu", "--py", "3.11",
+            "--out", str(mount / "recipes")]
+    script = f"mount -t tmpfs -o size={2 * PAGE} tmpfs {shlex.quote(str(mount))} && exec {shlex.join(argv)}"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=cli_env(), cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert "mount" not in done.stderr.split("error:")[0], f"could not mount a tmpfs: {done.stderr}"
+    assert done.returncode == ExitCode.FILESYSTEM, done.stderr
+    named = done.stderr.split("error: cannot use ", 1)[-1].split(": No space left on device")[0]
+    assert named.startswith(f"{mount}/recipes/") and "\n" not in named, done.stderr
+    assert f"what would work: {FULL_DISK_HINT}" in done.stderr
+    assert not (mount / "recipes").exists() or not any((mount / "recipes").iterdir()) or \
+        all(p.name.startswith(".torchforge-tmp-") for p in (mount / "recipes").iterdir())

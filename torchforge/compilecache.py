@@ -464,6 +464,13 @@ torchforge_route() {{
     {{ printf '#!/bin/sh\\n# compiler sha256 %s\\nreal=%q\\n' "$(sha256sum < "$real")" "$real"
        cat "$here/wrapper.sh"; }} > "$wrapper.tmp"
     chmod 755 "$wrapper.tmp" && mv -f "$wrapper.tmp" "$wrapper"
+    case "$wrapper" in
+        *[[:space:]\\'\\"\\\\]*)
+            # setuptools splits CC at blanks and quotes, CMake takes it as a path: neither reads a quoted path,
+            # so the wrapper is reached by name, its folder first on PATH.
+            export PATH="${{wrapper%/*}}:$PATH"
+            wrapper=${{wrapper##*/}} ;;
+    esac
     export "$variable=$wrapper${{*:+ $*}}"
 }}
 torchforge_route CC cc

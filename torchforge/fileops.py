@@ -76,12 +76,24 @@ def move_into_place(src: Path, dst: Path) -> None:
     _remove(src)
 
 
+@contextmanager
+def writing(target: Path) -> Iterator[None]:
+    """Name `target` in an OSError that names no file: a write to an open file (a full disk: ENOSPC) knows only
+    its descriptor, and the message must say which file could not be written."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
+
+
 def atomic_write(target: Path, data: str | bytes, mode: int = 0o644) -> Path:
     """Write `target` so readers see the old content or the new one, never a part."""
     ensure_dir(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f"{SCRATCH_PREFIX}write-", dir=target.parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with writing(target), os.fdopen(fd, "wb") as handle:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, mode)  # mkstemp creates 0600; outputs are read by other users and servers
         os.replace(tmp, target)

@@ -18,7 +18,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from torchforge.aio import run_async
-from torchforge.fileops import clean_stale, ensure_dir, move_into_place, path_of_file_url, scratch, sha256_file
+from torchforge.fileops import (clean_stale, ensure_dir, move_into_place, path_of_file_url, scratch, sha256_file,
+                                writing)
 
 LOCK_NAME = ".torchforge.lock"
 ARCHIVE_SUFFIXES = (".conda", ".tar.bz2")
@@ -220,7 +221,8 @@ def _place(archive: Path, channel: Path, subdir: str, replace: bool,
         raise ArchiveExistsError(target)
     with scratch(channel, "publish") as tmp:
         partial = tmp / archive.name
-        _copy(archive, partial, progress or (lambda _n: None))
+        with writing(target):
+            _copy(archive, partial, progress or (lambda _n: None))
         os.chmod(partial, 0o644)  # a channel is read by other users and by web servers
         move_into_place(partial, target)
     return Published(target, Placed.REPLACED if existed else Placed.ADDED)

@@ -210,10 +210,11 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
             folder.mkdir()
             for filename, content in files.items():
                 target = folder / filename
-                if isinstance(content, bytes):
-                    target.write_bytes(content)
-                else:
-                    target.write_text(content, encoding="utf-8")
+                with fileops.writing(out / name / filename):  # the file the user asked for, not its staged copy
+                    if isinstance(content, bytes):
+                        target.write_bytes(content)
+                    else:
+                        target.write_text(content, encoding="utf-8")
                 if filename.endswith((".sh", ".py")):
                     target.chmod(0o755)
         written = []

@@ -16,7 +16,7 @@ from torchforge import data as tables
 from torchforge import platforms, sourcestate, versions
 from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsArchive
 from torchforge.magmasource import MagmaSource
-from torchforge.variant import Options, Request, Selection, magma_id
+from torchforge.variant import Options, Request, Selection, magma_id, normal_arch_list, nvcc_refusal, unknown_release
 from torchforge.versions import arch_key, minor, nodot
 
 
@@ -411,17 +411,6 @@ def _apply_env_options(request: Request, check: _Checker) -> Request:
     return replace(request, options=options)
 
 
-def normal_arch_list(arch_list: str) -> str:
-    """One spelling per set of arches: PyTorch splits the list at ';' and blanks, and the order and repeats of its
-    entries change no binary, so '9.0;8.0', '8.0;;9.0' and '8.0 9.0' all become '8.0;9.0'. A list with a value
-    that is not an arch is left in its order (the arch check refuses it)."""
-    parts = list(dict.fromkeys(p for p in re.split(r"[;\s]+", arch_list) if p))
-    try:
-        return ";".join(sorted(parts, key=lambda p: (arch_key(p), p)))
-    except ValueError:
-        return ";".join(parts)
-
-
 def variant_settings(request: Request) -> dict[str, object]:
     """Every option of `request` that changes the binary; empty for a build with upstream's settings."""
     options = request.options
@@ -473,20 +462,13 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     request = _apply_env_options(request, check)
     release_key = minor(request.pytorch)
     release: Release | None = data.pytorch.releases.get(release_key)
+    why_not = unknown_release(request.pytorch, data)
+    if why_not:
+        check.refuse(why_not)
     if release is None:
-        known = ", ".join(data.pytorch.releases)
-        oldest = min(data.pytorch.releases, key=versions.parse)
-        if versions.is_valid_version(release_key) and versions.parse(release_key) < versions.parse(oldest):
-            check.refuse(f"PyTorch {request.pytorch} predates torchforge's data (its oldest release is {oldest}: "
-                         f"the recipes, pins and build strings of older releases are not known); known releases: {known}")
-        else:
-            check.refuse(f"PyTorch {request.pytorch} is not in torchforge's data; known releases: {known}")
         jetson_limit = _jetson_limit_hint(data, request)
         if jetson_limit:
             check.refuse(jetson_limit)
-    elif request.pytorch not in data.pytorch.patch_releases.get(release_key, (request.pytorch,)):
-        check.refuse(f"PyTorch {request.pytorch} was never released; {release_key} had "
-                     f"{', '.join(data.pytorch.patch_releases[release_key])}")
     cuda = request.accel if request.is_cuda else None
     toolkit = data.cuda.toolkits.get(cuda) if cuda else None
     if cuda and toolkit is None:
@@ -697,14 +679,10 @@ def _newest_patch(data: Data, release_key: str) -> str:
 
 
 def _check_arch(data: Data, cuda: str, arch: str, release_key: str, release: Release, check: _Checker) -> None:
-    accepted = data.arch_set(cuda)
     base = arch.split("+")[0]
-    if accepted is not None and base not in accepted:
-        numeric = sorted((a for a in accepted if not a[-1].isalpha()), key=arch_key)
-        check.refuse(
-            f"GPU arch {base} is outside what nvcc {cuda} accepts ({numeric[0]} to {numeric[-1]}); "
-            f"drop it from --arch-list or choose a CUDA whose nvcc supports it"
-        )
+    outside = nvcc_refusal(cuda, arch, data)
+    if outside:
+        check.refuse(outside)
     if release.max_arch and arch_key(base) > arch_key(release.max_arch):
         check.warn(f"PyTorch {release_key}'s arch parser stops at {release.max_arch}; {base} may be rejected at configure time")
 

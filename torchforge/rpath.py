@@ -123,7 +123,9 @@ class Tree:
 
     root: Path
     site_rel: str  # site-packages ("." for an unpacked wheel)
-    env_lib_rel: str  # <prefix>/lib = site-packages/../..
+    # <prefix>/lib: `lib` where the root is a prefix (an environment, or a conda package, C++-only ones such as
+    # libtorch included); site-packages/../.. above an unpacked wheel, whose root is site-packages
+    env_lib_rel: str
     is_prefix: bool  # an environment: <prefix>/lib exists and its files count
     depends: tuple[str, ...]  # conda package names the package depends on (info/index.json)
     requires_nvidia: bool  # the wheel's METADATA requires nvidia-* wheels
@@ -157,12 +159,20 @@ def inspect_tree(root: Path) -> Tree:
     return Tree(
         root=root,
         site_rel=site,
-        env_lib_rel=_norm(f"{site}/../.."),
+        env_lib_rel=_norm(f"{site}/../..") if _is_wheel_root(root, site) else "lib",
         is_prefix=(root / "conda-meta").is_dir(),
         depends=depends,
         requires_nvidia=requires_nvidia,
         provided=provided,
     )
+
+
+def _is_wheel_root(root: Path, site: str) -> bool:
+    """An unpacked wheel: no site-packages folder below the root, a *.dist-info folder at it and no conda
+    package metadata. Any other root is a prefix, and the audit flags an entry that leaves it."""
+    if site != "." or (root / "info" / "index.json").is_file() or (root / "conda-meta").is_dir():
+        return False
+    return any(p.is_dir() for p in root.glob("*.dist-info"))
 
 
 def detect_layout(tree: Tree, source: Path | None = None) -> Layout:
@@ -310,8 +320,9 @@ def audit_file(tree: Tree, layout: Layout, info: ElfInfo, nvidia: tuple[str, ...
     for needed in info.needed:
         found: Resolution | None = None
         for where, dir_rel in dirs:
-            if where == "package" and _in_package(tree, dir_rel, needed):
-                found = Resolution(needed, where, dir_rel)
+            if (where == "package" or (where == "env" and not tree.is_prefix)) and _in_package(tree, dir_rel, needed):
+                # a package's own lib/ (libtorch's) is <prefix>/lib too: its libraries there are the package's
+                found = Resolution(needed, "package", dir_rel)
             elif where == "package" and needed.startswith(tree.provided.get(dir_rel, ("\0",))):
                 # a folder this package shares with a dependency (CUDA 13's nvidia/cu13/lib)
                 found = Resolution(needed, "dependency", dir_rel)

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge import containers
@@ -22,7 +22,7 @@ from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.commands import flavour as flavour_commands
-from torchforge.flavours import MAGMA_ONLY, Flavour, choose
+from torchforge.flavours import MAGMA_ONLY, Flavour
 from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
 from torchforge.fileops import check_dir
@@ -138,15 +138,15 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--cache and --no-cache contradict each other", "give one of them")
         check_dir(out_dir, "--out")
         check_channel_args(channel)
-        chosen_flavour, why_flavour = choose(flavour, pytorch, "--format wheel builds pip wheels" if fmt == "wheel"
-                                             else MAGMA_ONLY if magma_only else "")
-        note(why_flavour)
-        if chosen_flavour is Flavour.CONDA_FORGE and platform == "win-64":
+        flavour_chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number,
+                                        "--format wheel builds pip wheels" if fmt == "wheel"
+                                        else MAGMA_ONLY if magma_only else "")
+        if flavour_chosen is Flavour.CONDA_FORGE and platform == "win-64":
             raise UsageError("torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
                              "render them with `torchforge render --flavour conda-forge --platform win-64 ...` and run "
                              "`conda build FOLDER -c conda-forge --override-channels` on a Windows machine with "
                              "Visual Studio")
-        if chosen_flavour is Flavour.CONDA_FORGE:
+        if flavour_chosen is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,

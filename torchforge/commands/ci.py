@@ -12,9 +12,9 @@ from torchforge import config as site_config
 from torchforge.ci import Provider, ci_plan, render, site_args, write_file
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
-    PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
+    PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
-from torchforge.console import err, note, out
+from torchforge.console import err, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
 from torchforge.flavours import Flavour, choose
@@ -71,8 +71,7 @@ def register(app: typer.Typer) -> None:
         if test_script is not None and (not test_script.strip() or Path(test_script).is_absolute()):
             raise UsageError(f"--test-script {test_script!r} is not a file in the repository",
                              "give its path relative to the repository root, e.g. ci/smoke.py")
-        chosen, why = choose(flavour, pytorch)
-        note(why)
+        chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if chosen is Flavour.CONDA_FORGE:
             raise UsageError("torchforge ci writes the official flavour's jobs (one per package); the conda-forge "
                              "flavour's jobs are not generated yet",

@@ -10,13 +10,13 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
+    SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge.commands import flavour as flavour_commands
-from torchforge.flavours import MAGMA_ONLY, Flavour, choose
+from torchforge.flavours import MAGMA_ONLY, Flavour
 from torchforge import containers
-from torchforge.console import note, out
+from torchforge.console import out
 from torchforge.preflight import checked_jobs, report_table, run_preflight
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
@@ -45,8 +45,8 @@ def register(app: typer.Typer) -> None:
 
         Prints every check, then exits 9 if any failed (warnings do not fail).
         """
-        flavour, why = choose(flavour, pytorch, MAGMA_ONLY if magma_only else "")
-        note(why)
+        flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number,
+                                 MAGMA_ONLY if magma_only else "")
         if flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,

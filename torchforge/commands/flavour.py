@@ -21,6 +21,7 @@ from torchforge.pipeline import PlannedRecipe
 from torchforge.preflight import Level, engine_check
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files, write_folders
+from torchforge.variant import check_build_number, check_shared_flags
 
 def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,
                        arch_list: str | None, build_number: int,
@@ -31,9 +32,15 @@ def recipes_from_flags(pytorch: str | None, cuda: str | None, python: str | None
     if given:
         raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --flavour official only",
                          "leave it out with --flavour conda-forge, or use --flavour official")
+    flags = check_shared_flags(pytorch, cuda, python, platform, arch_list, build_number)
     if pytorch:
         check(Flavour.CONDA_FORGE, pytorch)
-    return conda_forge.plan_selection(pytorch, cuda, python, platform, arch_list, build_number)
+    recipes = conda_forge.plan_selection(pytorch, cuda, python, platform, flags.arch_list, build_number)
+    for recipe in recipes:  # the engines read the package's number: the feedstock's and the offsets come on top
+        check_build_number(build_number, offset=recipe.build_number - build_number,
+                           why_offset=f"{recipe.id}: the feedstock's build number and conda-forge's CUDA and MKL "
+                                      "offsets")
+    return recipes
 
 
 def _source(recipe: conda_forge.CondaForgeRecipe, source: str | None, patches: list[Path]) -> Source:

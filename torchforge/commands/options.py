@@ -13,12 +13,13 @@ import typer
 from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
-from torchforge.flavours import Flavour
+from torchforge.flavours import Flavour, choose
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.fileops import path_of_file_url
+from torchforge.patchfile import check_patches
 from torchforge.resolve import default_release
 from torchforge.safeextract import check_archive
-from torchforge.variant import Options, Selection, parse_env
+from torchforge.variant import Options, Selection, check_shared_flags, parse_env
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
 _DEFAULTS = tables.load().pytorch.defaults  # shown in --help: the data says what an omitted flag means
@@ -62,8 +63,13 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]
-PatchOpt = Annotated[list[Path] | None, typer.Option("--patch", exists=True, dir_okay=False, help="Patch file for the pytorch recipes (repeatable).")]
-MagmaPatchOpt = Annotated[list[Path] | None, typer.Option("--magma-patch", exists=True, dir_okay=False, help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
+# A file with no hunk is refused while the command line is read: before anything is planned or written.
+PatchOpt = Annotated[list[Path] | None, typer.Option(
+    "--patch", exists=True, dir_okay=False, callback=lambda paths: check_patches("--patch", paths),
+    help="Patch file for the pytorch recipes (repeatable).")]
+MagmaPatchOpt = Annotated[list[Path] | None, typer.Option(
+    "--magma-patch", exists=True, dir_okay=False, callback=lambda paths: check_patches("--magma-patch", paths),
+    help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
 
 
 def file_digests(patches: list[Path] | None) -> tuple[str, ...]:
@@ -93,6 +99,17 @@ def nonempty_path(value: str | Path) -> Path:
     if not value.strip():
         raise typer.BadParameter("is empty; give a folder")
     return Path(value)
+
+
+def chosen_flavour(flavour: Flavour | None, pytorch: str | None, cuda: str | None, python: str | None,
+                   platform: str | None, arch_list: str | None = None, build_number: int = 0,
+                   official_because: str = "") -> Flavour:
+    """The flavour of a command line, named (with why) only once the flags both flavours share are valid: no
+    line states facts about a release that is then refused."""
+    check_shared_flags(pytorch, cuda, python, platform, arch_list, build_number)
+    chosen, why = choose(flavour, pytorch, official_because)
+    note(why)
+    return chosen
 
 
 def selection_from_flags(

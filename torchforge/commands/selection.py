@@ -11,12 +11,12 @@ from rich.table import Table
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path, selection_from_flags,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, selection_from_flags,
 )
 from torchforge.commands import flavour as flavour_commands
-from torchforge.console import err, note, out, warn
+from torchforge.console import err, out, warn
 from torchforge.errors import UsageError
-from torchforge.flavours import Flavour, choose
+from torchforge.flavours import Flavour
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
 from torchforge.resolve import Status
 
@@ -76,8 +76,7 @@ def register(app: typer.Typer) -> None:
         flavour: FlavourOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
-        flavour, why = choose(flavour, pytorch)
-        note(why)
+        flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if flavour is Flavour.CONDA_FORGE:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
@@ -108,8 +107,7 @@ def register(app: typer.Typer) -> None:
         feedstock_patches: FeedstockPatchesOpt = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
-        flavour, why = choose(flavour, pytorch)
-        note(why)
+        flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
             raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
                              "add --flavour conda-forge, or leave --feedstock-patches out")

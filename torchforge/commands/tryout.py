@@ -10,12 +10,12 @@ import typer
 
 from torchforge.commands import flavour as flavour_commands
 from torchforge.commands.options import (
-    ArchListOpt, CudaOpt, FlavourOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, nonempty_path,
+    ArchListOpt, CudaOpt, FlavourOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path,
     selection_from_flags,
 )
-from torchforge.console import err, note, out
+from torchforge.console import err, out
 from torchforge.errors import UsageError
-from torchforge.flavours import Flavour, choose
+from torchforge.flavours import Flavour
 from torchforge.prefix import install as install_into
 from torchforge.standin import (
     SUBDIR, flavour_requirements, selection_requirements, write_standin_channel,
@@ -35,8 +35,7 @@ def register(app: typer.Typer) -> None:
         links to this machine's interpreter, patchelf to its patchelf; the others are empty), and
         OUT/torchforge.toml, which makes `torchforge build --config OUT/torchforge.toml` use it instead of every
         real channel. Packages built against it are for trying torchforge only."""
-        chosen, why = choose(flavour, pytorch)
-        note(why)
+        chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list)
         if chosen is Flavour.CONDA_FORGE:
             if platform == "win-64":  # as `build` refuses it
                 raise UsageError("torchforge builds the conda-forge flavour on linux only, so there is no win-64 "

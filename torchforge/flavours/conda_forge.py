@@ -20,10 +20,10 @@ from torchforge import __version__, versions
 from torchforge import data as tables
 from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
-from torchforge.errors import DataError, UsageError
+from torchforge.errors import DataError, RefusedError, UsageError
 from torchforge.recipe import Source
 from torchforge.render import RecipeFormat, render_template, yaml_scalar
-from torchforge.variant import split_list
+from torchforge.variant import nvcc_refusal, split_list
 
 Accel = Literal["cuda", "cpu"]
 Blas = Literal["mkl", "generic"]
@@ -486,11 +486,9 @@ def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: st
                 "give one with --arch-list, e.g. --arch-list '7.0;8.6'; the feedstock's: "
                 + "; ".join(f"CUDA {c}: {a.value}" for c, a in jobs.arch_list.items()))
         return jobs.arch_list[cuda].value
-    accepted = tables.load().arch_set(cuda)
-    wrong = [a for a in arch_list.split(";") if not a or (accepted is not None and a.split("+")[0] not in accepted)]
-    if wrong:
-        raise UsageError(f"--arch-list {arch_list!r}: {', '.join(wrong) or 'an empty entry'} is not an arch nvcc {cuda} builds",
-                         f"choose from {';'.join(accepted or ())}, separated by ';' (a last entry may end in +PTX)")
+    outside = [why for arch in arch_list.split(";") if (why := nvcc_refusal(cuda, arch))]  # checked: check_arch_list
+    if outside:
+        raise RefusedError("; ".join(outside))
     return arch_list
 
 
@@ -676,12 +674,12 @@ def libtorch_checks(recipe: CondaForgeRecipe) -> tuple[str, ...]:
     libs = ["c10", "shm", "torch", "torch_cpu", "torch_global_deps"]
     if recipe.cuda:
         libs += ["torch_cuda_linalg", "c10_cuda", "caffe2_nvrtc", "torch_cuda"]
-    checks = [f"test -f $PREFIX/lib/lib{lib}.so" for lib in libs]
-    checks.append("test -f $PREFIX/share/cmake/Torch/TorchConfig.cmake")
-    checks.append("test ! -e $PREFIX/lib/libtorch_python.so")
+    checks = [f'test -f "$PREFIX/lib/lib{lib}.so"' for lib in libs]
+    checks.append('test -f "$PREFIX/share/cmake/Torch/TorchConfig.cmake"')
+    checks.append('test ! -e "$PREFIX/lib/libtorch_python.so"')
     if recipe.cuda:
         variable = recipe.activation_variable
-        checks.append(f'. $PREFIX/etc/conda/activate.d/libtorch-torchforge_activate.sh && test "${variable}" = "{recipe.arch_list}"')
+        checks.append(f'. "$PREFIX/etc/conda/activate.d/libtorch-torchforge_activate.sh" && test "${variable}" = "{recipe.arch_list}"')
     return tuple(checks)
 
 
@@ -760,10 +758,7 @@ def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, pl
                          f"pick one of {', '.join(table.releases)}, or use --flavour official")
     platform = platform or "linux-64"
     jobs = release.platforms.get(platform)  # an unknown subdir: plan() says which ones the flavour renders
-    accels = split_list(cuda) or [*(jobs.cuda if jobs else ()), "cpu"]
-    for accel in accels:
-        if accel != "cpu" and not re.fullmatch(r"\d+\.\d+", accel):
-            raise UsageError(f"--cuda expects X.Y or cpu, got {accel!r}", "for example --cuda 12.9,cpu")
+    accels = split_list(cuda) or [*(jobs.cuda if jobs else ()), "cpu"]  # checked: variant.check_shared_flags
     if arch_list is not None and len([a for a in accels if a != "cpu"]) > 1:
         raise UsageError("--arch-list with several CUDA versions is ambiguous", "render one CUDA per --arch-list")
     pythons = tuple(split_list(python)) or None
