@@ -393,7 +393,7 @@ def test_replaces_own_file_but_not_a_foreign_one(tmp_path: Path, capsys: pytest.
 # ---- the test stage -----------------------------------------------------------------------------------------
 
 
-def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
+def test_test_stage_gpu_runner_and_test_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA tests on the GPU runner (ci.toml, torchforge.toml [ci] gpu_runner, --gpu-runner, in that order of
     precedence), CPU tests where they were built; --test-script replaces the smoke check."""
     args = ("--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu,13.0", "--py", "3.12", "--upload-to", "quetz+https://q.example/ch")
@@ -411,9 +411,12 @@ def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
     (create,) = [line for line in script if line.startswith("conda create ")]
     specs = shlex.split(create)
     assert specs[-1].startswith("magma-cuda130 ==2.10.0 ") and specs[-2].startswith("pytorch ==2.13.0 py3.12_cuda13.0_")
-    site = tmp_path / "torchforge.toml"
-    site.write_text('[ci]\ngpu_runner = "h100+cuda13"\n')
-    code, path = ci(tmp_path / "b", Provider.GITHUB, *args, "--config", str(site), "--test-script", "ci/check.py")
+    for repo in (tmp_path / "b", tmp_path / "c"):  # the config and the script are files of the repository
+        (repo / "ci").mkdir(parents=True)
+        (repo / "ci" / "check.py").write_text("import sys\n")
+        (repo / "torchforge.toml").write_text('[ci]\ngpu_runner = "h100+cuda13"\n')
+    monkeypatch.chdir(tmp_path / "b")
+    code, path = ci(tmp_path / "b", Provider.GITHUB, *args, "--config", "torchforge.toml", "--test-script", "ci/check.py")
     assert code == 0
     jobs = load(path)["jobs"]
     assert jobs["test-cu130-py312"]["runs-on"] == ["h100", "cuda13"]
@@ -423,10 +426,47 @@ def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
     runs = [s["run"] for s in jobs["test-cu130-py312"]["steps"] if "run" in s]
     assert runs[-1] == ".torchforge-test-env/bin/python ci/check.py --version 2.13.0 --cuda"
     actionlint(tmp_path / "b", "h100", "cuda13")
-    code, path = ci(tmp_path / "c", Provider.GITLAB, *args, "--config", str(site), "--gpu-runner", "a100")
+    monkeypatch.chdir(tmp_path / "c")
+    code, path = ci(tmp_path / "c", Provider.GITLAB, *args, "--config", "torchforge.toml", "--gpu-runner", "a100")
     assert code == 0 and load(path)[cuda]["tags"] == ["a100"]
-    code, _ = ci(tmp_path / "d", Provider.GITLAB, *args, "--test-script", "/abs/check.py")
-    assert code == ExitCode.USAGE
+
+
+def test_paths_a_ci_checkout_would_not_have_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """--test-script, --source, --magma-source and --config are written into the jobs, which read them from their
+    checkout: a missing script, an absolute path or one out of the repository is refused (exit 2), nothing written."""
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    for folder in (repo / "ci", repo / "src", elsewhere / "src"):
+        folder.mkdir(parents=True)
+    (repo / "ci" / "check.py").write_text("import sys\n")
+    (elsewhere / "check.py").write_text("import sys\n")
+    (elsewhere / "torchforge.toml").write_text("")
+    (repo / "linked").symlink_to(elsewhere / "src")  # committed as a link, its target is not in the checkout
+    monkeypatch.chdir(repo)
+    sel = ("--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.12")
+    cases = [
+        (("--test-script", "nonexist.py"), "--test-script nonexist.py does not exist in the repository"),
+        (("--test-script", "ci"), "--test-script ci does not exist in the repository " + str(repo) + " as a file"),
+        (("--test-script", str(elsewhere / "check.py")), "is an absolute path: a CI checkout has only the repository"),
+        (("--test-script", "../elsewhere/check.py"), "--test-script ../elsewhere/check.py leads out of the repository"),
+        (("--test-script", "~/check.py"), "is an absolute path"),
+        (("--source", str(elsewhere / "src")), f"--source {elsewhere / 'src'} is an absolute path"),
+        (("--source", "../elsewhere/src"), "--source ../elsewhere/src leads out of the repository"),
+        (("--source", "linked"), "--source linked leads out of the repository"),
+        (("--source", "missing-src"), "--source missing-src does not exist in the repository"),
+        (("--magma-source", str(elsewhere / "src")), "is an absolute path"),
+        (("--config", str(elsewhere / "torchforge.toml")), "is an absolute path"),
+    ]
+    for flags, message in cases:
+        capsys.readouterr()
+        code, path = ci(repo, Provider.GITLAB, *sel, *flags)
+        err = capsys.readouterr().err
+        assert code == ExitCode.USAGE, (flags, err)
+        assert message in " ".join(err.split()), (flags, err)
+        assert "relative to the repository root" in " ".join(err.split()), err  # what works
+        assert not path.exists()
+    code, path = ci(repo, Provider.GITLAB, *sel, "--test-script", "ci/check.py", "--source", "src")
+    assert code == 0 and "--source src" in path.read_text()
 
 
 def test_staging_label_then_promote_for_a_directory_channel(tmp_path: Path) -> None:

@@ -307,6 +307,29 @@ def parse_runner_map(text: str | None, accels: Sequence[str]) -> dict[str, tuple
     return mapping
 
 
+def repository_path(value: str, flag: str, root: Path, *, file: bool) -> str:
+    """`value` as a CI job reads it: from its checkout, so relative to the repository root `root` (--out),
+    inside it and present there (a file where `file`). A URL passes where `file` is false (every runner fetches
+    it). Anything else would be written into the jobs and fail there, hours later, or read another file."""
+    root = root.absolute()
+    example = "ci/check.py" if file else "src/pytorch"
+    works = f"give a path relative to the repository root {root} (e.g. {example}) of something committed there"
+    if not file and "://" in value:
+        return value
+    path = Path(value)
+    if value.startswith("~") or path.is_absolute():
+        raise UsageError(f"{flag} {value} is an absolute path: a CI checkout has only the repository, not this "
+                         "machine's files", works + ("" if file else "; or a URL every runner reaches (https://... "
+                                                     "or file:///... of a mount every runner has)"))
+    found = (root / path).resolve()  # a link out of the repository counts as out: its target is not committed
+    if not found.is_relative_to(root.resolve()):
+        raise UsageError(f"{flag} {value} leads out of the repository {root}: a CI checkout does not have it", works)
+    if not (found.is_file() if file else found.exists()):
+        raise UsageError(f"{flag} {value} does not exist in the repository {root}"
+                         + (" as a file" if file and found.exists() else ""), works)
+    return value
+
+
 def _accel_tag(accel: str) -> str:
     return CPU if accel == CPU else f"cu{nodot(accel)}"
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from torchforge import config as site_config
-from torchforge.ci import Provider, ci_plan, render, site_args, write_file
+from torchforge.ci import Provider, ci_plan, render, repository_path, site_args, write_file
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
     PytorchOpt, SourceOpt, check_channel_args, nonempty_path, selection_from_flags,
@@ -68,9 +68,11 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--requirement is empty", "give a pip requirement, e.g. torchforge==0.1.0, or leave it out")
         check_dir(out_dir, "--out")
         check_channel_args(channel)
-        if test_script is not None and (not test_script.strip() or Path(test_script).is_absolute()):
-            raise UsageError(f"--test-script {test_script!r} is not a file in the repository",
-                             "give its path relative to the repository root, e.g. ci/smoke.py")
+        for flag, value, file in (("--test-script", test_script, True), ("--source", source, False),
+                                  ("--magma-source", magma_source, False),
+                                  ("--config", None if config is None else str(config), True)):
+            if value is not None:  # every job reads it from its checkout of the repository (--out)
+                repository_path(value, flag, out_dir, file=file)
         chosen, why = choose(flavour, pytorch)
         note(why)
         if chosen is Flavour.CONDA_FORGE:
