@@ -13,6 +13,8 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@# the distribution was named torchforge before torchforge-conda: a venv made then still holds it
+	$(BIN)/pip uninstall --quiet --yes torchforge 2>/dev/null || true
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

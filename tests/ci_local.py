@@ -6,9 +6,9 @@ No GitLab and no registry are reachable here, so the pieces a real GitLab would 
   executor driven through podman (`--container-executable podman`) with the configuration of
   tests/container_image.py, each job in the image the emitted file names: the local build images of
   `make container-image`, named in the scratch repository's torchforge.toml [images];
-- the package index: torchforge and its dependencies as wheels in a folder every job reaches
-  (PIP_FIND_LINKS + PIP_NO_INDEX, set with `--variable`), so `pip install torchforge==VERSION` in the jobs
-  installs this checkout;
+- torchforge: `torchforge ci` commits this checkout's wheel into the repository (.torchforge/) and every job
+  installs that file; its dependencies come as wheels from a folder every job reaches (PIP_FIND_LINKS +
+  PIP_NO_INDEX, set with `--variable`), so no job asks an index for anything;
 - the conda channels: the stand-in channel of tests/stubchannel.py ([channels] replace), its python linked to
   the images' /usr/bin/python3.11, and the bundled-library stand-ins (cuDNN ...) the CUDA recipe copies in.
 
@@ -32,7 +32,8 @@ from pathlib import Path
 from tests import container_image
 from tests.test_conda_build import COMMON, MAGMA_LIKE, PYTORCH
 from tests.test_container_build import prepare
-from torchforge import __version__
+from torchforge import selfwheel
+from torchforge.proc import Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 HOME = ROOT / ".cache" / "ci-local"
@@ -138,20 +139,20 @@ def helper_image() -> str:
     return HELPER
 
 
-def wheelhouse() -> None:
+def wheelhouse() -> Path:
     """This checkout as a wheel, and its dependencies for the images' Python (Debian 12's 3.11, as here)."""
     WHEELS.mkdir(parents=True, exist_ok=True)
-    for old in WHEELS.glob("torchforge-*.whl"):
+    for old in WHEELS.glob("torchforge*.whl"):
         old.unlink()
-    _check(_run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(WHEELS), str(ROOT)],
-                timeout=900), "pip wheel torchforge")
+    wheel = selfwheel.build(Runner(), WHEELS)
     _check(_run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(WHEELS),
-                 "--find-links", str(WHEELS), f"torchforge=={__version__}"], timeout=900), "pip download (dependencies)")
+                 "--find-links", str(WHEELS), str(wheel)], timeout=900), "pip download (dependencies)")
+    return wheel
 
 
-def scratch_repository(cuda: bool) -> dict[str, str]:
-    """The stand-ins in SHARED, the repository in REPO with its emitted .gitlab-ci.yml; returns the variables
-    that name the bundled-library stand-ins."""
+def scratch_repository(cuda: bool, wheel: Path) -> dict[str, str]:
+    """The stand-ins in SHARED, the repository in REPO with its emitted .gitlab-ci.yml and the torchforge `wheel`
+    its jobs install; returns the variables that name the bundled-library stand-ins."""
     accels = f"cpu,{container_image.CUDA_VERSION}" if cuda else "cpu"
     cuda_flags = ["--arch-list", "8.0;9.0", "--magma-source"] if cuda else []
     # The stand-ins for every requirement of this selection's recipes (the fixtures at their own paths).
@@ -171,7 +172,8 @@ def scratch_repository(cuda: bool) -> dict[str, str]:
              *cuda_flags, *(["fixtures/magma_like", "--skip-preflight"] if cuda else [])]
     # --skip-preflight with CUDA: the image holds this machine's toolkit, which has no cuBLAS/cuSPARSE, and the
     # preflight refuses it (rightly: MAGMA links them); the fixtures link neither (as tests/test_conda_build.py).
-    _check(_run([str(ROOT / ".venv" / "bin" / "torchforge"), "ci", "gitlab", *flags, "--out", "."], cwd=REPO),
+    _check(_run([str(ROOT / ".venv" / "bin" / "torchforge"), "ci", "gitlab", *flags, "--wheel", str(wheel), "--out", "."],
+                cwd=REPO),
            "torchforge ci gitlab")
     (REPO / ".gitignore").write_text(".gitlab-ci-local/\n")
     # gitlab-ci-local derives CI_PROJECT_* from the origin remote; nothing is fetched from it.
@@ -210,8 +212,7 @@ def main(cuda: bool) -> int:
         return 1
     shutil.rmtree(CHANNEL, ignore_errors=True)
     CHANNEL.mkdir(parents=True)
-    wheelhouse()
-    bundled = scratch_repository(cuda)
+    bundled = scratch_repository(cuda, wheelhouse())
     for number in (1, 2):
         run = run_pipeline(bundled, number)
         if run.returncode != 0:

@@ -310,7 +310,7 @@ def mounts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounts]:
 
 READONLY_CASES = [
     ("render --out {ro}/recipes " + SEL, "--out: cannot use {ro}/recipes: Read-only file system"),
-    ("ci github --out {ro} " + SEL, "cannot use {ro}/.github: Read-only file system"),
+    ("ci github --out {ro} " + SEL, "cannot use {ro}/.torchforge: Read-only file system"),  # its wheel goes first
     ("build --out {ro}/chan " + SEL + " --skip-preflight", "--out: cannot use {ro}/chan: Read-only file system"),
     ("upload --from {pkgs} --to file://{ro}/chan", "channel folder: cannot use {ro}/chan: Read-only file system"),
     ("upload --from {pkgs} --to file://{ro}", "Read-only file system"),

@@ -19,7 +19,8 @@ import pytest
 import typer.main
 from ruamel.yaml import YAML
 
-from tests.golden.ci_regenerate import SELECTION, emit, golden_path
+from tests.golden.ci_regenerate import SELECTION, emit, golden_path, self_wheel
+from torchforge import selfwheel
 from torchforge.ci import Provider
 from torchforge.cli import app
 from torchforge.cli import main as cli_main
@@ -42,7 +43,8 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def ci(tmp_path: Path, provider: Provider, *args: str) -> tuple[int, Path]:
-    code = cli_main(["ci", provider.value, *args, "--out", str(tmp_path)])
+    wheel = () if "--requirement" in args or "--wheel" in args else ("--wheel", str(self_wheel()))
+    code = cli_main(["ci", provider.value, *args, *wheel, "--out", str(tmp_path)])
     return code, tmp_path / provider.path
 
 
@@ -158,6 +160,63 @@ def test_job_graph(tmp_path: Path, provider: Provider) -> None:
         # every package the upload sent: magma, the companions (pytorch-mutex, pytorch-cuda), pytorch
         for spec in ("magma-cuda118/2.6.1", "magma-cuda124/2.6.1", "pytorch-mutex/1.0", "pytorch-cuda/11.8",
                      "pytorch-cuda/12.4", "pytorch/2.5.1")]
+
+
+def test_every_job_installs_the_wheel_of_the_torchforge_that_wrote_it(tmp_path: Path) -> None:
+    """No job asks an index for torchforge (PyPI's `torchforge` is another project): `ci` commits this
+    torchforge's wheel beside the file and every job installs that file. Installed from the wheel, that
+    torchforge writes the same pipeline again, byte for byte: the jobs run the torchforge that wrote them."""
+    wheel = selfwheel.wheel_name()
+    assert wheel.startswith("torchforge_conda-") and not wheel.startswith("torchforge-")
+    for provider in Provider:
+        repo = tmp_path / provider.value
+        text = emit(provider, repo).read_text()
+        installs = [line for line in text.splitlines() if "pip install" in line]
+        assert installs and all(line.endswith(f"pip install ./.torchforge/{wheel}") for line in installs), installs
+        assert "torchforge==" not in text
+        assert (repo / ".torchforge" / wheel).read_bytes() == self_wheel().read_bytes()
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+                    str(tmp_path / "gitlab" / ".torchforge" / wheel)], check=True, capture_output=True, timeout=300)
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(site), "COLUMNS": "200"}
+
+    def installed_ci(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "torchforge.cli", "ci", "gitlab", *SELECTION, *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    again = installed_ci("--wheel", str(tmp_path / "gitlab" / ".torchforge" / wheel), "--out", "again")
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again" / ".gitlab-ci.yml").read_text() == (tmp_path / "gitlab" / ".gitlab-ci.yml").read_text()
+    # Installed from a wheel, there is no source tree to build one from: it asks for the wheel.
+    no_wheel = installed_ci("--out", "none")
+    assert no_wheel.returncode == ExitCode.USAGE and "pass that wheel with --wheel PATH" in no_wheel.stderr
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--requirement", "torchforge==0.1.0"), "does not pin one torchforge"),
+    (("--requirement", "torchforge"), "does not pin one torchforge"),
+    (("--requirement", "git+https://example.org/torchforge.git@v0.1.0"), "does not pin one torchforge"),
+    (("--requirement", "https://example.org/torchforge_conda-0.1.0-py3-none-any.whl"), "does not pin one torchforge"),
+    (("--requirement", "torchforge; rm -rf /"), "does not pin one torchforge"),
+    (("--wheel", "/nonexistent/torchforge_conda-0.1.0-py3-none-any.whl"), "is not a wheel file"),
+    (("--wheel", "{other}"), "is not the torchforge that writes this pipeline"),
+])
+def test_a_requirement_that_does_not_pin_torchforge_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                args: tuple[str, ...], message: str) -> None:
+    other = tmp_path / "torchforge-0.1.0-py3-none-any.whl"  # the unrelated PyPI project's name
+    other.write_bytes(self_wheel().read_bytes())
+    code, path = ci(tmp_path / "out", Provider.GITLAB, "--cuda", "cpu", "--py", "3.12",
+                    *(arg.replace("{other}", str(other)) for arg in args))
+    assert code == ExitCode.USAGE and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pinned_git_commit_is_installed_as_given_and_no_wheel_is_committed(tmp_path: Path) -> None:
+    pinned = "torchforge-conda @ git+https://git.example.org/torchforge.git@" + "0123456789abcdef" * 2 + "01234567"
+    code, path = ci(tmp_path, Provider.GITLAB, "--cuda", "cpu", "--py", "3.12", "--requirement", pinned)
+    assert code == 0 and f"pip install '{pinned}'" in path.read_text()
+    assert not (tmp_path / ".torchforge").exists()
 
 
 def test_job_commands_parse_as_torchforge_build(tmp_path: Path) -> None:
@@ -363,7 +422,6 @@ def test_linters_catch_a_broken_file(tmp_path: Path) -> None:
     (("--cuda", "11.8", "--py", "3.10", "--runner-map", "11.8"), ExitCode.USAGE, "CUDA=LABEL"),
     (("--cuda", "11.8", "--py", "3.10", "--runner", "gpu large"), ExitCode.USAGE, "not a runner label"),
     (("--cuda", "11.8", "--py", "3.10", "--upload-to", "no-such-target"), ExitCode.USAGE, "no target named"),
-    (("--cuda", "11.8", "--py", "3.10", "--requirement", "torchforge; rm -rf /"), ExitCode.USAGE, "--requirement"),
 ])
 def test_bad_input_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                   args: tuple[str, ...], code: int, message: str) -> None:
@@ -385,15 +443,20 @@ def test_replaces_own_file_but_not_a_foreign_one(tmp_path: Path, capsys: pytest.
     code, _ = ci(tmp_path, Provider.GITLAB, *args)
     assert code == ExitCode.USAGE and "--force" in capsys.readouterr().err
     assert path.read_text() == "build:\n  script: [make]\n"
+    (tmp_path / ".torchforge" / self_wheel().name).unlink()
+    code, _ = ci(tmp_path, Provider.GITLAB, *args)
+    assert code == ExitCode.USAGE and not list((tmp_path / ".torchforge").iterdir())  # refused: no wheel either
     code, _ = ci(tmp_path, Provider.GITLAB, *args, "--force")
     assert code == 0 and "torchforge build" in path.read_text()
-    assert sorted(p.name for p in path.parent.iterdir()) == [".gitlab-ci.yml"]  # no temporary file left behind
+    # no temporary file left behind: the file and the wheel its jobs install
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        ".gitlab-ci.yml", ".torchforge", f".torchforge/{self_wheel().name}"]
 
 
 # ---- the test stage -----------------------------------------------------------------------------------------
 
 
-def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
+def test_test_stage_gpu_runner_and_test_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA tests on the GPU runner (ci.toml, torchforge.toml [ci] gpu_runner, --gpu-runner, in that order of
     precedence), CPU tests where they were built; --test-script replaces the smoke check."""
     args = ("--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu,13.0", "--py", "3.12", "--upload-to", "quetz+https://q.example/ch")
@@ -411,9 +474,12 @@ def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
     (create,) = [line for line in script if line.startswith("conda create ")]
     specs = shlex.split(create)
     assert specs[-1].startswith("magma-cuda130 ==2.10.0 ") and specs[-2].startswith("pytorch ==2.13.0 py3.12_cuda13.0_")
-    site = tmp_path / "torchforge.toml"
-    site.write_text('[ci]\ngpu_runner = "h100+cuda13"\n')
-    code, path = ci(tmp_path / "b", Provider.GITHUB, *args, "--config", str(site), "--test-script", "ci/check.py")
+    for repo in (tmp_path / "b", tmp_path / "c"):  # the config and the script are files of the repository
+        (repo / "ci").mkdir(parents=True)
+        (repo / "ci" / "check.py").write_text("import sys\n")
+        (repo / "torchforge.toml").write_text('[ci]\ngpu_runner = "h100+cuda13"\n')
+    monkeypatch.chdir(tmp_path / "b")
+    code, path = ci(tmp_path / "b", Provider.GITHUB, *args, "--config", "torchforge.toml", "--test-script", "ci/check.py")
     assert code == 0
     jobs = load(path)["jobs"]
     assert jobs["test-cu130-py312"]["runs-on"] == ["h100", "cuda13"]
@@ -423,10 +489,47 @@ def test_test_stage_gpu_runner_and_test_script(tmp_path: Path) -> None:
     runs = [s["run"] for s in jobs["test-cu130-py312"]["steps"] if "run" in s]
     assert runs[-1] == ".torchforge-test-env/bin/python ci/check.py --version 2.13.0 --cuda"
     actionlint(tmp_path / "b", "h100", "cuda13")
-    code, path = ci(tmp_path / "c", Provider.GITLAB, *args, "--config", str(site), "--gpu-runner", "a100")
+    monkeypatch.chdir(tmp_path / "c")
+    code, path = ci(tmp_path / "c", Provider.GITLAB, *args, "--config", "torchforge.toml", "--gpu-runner", "a100")
     assert code == 0 and load(path)[cuda]["tags"] == ["a100"]
-    code, _ = ci(tmp_path / "d", Provider.GITLAB, *args, "--test-script", "/abs/check.py")
-    assert code == ExitCode.USAGE
+
+
+def test_paths_a_ci_checkout_would_not_have_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """--test-script, --source, --magma-source and --config are written into the jobs, which read them from their
+    checkout: a missing script, an absolute path or one out of the repository is refused (exit 2), nothing written."""
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    for folder in (repo / "ci", repo / "src", elsewhere / "src"):
+        folder.mkdir(parents=True)
+    (repo / "ci" / "check.py").write_text("import sys\n")
+    (elsewhere / "check.py").write_text("import sys\n")
+    (elsewhere / "torchforge.toml").write_text("")
+    (repo / "linked").symlink_to(elsewhere / "src")  # committed as a link, its target is not in the checkout
+    monkeypatch.chdir(repo)
+    sel = ("--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.12")
+    cases = [
+        (("--test-script", "nonexist.py"), "--test-script nonexist.py does not exist in the repository"),
+        (("--test-script", "ci"), "--test-script ci does not exist in the repository " + str(repo) + " as a file"),
+        (("--test-script", str(elsewhere / "check.py")), "is an absolute path: a CI checkout has only the repository"),
+        (("--test-script", "../elsewhere/check.py"), "--test-script ../elsewhere/check.py leads out of the repository"),
+        (("--test-script", "~/check.py"), "is an absolute path"),
+        (("--source", str(elsewhere / "src")), f"--source {elsewhere / 'src'} is an absolute path"),
+        (("--source", "../elsewhere/src"), "--source ../elsewhere/src leads out of the repository"),
+        (("--source", "linked"), "--source linked leads out of the repository"),
+        (("--source", "missing-src"), "--source missing-src does not exist in the repository"),
+        (("--magma-source", str(elsewhere / "src")), "is an absolute path"),
+        (("--config", str(elsewhere / "torchforge.toml")), "is an absolute path"),
+    ]
+    for flags, message in cases:
+        capsys.readouterr()
+        code, path = ci(repo, Provider.GITLAB, *sel, *flags)
+        err = capsys.readouterr().err
+        assert code == ExitCode.USAGE, (flags, err)
+        assert message in " ".join(err.split()), (flags, err)
+        assert "relative to the repository root" in " ".join(err.split()), err  # what works
+        assert not path.exists()
+    code, path = ci(repo, Provider.GITLAB, *sel, "--test-script", "ci/check.py", "--source", "src")
+    assert code == 0 and "--source src" in path.read_text()
 
 
 def test_staging_label_then_promote_for_a_directory_channel(tmp_path: Path) -> None:

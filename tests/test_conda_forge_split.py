@@ -518,8 +518,9 @@ def test_installed_next_to_the_stand_ins_it_imports_runs_and_a_cmake_consumer_li
 def test_the_solver_picks_the_cpu_build_without_a_driver_and_the_cuda_build_with_one(flavour_builds) -> None:
     (channel,) = flavour_builds["channel"]
     stubs = [flavour_builds[case][1] for case in E2E_CASES]
-    without = {r.name.normalized: str(r.build) for r in solve_records([channel, *stubs], ["pytorch"], None)}
-    with_driver = {r.name.normalized: str(r.build) for r in solve_records([channel, *stubs], ["pytorch"], "13.0")}
+    glibc = {"__glibc": "2.36"}
+    without = {r.name: r.build for r in solve([channel, *stubs], ["pytorch"], virtual=glibc)}
+    with_driver = {r.name: r.build for r in solve([channel, *stubs], ["pytorch"], virtual={**glibc, "__cuda": "13.0"})}
     assert without["pytorch"].startswith("cpu_") and without["libtorch"].startswith("cpu_")
     assert with_driver["pytorch"].startswith("cuda130_") and with_driver["libtorch"].startswith("cuda130_")
     assert "libcudnn" in with_driver and "libcudnn" not in without

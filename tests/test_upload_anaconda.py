@@ -231,6 +231,22 @@ def test_named_target_token_env_and_promote(env: Env, server: FakeAnacondaServer
     assert sorted(dist.labels) == ["main", "stable"]
 
 
+@pytest.mark.parametrize("label", ["../../../ESCAPED", "..", "rc/../../main", "rc\n"])
+def test_a_hostile_label_is_refused_before_the_client_runs(env: Env, server: FakeAnacondaServer, pkg: Path,
+                                                            label: str) -> None:
+    """Labels become path parts of the client's API URLs: the label rule refuses them first (exit 2)."""
+    server.add_dist("tester", "hello", "1.0", BASENAME, pkg.read_bytes(), ["rc"])
+    for argv in (("upload", str(pkg), *env.to(), "--label", label),
+                 ("promote", *env.to(), "--from-label", label, "--label", "main", "--move", "hello/1.0"),
+                 ("promote", *env.to(), "--from-label", "rc", "--label", label, "hello/1.0")):
+        result = env.upload(*argv)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert "is not a valid label" in result.stderr and "letters, digits" in result.stderr
+    assert server.requests() == []
+    dist = server.dist("tester", "hello", "1.0", BASENAME)
+    assert dist is not None and dist.labels == ["rc"]
+
+
 def test_dry_run_shows_masked_command_and_sends_nothing(env: Env, server: FakeAnacondaServer, pkg: Path) -> None:
     result = env.upload("upload", str(pkg), *env.to(), "--label", "main", "--force", "--dry-run")
     assert result.returncode == 0, result.stderr

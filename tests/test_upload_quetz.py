@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -155,6 +156,23 @@ def test_quetz_has_no_labels(quetz: Quetz, tmp_path: Path) -> None:
     result = cli("upload", str(pkg), "--to", f"quetz+{quetz.url}/x", "--label", "rc", env={"QUETZ_API_KEY": quetz.key})
     assert result.returncode == 2
     assert "quetz channels have no labels" in result.stderr
+
+
+@pytest.mark.parametrize("label", ["../../../ESCAPED", "..", "rc\n"])
+def test_a_hostile_label_is_refused_by_the_label_rule_before_anything_is_sent(quetz: Quetz, tmp_path: Path,
+                                                                              label: str) -> None:
+    name = "hostile-" + hashlib.sha256(label.encode()).hexdigest()[:8]
+    target = quetz.channel(name)
+    pkg = make_package(tmp_path / "linux-64")
+    env = {"QUETZ_API_KEY": quetz.key}
+    for argv in (("upload", str(pkg), "--to", target, "--label", label),
+                 ("promote", "--to", target, "--from-label", label),
+                 ("promote", "--to", target, "--from-label", "rc", "--label", label, "--move")):
+        result = cli(*argv, env=env)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert "is not a valid label" in result.stderr and "letters, digits" in result.stderr
+    with urllib.request.urlopen(f"{quetz.url}/api/channels/{name}/packages", timeout=30) as response:
+        assert json.loads(response.read()) == []  # nothing reached the server
 
 
 def test_server_gone_is_retried_then_reported(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir, path_of_file_url, read_utf8
+from torchforge.labels import check_labels
 
 
 class TargetKind(str, Enum):
@@ -42,7 +43,6 @@ DEFAULT_TOKEN_ENV: Mapping[TargetKind, str] = {
 
 # anaconda.org owners and quetz channels: letters, digits, '-', '_', '.' (no path separators or spaces).
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ class Target:
     api_url: str | None = None  # anaconda; None means the client's own default (anaconda.org)
     base_url: str | None = None  # quetz: http(s)://host:port
     channel: str | None = None  # quetz
+
+    def __post_init__(self) -> None:
+        check_labels(self.labels, self.name)  # every target, however made, holds only labels
 
     @property
     def url(self) -> str:
@@ -79,13 +82,6 @@ class Target:
         if default and default not in names:
             names.append(default)
         return tuple(names)
-
-
-def _check_labels(labels: tuple[str, ...], where: str) -> tuple[str, ...]:
-    for label in labels:
-        if not _LABEL.match(label):
-            raise UsageError(f"label {label!r} in {where} is not a valid label", "use letters, digits, '.', '_' or '-'")
-    return labels
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
@@ -120,7 +116,7 @@ def parse_url(text: str, labels: tuple[str, ...] = ("main",), token_env: str | N
     kind = (TargetKind.QUETZ if text.startswith("quetz+") else TargetKind.ANACONDA
             if text.startswith("anaconda://") else None)
     _reject_credentials(text, kind)
-    labels = _check_labels(labels, text)
+    labels = check_labels(labels, text)
     if text.startswith("file://"):
         path = path_of_file_url(text)
         if path is None:
@@ -190,7 +186,7 @@ def load_file(path: Path) -> Target:
         raise UsageError(f"{path} is not a valid target: {problems}", f"allowed keys: {', '.join(_FIELDS)}") from exc
     name = path.stem
     where = str(path)
-    labels = _check_labels(spec.labels, where)
+    labels = check_labels(spec.labels, where)
     if spec.token_env is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", spec.token_env):
         raise UsageError(f"{where}: token_env {spec.token_env!r} is not an environment variable name",
                          "token_env holds the variable's name, e.g. \"MY_ANACONDA_TOKEN\", never the token")
@@ -244,6 +240,7 @@ def resolve(
 
     `labels` and `api_url` from the command line override the file's.
     """
+    labels = check_labels(labels, "--label")
     if "://" in text or "/" in text:  # a URL, or a path that parse_url turns into a file:// hint
         target = parse_url(text, labels or ("main",))
     else:
@@ -257,7 +254,7 @@ def resolve(
             )
         target = known[text]
         if labels:
-            target = replace(target, labels=_check_labels(labels, "--label"))
+            target = replace(target, labels=labels)
     if api_url is not None:
         _reject_credentials(api_url, TargetKind.ANACONDA)
         if target.kind is not TargetKind.ANACONDA:

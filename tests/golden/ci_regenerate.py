@@ -9,10 +9,13 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from functools import cache
 from pathlib import Path
 
+from torchforge import selfwheel
 from torchforge.ci import Provider
 from torchforge.cli import main as cli_main
+from torchforge.proc import Runner
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "ci"
@@ -22,13 +25,23 @@ SELECTION: tuple[str, ...] = ("--pytorch", "2.5.1", "--cuda", "11.8,12.4", "--py
                               "--upload-to", "anaconda://my-org")
 
 
+_WHEELS = tempfile.TemporaryDirectory(prefix="torchforge-ci-wheel-")  # removed when the process ends
+
+
+@cache
+def self_wheel() -> Path:
+    """This checkout's wheel, built once per process: `ci` commits it beside the file (ci.toml
+    torchforge_wheel_dir), and building it for every emitted file would take seconds each."""
+    return selfwheel.build(Runner(), Path(_WHEELS.name))
+
+
 def golden_path(provider: Provider) -> Path:
     return GOLDEN / f"{provider.value}.yml"
 
 
 def emit(provider: Provider, out: Path, extra: tuple[str, ...] = ()) -> Path:
     """Run `torchforge ci PROVIDER ...SELECTION --out OUT` and return the written file."""
-    code = cli_main(["ci", provider.value, *SELECTION, *extra, "--out", str(out)])
+    code = cli_main(["ci", provider.value, *SELECTION, *extra, "--wheel", str(self_wheel()), "--out", str(out)])
     if code != 0:
         raise SystemExit(f"torchforge ci {provider.value} exited with {code}")
     return out / provider.path

@@ -9,14 +9,18 @@ from typing import Annotated
 import typer
 
 from torchforge import config as site_config
-from torchforge.ci import Provider, ci_plan, render, site_args, write_file
+from torchforge import fileops, selfwheel
+from torchforge.ci import (
+    Provider, check_writable, ci_plan, load_data, render, repository_path, site_args, write_file,
+)
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
     PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
-from torchforge.console import err, out
+from torchforge.console import err, note, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
+from torchforge.proc import Runner
 from torchforge.flavours import Flavour, choose
 from torchforge.render import plan
 from torchforge.targets import resolve
@@ -28,6 +32,17 @@ def regenerate_line(provider: Provider, argv: list[tuple[str, str | None]]) -> s
     for flag, value in argv:
         words += [flag] if value is None else [flag, value]
     return shlex.join(words)
+
+
+def _commit_wheel(wheel: Path | None, repository: Path) -> None:
+    """This torchforge's wheel into the repository, where every job installs it from its checkout."""
+    folder = load_data().tools.torchforge_wheel_dir
+    if wheel is not None:
+        placed = selfwheel.place(wheel, repository, folder)
+    else:
+        with fileops.private_scratch("ci-wheel") as scratch:
+            placed = selfwheel.place(selfwheel.build(Runner(echo=note), scratch), repository, folder)
+    note(f"wrote {placed}: the jobs install this torchforge from it (commit it with the CI file)")
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +68,10 @@ def register(app: typer.Typer) -> None:
         upload_to: Annotated[str | None, typer.Option(
             "--upload-to", help="Add a last job that uploads to this target (URL or channels/ name).")] = None,
         requirement: Annotated[str | None, typer.Option(
-            "--requirement", help="pip requirement that installs torchforge in each job (default: this version).")] = None,
+            "--requirement", help="Where each job installs torchforge from: a git URL at a full commit or a wheel URL "
+                                  "with #sha256= (default: this torchforge's wheel, committed under .torchforge/).")] = None,
+        wheel: Annotated[Path | None, typer.Option(
+            "--wheel", help="This torchforge's wheel, to commit beside the file (default: built from its source tree).")] = None,
         skip_preflight: Annotated[bool, typer.Option(
             "--skip-preflight", help="Build jobs run `torchforge build --skip-preflight` (for an image whose toolkit the "
                                      "checks refuse, e.g. one without cuBLAS for a source that needs none).")] = False,
@@ -65,12 +83,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
         if requirement is not None and not requirement.strip():
-            raise UsageError("--requirement is empty", "give a pip requirement, e.g. torchforge==0.1.0, or leave it out")
+            raise UsageError("--requirement is empty", "give a git URL at a full commit, or leave it out")
+        if requirement is not None and wheel is not None:
+            raise UsageError("--requirement and --wheel both say where the jobs get torchforge", "give one of them")
+        if wheel is not None:
+            selfwheel.check(wheel)
         check_dir(out_dir, "--out")
         check_channel_args(channel)
-        if test_script is not None and (not test_script.strip() or Path(test_script).is_absolute()):
-            raise UsageError(f"--test-script {test_script!r} is not a file in the repository",
-                             "give its path relative to the repository root, e.g. ci/smoke.py")
+        for flag, value, file in (("--test-script", test_script, True), ("--source", source, False),
+                                  ("--magma-source", magma_source, False),
+                                  ("--config", None if config is None else str(config), True)):
+            if value is not None:  # every job reads it from its checkout of the repository (--out)
+                repository_path(value, flag, out_dir, file=file)
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if chosen is Flavour.CONDA_FORGE:
             raise UsageError("torchforge ci writes the official flavour's jobs (one per package); the conda-forge "
@@ -114,7 +138,11 @@ def register(app: typer.Typer) -> None:
                      extra_args=pinned + site_args(channel or (), str(config) if config else None)
                      + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
                      test_script=test_script, magma_source=magma_source)
-        path = write_file(render(ci, provider), out_dir, provider, force=force)
+        text = render(ci, provider)
+        if requirement is None:  # the wheel first: a file written without it would install nothing
+            check_writable(out_dir, provider, force=force)
+            _commit_wheel(wheel, out_dir)
+        path = write_file(text, out_dir, provider, force=force)
         out.print(str(path))
         magma = sum(1 for job in ci.jobs if job.kind == "magma")
         err.print(f"wrote {provider.value} CI with {magma} magma, {len(ci.jobs) - magma} pytorch and {len(ci.tests)} test job(s)"

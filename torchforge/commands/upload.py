@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from torchforge.console import err, note, out, warn
 from torchforge.errors import UsageError
+from torchforge.labels import check_label, check_labels
 from torchforge.proc import Runner
 from torchforge.targets import Target, default_channels_dir, load_all, resolve
 from torchforge.archives import Archive, collect, inspect_all
@@ -116,16 +117,18 @@ def promote(
     channels_dir: Optional[Path] = typer.Option(None, "--channels-dir", help="Folder of named targets (default: ./channels)."),
 ) -> None:
     """Copy or move packages between labels of one target, the way releases went from test to main."""
-    if from_label in label:
+    from_label = check_label(from_label, "--from-label")
+    to_labels = check_labels(label, "--label")
+    if from_label in to_labels:
         raise UsageError(f"--from-label {from_label} is also a --label", "promote to a different label")
     target = _target(to, [], api_url, channels_dir)
     runner = Runner(dry_run=dry_run, echo=note)
     uploader = make_uploader(target, runner, echo=note)
     parsed = PackageSpec.parse(spec) if spec else None
-    done = uploader.promote(parsed, from_label, label, move)
+    done = uploader.promote(parsed, from_label, to_labels, move)
     verb = "moved" if move else "copied"
     for name in done:
-        out.print(f"{'would be ' if dry_run else ''}{verb}: {name} {from_label} -> {', '.join(label)}", markup=False)
+        out.print(f"{'would be ' if dry_run else ''}{verb}: {name} {from_label} -> {', '.join(to_labels)}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

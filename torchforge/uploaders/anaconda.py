@@ -24,6 +24,7 @@ from pathlib import Path
 
 from torchforge import fileops
 from torchforge.errors import ToolMissingError, UploadFailedError, UsageError
+from torchforge.labels import check_labels
 from torchforge.proc import Command, Runner
 from torchforge.targets import Credential, Target, find_token
 from torchforge.archives import Archive
@@ -222,6 +223,7 @@ class AnacondaUploader:
         if spec is None or spec.version is None:
             raise UsageError("promoting on anaconda.org needs NAME/VERSION or NAME/VERSION/FILENAME",
                              "e.g. torchforge promote --to anaconda://OWNER --from-label rc pytorch/2.5.1")
+        check_labels((from_label, *to_labels), self.target.name)  # they become URL path parts on the server
         client = find_client(self.runner)
         target_spec = f"{self.owner}/{spec.name}/{spec.version}"
         if spec.filename is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torchforge import fileops, localchannel
 from torchforge.errors import UsageError
+from torchforge.labels import check_label
 from torchforge.targets import Target
 from torchforge.archives import SUBDIR_RE, Archive, inspect_archive
 from torchforge.uploaders.base import Advance, Echo, ExistingPolicy, ExistsError, Outcome, PackageSpec
@@ -30,6 +31,8 @@ class DirectoryUploader:
         self.echo = echo
 
     def label_dir(self, label: str) -> Path:
+        """The folder of `label`; the label rule keeps it inside the channel, whoever called."""
+        check_label(label, self.target.name)
         return self.root if label == "main" else self.root / "label" / label
 
     def upload(self, archive: Archive, policy: ExistingPolicy, advance: Advance) -> Outcome:
