@@ -16,6 +16,8 @@ import pickle
 import re
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,8 @@ def call(target: str, *args: Any, **kwargs: Any) -> Any:
             raise KeyboardInterrupt
         if done.returncode != 0 or not answer.is_file():
             raise ToolFailedError(f"py-rattler ({target}) ended with {_status(done.returncode)} before its result "
-                                  "was written", "run the command again; if it recurs, report it with the log",
+                                  f"was written{_panic(done.output)}",
+                                  "run the command again; if it recurs, report it with this message",
                                   tail=done.output[-4000:])
         kind, *payload = pickle.loads(answer.read_bytes())
     if kind == "ok":
@@ -56,6 +59,28 @@ def _status(returncode: int) -> str:
     if returncode < 0:
         return f"signal {signal.Signals(-returncode).name}"
     return f"exit status {returncode}"
+
+
+def _panic(output: str) -> str:
+    """The message of a Rust panic in the child's output (the line after "panicked at"), not its backtrace."""
+    lines = output.splitlines()
+    for number, line in enumerate(lines[:-1]):
+        if " panicked at " in line:
+            return f": it panicked: {lines[number + 1].strip()[:400]}"
+    return ""
+
+
+def _end_with_parent() -> None:
+    """End this child when the process that started it is gone (killed by SIGKILL): an orphan would go on
+    writing into a folder the rerun removes."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _answer(target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -83,6 +108,7 @@ def _os_error(exc: Exception) -> tuple[Any, ...] | None:
 
 
 def _main(request: Path, answer: Path) -> None:
+    _end_with_parent()
     target, args, kwargs = pickle.loads(request.read_bytes())
     outcome = _answer(target, args, kwargs)
     with answer.open("wb") as out:
