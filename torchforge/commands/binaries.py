@@ -9,6 +9,7 @@ import typer
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
+from torchforge.binaries.verify import PROBE_TIMEOUT_S
 from torchforge.commands.options import nonempty_path
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError, UsageError
@@ -102,13 +103,14 @@ def register(app: typer.Typer) -> None:
         prefix: Path = typer.Argument(..., help="The conda environment to check."),
         python: Path | None = typer.Option(None, "--python", help="Interpreter to probe with (default: PREFIX/bin/python); the prefix's site-packages go first on its path."),
         want: str = typer.Option("auto", "--want", help="cuda, cpu or auto (cuda where an NVIDIA driver is present)."),
+        timeout: float = typer.Option(PROBE_TIMEOUT_S, "--timeout", min=1, help="Seconds the probe may take before it is stopped."),
     ) -> None:
         """Check an installed PyTorch environment: loads from the prefix, CUDA agrees and works, no foreign CUDA library."""
         from torchforge.binaries.verify import checks, probe
 
         if want not in ("cuda", "cpu", "auto"):
             raise UsageError(f"--want {want} is not cuda, cpu or auto", "use --want cuda where a GPU build is required")
-        found = checks(prefix, probe(prefix, python, Runner()), want)
+        found = checks(prefix, probe(prefix, python, Runner(), timeout), want)
         table = Table(title=f"torchforge verify {prefix}")
         for column in ("check", "result", "detail"):
             table.add_column(column, overflow="fold")
