@@ -145,7 +145,9 @@ def test_an_install_interrupted_mid_way_is_finished_by_the_rerun(sig: signal.Sig
                                                                  bulky_channel: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "env"
     argv = [*CLI, "install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # As a terminal's foreground job: a test run in the background has SIGINT ignored, which the child inherits.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (prefix / "share" / "bulky").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
