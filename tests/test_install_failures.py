@@ -116,6 +116,19 @@ def test_a_local_channel_whose_package_writes_outside_the_prefix_is_refused_and_
     assert not (tmp_path / "x").exists() and not outside.exists()
 
 
+def test_a_remote_conda_whose_package_writes_outside_the_prefix_is_refused_before_it_is_linked(
+        tmp_path: Path, served: tuple[str, Path]) -> None:
+    """A remote .conda's info/paths.json is read alone before the install, as a local one is."""
+    url, folder = served
+    hostile_channel(folder, "../../x", ".conda")
+    prefix = tmp_path / "env"
+    result = forge("install", "escape", "--channel", f"{url}/hostile", "--prefix", str(prefix))
+    text = " ".join(result.stderr.split())
+    assert result.returncode == ExitCode.USAGE, text
+    assert f"{url}/hostile/linux-64/escape-1.0-py3.11_cpu_0.conda would write '../../x', outside the prefix" in text
+    assert not prefix.exists() and not (tmp_path / "x").exists()
+
+
 def test_a_py_rattler_panic_in_the_child_is_a_clear_error_without_a_backtrace_and_no_prefix(
         tmp_path: Path, served: tuple[str, Path]) -> None:
     """A remote .tar.bz2 is not read before the install (it would be downloaded twice): py-rattler panics on its
@@ -126,7 +139,8 @@ def test_a_py_rattler_panic_in_the_child_is_a_clear_error_without_a_backtrace_an
     result = forge("install", "escape", "--channel", f"{url}/hostile", "--prefix", str(prefix))
     text = " ".join(result.stderr.split())
     assert result.returncode == ExitCode.BUILD_FAILED, text
-    assert "ended with signal SIGABRT" in text and "it panicked: All inserted paths must be relative" in text
+    # py-rattler aborts the child, or catches its own panic and fails: one message either way.
+    assert "it panicked: All inserted paths must be relative" in text
     assert "stack backtrace" not in result.stderr and "Traceback" not in result.stderr
     assert not prefix.exists() and not Path("/tmp/torchforge-escaped-x").exists()
 

@@ -41,12 +41,15 @@ def call(target: str, *args: Any, **kwargs: Any) -> Any:
             raise KeyboardInterrupt
         if done.returncode != 0 or not answer.is_file():
             raise ToolFailedError(f"py-rattler ({target}) ended with {_status(done.returncode)} before its result "
-                                  f"was written{_panic(done.output)}",
-                                  "run the command again; if it recurs, report it with this message",
-                                  tail=done.output[-4000:])
+                                  f"was written{_panic(done.output)}", _hint(done.output), tail=done.output[-4000:])
         kind, *payload = pickle.loads(answer.read_bytes())
     if kind == "ok":
         return payload[0]
+    if _panic(done.output):
+        # A panic py-rattler caught and turned into an error ("the operation was cancelled") is still a crash:
+        # said as the panic it was, as when it aborts the child.
+        raise ToolFailedError(f"py-rattler ({target}) failed{_panic(done.output)}", _hint(done.output),
+                              tail=done.output[-4000:])
     if kind == "forge":
         module, name, message, hint = payload
         raise getattr(importlib.import_module(module), name)(message, hint)
@@ -68,6 +71,13 @@ def _panic(output: str) -> str:
         if " panicked at " in line:
             return f": it panicked: {lines[number + 1].strip()[:400]}"
     return ""
+
+
+def _hint(output: str) -> str:
+    if _panic(output):
+        return ("py-rattler crashed on what it was reading: check the channel's packages (a damaged or hostile one "
+                "does this); if they are sound, report it with this message")
+    return "run the command again; if it recurs, report it with this message"
 
 
 def _end_with_parent() -> None:
