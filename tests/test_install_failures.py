@@ -116,14 +116,20 @@ def test_a_local_channel_whose_package_writes_outside_the_prefix_is_refused_and_
     assert not (tmp_path / "x").exists() and not outside.exists()
 
 
+def install_from_served(served: tuple[str, Path], path: str, fmt: str, tmp_path: Path
+                        ) -> tuple[str, Path, subprocess.CompletedProcess[str], str]:
+    """`install` from a hostile channel served over HTTP: its URL, the prefix, the result, its stderr as one line."""
+    url, folder = served
+    hostile_channel(folder, path, fmt)
+    prefix = tmp_path / "env"
+    result = forge("install", "escape", "--channel", f"{url}/hostile", "--prefix", str(prefix))
+    return url, prefix, result, " ".join(result.stderr.split())
+
+
 def test_a_remote_conda_whose_package_writes_outside_the_prefix_is_refused_before_it_is_linked(
         tmp_path: Path, served: tuple[str, Path]) -> None:
     """A remote .conda's info/paths.json is read alone before the install, as a local one is."""
-    url, folder = served
-    hostile_channel(folder, "../../x", ".conda")
-    prefix = tmp_path / "env"
-    result = forge("install", "escape", "--channel", f"{url}/hostile", "--prefix", str(prefix))
-    text = " ".join(result.stderr.split())
+    url, prefix, result, text = install_from_served(served, "../../x", ".conda", tmp_path)
     assert result.returncode == ExitCode.USAGE, text
     assert f"{url}/hostile/linux-64/escape-1.0-py3.11_cpu_0.conda would write '../../x', outside the prefix" in text
     assert not prefix.exists() and not (tmp_path / "x").exists()
@@ -133,11 +139,7 @@ def test_a_py_rattler_panic_in_the_child_is_a_clear_error_without_a_backtrace_an
         tmp_path: Path, served: tuple[str, Path]) -> None:
     """A remote .tar.bz2 is not read before the install (it would be downloaded twice): py-rattler panics on its
     absolute path. The panic ends the child, not torchforge: exit 6 with the panic's message."""
-    url, folder = served
-    hostile_channel(folder, "/tmp/torchforge-escaped-x", ".tar.bz2")
-    prefix = tmp_path / "env"
-    result = forge("install", "escape", "--channel", f"{url}/hostile", "--prefix", str(prefix))
-    text = " ".join(result.stderr.split())
+    _, prefix, result, text = install_from_served(served, "/tmp/torchforge-escaped-x", ".tar.bz2", tmp_path)
     assert result.returncode == ExitCode.BUILD_FAILED, text
     # py-rattler aborts the child, or catches its own panic and fails: one message either way.
     assert "it panicked: All inserted paths must be relative" in text
