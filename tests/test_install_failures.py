@@ -28,6 +28,7 @@ import pytest
 from tests.pkgfactory import make_package
 from torchforge import localchannel
 from torchforge.errors import ExitCode
+from torchforge.prefix import IN_PROGRESS
 
 CLI = [sys.executable, "-m", "torchforge.cli"]
 
@@ -174,13 +175,38 @@ def test_an_install_interrupted_mid_way_is_finished_by_the_rerun(sig: signal.Sig
     assert proc.returncode == (ExitCode.INTERRUPTED if sig == signal.SIGINT else -signal.SIGKILL), stderr
     if sig == signal.SIGINT:
         assert "rerun the same command to resume" in stderr
+    # Ctrl-C: the command removes what it made. SIGKILL: nothing can; the marker tells the rerun.
+    assert prefix.exists() == (sig == signal.SIGKILL)
     rerun = forge("install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix))
     assert rerun.returncode == 0, rerun.stderr
+    resumed = "is what an interrupted install left: removing it and installing again" in rerun.stderr
+    assert resumed == (sig == signal.SIGKILL), rerun.stderr
     assert "bulky-1.0-py3.11_cpu_0" in rerun.stdout
     assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == 8000
     assert sorted(p.name for p in prefix.iterdir()) == ["CACHEDIR.TAG", "conda-meta", "share"]  # no marker left
     again = forge("install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix))
     assert again.returncode == ExitCode.USAGE and "is not an empty folder" in again.stderr  # a finished one is kept
+
+
+def test_a_second_install_into_a_prefix_being_installed_is_refused_and_the_first_finishes(
+        bulky_channel: Path, tmp_path: Path) -> None:
+    """The rerun removes a prefix an install left, never one an install is still writing."""
+    prefix = tmp_path / "env"
+    first = subprocess.Popen([*CLI, "install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    # From the marker on, the first still solves, extracts and links 8000 files: seconds, while the second starts.
+    while not (prefix / IN_PROGRESS).exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert first.poll() is None, "the first install ended before the second started"
+    second = forge("install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix))
+    out, err = first.communicate(timeout=300)
+    text = " ".join(second.stderr.split())
+    assert second.returncode == ExitCode.USAGE, text
+    assert f"another torchforge install is writing {prefix}" in text and "removing it" not in text
+    assert first.returncode == 0, err
+    assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == 8000
+    assert sorted(p.name for p in prefix.iterdir()) == ["CACHEDIR.TAG", "conda-meta", "share"]
 
 
 def _closed_port_url() -> str:

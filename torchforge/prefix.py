@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from torchforge import fileops
 from torchforge.aio import run_async
 from torchforge.errors import ArchiveError, UsageError
 
 IN_PROGRESS = ".torchforge-install-in-progress"
+_LOCK = ".torchforge-install.lock"
 # The virtual packages a user may override, as conda and py-rattler read them; each takes a version.
 _OVERRIDES = ("CONDA_OVERRIDE_CUDA", "CONDA_OVERRIDE_GLIBC", "CONDA_OVERRIDE_OSX", "CONDA_OVERRIDE_LINUX")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
@@ -60,35 +63,59 @@ def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list
         raise UsageError("no channel given", "name at least one with --channel (a folder or a URL)")
     urls = [channel_url(c) for c in channels]
     check_overrides()
-    made = _claim(prefix)
+    made, lock = _claim(prefix)
     try:
         with fileops.private_scratch("install") as work:
             installed: list[str] = call("torchforge.prefix:_install_here", list(specs), urls, prefix.resolve(), work)
     except BaseException:
+        lock.release()
         _remove_half_made(prefix, made)
         raise
     (prefix / IN_PROGRESS).unlink()
+    lock.release()
+    (prefix / _LOCK).unlink(missing_ok=True)
     return installed
 
 
 def resuming(prefix: Path) -> bool:
-    """Whether `prefix` is one an interrupted or failed install left (the rerun starts it again)."""
-    return (prefix / IN_PROGRESS).is_file()
+    """Whether `prefix` is one an interrupted or failed install left (the rerun starts it again), not one an
+    install is still writing."""
+    if not (prefix / IN_PROGRESS).is_file():
+        return False
+    try:
+        _take(prefix).release()
+    except UsageError:
+        return False
+    return True
 
 
-def _claim(prefix: Path) -> Path | None:
-    """Make `prefix` an empty folder holding only the in-progress marker. Returns the outermost folder this
-    made (to remove on failure), or None where the prefix folder was there before (then only emptied)."""
+def _claim(prefix: Path) -> tuple[Path | None, FileLock]:
+    """Make `prefix` an empty folder holding only the in-progress marker and the lock this process holds while
+    it installs. Returns the outermost folder this made (to remove on failure; None where the prefix folder was
+    there before, then only emptied) and the lock. A prefix whose lock another install holds is not touched."""
     if prefix.exists() and not prefix.is_dir():
         raise UsageError(f"{prefix} exists and is not a folder", "give a new folder for the prefix")
-    if prefix.is_dir() and resuming(prefix):
+    if prefix.is_dir() and (prefix / IN_PROGRESS).is_file():
+        _take(prefix).release()  # refused while the install that left the marker still runs
         shutil.rmtree(prefix)
     elif prefix.is_dir() and any(prefix.iterdir()):
         raise UsageError(f"{prefix} exists and is not an empty folder", "give a new folder for the prefix")
     made = next((p for p in reversed([prefix, *prefix.absolute().parents]) if not p.exists()), None)
     prefix.mkdir(parents=True, exist_ok=True)
+    lock = _take(prefix)
     (prefix / IN_PROGRESS).write_text("torchforge install is writing this prefix; rerun it to start again\n")
-    return made
+    return made, lock
+
+
+def _take(prefix: Path) -> FileLock:
+    """The prefix's install lock (the kernel drops it when its holder dies), or a refusal while another holds it."""
+    lock = FileLock(str(prefix / _LOCK))
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise UsageError(f"another torchforge install is writing {prefix}",
+                         "wait for it to finish, or give another folder for the prefix") from None
+    return lock
 
 
 def _remove_half_made(prefix: Path, made: Path | None) -> None:
