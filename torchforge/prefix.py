@@ -50,7 +50,7 @@ def check_overrides(environ: dict[str, str] | os._Environ[str] = os.environ) -> 
         # An empty CONDA_OVERRIDE_CUDA means "no driver", as in conda.
         if value is not None and value.strip() and not _VERSION.match(value.strip()):
             raise UsageError(f"{name}={value!r} is not a version",
-                             f"give a version such as {name}=12.4 (or unset it to use what this machine has)")
+                             "give a version made of numbers and dots (X.Y), or unset it to use what this machine has")
 
 
 def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list[str]:
