@@ -103,7 +103,12 @@ def _claim(prefix: Path) -> tuple[Path | None, FileLock]:
     made = next((p for p in reversed([prefix, *prefix.absolute().parents]) if not p.exists()), None)
     prefix.mkdir(parents=True, exist_ok=True)
     lock = _take(prefix)
-    (prefix / IN_PROGRESS).write_text("torchforge install is writing this prefix; rerun it to start again\n")
+    try:
+        (prefix / IN_PROGRESS).write_text("torchforge install is writing this prefix; rerun it to start again\n")
+    except OSError:  # a full disk: leave nothing behind
+        lock.release()
+        _remove_half_made(prefix, made)
+        raise
     return made, lock
 
 
