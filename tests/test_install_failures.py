@@ -136,6 +136,17 @@ def test_a_remote_conda_whose_package_writes_outside_the_prefix_is_refused_befor
     assert not prefix.exists() and not (tmp_path / "x").exists()
 
 
+def test_a_sound_remote_conda_passes_the_check_and_installs(tmp_path: Path, served: tuple[str, Path]) -> None:
+    """The check reads info/paths.json over HTTP (a server without range requests included) and lets it by."""
+    url, folder = served
+    make_package(folder / "sound" / "linux-64", name="sound", version="1.0", build="py3.11_cpu_0")
+    localchannel.index(folder / "sound")
+    prefix = tmp_path / "env"
+    result = forge("install", "sound", "--channel", f"{url}/sound", "--prefix", str(prefix))
+    assert result.returncode == 0, result.stderr
+    assert (prefix / "share" / "sound" / "hello.txt").read_text() == "hello from sound 1.0\n"
+
+
 def test_a_py_rattler_panic_in_the_child_is_a_clear_error_without_a_backtrace_and_no_prefix(
         tmp_path: Path, served: tuple[str, Path]) -> None:
     """A remote .tar.bz2 is not read before the install (it would be downloaded twice): py-rattler panics on its

@@ -207,7 +207,12 @@ def _paths_json(rattler: Any, url: str) -> bytes | None:
         from rattler.networking import Client
         from rattler.package_streaming import fetch_raw_package_file_from_url
 
-        return bytes(run_async(fetch_raw_package_file_from_url(Client(), url, "info/paths.json")))
+        try:  # py-rattler's own client: retries, and the credentials it installs with
+            return bytes(run_async(fetch_raw_package_file_from_url(Client.default_client(), url, "info/paths.json")))
+        except OSError as exc:
+            raise UsageError(f"{url}: its info/paths.json could not be read to check it before installing ({exc})",
+                             "check that the channel is reachable and serves the file whole; nothing was installed"
+                             ) from None
     return None
 
 
