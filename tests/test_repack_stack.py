@@ -303,11 +303,11 @@ def test_the_served_cuda_build_must_be_the_one_asked_for() -> None:
     from torchforge.commands.binaries import _check_cuda
     from torchforge.errors import UsageError
 
-    _check_cuda("12.8", "12.8", None)
-    _check_cuda("cpu", None, "https://download.pytorch.org/whl/cpu")
+    _check_cuda("12.8", "12.8", "https://files.pythonhosted.org")
+    _check_cuda("cpu", None, "https://download.pytorch.org")
     with pytest.raises(UsageError) as refused:
-        _check_cuda("12.6", "12.8", None)
-    assert refused.value.message == "PyPI served CUDA 12.8 of torch, not 12.6"
+        _check_cuda("12.6", "12.8", "https://files.pythonhosted.org")
+    assert refused.value.message == "https://files.pythonhosted.org served CUDA 12.8 of torch, not 12.6"
     assert refused.value.hint is not None and "https://download.pytorch.org/whl/cu126" in refused.value.hint
 
 

@@ -75,6 +75,10 @@ class ToolFailedError(ForgeError):
         self.tail = tail
 
 
+class ToolTimeoutError(ToolFailedError):
+    """A subprocess ran past its time limit and was stopped."""
+
+
 class BuildFailedError(ForgeError):
     exit_code = ExitCode.BUILD_FAILED
 

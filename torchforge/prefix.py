@@ -1,14 +1,34 @@
 """Install packages from channels into a new prefix with py-rattler's solver (what `conda create -p PREFIX -c
-CHANNEL SPEC` does), for trying a channel on a machine without conda, mamba or pixi."""
+CHANNEL SPEC` does), for trying a channel on a machine without conda, mamba or pixi.
+
+The solve and the install run in a child process (torchforge.rattlerchild): a py-rattler panic ends the child,
+never this process. While the install runs, PREFIX holds a marker; a prefix with the marker is one an
+interrupted or failed install left, and the rerun removes it and installs again (a conda prefix cannot be
+installed elsewhere and renamed: its files name their own folder)."""
 
 from __future__ import annotations
 
+import json
+import os
+import posixpath
+import re
+import shutil
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
 
 from torchforge import fileops
 from torchforge.aio import run_async
-from torchforge.errors import UsageError
+from torchforge.errors import ArchiveError, UsageError
+
+IN_PROGRESS = ".torchforge-install-in-progress"
+_LOCK = ".torchforge-install.lock"
+# The virtual packages a user may override, as conda and py-rattler read them; each takes a version.
+_OVERRIDES = ("CONDA_OVERRIDE_CUDA", "CONDA_OVERRIDE_GLIBC", "CONDA_OVERRIDE_OSX", "CONDA_OVERRIDE_LINUX")
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 
 
 def channel_url(channel: str) -> str:
@@ -23,28 +43,200 @@ def channel_url(channel: str) -> str:
     return str(folder.resolve())
 
 
+def check_overrides(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Refuse a CONDA_OVERRIDE_* that is not a version (py-rattler fails on some, ignores others silently)."""
+    for name in _OVERRIDES:
+        value = environ.get(name)
+        # An empty CONDA_OVERRIDE_CUDA means "no driver", as in conda.
+        if value is not None and value.strip() and not _VERSION.match(value.strip()):
+            raise UsageError(f"{name}={value!r} is not a version",
+                             "give a version made of numbers and dots (X.Y), or unset it to use what this machine has")
+
+
 def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list[str]:
     """Solve `specs` against `channels` (in order, for this platform and noarch, with this machine's virtual
-    packages) and install the solution into `prefix`, which must be new or empty. Returns `name-version-build` of
-    every installed package."""
-    import rattler
-    from rattler.exceptions import SolverError
+    packages) and install the solution into `prefix`, which must be new or empty, or one an interrupted install
+    left. Returns `name-version-build` of every installed package. On any failure the prefix is removed."""
+    from torchforge.rattlerchild import call
 
     if not channels:
         raise UsageError("no channel given", "name at least one with --channel (a folder or a URL)")
-    if prefix.exists() and (not prefix.is_dir() or any(prefix.iterdir())):
-        raise UsageError(f"{prefix} exists and is not an empty folder", "give a new folder for the prefix")
     urls = [channel_url(c) for c in channels]
+    check_overrides()
+    made, lock = _claim(prefix)
+    try:
+        with fileops.private_scratch("install") as work:
+            installed: list[str] = call("torchforge.prefix:_install_here", list(specs), urls, prefix.resolve(), work)
+    except BaseException:
+        lock.release()
+        _remove_half_made(prefix, made)
+        raise
+    (prefix / IN_PROGRESS).unlink()
+    lock.release()
+    (prefix / _LOCK).unlink(missing_ok=True)
+    return installed
+
+
+def resuming(prefix: Path) -> bool:
+    """Whether `prefix` is one an interrupted or failed install left (the rerun starts it again), not one an
+    install is still writing."""
+    if not (prefix / IN_PROGRESS).is_file():
+        return False
+    try:
+        _take(prefix).release()
+    except UsageError:
+        return False
+    return True
+
+
+def _claim(prefix: Path) -> tuple[Path | None, FileLock]:
+    """Make `prefix` an empty folder holding only the in-progress marker and the lock this process holds while
+    it installs. Returns the outermost folder this made (to remove on failure; None where the prefix folder was
+    there before, then only emptied) and the lock. A prefix whose lock another install holds is not touched."""
+    if prefix.exists() and not prefix.is_dir():
+        raise UsageError(f"{prefix} exists and is not a folder", "give a new folder for the prefix")
+    if prefix.is_dir() and (prefix / IN_PROGRESS).is_file():
+        _take(prefix).release()  # refused while the install that left the marker still runs
+        shutil.rmtree(prefix)
+    elif prefix.is_dir() and any(prefix.iterdir()):
+        raise UsageError(f"{prefix} exists and is not an empty folder", "give a new folder for the prefix")
+    made = next((p for p in reversed([prefix, *prefix.absolute().parents]) if not p.exists()), None)
+    prefix.mkdir(parents=True, exist_ok=True)
+    lock = _take(prefix)
+    try:
+        (prefix / IN_PROGRESS).write_text("torchforge install is writing this prefix; rerun it to start again\n")
+    except OSError:  # a full disk: leave nothing behind
+        lock.release()
+        _remove_half_made(prefix, made)
+        raise
+    return made, lock
+
+
+def _take(prefix: Path) -> FileLock:
+    """The prefix's install lock (the kernel drops it when its holder dies), or a refusal while another holds it."""
+    lock = FileLock(str(prefix / _LOCK))
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise UsageError(f"another torchforge install is writing {prefix}",
+                         "wait for it to finish, or give another folder for the prefix") from None
+    return lock
+
+
+def _remove_half_made(prefix: Path, made: Path | None) -> None:
+    """Remove what an install wrote: the folders it made, or the prefix's contents where it was there before."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for child in list(prefix.iterdir()):
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def _install_here(specs: list[str], urls: list[str], prefix: Path, work: Path) -> list[str]:
+    """`install`'s work, in the child process."""
+    import rattler
+
+    records = _solve(rattler, specs, urls, work)
+    for record in records:
+        _refuse_escaping_paths(rattler, record)
+    try:
+        run_async(rattler.install(records, target_prefix=prefix, cache_dir=work / "pkgs", show_progress=False))
+    except rattler.exceptions.InstallerError as exc:
+        text = _chain(exc)
+        if "(os error" in text:
+            raise  # a system error: rattlerchild reports it as one (a full disk, a read-only folder)
+        raise UsageError(f"installing into {prefix} failed: {text[:600]}",
+                         "the channel's packages may be damaged: rebuild or re-download them") from None
+    return sorted(f"{r.name.normalized}-{r.version}-{r.build}" for r in records)
+
+
+def _solve(rattler: Any, specs: list[str], urls: list[str], work: Path) -> list[Any]:
+    from rattler.exceptions import GatewayError, InvalidMatchSpecError, SolverError
+
+    try:
+        # Parsed leniently, as conda does: official build strings have dots (py3.11_cpu_0).
+        matchspecs = [rattler.MatchSpec(spec) for spec in specs]
+    except InvalidMatchSpecError as exc:
+        raise UsageError(f"{' '.join(specs)!r}: not a package spec ({exc})",
+                         "give NAME, 'NAME VERSION' or 'NAME VERSION BUILD', e.g. pytorch or 'pytorch >=2.9'") from None
     platforms = [str(rattler.Platform.current()), "noarch"]
     # This machine's __glibc, __cuda (its driver) etc., overridden by CONDA_OVERRIDE_CUDA and friends, as conda does:
     # a CUDA build requires __cuda, so without them it could never be chosen.
     virtual = rattler.VirtualPackage.detect(rattler.VirtualPackageOverrides.from_env())
-    with fileops.private_scratch("install") as work:
-        try:
-            records = run_async(rattler.solve(urls, list(specs), platforms=platforms, virtual_packages=virtual,
-                                              gateway=rattler.Gateway(cache_dir=work / "repodata")))
-        except SolverError as exc:
-            raise UsageError(f"{', '.join(specs)} cannot be installed from {', '.join(urls)}: {str(exc).strip()[:600]}",
-                             "add the channel that has the missing packages with another --channel") from None
-        run_async(rattler.install(records, target_prefix=prefix.resolve(), cache_dir=work / "pkgs", show_progress=False))
-    return sorted(f"{r.name.normalized}-{r.version}-{r.build}" for r in records)
+    try:
+        return list(run_async(rattler.solve(urls, matchspecs, platforms=platforms, virtual_packages=virtual,
+                                            gateway=rattler.Gateway(cache_dir=work / "repodata"))))
+    except SolverError as exc:
+        raise UsageError(f"{', '.join(specs)} cannot be installed from {', '.join(urls)}: {str(exc).strip()[:600]}",
+                         "add the channel that has the missing packages with another --channel") from None
+    except GatewayError as exc:
+        raise UsageError(f"a channel could not be read: {_chain(exc)[:600]}",
+                         "check each --channel: a folder or URL with <subdir>/repodata.json that this machine can "
+                         "reach (a URL is read over the network)") from None
+
+
+def _chain(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _refuse_escaping_paths(rattler: Any, record: Any) -> None:
+    """Refuse a package that would write outside the prefix (an absolute path or `..` in info/paths.json)
+    before anything is linked: py-rattler aborts on some and writes others where they say."""
+    paths_json = _paths_json(rattler, str(record.url))
+    if paths_json is None:
+        return
+    for entry in json.loads(paths_json).get("paths", []):
+        path = str(entry.get("_path", ""))
+        normal = posixpath.normpath(path)
+        if path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path) or normal == ".." or normal.startswith("../"):
+            raise ArchiveError(f"{record.url} would write {path!r}, outside the prefix; nothing was installed",
+                               "remove that package from the channel (torchforge upload refuses such archives) "
+                               "and install only from channels you trust")
+
+
+def _paths_json(rattler: Any, url: str) -> bytes | None:
+    """info/paths.json of a package: read from the file for a local channel, fetched alone for a remote .conda
+    (a range request); None for a remote .tar.bz2, which would have to be downloaded twice."""
+    local = fileops.path_of_file_url(url)
+    if local is not None:
+        return _local_paths_json(local)
+    if url.endswith(".conda"):
+        from rattler.networking import Client
+        from rattler.package_streaming import fetch_raw_package_file_from_url
+
+        try:  # py-rattler's own client: retries, and the credentials it installs with
+            return bytes(run_async(fetch_raw_package_file_from_url(Client.default_client(), url, "info/paths.json")))
+        except OSError as exc:
+            raise UsageError(f"{url}: its info/paths.json could not be read to check it before installing ({exc})",
+                             "check that the channel is reachable and serves the file whole; nothing was installed"
+                             ) from None
+    return None
+
+
+def _local_paths_json(archive: Path) -> bytes | None:
+    import tarfile
+    from backports import zstd  # conda-package-handling's own zstd dependency
+
+    def from_tar(stream: Any) -> bytes | None:
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                if member.name == "info/paths.json" and member.isfile():
+                    found = tar.extractfile(member)
+                    return found.read() if found is not None else None
+        return None
+
+    try:
+        if archive.name.endswith(".conda"):
+            with zipfile.ZipFile(archive) as zf:
+                info = [n for n in zf.namelist() if n.startswith("info-") and n.endswith(".tar.zst")]
+                if not info:
+                    return None
+                with zf.open(info[0]) as raw, zstd.ZstdFile(raw) as stream:
+                    return from_tar(stream)
+        with archive.open("rb") as raw:
+            return from_tar(raw)
+    except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, zstd.ZstdError) as exc:
+        raise ArchiveError.unreadable(archive, exc) from None

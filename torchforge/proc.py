@@ -11,13 +11,14 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from torchforge.errors import ToolFailedError, ToolMissingError
+from torchforge.errors import ToolFailedError, ToolMissingError, ToolTimeoutError
 
 TAIL_LINES = 40
 REAP_GRACE_S = 10.0  # how long an abandoned child gets to end on SIGTERM before it is killed
@@ -107,6 +108,12 @@ class Runner:
             except OSError as exc:  # not found, not executable, bad interpreter line, exec format error
                 raise ToolMissingError(f"cannot run `{command.argv[0]}`: {exc.strerror}") from exc
             assert proc.stdout is not None
+            # A child that never ends and never writes would block the read below forever: a timer ends it.
+            expired = threading.Event()
+            timer = threading.Timer(timeout, _expire, (proc, expired)) if timeout is not None else None
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             try:
                 for raw in proc.stdout:
                     line = command.redact(raw)
@@ -116,16 +123,21 @@ class Runner:
                         log.write(line)
                     if on_line is not None:
                         on_line(line.rstrip("\n"))
-                returncode = proc.wait(timeout=timeout)
+                returncode = proc.wait()
             except BaseException:
                 _reap(proc)
                 raise
             finally:
+                if timer is not None:
+                    timer.cancel()
                 proc.stdout.close()  # else a ResourceWarning (an error under pytest's filterwarnings=error)
         finally:
             if log is not None:
                 log.close()
         output = "".join(captured)
+        if expired.is_set():
+            raise ToolTimeoutError(f"`{command.redact(shlex.join(command.argv[:3]))}` did not finish within "
+                                   f"{timeout:g} s and was stopped", tail="".join(tail))
         if check and returncode != 0:
             where = f" (log: {log_file})" if log_file else ""
             raise ToolFailedError(
@@ -133,6 +145,11 @@ class Runner:
                 tail="".join(tail),
             )
         return Result(returncode, output)
+
+
+def _expire(proc: subprocess.Popen[str], expired: threading.Event) -> None:
+    expired.set()
+    _reap(proc)
 
 
 def _reap(proc: subprocess.Popen[str]) -> None:

@@ -16,6 +16,8 @@ import pickle
 import re
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +41,15 @@ def call(target: str, *args: Any, **kwargs: Any) -> Any:
             raise KeyboardInterrupt
         if done.returncode != 0 or not answer.is_file():
             raise ToolFailedError(f"py-rattler ({target}) ended with {_status(done.returncode)} before its result "
-                                  "was written", "run the command again; if it recurs, report it with the log",
-                                  tail=done.output[-4000:])
+                                  f"was written{_panic(done.output)}", _hint(done.output), tail=done.output[-4000:])
         kind, *payload = pickle.loads(answer.read_bytes())
     if kind == "ok":
         return payload[0]
+    if _panic(done.output):
+        # A panic py-rattler caught and turned into an error ("the operation was cancelled") is still a crash:
+        # said as the panic it was, as when it aborts the child.
+        raise ToolFailedError(f"py-rattler ({target}) failed{_panic(done.output)}", _hint(done.output),
+                              tail=done.output[-4000:])
     if kind == "forge":
         module, name, message, hint = payload
         raise getattr(importlib.import_module(module), name)(message, hint)
@@ -56,6 +62,35 @@ def _status(returncode: int) -> str:
     if returncode < 0:
         return f"signal {signal.Signals(-returncode).name}"
     return f"exit status {returncode}"
+
+
+def _panic(output: str) -> str:
+    """The message of a Rust panic in the child's output (the line after "panicked at"), not its backtrace."""
+    lines = output.splitlines()
+    for number, line in enumerate(lines[:-1]):
+        if " panicked at " in line:
+            return f": it panicked: {lines[number + 1].strip()[:400]}"
+    return ""
+
+
+def _hint(output: str) -> str:
+    if _panic(output):
+        return ("py-rattler crashed on what it was reading: check the channel's packages (a damaged or hostile one "
+                "does this); if they are sound, report it with this message")
+    return "run the command again; if it recurs, report it with this message"
+
+
+def _end_with_parent() -> None:
+    """End this child when the process that started it is gone (killed by SIGKILL): an orphan would go on
+    writing into a folder the rerun removes."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _answer(target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -83,6 +118,7 @@ def _os_error(exc: Exception) -> tuple[Any, ...] | None:
 
 
 def _main(request: Path, answer: Path) -> None:
+    _end_with_parent()
     target, args, kwargs = pickle.loads(request.read_bytes())
     outcome = _answer(target, args, kwargs)
     with answer.open("wb") as out:

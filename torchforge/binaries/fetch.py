@@ -15,13 +15,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from packaging.utils import canonicalize_name
 
 from torchforge import fileops
 from torchforge.binaries.catalog import catalog
 from torchforge.binaries.plan import TOOLKIT
-from torchforge.errors import UsageError
+from torchforge.errors import ForgeError, RefusedError, ToolFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.repack import sha256_of
 
@@ -30,6 +31,9 @@ from torchforge.repack import sha256_of
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_12_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
 COMPANIONS = ("torchvision", "torchaudio", "triton")
+# pip's words when no file matches a requirement (pip 23 to 25).
+_NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
+_FROM_VERSIONS = re.compile(r"Could not find a version that satisfies the requirement \S+ \(from versions: ([^)]*)\)")
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,50 @@ def requirements(request: Request) -> list[str]:
     2.10.0 requires torch==2.10.0); torchvision's own `torch==` requirement picks its version."""
     if not re.fullmatch(r"\d+\.\d+\.\d+", request.pytorch):
         raise UsageError(f"--pytorch {request.pytorch} is not a release version", "give X.Y.Z, e.g. --pytorch 2.10.0")
+    check_python(request.pytorch, request.python)
     reqs = [f"torch=={request.pytorch}"]
     for name in request.companions:
         reqs.append(f"torchaudio=={request.pytorch}" if name == "torchaudio" else name)
     return reqs
+
+
+def check_python(pytorch: str, python: str) -> None:
+    """`--py` before pip runs: X.Y, and for a release torchforge's tables know, one it published wheels for
+    (pytorch.toml's Linux range and its experimental Pythons). A release the tables do not know is left to pip."""
+    from torchforge.data import load
+    from torchforge.versions import minor, parse
+
+    if not re.fullmatch(r"\d+\.\d+", python):
+        raise UsageError(f"--py {python} is not a Python X.Y", "give the Python the stack is for, e.g. --py 3.12")
+    release = load().pytorch.releases.get(minor(pytorch))
+    if release is None:
+        return
+    low, high = (release.patch[pytorch].python if pytorch in release.patch and release.patch[pytorch].python
+                 else release.python)
+    if not parse(low) <= parse(python) <= parse(high) and python not in release.python_experimental:
+        raise RefusedError(f"PyTorch {pytorch} has wheels for Python {low} to {high}, not {python} "
+                           "(torchforge/data/pytorch.toml)", f"give --py {high} or another Python in that range")
+
+
+def _pip_failure(output: str, request: Request, reqs: list[str]) -> ForgeError:
+    """pip's resolve failed: what was not found, where, and what would work; pip's own words only where they
+    are the explanation."""
+    where = f"{request.index_url or 'PyPI'} (with the indexes and find-links of pip's own configuration)"
+    target = f"CPython {request.python} on Linux x86-64"
+    missing = _NO_MATCH.search(output)
+    if missing:
+        found = _FROM_VERSIONS.search(output)
+        have = f" (versions there: {found.group(1).strip() or 'none'})" if found else ""
+        return UsageError(f"{where} has no wheel of {missing.group(1)} for {target}{have}",
+                          "give a --pytorch and --py the index has wheels for, or another --wheel-index")
+    errors = [line.strip().removeprefix("ERROR: ") for line in output.splitlines() if line.strip().startswith("ERROR:")]
+    if "ResolutionImpossible" in output:
+        return UsageError(f"pip found no set of wheels for {' '.join(reqs)} on {target} from {where}: "
+                          f"{'; '.join(e for e in errors if 'ResolutionImpossible' not in e)[:600]}",
+                          "check --pytorch, --py and --with against what the index has, and pip's constraints "
+                          "(PIP_CONSTRAINT, pip config list)")
+    return ToolFailedError(f"pip could not resolve {' '.join(reqs)} from {where}: {'; '.join(errors)[:600] or 'no error line'}",
+                           "check that the index is reachable (pip config list shows pip's own settings)", tail=output)
 
 
 def _pip(*args: str) -> tuple[str, ...]:
@@ -84,14 +128,18 @@ def _target_args(request: Request) -> list[str]:
     return args
 
 
-def resolve(request: Request, work: Path, runner: Runner, on_line: Callable[[str], None] | None = None) -> list[Planned]:
+def resolve(request: Request, work: Path, runner: Runner) -> list[Planned]:
     """The stack's wheels as pip resolves them (metadata only; no download of the large files)."""
     report = work / "report.json"
-    runner.run(Command(argv=_pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-                                 "--target", str(work / "unused"), *_target_args(request), *requirements(request))),
-               on_line=on_line)
+    reqs = requirements(request)
+    # Not streamed: a failure is translated (_pip_failure) rather than shown raw.
+    done = runner.run(Command(argv=_pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+                                        "--target", str(work / "unused"), *_target_args(request), *reqs)),
+                      check=False)
     if runner.dry_run:
         return []
+    if done.returncode != 0:
+        raise _pip_failure(done.output, request, reqs)
     planned = []
     for item in json.loads(report.read_text("utf-8"))["install"]:
         project = canonicalize_name(item["metadata"]["name"])
@@ -106,13 +154,23 @@ def resolve(request: Request, work: Path, runner: Runner, on_line: Callable[[str
     return planned
 
 
+def origin(url: str) -> str:
+    """Where pip took a file from, as its report's URL says: a find-links folder or an index's host."""
+    local = fileops.path_of_file_url(url)
+    if local is not None:
+        return f"the folder {local.parent} (pip's find-links)"
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def download(request: Request, wheel_dir: Path, runner: Runner,
-             on_line: Callable[[str], None] | None = None) -> list[Path]:
-    """Fetch the stack into `wheel_dir` (kept between runs); returns the wheel files, hashes checked."""
+             on_line: Callable[[str], None] | None = None) -> dict[Path, str]:
+    """Fetch the stack into `wheel_dir` (kept between runs); returns each wheel file (hashes checked) with the
+    URL pip took it from."""
     requirements(request)  # a malformed request is refused before anything is created
     fileops.ensure_dir(wheel_dir, "wheel folder")
     with fileops.scratch(wheel_dir, "resolve") as work:
-        planned = resolve(request, work, runner, on_line)
+        planned = resolve(request, work, runner)
         lines = [f"{p.url.split('#')[0]} --hash=sha256:{p.sha256}" for p in planned]
         pinned = work / "requirements.txt"
         pinned.write_text("".join(f"{line}\n" for line in lines))
@@ -120,12 +178,12 @@ def download(request: Request, wheel_dir: Path, runner: Runner,
                                      "-r", str(pinned), *_target_args(request))),
                    on_line=on_line)
     if runner.dry_run:
-        return []
-    paths = []
+        return {}
+    paths = {}
     for item in planned:
         path = wheel_dir / item.filename.replace("%2B", "+")
         if not path.is_file() or sha256_of(path) != item.sha256:
             raise UsageError(f"{path.name} is missing or does not match the index's sha256",
                              f"remove {path} and run the command again")
-        paths.append(path)
+        paths[path] = item.url
     return paths

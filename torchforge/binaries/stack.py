@@ -14,9 +14,12 @@ import hashlib
 import json
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from torchforge import __version__, fileops, localchannel
 from torchforge.binaries import wheels as wheel_files
@@ -100,6 +103,31 @@ def repack_stack(
         check_crcs(package.wheel.path)
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
+    with _one_repack_per_package(channel, stack.packages, step):
+        return _repack_planned(stack, channel, runner, kwargs, replace_, step)
+
+
+@contextmanager
+def _one_repack_per_package(channel: Path, packages: Sequence[PackagePlan], step: Step) -> Iterator[None]:
+    """Hold a lock per package of the channel from the reuse decision to the publication, so that a second
+    repack of the same wheel into the channel waits and then reuses what the first published (as a later run
+    does) instead of building it again and finding it taken. Taken in name order: two stacks sharing packages
+    never wait for each other in a circle."""
+    folder = fileops.ensure_dir(channel / ".torchforge-repack-locks", "channel folder")
+    with ExitStack() as held:
+        for name in sorted(p.filename for p in packages):
+            lock = FileLock(str(folder / f"{name}.lock"))
+            try:
+                lock.acquire(blocking=False)
+            except Timeout:
+                step(name, "waiting for another repack of it into this channel")
+                lock.acquire()
+            held.callback(lock.release)
+        yield
+
+
+def _repack_planned(stack: StackPlan, channel: Path, runner: Runner, kwargs: dict[str, int], replace_: bool,
+                    step: Step) -> StackResult:
     shas = {p.filename: sha256_of(p.wheel.path) for p in stack.packages}
     reused = {p.filename: _existing(channel, p, shas[p.filename], replace_) for p in stack.packages}
     results: list[RepackResult] = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.binaries.catalog import catalog
-from torchforge.errors import AuditFailedError, UsageError
+from torchforge.errors import AuditFailedError, ToolTimeoutError, UsageError
 from torchforge.proc import Command, Runner
 
 PROBE = r"""
@@ -51,6 +51,9 @@ with open("/proc/self/maps") as maps:
 print("TORCHFORGE-PROBE " + json.dumps(report))
 """
 
+# Importing torch with CUDA takes seconds to a minute on a cold cache; a probe still running after this hangs.
+PROBE_TIMEOUT_S = 600.0
+
 # Driver libraries: installed with the driver, never in an environment (rpath.toml [system]).
 DRIVER = re.compile(r"^(libcuda\.so|libnvidia-|libcudadebugger)")
 
@@ -73,19 +76,42 @@ def _site_packages(prefix: Path) -> Path:
     return found[0]
 
 
-def probe(prefix: Path, python: Path | None, runner: Runner) -> dict[str, object]:
+def probe(prefix: Path, python: Path | None, runner: Runner, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, object]:
     if not (prefix / "conda-meta").is_dir():
         raise UsageError(f"{prefix} is not a conda environment (no conda-meta)", "give an environment's prefix")
-    exe = python or prefix / "bin" / "python"
-    if not exe.exists():
-        raise UsageError(f"{prefix} has no bin/python", "pass --python with an interpreter of the same version")
+    exe = _interpreter(prefix, python)
     path = os.pathsep.join(filter(None, [str(_site_packages(prefix)), os.environ.get("PYTHONPATH", "")]))
-    result = runner.run(Command(argv=(str(exe), "-c", PROBE), env={"PYTHONPATH": path}), check=False)
+    try:
+        result = runner.run(Command(argv=(str(exe), "-c", PROBE), env={"PYTHONPATH": path}), check=False,
+                            timeout=timeout_s)
+    except ToolTimeoutError:
+        raise AuditFailedError(f"the probe in {exe} did not finish within {timeout_s:g} s and was stopped "
+                               "(importing torch, torchvision or torchaudio hung)",
+                               "run `PYTHONPATH=<its site-packages> python -c 'import torch'` in the environment to "
+                               "see where it hangs, or give more time with --timeout") from None
     line = next((ln for ln in result.output.splitlines() if ln.startswith("TORCHFORGE-PROBE ")), None)
     if line is None:
         raise AuditFailedError(f"the probe did not run in {exe}: {result.output.strip()[-500:]}",
                                "check that the interpreter starts and matches the environment's Python")
     return json.loads(line.removeprefix("TORCHFORGE-PROBE "))
+
+
+def _interpreter(prefix: Path, python: Path | None) -> Path:
+    """The interpreter to probe with: `--python` as given, a relative path against the working folder (never
+    looked up on PATH), or the prefix's own."""
+    if python is None:
+        exe = prefix / "bin" / "python"
+        if not exe.exists():
+            raise UsageError(f"{prefix} has no bin/python", "pass --python with an interpreter of the same version")
+        return exe
+    exe = python.absolute()
+    if not exe.exists():
+        raise UsageError(f"--python {python}: {exe} does not exist",
+                         "give the path of an interpreter of the environment's Python version")
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise UsageError(f"--python {python}: {exe} is not an executable file",
+                         "give the path of an interpreter (a file with execute permission), e.g. /usr/bin/python3")
+    return exe
 
 
 def installed(prefix: Path) -> set[str]:

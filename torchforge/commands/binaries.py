@@ -9,6 +9,7 @@ import typer
 from rich.progress import Progress, TextColumn
 from rich.table import Table
 
+from torchforge.binaries.verify import PROBE_TIMEOUT_S
 from torchforge.commands.options import nonempty_path
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError, UsageError
@@ -22,24 +23,30 @@ def _default_wheel_dir() -> Path:
 
 
 def _fetch(pytorch: str, cuda: str | None, python: str | None, with_: str, index_url: str | None,
-           wheel_dir: Path) -> list[Path]:
+           wheel_dir: Path) -> dict[Path, str]:
     from torchforge.binaries import fetch
 
     if python is None:
         raise UsageError("--pytorch needs --py X.Y: the Python the stack is for", "e.g. --py 3.12")
     request = fetch.Request(pytorch, python, cuda, fetch.parse_with(with_), index_url)
+    fetch.requirements(request)  # checked before anything is said or created
     note(f"fetching torch {pytorch} for Python {python} into {wheel_dir}")
-    return fetch.download(request, wheel_dir, Runner(), on_line=lambda line: err.print(f"  {line}", markup=False))
+    fetched = fetch.download(request, wheel_dir, Runner(), on_line=lambda line: err.print(f"  {line}", markup=False))
+    for path, url in fetched.items():
+        note(f"{path.name}: from {fetch.origin(url)}")
+    return fetched
 
 
-def _check_cuda(cuda: str | None, got: str | None, index_url: str | None) -> None:
-    """The build the index served must be the one asked for."""
+def _check_cuda(cuda: str | None, got: str | None, source: str) -> None:
+    """The build that came must be the one asked for; `source` says where pip took torch from."""
     if cuda is None or (cuda == "cpu" and got is None) or cuda == got:
         return
     served = f"CUDA {got}" if got else "the CPU build"
     tag = "cpu" if cuda == "cpu" else "cu" + cuda.replace(".", "")
-    raise UsageError(f"{index_url or 'PyPI'} served {served} of torch, not {cuda}",
-                     f"pass --wheel-index https://download.pytorch.org/whl/{tag} (or your mirror of it)")
+    raise UsageError(f"{source} served {served} of torch, not {cuda}",
+                     f"pass --wheel-index https://download.pytorch.org/whl/{tag} (or your mirror of it)"
+                     + ("; pip took torch from its find-links: set PIP_FIND_LINKS= to leave that folder out"
+                        if "find-links" in source else ""))
 
 
 def register(app: typer.Typer) -> None:
@@ -77,12 +84,16 @@ def register(app: typer.Typer) -> None:
             raise UsageError("no wheels given", "pass wheel files, or --pytorch X.Y.Z --py X.Y to fetch them")
         if pytorch is not None and wheels:
             raise UsageError("wheel files and --pytorch were both given", "pass one or the other")
-        paths = list(wheels) if wheels else _fetch(pytorch or "", cuda, python, with_, index_url,
-                                                    wheel_dir or _default_wheel_dir())
+        fetched = {} if wheels else _fetch(pytorch or "", cuda, python, with_, index_url,
+                                            wheel_dir or _default_wheel_dir())
+        paths = list(wheels) if wheels else list(fetched)
         if pytorch is not None:
+            from torchforge.binaries import fetch
             from torchforge.binaries.stack import plan_wheels
 
-            _check_cuda(cuda, plan_wheels(paths, mode, build_number).cuda, index_url)
+            stack = plan_wheels(paths, mode, build_number)
+            torch = next(p.wheel.path for p in stack.packages if p.wheel.project == "torch")
+            _check_cuda(cuda, stack.cuda, fetch.origin(fetched[torch]))
         with Progress(TextColumn("{task.description}"), console=err, transient=True) as progress:
             task = progress.add_task("repacking")
             result = repack_stack(paths, out_channel, Runner(), mode=mode, build_number=build_number,
@@ -102,13 +113,14 @@ def register(app: typer.Typer) -> None:
         prefix: Path = typer.Argument(..., help="The conda environment to check."),
         python: Path | None = typer.Option(None, "--python", help="Interpreter to probe with (default: PREFIX/bin/python); the prefix's site-packages go first on its path."),
         want: str = typer.Option("auto", "--want", help="cuda, cpu or auto (cuda where an NVIDIA driver is present)."),
+        timeout: float = typer.Option(PROBE_TIMEOUT_S, "--timeout", min=1, help="Seconds the probe may take before it is stopped."),
     ) -> None:
         """Check an installed PyTorch environment: loads from the prefix, CUDA agrees and works, no foreign CUDA library."""
         from torchforge.binaries.verify import checks, probe
 
         if want not in ("cuda", "cpu", "auto"):
             raise UsageError(f"--want {want} is not cuda, cpu or auto", "use --want cuda where a GPU build is required")
-        found = checks(prefix, probe(prefix, python, Runner()), want)
+        found = checks(prefix, probe(prefix, python, Runner(), timeout), want)
         table = Table(title=f"torchforge verify {prefix}")
         for column in ("check", "result", "detail"):
             table.add_column(column, overflow="fold")

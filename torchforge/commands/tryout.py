@@ -17,6 +17,7 @@ from torchforge.console import err, out
 from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
 from torchforge.prefix import install as install_into
+from torchforge.prefix import resuming
 from torchforge.standin import (
     SUBDIR, flavour_requirements, selection_requirements, write_standin_channel,
 )
@@ -61,7 +62,10 @@ def register(app: typer.Typer) -> None:
         prefix: Annotated[Path, typer.Option("--prefix", "-p", parser=nonempty_path, help="New environment folder.")],
     ) -> None:
         """Solve and install packages from channels into a new prefix with py-rattler (like `conda create -p
-        PREFIX -c CHANNEL SPEC`), for trying a channel where no conda, mamba or pixi is installed."""
+        PREFIX -c CHANNEL SPEC`), for trying a channel where no conda, mamba or pixi is installed. An interrupted
+        install is finished by running the same command again (it removes the half-made prefix and starts over)."""
+        if resuming(prefix):
+            err.print(f"{prefix} is what an interrupted install left: removing it and installing again", markup=False)
         for line in install_into(specs, channels, prefix):
             out.print(line)
         err.print(f"installed into {prefix}; run {prefix}/bin/python where the packages include python")
