@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -97,3 +99,21 @@ def test_the_cache_folder_is_rattlers(tmp_path: Path) -> None:
     assert cache_dir({"HOME": "/home/u"}) == Path("/home/u/.cache/rattler/cache")
     assert cache_dir({"HOME": "/home/u", "XDG_CACHE_HOME": "/var/cache/u"}) == Path("/var/cache/u/rattler/cache")
     assert cache_dir({"HOME": "/home/u", "XDG_CACHE_HOME": "relative"}) == Path("/home/u/.cache/rattler/cache")
+
+
+def test_build_names_every_planned_output_to_the_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`torchforge build` hands the engine every package of the recipe step (the dry run shows the command)."""
+    from torchforge.cli import main
+
+    source = Path(__file__).parent / "fixtures" / "torch_split"
+    code = main(["build", "--dry-run", "--engine", "rattler-build", "--pytorch", "2.13.0", "--cuda", "cpu", "--py",
+                 "3.11", "--source", str(source), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    worker = [shlex.split(line) for line in err.splitlines() if "torchforge.engines.rattler_worker" in line]
+    assert len(worker) == 1
+    fresh = [worker[0][i + 1] for i, word in enumerate(worker[0]) if word == "--fresh"]
+    assert [re.sub(r"_h[0-9a-f]{7}_", "_HASH_", stem) for stem in fresh] == [
+        "libtorch-2.13.0-cpu_mkl_torchforge_HASH_102", "pytorch-2.13.0-cpu_mkl_torchforge_py311_HASH_102",
+        "pytorch-cpu-2.13.0-cpu_mkl_torchforge_HASH_102"]
+    assert all(err.count(stem) >= 2 for stem in fresh)  # the plan table names the same packages
