@@ -488,7 +488,7 @@ class Pipeline:
             environ.update(cache_env)
         job = BuildJob(recipe_dir, staging, channels, step.python,
                        script_env_values(step.script_env, environ), self.settings.test,
-                       work_dir=staging / "work" if cache is not None else None)
+                       work_dir=staging / "work" if cache is not None else None, outputs=step.stems)
         self.on_event(f"build {', '.join(step.stems)} ({self.engine.name}); log: {log}")
         try:
             command = self.engine.command(job)

@@ -29,6 +29,9 @@ class BuildJob:
     # Where the engine keeps its work trees and prefixes, when the caller needs them at a known place (the
     # compile cache's base_dir); None: the engine's default.
     work_dir: Path | None = None
+    # Every package file stem (name-version-build) the job writes: the engine makes sure the packages its test
+    # installs are these builds, not same-named ones from a shared package cache (engines.package_cache).
+    outputs: tuple[str, ...] = ()
 
 
 class Engine(Protocol):

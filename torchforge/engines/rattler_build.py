@@ -29,6 +29,8 @@ class RattlerBuildEngine:
                 "--output-dir", str(job.staging_dir)]
         for channel in job.channels:
             argv += ["--channel", channel]
+        for stem in job.outputs:
+            argv += ["--fresh", stem]
         if not job.test:
             argv.append("--no-test")
         return Command(argv=tuple(argv), env=dict(job.env))

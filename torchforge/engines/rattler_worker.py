@@ -13,7 +13,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--channel", action="append", default=[])
     parser.add_argument("--no-test", action="store_true")
+    # an output about to be built (name-version-build): its entry in rattler's package cache goes first
+    parser.add_argument("--fresh", action="append", default=[])
     args = parser.parse_args(argv)
+
+    from torchforge.engines.package_cache import evict
+
+    for entry in evict(args.fresh, os.environ):
+        print(f"removed {entry} from the package cache: the test installs this build's package", flush=True)
 
     from pathlib import Path
 
