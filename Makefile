@@ -67,10 +67,11 @@ TESTS ?= tests
 test: $(STAMP)  ## run the whole test suite (TESTS=tests/test_x.py: only those)
 	$(BIN)/python -m pytest -n 2 $(TESTS)
 
-goldens: $(STAMP)  ## regenerate the golden recipes and CI workflows (review the diff before committing)
+goldens: $(STAMP)  ## regenerate the golden recipes, CI workflows and dry runs (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate
 	$(BIN)/python -m tests.golden.ci_regenerate
 	$(BIN)/python -m tests.golden.conda_forge_regenerate
+	$(BIN)/python -m tests.golden.dry_run_regenerate
 
 bench: $(STAMP)  ## run the benchmarks and print ratios
 	$(BIN)/python -m bench

@@ -6,6 +6,7 @@ tested or changed alone.)"""
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torchforge"
@@ -29,26 +30,48 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
-def import_graph() -> dict[str, set[str]]:
+@dataclass(frozen=True)
+class ImportEdge:
+    """One import of a torchforge module by another: `name` is what `from target import name` binds when it
+    is not a module of its own (None for `import target` and for a submodule); `alias` is the local name bound
+    to the target module itself (`from pkg import sub`, `import a.b as c`), else None."""
+
+    importer: str
+    target: str
+    name: str | None
+    alias: str | None
+    line: int
+
+
+def import_edges() -> list[ImportEdge]:
     known = _modules()
-    graph: dict[str, set[str]] = {name: set() for name in known}
+    edges: list[ImportEdge] = []
     for name, path in known.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            targets: list[str] = []
+            targets: list[tuple[str, str | None, str | None]] = []
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                targets = [(alias.name, None, alias.asname) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*anchor, base] if base else anchor)
                 # `from pkg import sub` imports the submodule `pkg.sub` when there is one.
-                targets = [f"{base}.{alias.name}" for alias in node.names]
-            for target in targets:
+                targets = [(f"{base}.{alias.name}", alias.name, alias.asname or alias.name) for alias in node.names]
+            for target, imported, bound in targets:
                 resolved = _resolve(target, known)
                 if resolved is not None and resolved != name:
-                    graph[name].add(resolved)
+                    whole = resolved == target  # the module itself, not a name from it
+                    edges.append(ImportEdge(name, resolved, None if whole else imported, bound if whole else None,
+                                            node.lineno))
+    return edges
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in _modules()}
+    for edge in import_edges():
+        graph[edge.importer].add(edge.target)
     return graph
 
 
