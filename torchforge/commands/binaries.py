@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import Progress, TextColumn
@@ -15,6 +16,9 @@ from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
 from torchforge.variant import check_build_number
+
+if TYPE_CHECKING:
+    from torchforge.binaries.plan import CudaLibs
 
 
 def _default_wheel_dir() -> Path:
@@ -49,6 +53,29 @@ def _check_cuda(cuda: str | None, got: str | None, source: str) -> None:
                         if "find-links" in source else ""))
 
 
+def _checked_repack_flags(wheels: list[Path] | None, cuda_libs: str, pytorch: str | None, fetch_flags: bool,
+                          level: int | None, build_number: int) -> CudaLibs:
+    """Refuse a combination of repack's flags before anything is fetched or read; the CUDA libraries' source."""
+    from torchforge.binaries.plan import CudaLibs
+    from torchforge.repack import check_zstd_level
+
+    try:
+        mode = CudaLibs(cuda_libs)
+    except ValueError:
+        raise UsageError(f"--cuda-libs {cuda_libs} is not a source of CUDA libraries",
+                         "use conda-forge (the default) or wheels") from None
+    if level is not None:
+        check_zstd_level(level)
+    check_build_number(build_number)
+    if pytorch is None and fetch_flags:
+        raise UsageError("--cuda, --py, --with and --wheel-index go with --pytorch", "add --pytorch X.Y.Z")
+    if pytorch is None and not wheels:
+        raise UsageError("no wheels given", "pass wheel files, or --pytorch X.Y.Z --py X.Y to fetch them")
+    if pytorch is not None and wheels:
+        raise UsageError("wheel files and --pytorch were both given", "pass one or the other")
+    return mode
+
+
 def register(app: typer.Typer) -> None:
     @app.command("repack")
     def repack_cmd(
@@ -66,24 +93,10 @@ def register(app: typer.Typer) -> None:
         replace: bool = typer.Option(False, "--replace", help="Overwrite packages already in the channel."),
     ) -> None:
         """Convert official PyTorch wheels into one conda stack (pytorch, torchvision, torchaudio, triton) in a channel."""
-        from torchforge.binaries.plan import CudaLibs
         from torchforge.binaries.stack import repack_stack
-        from torchforge.repack import check_zstd_level
 
-        try:
-            mode = CudaLibs(cuda_libs)
-        except ValueError:
-            raise UsageError(f"--cuda-libs {cuda_libs} is not a source of CUDA libraries",
-                             "use conda-forge (the default) or wheels") from None
-        if level is not None:
-            check_zstd_level(level)
-        check_build_number(build_number)
-        if pytorch is None and (cuda or python or with_ or index_url):
-            raise UsageError("--cuda, --py, --with and --wheel-index go with --pytorch", "add --pytorch X.Y.Z")
-        if pytorch is None and not wheels:
-            raise UsageError("no wheels given", "pass wheel files, or --pytorch X.Y.Z --py X.Y to fetch them")
-        if pytorch is not None and wheels:
-            raise UsageError("wheel files and --pytorch were both given", "pass one or the other")
+        mode = _checked_repack_flags(wheels, cuda_libs, pytorch, bool(cuda or python or with_ or index_url),
+                                     level, build_number)
         fetched = {} if wheels else _fetch(pytorch or "", cuda, python, with_, index_url,
                                             wheel_dir or _default_wheel_dir())
         paths = list(wheels) if wheels else list(fetched)
