@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import re
 import shutil
 import zipfile
@@ -23,6 +22,7 @@ from filelock import FileLock, Timeout
 from torchforge import fileops
 from torchforge.aio import run_async
 from torchforge.errors import ArchiveError, UsageError
+from torchforge.safeextract import MemberRule
 
 IN_PROGRESS = ".torchforge-install-in-progress"
 _LOCK = ".torchforge-install.lock"
@@ -188,13 +188,15 @@ def _refuse_escaping_paths(rattler: Any, record: Any) -> None:
     paths_json = _paths_json(rattler, str(record.url))
     if paths_json is None:
         return
+    rule = MemberRule(Path(str(record.url)))  # the one rule every archive reader applies (safeextract)
     for entry in json.loads(paths_json).get("paths", []):
         path = str(entry.get("_path", ""))
-        normal = posixpath.normpath(path)
-        if path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path) or normal == ".." or normal.startswith("../"):
+        try:
+            rule.check_name(path)
+        except ArchiveError:
             raise ArchiveError(f"{record.url} would write {path!r}, outside the prefix; nothing was installed",
                                "remove that package from the channel (torchforge upload refuses such archives) "
-                               "and install only from channels you trust")
+                               "and install only from channels you trust") from None
 
 
 def _paths_json(rattler: Any, url: str) -> bytes | None:

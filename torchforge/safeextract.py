@@ -9,6 +9,7 @@ through an earlier link of the archive is judged where it would really land.
 
 from __future__ import annotations
 
+import re
 import stat
 import tarfile
 import zipfile
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from torchforge.errors import ArchiveError
 
+_DRIVE = re.compile(r"^[A-Za-z]:")
 # More link hops than this while resolving one path is a loop (Linux's own limit is 40).
 MAX_LINK_HOPS = 40
 HINT = ("an archive may hold only files, folders and links inside the folder it is unpacked into: "
@@ -38,7 +40,7 @@ class MemberRule:
 
     def check_name(self, name: str) -> list[str]:
         """The member's path components; an absolute path or a `..` component is refused."""
-        if name.startswith("/"):
+        if name.startswith(("/", "\\")) or _DRIVE.match(name):  # a Windows drive counts: packages install there too
             raise self.refuse(name, "is an absolute path")
         parts = [p for p in name.split("/") if p not in ("", ".")]
         if ".." in parts:
