@@ -90,6 +90,15 @@ def test_a_wheel_member_of_a_device_type_is_refused(kind: str, words: str, scene
     scene.assert_untouched()
 
 
+@pytest.mark.parametrize("name", ["C:/Windows/escaped.dll", "\\\\server\\share\\escaped"])
+def test_a_wheel_member_at_a_windows_absolute_path_is_refused(name: str, scene: Scene) -> None:
+    # Wheels and packages also install on Windows, where a drive or a UNC root is absolute.
+    wheel = hostile_wheel(scene.root / "wheel", (Member(name),))
+    code, text = scene.run("rpath", "audit", str(wheel))
+    assert code == USAGE and f"{wheel}: member {name!r} is an absolute path" in text, text
+    scene.assert_untouched()
+
+
 # -------------------------------------------------------------------------------------- conda packages
 
 PACKAGE_CASES = ("absolute", "dotdot", "symlink", "relative-symlink", "link-chain", "hardlink", "device", "fifo")
