@@ -171,10 +171,13 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
     assert main(["build", "--skip-preflight", *request, "--out", str(out)]) == ExitCode.PREFLIGHT_FAILED
     assert "carries cuDNN 9.19.0.56" in capsys.readouterr().err and not out.exists()
     # a CI file would run the same build in that image: refused as well, nothing written
-    ci_out = tmp_path / "ci"
+    ci_out = tmp_path / "ci"  # the repository: the jobs read the site config from their checkout of it
     ci_out.mkdir()
-    assert main(["ci", "gitlab", *request[1:], "--out", str(ci_out)]) == ExitCode.USAGE
-    assert "carries cuDNN 9.19.0.56" in capsys.readouterr().err and not any(ci_out.iterdir())
+    (ci_out / "site.toml").write_bytes(config.read_bytes())
+    in_repo = [*request[1:request.index("--config")], "--config", "site.toml"]
+    monkeypatch.chdir(ci_out)  # as a user runs it, from the repository's root
+    assert main(["ci", "gitlab", *in_repo, "--out", str(ci_out)]) == ExitCode.USAGE
+    assert "carries cuDNN 9.19.0.56" in capsys.readouterr().err and os.listdir(ci_out) == ["site.toml"]
 
 
 def test_cudnn_checks_per_kind_of_image(tmp_path: Path) -> None:

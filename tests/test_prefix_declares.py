@@ -59,9 +59,9 @@ def test_a_library_brought_by_an_undeclared_package_fails_the_prefix_audit(graph
     assert [(f.file, f.kind) for f in report.findings] == [(GRAPH, Kind.UNDECLARED)], report.findings
     assert report.findings[0].detail == (f"libz.so.1 comes from libzlib, which {CUDNN} does not declare "
                                          "(neither directly nor through its requirements)")
-    # The loader itself would find it: what fails is only the declaration.
+    # The loader itself would find it (in the environment's lib/): what fails is only the declaration.
     graph = next(f for f in report.files if f.file == GRAPH)
-    assert [(r.needed, r.where) for r in graph.resolutions if r.needed == "libz.so.1"] == [("libz.so.1", "package")]
+    assert [(r.needed, r.where) for r in graph.resolutions if r.needed == "libz.so.1"] == [("libz.so.1", "env")]
     result = cli("rpath", "audit", str(prefix))
     assert result.returncode == 8, result.stdout + result.stderr
     assert "libz.so.1 comes from libzlib" in " ".join((result.stdout + result.stderr).split())

@@ -205,7 +205,7 @@ def test_an_installed_wheel_renders_the_same_as_the_checkout(tmp_path: Path) -> 
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), str(REPO)],
                    check=True, capture_output=True)
-    wheel = next(wheel_dir.glob("torchforge-*.whl"))
+    wheel = next(wheel_dir.glob("torchforge_conda-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
     assert (target / "torchforge" / "_templates" / "pytorch" / "meta.yaml.j2").is_file()

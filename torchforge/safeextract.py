@@ -138,6 +138,14 @@ def tar_members(archive: Path) -> Iterator[tuple[tarfile.TarFile, tarfile.TarInf
     rule.finish()
 
 
+def is_archive(path: Path) -> bool:
+    """Whether `path` starts like a zip or a tarball this rule can read (a damaged one still counts)."""
+    try:
+        return zipfile.is_zipfile(path) or tarfile.is_tarfile(path)
+    except OSError:
+        return False
+
+
 def check_archive(archive: Path) -> None:
     """Judge a whole local source archive (a zip or a compressed tarball) that a build engine unpacks later."""
     try:

@@ -18,7 +18,7 @@ from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.fileops import path_of_file_url
 from torchforge.patchfile import check_patches
 from torchforge.resolve import default_release
-from torchforge.safeextract import check_archive
+from torchforge.safeextract import check_archive, is_archive
 from torchforge.variant import Options, Selection, check_shared_flags, parse_env
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
@@ -46,7 +46,7 @@ def _checked_source(location: str | None) -> str | None:
     """--source as given, after a local archive passed the extraction rule: the build engine unpacks it later,
     in either flavour, so one that would write outside its folder is refused before anything is made."""
     local = _local_file(location)
-    if local is not None:
+    if local is not None and is_archive(local):  # what is no archive at all is preflight's to judge (exit 9)
         check_archive(local)
     return location
 
