@@ -3,8 +3,10 @@
     python scripts/conda_forge_facts.py FEEDSTOCK_GIT_DIR            # exit 1 and say so if the table is stale
     python scripts/conda_forge_facts.py FEEDSTOCK_GIT_DIR --write    # rewrite the [releases] part of the table
 
-FEEDSTOCK_GIT_DIR is a clone of github.com/conda-forge/pytorch-cpu-feedstock (a bare one will do); the script
-needs jinja2 and PyYAML. The releases
+FEEDSTOCK_GIT_DIR is a clone of github.com/conda-forge/pytorch-cpu-feedstock (a bare one will do), or
+tests/data/feedstock (the snapshots scripts/feedstock_snapshots.py keeps; tests/test_feedstock_oracle.py checks the
+table against them); the script
+needs jinja2 and ruamel.yaml (torchforge's own dependencies). The releases
 and the commit each is read at come from the table itself ([releases."X.Y.Z"] commit and commit_note): to add a
 release, add those two keys for it and run with --write. Everything above the first [releases.] is kept.
 
@@ -34,7 +36,7 @@ import tomllib
 from pathlib import Path
 
 import jinja2
-import yaml
+from ruamel.yaml import YAML
 
 TABLE = Path(__file__).resolve().parent.parent / "torchforge" / "data" / "conda_forge.toml"
 PLATFORMS = {"linux-64": ("mkl", "generic"), "linux-aarch64": ("generic",), "win-64": ("mkl",)}
@@ -54,6 +56,8 @@ Job = tuple[str | None, str]  # (CUDA X.Y or None, blas_impl)
 
 
 class Feedstock:
+    """The feedstock read from git: a clone of it (a bare one will do)."""
+
     def __init__(self, git_dir: Path) -> None:
         self.git_dir = git_dir
 
@@ -70,6 +74,29 @@ class Feedstock:
     def listing(self, commit: str, folder: str) -> list[str]:
         return subprocess.run(["git", "-C", str(self.git_dir), "ls-tree", "--name-only", commit, folder + "/"],
                               capture_output=True, text=True, check=True).stdout.split()
+
+
+class SnapshotFeedstock(Feedstock):
+    """The feedstock read from tests/data/feedstock (scripts/feedstock_snapshots.py writes it): one folder per
+    commit; the files it leaves out have their checksums in recipe/SHA256SUMS."""
+
+    def show(self, commit: str, path: str) -> str | None:
+        file = self.git_dir / commit / path
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+
+    def sha256(self, commit: str, path: str) -> str:
+        sums = (self.git_dir / commit / "recipe" / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
+        return next(line.split("  ", 1)[0] for line in sums if line.split("  ", 1)[1] == path)
+
+    def listing(self, commit: str, folder: str) -> list[str]:
+        base = self.git_dir / commit
+        return sorted(str(p.relative_to(base)) for p in (base / folder).iterdir())
+
+
+def open_feedstock(path: Path) -> Feedstock:
+    """A git clone, or the folder of snapshots (it holds one folder per commit and no git objects)."""
+    snapshots = not (path / "objects").is_dir() and not (path / ".git").exists()
+    return SnapshotFeedstock(path) if snapshots else Feedstock(path)
 
 
 def selector_names(platform: str, cuda: str | None, blas: str) -> dict[str, object]:
@@ -343,7 +370,7 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
     host_names = {spec.split()[0].replace("-", "_") for (_, key, spec, _) in requirements if key == "host"}
     for job, name in [*cudas.items(), ("cpu", cpu_file)]:
         text = feedstock.show(commit, name) or ""
-        lines, values = text.splitlines(), yaml.safe_load(text)
+        lines, values = text.splitlines(), YAML(typ="safe").load(text)
         line_of = {key: lines.index(f"{key}:") + 1 for key in values}
         ci[job] = {"file": name, "line_of": line_of, "values": values, "host_names": host_names}
     return {"cuda": list(cudas), "arch": arch, "ci": ci, "outputs": outputs, "activation": windows_activation(feedstock, commit) if win else None,
@@ -469,7 +496,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         print(__doc__)
         return 2
-    feedstock, write = Feedstock(Path(argv[0])), "--write" in argv[1:]
+    feedstock, write = open_feedstock(Path(argv[0])), "--write" in argv[1:]
     text = TABLE.read_text(encoding="utf-8")
     head = text[:re.search(r'^\[releases\."', text, re.MULTILINE).start()]
     releases = tomllib.loads(text)["releases"]

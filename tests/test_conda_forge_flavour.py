@@ -178,13 +178,13 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.9" not in custom["libtorch.host"]
     assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
     assert custom["config.c_compiler_version"] == ("13",) and feedstock["config.c_compiler_version"] == ("14",)
-    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_301", str(custom["string.pytorch"]))
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_305", str(custom["string.pytorch"]))
     # the arch list alone changes every build string (torchforge's digest of the settings), nothing else
     other = _values("2.9.1", "12.4", "7.0;8.6;9.0")
     assert {k for k in custom if custom[k] != other[k]} == {
         "env.TORCH_CUDA_ARCH_LIST", "activate", "config.torch_cuda_arch_list",
         "string.libtorch", "string.pytorch", "string.pytorch-gpu"}
-    assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_301" in custom["libtorch.run_constrained"]
+    assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_305" in custom["libtorch.run_constrained"]
 
 
 def test_planned_outputs_are_libtorch_pytorch_per_python_and_the_metapackage_with_one_digest() -> None:
@@ -648,11 +648,11 @@ def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackag
     channel_of_rendered_outputs(tmp_path / "channel", recipes)
 
     no_gpu = solve(tmp_path / "channel", ["pytorch"], None)
-    assert re.fullmatch(r"cpu_mkl_torchforge_py311_h[0-9a-f]{7}_101", no_gpu["pytorch"])
+    assert re.fullmatch(r"cpu_mkl_torchforge_py311_h[0-9a-f]{7}_105", no_gpu["pytorch"])
     assert no_gpu["pytorch"] == recipes[1].build_string("pytorch", "3.11")
     assert no_gpu["libtorch"] == recipes[1].build_string("libtorch")
     gpu = solve(tmp_path / "channel", ["pytorch"], "12.4")  # +200: preferred wherever __cuda is
-    assert re.fullmatch(r"cuda124_mkl_torchforge_py311_h[0-9a-f]{7}_301", gpu["pytorch"])
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py311_h[0-9a-f]{7}_305", gpu["pytorch"])
     assert gpu["pytorch"] == recipes[0].build_string("pytorch", "3.11")
     assert gpu["libtorch"] == recipes[0].build_string("libtorch")
     # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out

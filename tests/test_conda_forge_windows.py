@@ -145,7 +145,7 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.8" not in custom["libtorch.host"]
     assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
     assert custom["config.c_compiler"] == feedstock["config.c_compiler"] == ("vs2022",)
-    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_301", str(custom["string.pytorch"]))
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_305", str(custom["string.pytorch"]))
     assert 'if not "%CF_TORCH_CUDA_ARCH_LIST%" == "7.0;8.6" exit 1' in custom["test.libtorch"]
 
 

@@ -1,10 +1,10 @@
 #!/bin/bash
-# Rendered by torchforge 0.1.0 for libtorch-2.9.1-cuda124-sm70_86-linux_64 (flavour conda-forge, feedstock b77098ef2fc7). Re-render instead of editing.
+# Rendered by torchforge 0.1.0 for libtorch-2.9.1-cuda124-sm70_86-linux_64 (flavour conda-forge, feedstock e42c757bb713). Re-render instead of editing.
 # One script for both outputs: conda-build runs it for libtorch (the C++ libraries, once) and then for pytorch
 # (the Python bindings, once per Python), like conda-forge's megabuild.
 set -euo pipefail
 
-# The build environment of conda-forge/pytorch-cpu-feedstock@b77098ef2fc7 (torchforge/data/conda_forge.toml).
+# The build environment of conda-forge/pytorch-cpu-feedstock@e42c757bb713 (torchforge/data/conda_forge.toml).
 export CUDA_TARGET=x86_64-linux
 export IN_PYTORCH_BUILD=1
 export PACKAGE_TYPE=conda
