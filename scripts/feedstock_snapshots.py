@@ -2,7 +2,7 @@
 
     python scripts/feedstock_snapshots.py FEEDSTOCK_GIT_DIR
 
-For each release commit named in torchforge/data/conda_forge.toml, tests/data/feedstock/COMMIT/ receives the
+For each release commit named in torchforge/data/conda_forge.toml (and each of its earlier_builds), tests/data/feedstock/COMMIT/ receives the
 feedstock's own files at that commit that rendering and the facts need: recipe/ (less its README, the patches
 and the vendored third_party licence) and the linux and win .ci_support job files. The patches are large and
 only their checksums matter to the table, so recipe/SHA256SUMS lists the sha256 of every file under recipe/ that
@@ -73,7 +73,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     git_dir = Path(argv[0])
-    commits = {r["commit"] for r in tomllib.loads(TABLE.read_text(encoding="utf-8"))["releases"].values()}
+    releases = tomllib.loads(TABLE.read_text(encoding="utf-8"))["releases"].values()
+    commits = {c for r in releases for c in (r["commit"], *r.get("earlier_builds", ()))}
     SNAPSHOTS.mkdir(parents=True, exist_ok=True)
     for commit in sorted(commits):
         partial = SNAPSHOTS / f".{commit}.partial"

@@ -182,9 +182,17 @@ def figures(findings: list[Finding]) -> dict[tuple[str, str], dict[str, int]]:
 
 
 def main(argv: list[str]) -> int:
+    """`--renders FILE`: keep the renders in FILE (read it where it exists), to compare again without rendering."""
+    saved = Path(argv[argv.index("--renders") + 1]) if "--renders" in argv else None
+    versions = [a for a in argv if re.fullmatch(r"\d+\.\d+\.\d+", a)]
+    if saved and saved.is_file():
+        renders = {Job(*key.split("|")): tuple(pair) for key, pair in json.loads(saved.read_text()).items()}
+    else:
+        renders = render_all(jobs(versions or None))
+        if saved:
+            saved.write_text(json.dumps({f"{j.version}|{j.platform}|{j.accel}": pair for j, pair in renders.items()}))
     differences = load_differences()
-    findings = [f for job, (theirs, ours) in render_all(jobs(argv or None)).items()
-                for f in compare(job, theirs, ours, differences)]
+    findings = [f for job, (theirs, ours) in renders.items() for f in compare(job, theirs, ours, differences)]
     print("| release | platform | fields compared | identical | listed as intended | different |")
     print("|---|---|---|---|---|---|")
     for (version, platform), row in figures(findings).items():

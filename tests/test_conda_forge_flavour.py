@@ -137,7 +137,7 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
     # pins and compilers of the feedstock's job
     config = YAML(typ="safe").load(files["conda_build_config.yaml"])
     ci = jobs.ci_support[accel]
-    assert config["python"] == list(ci.python.value)
+    assert config["python"] == list(ci.python.variant)  # the job's values whole: 3.12.* *_cpython
     assert config["c_compiler_version"] == [ci.c_compiler_version.value]
     assert {p.name: [p.value] for p in ci.pins}.items() <= config.items()
     assert config["cuda_compiler_version"] == [cuda or "None"]
@@ -232,6 +232,27 @@ def test_bad_requests_are_refused_with_what_would_work_and_write_nothing(
     assert code == 2
     assert message in capsys.readouterr().err.replace("\n", " ")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_cuda_of_the_releases_earlier_builds_takes_their_arch_list_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """conda-forge's first 2.7.1 builds had CUDA 12.6 (55fb9b87, build 0), its release commit has 12.9 only."""
+    assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.7.1", "--cuda", "12.6", "--py", "3.12",
+                 "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "never built" not in err
+    assert "conda-forge's earlier PyTorch 2.7.1 builds' (55fb9b87:recipe/build.sh:220)" in " ".join(err.split())
+    (folder,) = tmp_path.iterdir()
+    assert exported((folder / "build.sh").read_text())["TORCH_CUDA_ARCH_LIST"] == "5.0;6.0;6.1;7.0;7.5;8.0;8.6;8.9;9.0+PTX"
+
+
+def test_a_cuda_conda_forge_never_built_takes_pytorchs_own_wheel_list_and_says_so(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--dry-run"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "conda-forge never built PyTorch 2.9.0 for it, so PyTorch's own 2.9.0 wheels' (pytorch.toml), " \
+           "7.0;7.5;8.0;8.6;9.0;10.0;12.0" in err
+    assert conda_forge.plan("2.9.0", "linux-64", "12.8").arch_list == "7.0;7.5;8.0;8.6;9.0;10.0;12.0"
 
 
 def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(

@@ -13,6 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "data" / "feedstock"
 TABLE = tomllib.loads((ROOT / "torchforge" / "data" / "conda_forge.toml").read_text(encoding="utf-8"))
@@ -20,7 +22,7 @@ TABLE = tomllib.loads((ROOT / "torchforge" / "data" / "conda_forge.toml").read_t
 
 def test_the_snapshots_are_the_tables_commits() -> None:
     folders = {p.name for p in SNAPSHOTS.iterdir() if p.is_dir()}
-    assert folders == {r["commit"] for r in TABLE["releases"].values()}
+    assert folders == {c for r in TABLE["releases"].values() for c in (r["commit"], *r.get("earlier_builds", ()))}
 
 
 def test_a_release_with_a_branch_is_read_at_the_branchs_tip() -> None:
@@ -41,3 +43,36 @@ def test_the_table_is_what_the_facts_script_reads_from_the_snapshots() -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "matches the feedstock" in done.stdout
+
+
+# ---- the feedstock's recipe and torchforge's, rendered by the real conda-build ----------------------------
+
+def _jobs() -> list:
+    from tests.feedstock_oracle import jobs
+
+    return jobs()
+
+
+@pytest.fixture(scope="module")
+def conda_build_python() -> Path:
+    """.venv-conda (the real conda-build 26.7.1 from ../shared/vendor), made on first use."""
+    from tests import tool_venvs
+
+    if not tool_venvs.vendored_conda_present():
+        pytest.skip(f"no conda wheels in {tool_venvs.VENDOR}: the oracle renders with the real conda-build")
+    return tool_venvs.ensure("conda") / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", _jobs(), ids=lambda job: job.id)
+def test_torchforges_recipe_renders_as_the_feedstocks_own_for_the_same_job(job, conda_build_python, tmp_path) -> None:
+    """Every output's requirements (selectors applied), run_exports, ignore_run_exports(_from), build strings and
+    numbers, track_features, missing_dso_whitelist, detect_binary_files_with_prefix and test section: the same as
+    the feedstock's, or a difference tests/data/feedstock_differences.toml lists with its reason."""
+    from tests.feedstock_oracle import compare, load_differences, render_pair
+
+    theirs, ours = render_pair(job, tmp_path)
+    findings = compare(job, theirs, ours, load_differences())
+    assert {f.output for f in findings} >= {"libtorch", "pytorch"}
+    different = [f"{f.output} {f.field}: {f.detail}" for f in findings if f.status == "different"]
+    assert not different, "\n".join(different)
