@@ -46,7 +46,7 @@ class Finding:
     job: Job
     output: str
     field: str
-    status: str  # identical | intended | different
+    status: str  # identical | intended | open (listed, not yet done) | different
     detail: str = ""
 
 
@@ -124,11 +124,10 @@ def _rewrite(value: object, side: str, rules: list[dict], job: Job, output: str,
     return text
 
 
-def _unlisted(items: list[str], side: str, rules: list[dict], job: Job, output: str, field: str) -> list[str]:
-    """The items only one side has that no `item` rule lists."""
-    return [item for item in items if not any(
-        rule["side"] == side and _applies(rule, job, output, field) and re.fullmatch(rule["pattern"], item)
-        for rule in rules)]
+def _listing(item: str, side: str, rules: list[dict], job: Job, output: str, field: str) -> dict | None:
+    """The `item` rule that lists an item only one side has, if any."""
+    return next((rule for rule in rules if rule["side"] == side and _applies(rule, job, output, field)
+                 and re.fullmatch(rule["pattern"], item)), None)
 
 
 def compare_field(job: Job, output: str, field: str, ours_raw: object, theirs_raw: object,
@@ -144,15 +143,19 @@ def compare_field(job: Job, output: str, field: str, ours_raw: object, theirs_ra
             return Finding(job, output, field, "intended")
         return Finding(job, output, field, "different", f"feedstock {theirs_raw!r}, torchforge {ours_raw!r}")
     items = differences.get("item", [])
-    missing = _unlisted([i for i in theirs if i not in ours], "feedstock", items, job, output, field)
-    extra = _unlisted([i for i in ours if i not in theirs], "torchforge", items, job, output, field)
+    listed = {(i, side): _listing(i, side, items, job, output, field)
+              for side, only in (("feedstock", [i for i in theirs if i not in ours]),
+                                 ("torchforge", [i for i in ours if i not in theirs])) for i in only}
+    missing = [i for (i, side), rule in listed.items() if side == "feedstock" and rule is None]
+    extra = [i for (i, side), rule in listed.items() if side == "torchforge" and rule is None]
     if field in ORDERED and not missing and not extra:
         common_theirs, common_ours = [i for i in theirs if i in ours], [i for i in ours if i in theirs]
         if common_theirs != common_ours:
             return Finding(job, output, field, "different", "the same items in another order")
     if missing or extra:
         return Finding(job, output, field, "different", f"only the feedstock's: {missing}; only torchforge's: {extra}")
-    return Finding(job, output, field, "intended")
+    still_open = any(rule.get("open") for rule in listed.values() if rule)
+    return Finding(job, output, field, "open" if still_open else "intended")
 
 
 def compare(job: Job, theirs: dict, ours: dict, differences: dict) -> list[Finding]:
@@ -171,11 +174,11 @@ def compare(job: Job, theirs: dict, ours: dict, differences: dict) -> list[Findi
 
 
 def figures(findings: list[Finding]) -> dict[tuple[str, str], dict[str, int]]:
-    """{(release, platform): {compared, identical, intended, different}}."""
+    """{(release, platform): {compared, identical, intended, open, different}}."""
     table: dict[tuple[str, str], dict[str, int]] = {}
     for finding in findings:
         row = table.setdefault((finding.job.version, finding.job.platform),
-                               {"compared": 0, "identical": 0, "intended": 0, "different": 0})
+                               {"compared": 0, "identical": 0, "intended": 0, "open": 0, "different": 0})
         row["compared"] += 1
         row[finding.status] += 1
     return table
@@ -193,10 +196,11 @@ def main(argv: list[str]) -> int:
             saved.write_text(json.dumps({f"{j.version}|{j.platform}|{j.accel}": pair for j, pair in renders.items()}))
     differences = load_differences()
     findings = [f for job, (theirs, ours) in renders.items() for f in compare(job, theirs, ours, differences)]
-    print("| release | platform | fields compared | identical | listed as intended | different |")
-    print("|---|---|---|---|---|---|")
+    print("| release | platform | fields compared | identical | listed as intended | listed as open | different |")
+    print("|---|---|---|---|---|---|---|")
     for (version, platform), row in figures(findings).items():
-        print(f"| {version} | {platform} | {row['compared']} | {row['identical']} | {row['intended']} | {row['different']} |")
+        print(f"| {version} | {platform} | {row['compared']} | {row['identical']} | {row['intended']} | {row['open']} "
+              f"| {row['different']} |")
     for finding in findings:
         if finding.status == "different":
             print(f"{finding.job.id} {finding.output} {finding.field}: {finding.detail}")

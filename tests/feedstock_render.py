@@ -5,7 +5,8 @@ one job and print every output's compared fields as JSON.
 
 ARCH: the machine the job is rendered as native on (64 or aarch64: torchforge builds on the machine itself, so the
 feedstock's aarch64 job, which conda-forge cross-compiles, is rendered natively too). PYTHON (3.12): the one
-Python the job is rendered for; VARIANT_FILE (a .ci_support job) is cut to that Python's row of its zip_keys.
+Python the job is rendered for; VARIANT_FILE (a .ci_support job) is cut to that Python's row of its zip_keys
+(without one, the folder's own variant file must name only that Python).
 The recipe folder's own conda_build_config.yaml is read as conda-build always does. Nothing is downloaded or
 solved (finalize=False, bypass_env_check): the fields are the recipe's own, with selectors and Jinja applied.
 """
@@ -61,8 +62,8 @@ def main(argv: list[str]) -> int:
         variant_files = [str(one_python(Path(argv[3]), python, Path(scratch)))] if len(argv) > 3 else []
         config = Config(platform="linux", arch=arch, variant_config_files=variant_files, croot=str(Path(scratch) / "bld"),
                         no_download_source=True, verbose=False, quiet=True)
-        variants = None if variant_files else {"python": [python]}
-        rendered = api.render(str(recipe), config=config, finalize=False, bypass_env_check=True, variants=variants)
+        # without a job file the folder's own conda_build_config.yaml is the job (torchforge's, planned for PYTHON)
+        rendered = api.render(str(recipe), config=config, finalize=False, bypass_env_check=True)
         outputs = {}
         for metadata, _, _ in rendered:
             name = metadata.name()
