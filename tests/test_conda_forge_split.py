@@ -242,9 +242,9 @@ def test_every_stand_in_fact_cites_a_line_of_a_repository_at_a_commit() -> None:
 
     packages = standin.conda_forge_packages()
     assert set(packages) == {"libcudnn", "libcudnn-dev", "cudnn", "nccl", "libmagma", "libmagma_sparse",
-                             "libmagma-devel", "python", "numpy"}
+                             "libmagma-devel", "python", "python_abi", "numpy"}
     for package in packages.values():
-        for fact in (*package.libraries, *package.links, *package.depends, *package.run_exports):
+        for fact in (*package.libraries, *package.links, *package.depends, *package.run_exports, *package.constrains):
             assert re.match(r"^([\w-]+/[\w.-]+@[0-9a-f]{8}:|magma-)[\w./-]+:\d", fact.source), fact.source
 
 
@@ -665,8 +665,22 @@ def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cach
     assert (cache / key).is_dir() and [p.name for p in cache.iterdir()] == [key]
 
 
+def python_folder(series: str) -> Path:
+    """The folder of a runnable pythonX.Y: PATH's, else pyenv's installed one (its shim runs only when selected)."""
+    import shutil
+    import subprocess
+
+    found = shutil.which(f"python{series}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return Path(found).parent
+    installed = sorted((Path.home() / ".pyenv" / "versions").glob(f"{series}.*/bin/python{series}"))
+    assert installed, f"python{series} is needed for this test (on PATH or installed by pyenv)"
+    return installed[-1].parent
+
+
 @pytest.mark.slow
-def test_one_plan_for_two_pythons_installs_each_pytorch_next_to_its_own_python(tmp_path: Path) -> None:
+def test_one_plan_for_two_pythons_installs_each_pytorch_next_to_its_own_python(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The megabuild's promise with stand-ins that behave like conda-forge's: python exports python_abi and numpy
     its own pin (conda_forge_standins.toml), libtorch is built once with one of the Pythons and ignores what
     python and numpy export (the feedstock's ignore_run_exports_from), so each Python's pytorch installs next to
@@ -678,13 +692,14 @@ def test_one_plan_for_two_pythons_installs_each_pytorch_next_to_its_own_python(t
 
     from torchforge import standin
 
-    pythons = ("3.11", "3.12")
+    pythons = ("3.10", "3.11")  # the feedstock builds libtorch with 3.12: it builds with 3.10 here
+    monkeypatch.setenv("PATH", os.pathsep.join([*(str(python_folder(p)) for p in pythons), os.environ["PATH"]]))
     source = copy_fixture(tmp_path / "torch_split")
     arguments = ["--pytorch", "2.13.0", "--cuda", "cpu", "--py", ",".join(pythons), "--source", str(source)]
     (recipe,) = flavour_commands_with_inputs(conda_forge.plan("2.13.0", "linux-64", "cpu", None, pythons), source)
     assert main(["render", *arguments, "--format", "rattler-build", "--out", str(tmp_path / "recipes")]) == 0
     specs = standin.rendered_recipe_requirements(tmp_path / "recipes" / recipe.id, {o.name for o in recipe.outputs})
-    assert any(s.startswith("python 3.12.* ") and s.endswith("_cpython") for s in specs)  # the job's value, whole
+    assert any(s.startswith("python 3.11.* ") and s.endswith("_cpython") for s in specs)  # the job's value, whole
     stubs = tmp_path / "stubs"
     standin.make_stub_channel(stubs, specs, conda_forge=True)
     config = tmp_path / "torchforge.toml"

@@ -58,6 +58,7 @@ class Stub:
     links: dict[str, str] = field(default_factory=dict, hash=False)  # path in package -> symlink target
     depends: tuple[str, ...] = ()
     run_exports: tuple[str, ...] = ()  # weak run_exports: what a package built against this one needs at run time
+    constrains: tuple[str, ...] = ()  # run_constrained: what may only be installed next to it in these versions
 
 
 def recipe_requirements(recipe_yaml: str, sections: tuple[str, ...] = ("build", "host", "run")) -> list[str]:
@@ -194,7 +195,14 @@ class StandinExport(FrozenModel):
     name: str
     max_pin: Literal["x", "x.x", "x.x.x"] | None = None
     spec: str | None = None
+    since: str | None = None  # the spec holds for package versions from X.Y on
+    until: str | None = None  # ... or below X.Y only
     source: str
+
+    def applies(self, version: str) -> bool:
+        series = tuple(int(n) for n in version.split(".")[:2])
+        return ((self.since is None or series >= tuple(int(n) for n in self.since.split(".")))
+                and (self.until is None or series < tuple(int(n) for n in self.until.split("."))))
 
     def expression(self, version: str) -> str:
         if self.spec is not None:
@@ -209,6 +217,7 @@ class StandinPackage(FrozenModel):
     links: tuple[StandinLink, ...] = ()
     depends: tuple[StandinDepend, ...] = ()
     run_exports: tuple[StandinExport, ...] = ()
+    constrains: tuple[StandinExport, ...] = ()  # run_constrained, in run_exports' notation
 
 
 class StandinTable(FrozenModel):
@@ -222,7 +231,7 @@ def conda_forge_packages() -> dict[str, StandinPackage]:
     packages = parse_table_as(StandinTable, data_text("conda_forge_standins"),
                               "torchforge/data/conda_forge_standins.toml").packages
     for name, package in packages.items():
-        if any((e.max_pin is None) == (e.spec is None) for e in package.run_exports):
+        if any((e.max_pin is None) == (e.spec is None) for e in (*package.run_exports, *package.constrains)):
             raise ValueError(f"conda_forge_standins.toml {name}: each run_export needs max_pin or spec, not both")
     return packages
 
@@ -257,7 +266,8 @@ def conda_forge_stub(name: str, version: str, build: str) -> Stub:
                 files={lib.path: shared_library(lib.soname) for lib in package.libraries},
                 links={link.path: link.target for link in package.links},
                 depends=tuple(f"{d.name} =={version}" for d in package.depends),
-                run_exports=tuple(e.expression(version) for e in package.run_exports))
+                run_exports=tuple(e.expression(version) for e in package.run_exports if e.applies(version)),
+                constrains=tuple(e.expression(version) for e in package.constrains if e.applies(version)))
 
 
 def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None,
@@ -276,12 +286,12 @@ def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_d
         stub = python_stub(version, python_alias, bin_dir)
         if conda_forge:  # conda-forge's python exports its python_abi, as the real one does
             exports = conda_forge_packages()["python"].run_exports
-            stub = replace(stub, run_exports=tuple(e.expression(version) for e in exports))
+            stub = replace(stub, run_exports=tuple(e.expression(version) for e in exports if e.applies(version)))
     elif name == "patchelf":
         stub = Stub(name, version, links={"bin/patchelf": str(bin_dir / "patchelf" if bin_dir else patchelf_executable())})
     else:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
-    return Stub(stub.name, stub.version, build or stub.build, stub.files, stub.links, stub.depends, stub.run_exports)
+    return replace(stub, build=build or stub.build)
 
 
 def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
@@ -300,7 +310,8 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
             paths.append({"_path": rel, "path_type": "softlink"})
         (stage / "info").mkdir()
         index_json = {"name": stub.name, "version": stub.version, "build": stub.build, "build_number": 0,
-                      "depends": list(stub.depends), "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
+                      "depends": list(stub.depends), **({"constrains": list(stub.constrains)} if stub.constrains else {}),
+                      "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
                       "arch": PLATFORM_ARCH[subdir][1], "timestamp": int(time.time() * 1000)}
         (stage / "info" / "index.json").write_text(json.dumps(index_json))
         (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
