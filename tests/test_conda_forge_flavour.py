@@ -488,6 +488,39 @@ def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into
     assert not any(p.suffix == ".patch" and p.name != "fix.patch" for p in folder.iterdir())
 
 
+@pytest.mark.parametrize(("platform", "target"), [("linux-64", "x86_64-linux"), ("linux-aarch64", "sbsa-linux")])
+def test_the_cuda_target_placeholders_of_the_feedstocks_patches_are_filled_before_the_build(
+        platform: str, target: str, tmp_path: Path) -> None:
+    """2.10+'s patches put @CUDA_TARGET@ into torch.utils.cpp_extension and inductor; the feedstock's build.sh fills
+    them (b79ad3ff:recipe/build.sh:219-220, 74dd3d46:recipe/build.sh:226-227). The whole build.sh runs on a tree
+    whose patches are applied, with a stand-in $PYTHON that records what setup.py would see and stops there."""
+    import os
+    import subprocess
+
+    script = conda_forge.recipe_files(conda_forge.plan("2.13.0", platform, "13.0"), SOURCE,
+                                      feedstock_patches=True)["build.sh"]
+    tree = tmp_path / "src"
+    (tree / "conda-forge-patches").mkdir(parents=True)
+    (tree / "conda-forge-patches" / ".applied").touch()
+    patched = {"torch/utils/cpp_extension.py": 'CUDA_HOME_TARGETS = "targets/@CUDA_TARGET@/include"\n',
+               "torch/_inductor/cpp_builder.py": 'libs = "targets/@CUDA_TARGET@/lib"\n'}
+    for path, text in patched.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+    (tree / "build.sh").write_text(script)
+    recorder = tmp_path / "python"
+    recorder.write_text(f'#!/bin/sh\nenv > "{tmp_path}/seen.env"\nexit 3\n')  # stops the build where setup.py would run
+    recorder.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "PYTHON": str(recorder), "PKG_NAME": "libtorch", "CPU_COUNT": "2",
+           "PKG_VERSION": "2.13.0", "PKG_BUILDNUM": "302", "BUILD_PREFIX": str(tmp_path / "build_env"),
+           "PREFIX": str(tmp_path / "prefix"), "RECIPE_DIR": str(tmp_path), "SRC_DIR": str(tree)}
+    done = subprocess.run(["bash", "build.sh"], cwd=tree, env=env, capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr[-2000:]
+    for path, text in patched.items():
+        assert (tree / path).read_text() == text.replace("@CUDA_TARGET@", target)
+    assert f"CUDA_TARGET={target}" in (tmp_path / "seen.env").read_text().splitlines()
+
+
 def test_feedstock_patches_are_downloaded_at_the_release_commit_with_their_sha256_and_applied_once(
         tmp_path: Path) -> None:
     """--feedstock-patches: each patch of the job is a source entry (URL at the pinned commit, sha256 from the
