@@ -51,8 +51,9 @@ def output_requirements(meta: dict) -> dict[str, dict[str, list[str]]]:
 
 
 # What torchforge's build.sh exports besides the feedstock's environment: the CUDA target folder (which the
-# feedstock sets without export), the job count, and the linker flags without --as-needed and -z now.
-TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "LDFLAGS")
+# feedstock sets without export), the job count, and the compiler and linker flags as the feedstock edits them
+# (tests/test_feedstock_oracle.py compares those with the feedstock's build.sh run by bash).
+TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "CFLAGS", "CXXFLAGS", "LDFLAGS")
 
 
 def exported(build_sh: str) -> dict[str, str]:
@@ -726,7 +727,8 @@ def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: 
     flags = "-Wl,-O2 -Wl,--as-needed -Wl,-z,relro -Wl,-z,now -Wl,--disable-new-dtags"
     done = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$LDFLAGS"'])], env={"LDFLAGS": flags},
                           capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags"]
+    assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags",
+                                   "-Wl,-z,noexecstack"]  # the feedstock's too (glibc 2.41)
 
 
 def test_doctor_shows_the_flavour_its_channel_and_the_engine_that_builds_it(

@@ -76,3 +76,58 @@ def test_torchforges_recipe_renders_as_the_feedstocks_own_for_the_same_job(job, 
     assert {f.output for f in findings} >= {"libtorch", "pytorch"}
     different = [f"{f.output} {f.field}: {f.detail}" for f in findings if f.status == "different"]
     assert not different, "\n".join(different)
+
+
+# ---- the compiler and linker flags build.sh hands to setup.py, against the feedstock's own build.sh ----------
+
+# Flags of the shape conda-forge's GCC activation exports (the flags the feedstock edits are among them).
+CONDA_FLAGS = {
+    "CFLAGS": "-march=nocona -mtune=haswell -ftree-vectorize -fPIC -fstack-protector-strong -fno-plt -O2 -pipe",
+    "CXXFLAGS": "-fvisibility-inlines-hidden -fmessage-length=0 -march=nocona -mtune=haswell -ftree-vectorize "
+                "-fPIC -fstack-protector-strong -fno-plt -O2 -std=c++17 -pipe",
+    "LDFLAGS": "-Wl,-O2 -Wl,--sort-common -Wl,--as-needed -Wl,-z,relro -Wl,-z,now -Wl,--disable-new-dtags",
+}
+FLAG_NAMES = tuple(CONDA_FLAGS)
+
+
+def feedstock_flags(version: str, platform: str) -> dict[str, list[str]]:
+    """The flags after the feedstock's own build.sh edits them: its ADJUST COMPILER AND LINKER FLAGS block, run by
+    bash with conda's flags and the job's variables (GCC, the subdir)."""
+    script = (SNAPSHOTS / TABLE["releases"][version]["commit"] / "recipe" / "build.sh").read_text()
+    block = script[script.index("ADJUST COMPILER AND LINKER FLAGS"):script.index("CONFIGURE CMAKE FOR CONDA")]
+    block = block.split("\n", 1)[1].rsplit("\n", 1)[0]  # without the two banner lines
+    env = {"PATH": "/usr/bin:/bin", "c_compiler": "gcc", "target_platform": platform, **CONDA_FLAGS}
+    done = subprocess.run(["bash", "-c", block + "\n" + "".join(f'echo "${n}"\n' for n in FLAG_NAMES)], env=env,
+                          capture_output=True, text=True, check=True)
+    return dict(zip(FLAG_NAMES, (line.split() for line in done.stdout.splitlines())))
+
+
+def torchforge_flags(version: str, platform: str, tmp_path: Path) -> dict[str, list[str]]:
+    """The flags torchforge's build.sh hands to `setup.py build`: the script runs with conda's flags and a stand-in
+    $PYTHON that records its environment and stops the build there."""
+    from torchforge.flavours import conda_forge
+    from torchforge.recipe import Source
+
+    script = conda_forge.recipe_files(conda_forge.plan(version, platform, "cpu"),
+                                      Source("git", "https://github.com/pytorch/pytorch", f"v{version}"))["build.sh"]
+    (tmp_path / "build.sh").write_text(script)
+    recorder = tmp_path / "python"
+    recorder.write_text(f'#!/bin/sh\nenv -0 > "{tmp_path}/seen.env"\nexit 3\n')
+    recorder.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(recorder), "PKG_NAME": "libtorch", "PKG_VERSION": version,
+           "PKG_BUILDNUM": "0", "CPU_COUNT": "2", "PREFIX": str(tmp_path / "p"), "BUILD_PREFIX": str(tmp_path / "b"),
+           "RECIPE_DIR": str(tmp_path), "SRC_DIR": str(tmp_path), **CONDA_FLAGS}
+    done = subprocess.run(["bash", "build.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr[-2000:]
+    seen = dict(item.split("=", 1) for item in (tmp_path / "seen.env").read_text().split("\0") if "=" in item)
+    return {name: seen[name].split() for name in FLAG_NAMES}
+
+
+@pytest.mark.parametrize("version", list(TABLE["releases"]))
+@pytest.mark.parametrize("platform", ["linux-64", "linux-aarch64"])
+def test_the_compiler_and_linker_flags_reaching_setup_py_are_the_feedstocks(version: str, platform: str,
+                                                                            tmp_path: Path) -> None:
+    """CFLAGS, CXXFLAGS and LDFLAGS as the feedstock's build.sh leaves them (issue 31 items 3 and 4: no
+    -fvisibility-inlines-hidden, no -std=c++NN, its warning flags, -Wl,-z,noexecstack, no --as-needed, -z lazy),
+    each flag in the same order."""
+    assert torchforge_flags(version, platform, tmp_path) == feedstock_flags(version, platform)

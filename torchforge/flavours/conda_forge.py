@@ -178,10 +178,22 @@ class FlavourSettings(FrozenModel):
     visual_studio: dict[str, tuple[int, int]]  # compiler package -> _MSC_VER range
 
 
+class CompilerFlags(FrozenModel):
+    """The feedstock's edits of conda's compiler and linker flags on linux (sed patterns to strip, flags to add)."""
+
+    strip_c: tuple[str, ...]
+    strip_cxx: tuple[str, ...]
+    add_c: tuple[str, ...]
+    add_cxx: tuple[str, ...]
+    add_ld: tuple[str, ...]
+    source: str
+
+
 class CondaForgeTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     flavour: FlavourSettings
+    compiler_flags: CompilerFlags
     releases: dict[str, FeedstockRelease]
 
 
@@ -754,7 +766,7 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "metapackage": others[-1].name, "settings": recipe.settings, "conda_build_spec": conda_build_spec,
         "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
-        "libtorch_python": recipe.libtorch_python,
+        "libtorch_python": recipe.libtorch_python, "compiler_flags": load().compiler_flags,
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
         "rattler_build_string": rattler_build_string,
