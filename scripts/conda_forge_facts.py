@@ -9,7 +9,8 @@ table against them); the script
 needs jinja2 and ruamel.yaml (torchforge's own dependencies). The releases
 and the commit each is read at come from the table itself ([releases."X.Y.Z"] commit and commit_note): to add a
 release, add those two keys for it and run with --write. `earlier_builds` (optional, kept): earlier commits of
-the release whose CUDA jobs its commit no longer has; their arch lists are read into earlier_arch_list. Everything above the first [releases.] is kept.
+the release whose CUDA jobs its commit no longer has; their arch lists are read into earlier_arch_list.
+Everything above the first [releases.] is kept.
 
 How the facts are read, per release, per subdir (linux-64: blas mkl and generic; linux-aarch64: generic, the
 sbsa job, as a native build; win-64: mkl) and per job (each CUDA of the subdir's .ci_support files, and cpu):

@@ -2,13 +2,14 @@
 
     python scripts/feedstock_snapshots.py FEEDSTOCK_GIT_DIR
 
-For each release commit named in torchforge/data/conda_forge.toml (and each of its earlier_builds), tests/data/feedstock/COMMIT/ receives the
-feedstock's own files at that commit that rendering and the facts need: recipe/ (less its README, the patches
-and the vendored third_party licence) and the linux and win .ci_support job files. The patches are large and
-only their checksums matter to the table, so recipe/SHA256SUMS lists the sha256 of every file under recipe/ that
-is left out. BRANCHES.toml records the tip and version of each release branch (vX.Y.x), against which
-tests/test_feedstock_oracle.py checks the table's rule "the tip of the release branch". Folders of commits the table no longer names are removed. Each commit's folder is written beside
-its final place and moved in whole, so an interrupted run leaves the old snapshot or the new one, never half.
+For each release commit named in torchforge/data/conda_forge.toml (and each of its earlier_builds),
+tests/data/feedstock/COMMIT/ receives the feedstock's own files at that commit that rendering and the facts need:
+recipe/ (less its README, the patches and the vendored third_party licence) and the linux and win .ci_support job
+files. The patches are large and only their checksums matter to the table, so recipe/SHA256SUMS lists the sha256 of
+every file under recipe/ that is left out. BRANCHES.toml records the tip and version of each release branch
+(vX.Y.x), against which tests/test_feedstock_oracle.py checks the table's rule "the tip of the release branch".
+Folders of commits the table no longer names are removed. Each commit's folder is written beside its final place
+and moved in whole, so an interrupted run leaves the old snapshot or the new one, never half.
 FEEDSTOCK_GIT_DIR: a clone of github.com/conda-forge/pytorch-cpu-feedstock (a bare one will do).
 """
 
@@ -73,6 +74,10 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     git_dir = Path(argv[0])
+    if subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "--git-dir"], capture_output=True).returncode:
+        print(f"{git_dir} is not a git directory: give a clone of conda-forge/pytorch-cpu-feedstock (a bare one "
+              "will do, or the .git folder of a checkout)", file=sys.stderr)
+        return 2
     releases = tomllib.loads(TABLE.read_text(encoding="utf-8"))["releases"].values()
     commits = {c for r in releases for c in (r["commit"], *r.get("earlier_builds", ()))}
     SNAPSHOTS.mkdir(parents=True, exist_ok=True)
