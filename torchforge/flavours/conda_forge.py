@@ -219,8 +219,11 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
         problems.append(f"conda_forge.toml flavour.blas must name exactly {', '.join(PLATFORMS)}")
     for version, release in table.releases.items():
         where = f"conda_forge.toml releases.{version}"
-        if not re.fullmatch(r"[0-9a-f]{40}", release.commit):
-            problems.append(f"{where}.commit is not a full git commit")
+        if not all(re.fullmatch(r"[0-9a-f]{40}", c) for c in (release.commit, *release.earlier_builds)):
+            problems.append(f"{where}: commit and earlier_builds must be full git commits")
+        problems.extend(f"{where}.platforms.{p}.earlier_arch_list.{c}: {a.source!r} cites none of earlier_builds"
+                        for p, jobs in release.platforms.items() for c, a in jobs.earlier_arch_list.items()
+                        if not any(a.source.startswith(f"{e[:8]}:recipe/") for e in release.earlier_builds))
         if set(release.platforms) | set(release.not_built) != set(PLATFORMS) or set(release.platforms) & set(release.not_built):
             problems.append(f"{where}: platforms and not_built must name each of {', '.join(PLATFORMS)} once")
         cited = [release.build_number_source, release.patches.source, release.cuda_offset_source,
