@@ -131,3 +131,22 @@ def test_the_compiler_and_linker_flags_reaching_setup_py_are_the_feedstocks(vers
     -fvisibility-inlines-hidden, no -std=c++NN, its warning flags, -Wl,-z,noexecstack, no --as-needed, -z lazy),
     each flag in the same order."""
     assert torchforge_flags(version, platform, tmp_path) == feedstock_flags(version, platform)
+
+
+@pytest.mark.parametrize("version", list(TABLE["releases"]))
+def test_the_files_the_feedstock_empties_are_empty_when_setup_py_runs(version: str, tmp_path: Path) -> None:
+    """Issue 31 item 12: each release's build.sh empties NNPACK's DownloadSix.cmake (a download from the network
+    while configuring); torchforge's build.sh does the same before `setup.py build` (the recording stand-in python
+    stops it there), and a tree without the file stays without it."""
+    feedstock = (SNAPSHOTS / TABLE["releases"][version]["commit"] / "recipe" / "build.sh").read_text()
+    emptied = [line.split(">", 1)[1].strip() for line in feedstock.splitlines() if line.startswith("> ")]
+    assert emptied == ["third_party/NNPACK/cmake/DownloadSix.cmake"]
+    target = tmp_path / emptied[0]
+    target.parent.mkdir(parents=True)
+    target.write_text("file(DOWNLOAD https://pypi.org/six.tar.gz six.tar.gz)\n")
+    torchforge_flags(version, "linux-64", tmp_path)
+    assert target.read_text() == ""
+    other = tmp_path / "without"
+    other.mkdir()
+    torchforge_flags(version, "linux-64", other)
+    assert not (other / "third_party").exists()

@@ -189,11 +189,19 @@ class CompilerFlags(FrozenModel):
     source: str
 
 
+class SourceEdits(FrozenModel):
+    """What the feedstock's build.sh changes in PyTorch's source tree before building (files it empties)."""
+
+    empty: tuple[str, ...]
+    source: str
+
+
 class CondaForgeTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     flavour: FlavourSettings
     compiler_flags: CompilerFlags
+    source_edits: SourceEdits
     releases: dict[str, FeedstockRelease]
 
 
@@ -770,6 +778,7 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python, "compiler_flags": load().compiler_flags,
+        "emptied": load().source_edits.empty,
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
         "rattler_build_string": rattler_build_string,

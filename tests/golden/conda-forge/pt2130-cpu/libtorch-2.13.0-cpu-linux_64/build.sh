@@ -46,6 +46,8 @@ export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 # name, so its recipe names the step in TORCHFORGE_OUTPUT
 case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
   libtorch)
+    # what the feedstock empties in the source tree (conda_forge.toml [source_edits]: no download while configuring)
+    if [ -f third_party/NNPACK/cmake/DownloadSix.cmake ]; then : > third_party/NNPACK/cmake/DownloadSix.cmake; fi
     # torchforge's compile cache (set only with it): CC and CXX through ccache for setuptools' and ninja's compiles
     if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
     "$PYTHON" setup.py -q build
