@@ -150,3 +150,24 @@ def test_the_files_the_feedstock_empties_are_empty_when_setup_py_runs(version: s
     other.mkdir()
     torchforge_flags(version, "linux-64", other)
     assert not (other / "third_party").exists()
+
+
+@pytest.mark.parametrize("version", list(TABLE["releases"]))
+def test_setup_py_is_edited_as_the_feedstocks_build_sh_edits_it(version: str, tmp_path: Path) -> None:
+    """Issue 31 item 12: from 2.11.0 the feedstock's build.sh deletes setup.py's runtime pin setuptools<82. Its own
+    `sed ... setup.py` lines of each release, run by bash on a setup.py, give what torchforge's build.sh leaves
+    there when `setup.py build` would run."""
+    setup = 'requires = [\n    "filelock",\n    "setuptools<82",\n    "sympy>=1.13.3",\n]\n'
+    feedstock = (SNAPSHOTS / TABLE["releases"][version]["commit"] / "recipe" / "build.sh").read_text()
+    edits = [line for line in feedstock.splitlines() if line.startswith("sed ") and line.endswith(" setup.py")]
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "setup.py").write_text(setup)
+    subprocess.run(["bash", "-c", "\n".join(edits) or "true"], cwd=theirs, check=True)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "setup.py").write_text(setup)
+    torchforge_flags(version, "linux-64", ours)
+    assert (ours / "setup.py").read_text() == (theirs / "setup.py").read_text()
+    assert ("setuptools<82" in (ours / "setup.py").read_text()) == (version in ("2.6.0", "2.7.0", "2.7.1", "2.8.0",
+                                                                                "2.9.0", "2.9.1", "2.10.0"))

@@ -189,11 +189,23 @@ class CompilerFlags(FrozenModel):
     source: str
 
 
+class DroppedLines(FrozenModel):
+    file: str
+    containing: str
+    since: str  # the first release whose build.sh drops them
+    source: str
+
+
 class SourceEdits(FrozenModel):
-    """What the feedstock's build.sh changes in PyTorch's source tree before building (files it empties)."""
+    """What the feedstock's build.sh changes in PyTorch's source tree before building: files it empties, lines
+    it deletes."""
 
     empty: tuple[str, ...]
     source: str
+    drop_lines: tuple[DroppedLines, ...] = ()
+
+    def dropped(self, version: str) -> tuple[DroppedLines, ...]:
+        return tuple(d for d in self.drop_lines if versions.parse(version) >= versions.parse(d.since))
 
 
 class CondaForgeTable(FrozenModel):
@@ -778,7 +790,7 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python, "compiler_flags": load().compiler_flags,
-        "emptied": load().source_edits.empty,
+        "emptied": load().source_edits.empty, "dropped": load().source_edits.dropped(recipe.version),
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
         "rattler_build_string": rattler_build_string,

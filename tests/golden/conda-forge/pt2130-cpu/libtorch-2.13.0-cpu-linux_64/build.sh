@@ -48,6 +48,8 @@ case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
   libtorch)
     # what the feedstock empties in the source tree (conda_forge.toml [source_edits]: no download while configuring)
     if [ -f third_party/NNPACK/cmake/DownloadSix.cmake ]; then : > third_party/NNPACK/cmake/DownloadSix.cmake; fi
+    # (and deletes the lines naming setuptools<82 from setup.py: conda-forge's requirements replace them)
+    if [ -f setup.py ]; then sed -i -e '/setuptools<82/d' setup.py; fi
     # torchforge's compile cache (set only with it): CC and CXX through ccache for setuptools' and ninja's compiles
     if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
     "$PYTHON" setup.py -q build
