@@ -3,10 +3,14 @@
     python scripts/conda_forge_facts.py FEEDSTOCK_GIT_DIR            # exit 1 and say so if the table is stale
     python scripts/conda_forge_facts.py FEEDSTOCK_GIT_DIR --write    # rewrite the [releases] part of the table
 
-FEEDSTOCK_GIT_DIR is a clone of github.com/conda-forge/pytorch-cpu-feedstock (a bare one will do); the script
-needs jinja2 and PyYAML. The releases
+FEEDSTOCK_GIT_DIR is a clone of github.com/conda-forge/pytorch-cpu-feedstock (a bare one will do), or
+tests/data/feedstock (the snapshots scripts/feedstock_snapshots.py keeps; tests/test_feedstock_oracle.py checks the
+table against them); the script
+needs jinja2 and ruamel.yaml (torchforge's own dependencies). The releases
 and the commit each is read at come from the table itself ([releases."X.Y.Z"] commit and commit_note): to add a
-release, add those two keys for it and run with --write. Everything above the first [releases.] is kept.
+release, add those two keys for it and run with --write. `earlier_builds` (optional, kept): earlier commits of
+the release whose CUDA jobs its commit no longer has; their arch lists are read into earlier_arch_list.
+Everything above the first [releases.] is kept.
 
 How the facts are read, per release, per subdir (linux-64: blas mkl and generic; linux-aarch64: generic, the
 sbsa job, as a native build; win-64: mkl) and per job (each CUDA of the subdir's .ci_support files, and cpu):
@@ -34,7 +38,7 @@ import tomllib
 from pathlib import Path
 
 import jinja2
-import yaml
+from ruamel.yaml import YAML
 
 TABLE = Path(__file__).resolve().parent.parent / "torchforge" / "data" / "conda_forge.toml"
 PLATFORMS = {"linux-64": ("mkl", "generic"), "linux-aarch64": ("generic",), "win-64": ("mkl",)}
@@ -43,8 +47,11 @@ PLATFORMS = {"linux-64": ("mkl", "generic"), "linux-aarch64": ("generic",), "win
 CI_KEYS = {"linux-64": ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "python"),
            "linux-aarch64": ("c_compiler_version", "cxx_compiler_version", "c_stdlib_version", "python"),
            "win-64": ("c_compiler", "cxx_compiler", "c_stdlib", "python")}
+# Rows per output: its requirements, and the build keys that change what a solver or conda-build's checks do
+# with the package (detect_binary_files_with_prefix is one value, written as a row like the others).
 REQUIREMENT_KEYS = ("requirements/build", "requirements/host", "requirements/run", "requirements/run_constrained",
-                    "build/run_exports", "build/ignore_run_exports")
+                    "build/run_exports", "build/ignore_run_exports", "build/ignore_run_exports_from",
+                    "build/track_features", "build/missing_dso_whitelist", "build/detect_binary_files_with_prefix")
 # Exports that only adjust compiler flags or parallelism on the feedstock's CI: not a fact of the package.
 ENV_LEFT_OUT = {"CFLAGS", "CXXFLAGS", "LDFLAGS", "LDFLAGS_LD", "MAX_JOBS", "CMAKE_ARGS", "CMAKE_LIBRARY_PATH"}
 # bld.bat's: the compiler flags it extends with CUDA_CFLAGS (kept), the job count, and how it calls pip.
@@ -54,6 +61,8 @@ Job = tuple[str | None, str]  # (CUDA X.Y or None, blas_impl)
 
 
 class Feedstock:
+    """The feedstock read from git: a clone of it (a bare one will do)."""
+
     def __init__(self, git_dir: Path) -> None:
         self.git_dir = git_dir
 
@@ -70,6 +79,29 @@ class Feedstock:
     def listing(self, commit: str, folder: str) -> list[str]:
         return subprocess.run(["git", "-C", str(self.git_dir), "ls-tree", "--name-only", commit, folder + "/"],
                               capture_output=True, text=True, check=True).stdout.split()
+
+
+class SnapshotFeedstock(Feedstock):
+    """The feedstock read from tests/data/feedstock (scripts/feedstock_snapshots.py writes it): one folder per
+    commit; the files it leaves out have their checksums in recipe/SHA256SUMS."""
+
+    def show(self, commit: str, path: str) -> str | None:
+        file = self.git_dir / commit / path
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+
+    def sha256(self, commit: str, path: str) -> str:
+        sums = (self.git_dir / commit / "recipe" / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
+        return next(line.split("  ", 1)[0] for line in sums if line.split("  ", 1)[1] == path)
+
+    def listing(self, commit: str, folder: str) -> list[str]:
+        base = self.git_dir / commit
+        return sorted(str(p.relative_to(base)) for p in (base / folder).iterdir())
+
+
+def open_feedstock(path: Path) -> Feedstock:
+    """A git clone, or the folder of snapshots (it holds one folder per commit and no git objects)."""
+    snapshots = not (path / "objects").is_dir() and not (path / ".git").exists()
+    return SnapshotFeedstock(path) if snapshots else Feedstock(path)
 
 
 def selector_names(platform: str, cuda: str | None, blas: str) -> dict[str, object]:
@@ -327,6 +359,7 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
             for output, keys in found.items():
                 for key in REQUIREMENT_KEYS:
                     for spec, line in keys.get(key, []):
+                        spec = spec[1:-1] if len(spec) > 1 and spec[0] == spec[-1] and spec[0] in "'\"" else spec
                         row = (output, key.split("/")[1], with_placeholders(spec, version, build, cuda, blas), line)
                         requirements.setdefault(row, set()).add((accel, blas, cuda))
             script_env = bat_env(build_sh, cuda, blas) if win else exported_env(build_sh, platform, cuda, blas)
@@ -343,7 +376,7 @@ def platform_facts(feedstock: Feedstock, version: str, commit: str, platform: st
     host_names = {spec.split()[0].replace("-", "_") for (_, key, spec, _) in requirements if key == "host"}
     for job, name in [*cudas.items(), ("cpu", cpu_file)]:
         text = feedstock.show(commit, name) or ""
-        lines, values = text.splitlines(), yaml.safe_load(text)
+        lines, values = text.splitlines(), YAML(typ="safe").load(text)
         line_of = {key: lines.index(f"{key}:") + 1 for key in values}
         ci[job] = {"file": name, "line_of": line_of, "values": values, "host_names": host_names}
     return {"cuda": list(cudas), "arch": arch, "ci": ci, "outputs": outputs, "activation": windows_activation(feedstock, commit) if win else None,
@@ -364,6 +397,19 @@ def windows_activation(feedstock: Feedstock, commit: str) -> tuple[str, str] | N
     installs = next(i for i, line in enumerate(bld, 1) if re.search(r"activate\.d\\", line))
     sets = next(i for i, line in enumerate(script.splitlines(), 1) if 'set "CF_TORCH_CUDA_ARCH_LIST=' in line)
     return "activate.d", f"recipe/bld.bat:{installs}; recipe/activate.bat:{sets}"
+
+
+def earlier_arch_lists(feedstock: Feedstock, commits: list[str], platform: str, tip: list[str]) -> dict[str, tuple[str, str]]:
+    """{CUDA: (arch list, COMMIT:recipe/build.sh:LINE)} of earlier builds of a release, for the CUDA versions its
+    commit no longer builds (the first of `commits` that has one wins)."""
+    found: dict[str, tuple[str, str]] = {}
+    for commit in commits:
+        cudas, _ = ci_files(feedstock, commit, platform)
+        script = feedstock.show(commit, "recipe/build.sh") or ""
+        for cuda in (c for c in cudas if c not in tip and c not in found):
+            value, line = exported_env(script, platform, cuda, PLATFORMS[platform][0])["TORCH_CUDA_ARCH_LIST"]
+            found[cuda] = (value, f"{commit[:8]}:recipe/build.sh:{line}")
+    return found
 
 
 def release_facts(feedstock: Feedstock, version: str, commit: str) -> tuple[dict[str, object], dict[str, dict]]:
@@ -411,8 +457,11 @@ def q(value: object) -> str:
     return json.dumps(value)
 
 
-def release_toml(version: str, commit: str, note: str, common: dict, platforms: dict[str, dict]) -> str:
+def release_toml(version: str, release: dict, common: dict, platforms: dict[str, dict],
+                 earlier: dict[str, dict[str, tuple[str, str]]]) -> str:
+    commit, note = release["commit"], release["commit_note"]
     out = [f'[releases."{version}"]', f"commit = {q(commit)}", f"commit_note = {q(note)}",
+           *([f"earlier_builds = {q(release['earlier_builds'])}"] if release.get("earlier_builds") else []),
            f"build_number = {common['build_number'][0]}",
            f'build_number_source = "recipe/meta.yaml:{common["build_number"][1]}"',
            f'cuda_offset_source = "recipe/meta.yaml:{common["cuda_offset"]}"',
@@ -436,6 +485,8 @@ def release_toml(version: str, commit: str, note: str, common: dict, platforms: 
             out.append(f'activation = {{ variable = "CF_TORCH_CUDA_ARCH_LIST", mechanism = {q(mechanism)}, source = {q(source)} }}')
         script = "recipe/bld.bat" if platform == "win-64" else "recipe/build.sh"
         out += [f'arch_list."{c}" = {{ value = {q(v)}, source = "{script}:{n}" }}' for c, (v, n) in sorted(facts["arch"].items())]
+        out += [f'earlier_arch_list."{c}" = {{ value = {q(v)}, source = {q(s)} }}'
+                for c, (v, s) in sorted(earlier.get(platform, {}).items())]
         for job, ci in facts["ci"].items():
             name = ci["file"].split("/")[-1]
             out += [f'[{table}.ci_support."{job}"]', f'file = {q(".ci_support/" + name)}']
@@ -443,7 +494,9 @@ def release_toml(version: str, commit: str, note: str, common: dict, platforms: 
                 if key in ci["values"]:
                     raw = ci["values"][key]
                     value = [str(v).split(".*")[0] for v in raw] if key == "python" else str(raw[0])
-                    out.append(f'{key} = {{ value = {q(value)}, source = "{name}:{ci["line_of"][key]}" }}')
+                    # python: X.Y, and the job's variant value whole (3.12.* *_cpython), which conda-build pins
+                    whole = f", variant = {q([str(v) for v in raw])}" if key == "python" else ""
+                    out.append(f'{key} = {{ value = {q(value)}{whole}, source = "{name}:{ci["line_of"][key]}" }}')
             out.append("pins = [")
             out += [f'  {{ name = {q(k)}, value = {q(str(ci["values"][k][0]))}, source = "{name}:{ci["line_of"][k] + 1}" }},'
                     for k in sorted(ci["values"]) if k in ci["host_names"] and k != "python"]
@@ -469,12 +522,13 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         print(__doc__)
         return 2
-    feedstock, write = Feedstock(Path(argv[0])), "--write" in argv[1:]
+    feedstock, write = open_feedstock(Path(argv[0])), "--write" in argv[1:]
     text = TABLE.read_text(encoding="utf-8")
     head = text[:re.search(r'^\[releases\."', text, re.MULTILINE).start()]
     releases = tomllib.loads(text)["releases"]
-    body = "\n\n".join(release_toml(v, r["commit"], r["commit_note"], *release_facts(feedstock, v, r["commit"]))
-                       for v, r in releases.items())
+    body = "\n\n".join(release_toml(v, r, *release_facts(feedstock, v, r["commit"]), {
+        p: earlier_arch_lists(feedstock, r.get("earlier_builds", []), p, list(r["platforms"][p]["arch_list"]))
+        for p in ("linux-64", "linux-aarch64") if r.get("earlier_builds")}) for v, r in releases.items())
     new = head + body + "\n\n"
     if write:
         TABLE.write_text(new, encoding="utf-8")

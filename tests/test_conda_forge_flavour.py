@@ -53,8 +53,9 @@ def output_requirements(meta: dict) -> dict[str, dict[str, list[str]]]:
 
 
 # What torchforge's build.sh exports besides the feedstock's environment: the CUDA target folder (which the
-# feedstock sets without export), the job count, and the linker flags without --as-needed and -z now.
-TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "LDFLAGS")
+# feedstock sets without export), the job count, and the compiler and linker flags as the feedstock edits them
+# (tests/test_feedstock_oracle.py compares those with the feedstock's build.sh run by bash).
+TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "CFLAGS", "CXXFLAGS", "LDFLAGS")
 
 
 def exported(build_sh: str) -> dict[str, str]:
@@ -139,7 +140,7 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
     # pins and compilers of the feedstock's job
     config = YAML(typ="safe").load(files["conda_build_config.yaml"])
     ci = jobs.ci_support[accel]
-    assert config["python"] == list(ci.python.value)
+    assert config["python"] == list(ci.python.variant)  # the job's values whole: 3.12.* *_cpython
     assert config["c_compiler_version"] == [ci.c_compiler_version.value]
     assert {p.name: [p.value] for p in ci.pins}.items() <= config.items()
     assert config["cuda_compiler_version"] == [cuda or "None"]
@@ -180,13 +181,13 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.9" not in custom["libtorch.host"]
     assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
     assert custom["config.c_compiler_version"] == ("13",) and feedstock["config.c_compiler_version"] == ("14",)
-    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_301", str(custom["string.pytorch"]))
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_305", str(custom["string.pytorch"]))
     # the arch list alone changes every build string (torchforge's digest of the settings), nothing else
     other = _values("2.9.1", "12.4", "7.0;8.6;9.0")
     assert {k for k in custom if custom[k] != other[k]} == {
         "env.TORCH_CUDA_ARCH_LIST", "activate", "config.torch_cuda_arch_list",
         "string.libtorch", "string.pytorch", "string.pytorch-gpu"}
-    assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_301" in custom["libtorch.run_constrained"]
+    assert "pytorch 2.9.1 cuda124_mkl_torchforge_*_305" in custom["libtorch.run_constrained"]
 
 
 def test_planned_outputs_are_libtorch_pytorch_per_python_and_the_metapackage_with_one_digest() -> None:
@@ -234,6 +235,27 @@ def test_bad_requests_are_refused_with_what_would_work_and_write_nothing(
     assert code == 2
     assert message in capsys.readouterr().err.replace("\n", " ")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_cuda_of_the_releases_earlier_builds_takes_their_arch_list_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """conda-forge's first 2.7.1 builds had CUDA 12.6 (55fb9b87, build 0), its release commit has 12.9 only."""
+    assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.7.1", "--cuda", "12.6", "--py", "3.12",
+                 "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "never built" not in err
+    assert "conda-forge's earlier PyTorch 2.7.1 builds' (55fb9b87:recipe/build.sh:220)" in " ".join(err.split())
+    (folder,) = tmp_path.iterdir()
+    assert exported((folder / "build.sh").read_text())["TORCH_CUDA_ARCH_LIST"] == "5.0;6.0;6.1;7.0;7.5;8.0;8.6;8.9;9.0+PTX"
+
+
+def test_a_cuda_conda_forge_never_built_takes_pytorchs_own_wheel_list_and_says_so(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--pytorch", "2.9.0", "--cuda", "12.8", "--py", "3.12", "--dry-run"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "conda-forge never built PyTorch 2.9.0 for it, so PyTorch's own 2.9.0 wheels' (pytorch.toml), " \
+           "7.0;7.5;8.0;8.6;9.0;10.0;12.0" in err
+    assert conda_forge.plan("2.9.0", "linux-64", "12.8").arch_list == "7.0;7.5;8.0;8.6;9.0;10.0;12.0"
 
 
 def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
@@ -469,6 +491,39 @@ def test_the_feedstocks_patches_are_named_not_copied_and_a_users_patch_goes_into
     assert not any(p.suffix == ".patch" and p.name != "fix.patch" for p in folder.iterdir())
 
 
+@pytest.mark.parametrize(("platform", "target"), [("linux-64", "x86_64-linux"), ("linux-aarch64", "sbsa-linux")])
+def test_the_cuda_target_placeholders_of_the_feedstocks_patches_are_filled_before_the_build(
+        platform: str, target: str, tmp_path: Path) -> None:
+    """2.10+'s patches put @CUDA_TARGET@ into torch.utils.cpp_extension and inductor; the feedstock's build.sh fills
+    them (b79ad3ff:recipe/build.sh:219-220, 74dd3d46:recipe/build.sh:226-227). The whole build.sh runs on a tree
+    whose patches are applied, with a stand-in $PYTHON that records what setup.py would see and stops there."""
+    import os
+    import subprocess
+
+    script = conda_forge.recipe_files(conda_forge.plan("2.13.0", platform, "13.0"), SOURCE,
+                                      feedstock_patches=True)["build.sh"]
+    tree = tmp_path / "src"
+    (tree / "conda-forge-patches").mkdir(parents=True)
+    (tree / "conda-forge-patches" / ".applied").touch()
+    patched = {"torch/utils/cpp_extension.py": 'CUDA_HOME_TARGETS = "targets/@CUDA_TARGET@/include"\n',
+               "torch/_inductor/cpp_builder.py": 'libs = "targets/@CUDA_TARGET@/lib"\n'}
+    for path, text in patched.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+    (tree / "build.sh").write_text(script)
+    recorder = tmp_path / "python"
+    recorder.write_text(f'#!/bin/sh\nenv > "{tmp_path}/seen.env"\nexit 3\n')  # stops the build where setup.py would run
+    recorder.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "PYTHON": str(recorder), "PKG_NAME": "libtorch", "CPU_COUNT": "2",
+           "PKG_VERSION": "2.13.0", "PKG_BUILDNUM": "302", "BUILD_PREFIX": str(tmp_path / "build_env"),
+           "PREFIX": str(tmp_path / "prefix"), "RECIPE_DIR": str(tmp_path), "SRC_DIR": str(tree)}
+    done = subprocess.run(["bash", "build.sh"], cwd=tree, env=env, capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr[-2000:]
+    for path, text in patched.items():
+        assert (tree / path).read_text() == text.replace("@CUDA_TARGET@", target)
+    assert f"CUDA_TARGET={target}" in (tmp_path / "seen.env").read_text().splitlines()
+
+
 def test_feedstock_patches_are_downloaded_at_the_release_commit_with_their_sha256_and_applied_once(
         tmp_path: Path) -> None:
     """--feedstock-patches: each patch of the job is a source entry (URL at the pinned commit, sha256 from the
@@ -641,11 +696,11 @@ def test_a_solver_picks_the_cuda_build_only_where_a_driver_is_and_the_metapackag
     channel_of_rendered_outputs(tmp_path / "channel", recipes)
 
     no_gpu = solve(tmp_path / "channel", ["pytorch"], None)
-    assert re.fullmatch(r"cpu_mkl_torchforge_py311_h[0-9a-f]{7}_101", no_gpu["pytorch"])
+    assert re.fullmatch(r"cpu_mkl_torchforge_py311_h[0-9a-f]{7}_105", no_gpu["pytorch"])
     assert no_gpu["pytorch"] == recipes[1].build_string("pytorch", "3.11")
     assert no_gpu["libtorch"] == recipes[1].build_string("libtorch")
     gpu = solve(tmp_path / "channel", ["pytorch"], "12.4")  # +200: preferred wherever __cuda is
-    assert re.fullmatch(r"cuda124_mkl_torchforge_py311_h[0-9a-f]{7}_301", gpu["pytorch"])
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py311_h[0-9a-f]{7}_305", gpu["pytorch"])
     assert gpu["pytorch"] == recipes[0].build_string("pytorch", "3.11")
     assert gpu["libtorch"] == recipes[0].build_string("libtorch")
     # asking for the CPU metapackage on a GPU machine: run_constrained keeps the CUDA build out
@@ -663,7 +718,8 @@ def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: 
     flags = "-Wl,-O2 -Wl,--as-needed -Wl,-z,relro -Wl,-z,now -Wl,--disable-new-dtags"
     done = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$LDFLAGS"'])], env={"LDFLAGS": flags},
                           capture_output=True, text=True, check=True)
-    assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags"]
+    assert done.stdout.split() == ["-Wl,-O2", "-Wl,-z,relro", "-Wl,-z,lazy", "-Wl,--disable-new-dtags",
+                                   "-Wl,-z,noexecstack"]  # the feedstock's too (glibc 2.41)
 
 
 def test_doctor_shows_the_flavour_its_channel_and_the_engine_that_builds_it(

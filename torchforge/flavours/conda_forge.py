@@ -27,7 +27,13 @@ from torchforge.variant import nvcc_refusal, split_list
 
 Accel = Literal["cuda", "cpu"]
 Blas = Literal["mkl", "generic"]
-OUTPUT_KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports")
+# An output's rows in the table: its requirements, and the build keys that say how a solver and conda-build's
+# checks treat the package (conda_forge.toml; detect_binary_files_with_prefix holds one value, "false").
+OUTPUT_KEYS = ("build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports",
+               "ignore_run_exports_from", "track_features", "missing_dso_whitelist", "detect_binary_files_with_prefix")
+OutputKey = Literal["build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports",
+                    "ignore_run_exports_from", "track_features", "missing_dso_whitelist",
+                    "detect_binary_files_with_prefix"]
 # subdir -> CUDA target folder (win-64: none, conda-forge's CUDA sits in %LIBRARY_PREFIX%)
 PLATFORMS: dict[str, str | None] = {"linux-64": "x86_64-linux", "linux-aarch64": "sbsa-linux", "win-64": None}
 WINDOWS = "win-64"
@@ -47,6 +53,13 @@ class CitedList(FrozenModel):
     source: str
 
 
+class PythonVariants(CitedList):
+    """The job's Pythons: X.Y (what --py names) and the variant value of each, whole (`3.12.* *_cpython`): its
+    build-string part picks CPython's build (not free-threading's) wherever conda-build pins python."""
+
+    variant: tuple[str, ...]
+
+
 class Pin(FrozenModel):
     name: str
     value: str
@@ -64,7 +77,7 @@ class CiSupport(FrozenModel):
     c_compiler: Cited | None = None
     cxx_compiler: Cited | None = None
     c_stdlib: Cited | None = None
-    python: CitedList
+    python: PythonVariants
     pins: tuple[Pin, ...]
 
 
@@ -81,7 +94,7 @@ class Row(JobFact):
     """One requirement of one output."""
 
     output: str
-    key: Literal["build", "host", "run", "run_constrained", "run_exports", "ignore_run_exports"]
+    key: OutputKey
     spec: str
 
 
@@ -123,6 +136,9 @@ class PlatformJobs(FrozenModel):
 
     cuda: tuple[str, ...]
     arch_list: dict[str, Cited]
+    # CUDA -> the arch list of the release's earlier builds (its `earlier_builds` commits) for a CUDA its commit
+    # no longer builds (2.7.1's first builds had CUDA 12.6): `source` is COMMIT:recipe/build.sh:LINE
+    earlier_arch_list: dict[str, Cited] = {}
     ci_support: dict[str, CiSupport]
     recipe: RecipeFacts
     activation: Activation | None = None  # Windows: bld.bat's own (linux: the release's, from build.sh)
@@ -131,6 +147,9 @@ class PlatformJobs(FrozenModel):
 class FeedstockRelease(FrozenModel):
     commit: str
     commit_note: str
+    # earlier commits of the same release that conda-forge built with CUDA versions `commit` no longer has (their
+    # arch lists are read into each platform's earlier_arch_list); chosen by hand, like `commit`
+    earlier_builds: tuple[str, ...] = ()
     build_number: int
     build_number_source: str
     cuda_offset_source: str
@@ -159,10 +178,42 @@ class FlavourSettings(FrozenModel):
     visual_studio: dict[str, tuple[int, int]]  # compiler package -> _MSC_VER range
 
 
+class CompilerFlags(FrozenModel):
+    """The feedstock's edits of conda's compiler and linker flags on linux (sed patterns to strip, flags to add)."""
+
+    strip_c: tuple[str, ...]
+    strip_cxx: tuple[str, ...]
+    add_c: tuple[str, ...]
+    add_cxx: tuple[str, ...]
+    add_ld: tuple[str, ...]
+    source: str
+
+
+class DroppedLines(FrozenModel):
+    file: str
+    containing: str
+    since: str  # the first release whose build.sh drops them
+    source: str
+
+
+class SourceEdits(FrozenModel):
+    """What the feedstock's build.sh changes in PyTorch's source tree before building: files it empties, lines
+    it deletes."""
+
+    empty: tuple[str, ...]
+    source: str
+    drop_lines: tuple[DroppedLines, ...] = ()
+
+    def dropped(self, version: str) -> tuple[DroppedLines, ...]:
+        return tuple(d for d in self.drop_lines if versions.parse(version) >= versions.parse(d.since))
+
+
 class CondaForgeTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     flavour: FlavourSettings
+    compiler_flags: CompilerFlags
+    source_edits: SourceEdits
     releases: dict[str, FeedstockRelease]
 
 
@@ -188,8 +239,11 @@ def check_invariants(table: CondaForgeTable) -> list[str]:
         problems.append(f"conda_forge.toml flavour.blas must name exactly {', '.join(PLATFORMS)}")
     for version, release in table.releases.items():
         where = f"conda_forge.toml releases.{version}"
-        if not re.fullmatch(r"[0-9a-f]{40}", release.commit):
-            problems.append(f"{where}.commit is not a full git commit")
+        if not all(re.fullmatch(r"[0-9a-f]{40}", c) for c in (release.commit, *release.earlier_builds)):
+            problems.append(f"{where}: commit and earlier_builds must be full git commits")
+        problems.extend(f"{where}.platforms.{p}.earlier_arch_list.{c}: {a.source!r} cites none of earlier_builds"
+                        for p, jobs in release.platforms.items() for c, a in jobs.earlier_arch_list.items()
+                        if not any(a.source.startswith(f"{e[:8]}:recipe/") for e in release.earlier_builds))
         if set(release.platforms) | set(release.not_built) != set(PLATFORMS) or set(release.platforms) & set(release.not_built):
             problems.append(f"{where}: platforms and not_built must name each of {', '.join(PLATFORMS)} once")
         cited = [release.build_number_source, release.patches.source, release.cuda_offset_source,
@@ -382,12 +436,15 @@ def plan(version: str, platform: str, accel: str, arch_list: str | None = None,
     cuda = None if accel == "cpu" else accel
     warnings: list[str] = []
     blas = settings.blas[platform]
-    arch = _arch_list(version, jobs, cuda, arch_list)
+    arch, arch_note = _arch_list(version, jobs, cuda, arch_list)
     reference = reference_cuda(jobs, cuda)
     ci = jobs.ci_support[reference or "cpu"]
     if cuda is not None and reference != cuda:
-        warnings.append(f"conda-forge never built PyTorch {version} for CUDA {cuda}: compilers, pins and CUDA-specific "
-                        f"settings follow its CUDA {reference} job ({ci.file})")
+        built = (f"conda-forge's PyTorch {version} at {release.commit[:8]} has no CUDA {cuda} job (its earlier builds "
+                 "had one)" if cuda in jobs.earlier_arch_list else f"conda-forge never built PyTorch {version} for CUDA {cuda}")
+        warnings.append(f"{built}: compilers, pins and CUDA-specific settings follow its CUDA {reference} job ({ci.file})")
+    if arch_note:
+        warnings.append(arch_note)
     c_version, compiler_warning = _compiler_version(ci.c_compiler_version.value, cuda) if ci.c_compiler_version \
         else _visual_studio(settings, ci.c_compiler.value if ci.c_compiler else "", cuda)
     if compiler_warning:
@@ -468,11 +525,12 @@ def platform_jobs(table: CondaForgeTable, version: str, platform: str) -> Platfo
     return release.platforms[platform]
 
 
-def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: str | None) -> str:
+def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: str | None) -> tuple[str, str | None]:
+    """(the arch list, a line saying where it comes from where that is not the feedstock's job or the user)."""
     if cuda is None:
         if arch_list:
             raise UsageError("--arch-list applies to CUDA builds only", "leave --arch-list out for cpu")
-        return ""
+        return "", None
     toolkit = tables.load().cuda.toolkits.get(cuda)
     if toolkit is None:
         raise UsageError(f"CUDA {cuda} is unknown to torchforge", "use a CUDA X.Y that `torchforge doctor` lists")
@@ -480,16 +538,31 @@ def _arch_list(version: str, jobs: PlatformJobs, cuda: str | None, arch_list: st
     if versions.parse(cuda) < versions.parse(minimum):
         raise UsageError(f"PyTorch {version} needs CUDA {minimum} or newer, not {cuda}", f"use --cuda {minimum} or newer")
     if arch_list is None:
-        if cuda not in jobs.arch_list:
-            raise UsageError(
-                f"conda-forge never built PyTorch {version} for CUDA {cuda}, so there is no arch list to follow",
-                "give one with --arch-list, e.g. --arch-list '7.0;8.6'; the feedstock's: "
-                + "; ".join(f"CUDA {c}: {a.value}" for c, a in jobs.arch_list.items()))
-        return jobs.arch_list[cuda].value
+        return _default_arch_list(version, jobs, cuda)
     outside = [why for arch in arch_list.split(";") if (why := nvcc_refusal(cuda, arch))]  # checked: check_arch_list
     if outside:
         raise RefusedError("; ".join(outside))
-    return arch_list
+    return arch_list, None
+
+
+def _default_arch_list(version: str, jobs: PlatformJobs, cuda: str) -> tuple[str, str | None]:
+    """(arch list, where it comes from if not the release commit's own job): the feedstock's job for this CUDA,
+    else its earlier builds of the release for it, else PyTorch's own wheels of the release for it."""
+    if cuda in jobs.arch_list:
+        return jobs.arch_list[cuda].value, None
+    if cuda in jobs.earlier_arch_list:
+        earlier = jobs.earlier_arch_list[cuda]
+        return earlier.value, (f"arch list for CUDA {cuda}: conda-forge's earlier PyTorch {version} builds' "
+                               f"({earlier.source}), {earlier.value}")
+    wheel = tables.load().pytorch.releases[versions.minor(version)].cuda.get(cuda)
+    if wheel is not None and wheel.wheel_arch:
+        return wheel.wheel_arch, (f"arch list for CUDA {cuda}: conda-forge never built PyTorch {version} for it, so "
+                                  f"PyTorch's own {version} wheels' (pytorch.toml), {wheel.wheel_arch}")
+    raise UsageError(
+        f"neither conda-forge nor PyTorch's wheels built PyTorch {version} for CUDA {cuda}, so there is no arch "
+        "list to follow",
+        f"give one with --arch-list (archs nvcc {cuda} builds, ';'-separated); the feedstock's: "
+        + "; ".join(f"CUDA {c}: {a.value}" for c, a in jobs.arch_list.items()))
 
 
 def _libtorch_python(outputs: tuple[Output, ...], chosen: tuple[str, ...],
@@ -605,7 +678,7 @@ def _variant_config(ci: CiSupport, pythons: tuple[str, ...] | list[str], blas: s
                      ("c_stdlib_version", (ci.c_stdlib_version.value,))]
     config: list[tuple[str, tuple[str, ...]]] = [
         *target,
-        ("python", tuple(pythons)),
+        ("python", tuple(dict(zip(ci.python.value, ci.python.variant))[python] for python in pythons)),
         ("blas_impl", (blas,)),
         *compilers,
         ("cuda_compiler", ("cuda-nvcc" if cuda else "None",)),
@@ -714,7 +787,8 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "metapackage": others[-1].name, "settings": recipe.settings, "conda_build_spec": conda_build_spec,
         "variant_config": recipe.variant_config, "env": recipe.env, "cuda_target": PLATFORMS[recipe.platform],
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
-        "libtorch_python": recipe.libtorch_python,
+        "libtorch_python": recipe.libtorch_python, "compiler_flags": load().compiler_flags,
+        "emptied": load().source_edits.empty, "dropped": load().source_edits.dropped(recipe.version),
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
         "rattler_build_string": rattler_build_string,
@@ -737,13 +811,11 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
 
 
 def _platform_fields(recipe: CondaForgeRecipe, patched: bool) -> dict[str, object]:
-    """What meta.yaml says differently on Windows: its script, the driver library it may not find, and (where
-    patches are applied: the user's or the feedstock's) conda-forge's MSYS2 `patch`, which Windows lacks."""
+    """What meta.yaml says differently on Windows: its script and (where patches are applied: the user's or the
+    feedstock's) conda-forge's MSYS2 `patch`, which Windows lacks."""
     if recipe.platform != WINDOWS:
-        return {"script": "build.sh", "driver_library": "*/libcuda.so.*", "extra_build": (),
-                "script_env": BUILD_VARIABLES}
-    return {"script": "bld.bat", "driver_library": "*/nvcuda.dll",
-            "extra_build": ("m2-patch",) if patched else (), "script_env": ()}
+        return {"script": "build.sh", "extra_build": (), "script_env": BUILD_VARIABLES}
+    return {"script": "bld.bat", "extra_build": ("m2-patch",) if patched else (), "script_env": ()}
 
 
 def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,

@@ -44,10 +44,14 @@ export CUDA_VERSION=12.6
 export CMAKE_CUDA_FLAGS='-w -Xptxas -w'
 export TORCH_CUDA_ARCH_LIST='5.0;6.0;6.1;7.0;7.5;8.0;8.6;8.9;9.0+PTX'
 export MAX_JOBS="${MAX_JOBS:-$CPU_COUNT}"
+# conda-forge's edits of conda's compiler flags for PyTorch (conda_forge.toml [compiler_flags]: the standard from
+# PyTorch's CMake, inline functions kept visible, no warnings, no executable stack)
+export CFLAGS="$(printf '%s' "${CFLAGS:-}" | sed -e 's/-fvisibility-inlines-hidden//g') -Wno-deprecated-declarations -Wno-error=maybe-uninitialized"
+export CXXFLAGS="$(printf '%s' "${CXXFLAGS:-}" | sed -e 's/-std=c++[0-9][0-9]//g' -e 's/-fvisibility-inlines-hidden//g') -w -Wno-deprecated-declarations -Wno-error=maybe-uninitialized"
 # conda-forge's compiler packages link with --as-needed, which drops MKL's sub-libraries, and with -z now, which
 # binds libcuda when a library loads, so `import torch` would need a driver: PyTorch wants neither
 # (conda-forge-peer.md §1.4 and §1.6)
-export LDFLAGS="${LDFLAGS:-}"
+export LDFLAGS="${LDFLAGS:-} -Wl,-z,noexecstack"
 LDFLAGS="${LDFLAGS//-Wl,--as-needed/}"
 export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 
@@ -55,6 +59,8 @@ export LDFLAGS="${LDFLAGS//-Wl,-z,now/-Wl,-z,lazy}"
 # name, so its recipe names the step in TORCHFORGE_OUTPUT
 case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
   libtorch)
+    # what the feedstock empties in the source tree (conda_forge.toml [source_edits]: no download while configuring)
+    if [ -f third_party/NNPACK/cmake/DownloadSix.cmake ]; then : > third_party/NNPACK/cmake/DownloadSix.cmake; fi
     # torchforge's compile cache (set only with it): CC and CXX through ccache for setuptools' and ninja's compiles
     if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
     "$PYTHON" setup.py -q build

@@ -1,0 +1,6 @@
+@echo off
+
+if "%CF_TORCH_CUDA_ARCH_LIST_BACKUP%" == "NOT_SET" (
+    set "CF_TORCH_CUDA_ARCH_LIST="
+    set "CF_TORCH_CUDA_ARCH_LIST_BACKUP="
+)
