@@ -134,8 +134,7 @@ def register(app: typer.Typer) -> None:
         given.append(("--out", "."))
         render_plan = plan(selection)
         ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
-                     regenerate=regenerate_line(provider, given),
-                     site=site_config.load(None if config is None else out_dir / config),  # as the jobs read it
+                     regenerate=regenerate_line(provider, given), site=site_config.load(config and out_dir / config),
                      extra_args=pinned + site_args(channel or (), str(config) if config else None)
                      + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
                      test_script=test_script, magma_source=magma_source)
