@@ -5,12 +5,14 @@ PyTorch stopped publishing conda packages after 2.5 (official-builds.md §0); th
 that are still built. Repacking puts the wheel's files under `lib/pythonX.Y/site-packages`, adds to the run
 requirements the stack's packages whose libraries the ELF files link, rewrites RPATHs for the conda layout
 (§1.8: DT_RPATH to `$ORIGIN`, the folders of linked libraries and `<prefix>/lib`), writes a complete `info/`
-(with the wheel's licence files) and compresses with conda-package-handling. The archive is built in a
-temporary folder; torchforge.binaries.stack publishes it only when the whole stack is built.
+(with the wheel's licence files) and writes the .conda with torchforge.condawriter (the same bytes for one wheel
+whatever the number of zstd threads). The archive is built in a temporary folder; torchforge.binaries.stack
+builds a stack's packages in parallel and publishes them only when the whole stack is built.
 """
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from torchforge import __version__, localchannel
 from torchforge.aio import run_async
+from torchforge.condawriter import write_conda
 from torchforge.binaries.catalog import catalog
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
@@ -45,6 +48,21 @@ PREFIX_PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
 DEFAULT_ZSTD_LEVEL = 10
 DEFAULT_ZSTD_THREADS = -1
 ZSTD_LEVELS = range(1, 23)  # what zstd accepts (cph passes the level through)
+# Memory one zstd worker holds (its tables and job buffers), by the highest level it covers: the growth of
+# ru_maxrss from one worker to two, compressing the first 190 MB of the torch 2.13.0 CPU wheel (backports.zstd
+# 1.8.0) -- level 3: 80 -> 114 MB, level 10: 149 -> 225 MB, level 19: 345 -> 504 MB; the first worker's share,
+# rounded up. Levels 20-22 (zstd's "ultra", windows up to 128 MB): LEVEL22.
+ZSTD_WORKER_BYTES = ((3, 80 << 20), (10, 150 << 20), (19, 350 << 20), (22, 1536 << 20))
+
+
+def build_footprint(wheel: Path, zstd_threads: int, level: int) -> tuple[int, int]:
+    """(unpacked bytes, peak memory in bytes) of repacking `wheel`: the scheduler starts the largest first and
+    runs together only what fits in memory. The peak: patchelf holds the largest library twice (read, then
+    written with its new dynamic section) and each zstd worker holds its tables and job buffers."""
+    with zipfile.ZipFile(wheel) as zf:
+        sizes = [m.file_size for m in zf.infolist()]
+    per_worker = next(b for top, b in ZSTD_WORKER_BYTES if level <= top)
+    return sum(sizes), 2 * max(sizes, default=0) + zstd_workers(zstd_threads) * per_worker
 
 
 def check_zstd_level(level: int) -> int:
@@ -106,10 +124,20 @@ class About:
                    home, points.read_text("utf-8") if points.is_file() else "")
 
 
+def hash_files(stage: Path, rels: Iterable[str], threads: int | None = None) -> dict[str, tuple[str, int]]:
+    """sha256 (hex) and size of each file, by path relative to `stage`. hashlib releases the GIL: one thread
+    per core hashes a package's gigabytes in parallel."""
+    listed = list(rels)
+    with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 2) as pool:
+        return dict(zip(listed, pool.map(lambda rel: _sha256(stage / rel), listed)))
+
+
 def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Iterable[str], wheel_sha256: str,
-               licenses: Iterable[str], extra: dict[str, str] | None = None) -> list[str]:
+               licenses: Iterable[str], extra: dict[str, str] | None = None, *,
+               timestamp_ms: int | None = None, known: dict[str, tuple[str, int]] | None = None) -> list[str]:
     """Write info/ (index.json, paths.json, files, about.json, has_prefix, licenses/, recipe/meta.yaml); returns
-    the package's file list (payload then info), relative to `stage`."""
+    the package's file list (payload then info), relative to `stage`. `known` holds hashes already computed
+    (hash_files), `timestamp_ms` the index's time (now when not given)."""
     info = stage / "info"
     (info / "recipe").mkdir(parents=True, exist_ok=True)
     payload = sorted(p.relative_to(stage).as_posix() for p in iter_tree(stage) if not p.relative_to(stage).parts[0] == "info")
@@ -120,9 +148,8 @@ def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Itera
             if full.is_symlink():
                 links.append(full.relative_to(stage).as_posix())
     prefix_set = set(prefix_files)
-    # sha256 of ~700 MB: hashlib releases the GIL, so two threads use both cores.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        hashes = dict(zip(payload, pool.map(lambda rel: _sha256(stage / rel), payload)))
+    known = known or {}
+    hashes = {**hash_files(stage, [rel for rel in payload if rel not in known]), **known}
     paths = []
     for rel in sorted(payload + links):
         if rel in links:
@@ -139,7 +166,7 @@ def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Itera
         "name": plan.name, "version": plan.version, "build": plan.build, "build_number": plan.build_number,
         "depends": list(plan.depends), "constrains": list(plan.constrains),
         "license": about.license, "subdir": SUBDIR, "platform": "linux", "arch": "x86_64",
-        "timestamp": int(time.time() * 1000),
+        "timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
     }
     about_json = {
         "summary": about.summary, "home": about.home, "license": about.license,
@@ -215,6 +242,51 @@ def linked_depends(stage: Path, plan: PackagePlan, specs: dict[str, str]) -> tup
     return plan.depends + tuple(sorted(extra))
 
 
+def zstd_workers(threads: int) -> int:
+    """The zstd workers for `threads` (-1: one per core). Never 0: see torchforge.condawriter."""
+    return max(1, os.cpu_count() or 1) if threads == -1 else max(1, threads)
+
+
+def wheel_time(wheel: Path) -> int:
+    """When the wheel was made (its newest member's zip date, read as UTC), in seconds: the time every file of
+    the package and its index carry, so that a repack of one wheel gives the same bytes wherever it runs."""
+    with zipfile.ZipFile(wheel) as zf:
+        newest = max((info.date_time for info in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
+    return calendar.timegm((*newest, 0, 0, 0))
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A wheel unpacked into a package folder, before its RPATHs are fixed."""
+
+    plan: PackagePlan  # with the depends its ELF files add
+    about: About
+    site: Path
+    dist: Path
+    scripts: tuple[str, ...]
+
+
+def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None]) -> Staged:
+    site = stage / "lib" / f"python{plan.python}" / "site-packages"
+    site.mkdir(parents=True)
+    step("unpacking")
+    extract_wheel(plan.wheel.path, site)
+    for rel in plan.drop:
+        (site / rel).unlink(missing_ok=True)
+    dist = next(site.glob("*.dist-info"))
+    (dist / "INSTALLER").write_text("conda\n")
+    (dist / "REQUESTED").unlink(missing_ok=True)
+    about = About.read(dist)
+    scripts = _entry_point_scripts(about.entry_points)
+    if scripts:
+        (stage / "bin").mkdir()
+        for name, text in scripts.items():
+            (stage / "bin" / name).write_text(text)
+            (stage / "bin" / name).chmod(0o755)
+    plan = replace(plan, depends=linked_depends(stage, plan, specs))
+    return Staged(plan, about, site, dist, tuple(scripts))
+
+
 def build_archive(
     plan: PackagePlan,
     out_folder: Path,
@@ -227,59 +299,80 @@ def build_archive(
     work: Path | None = None,
     extra: dict[str, str] | None = None,
     on_step: Callable[[str], None] | None = None,
+    check: Callable[[], None] = lambda: None,
+    wheel_sha256: str | None = None,
 ) -> tuple[Path, AuditReport, tuple[str, ...]]:
-    """Build the conda archive `plan` describes into `out_folder` (which should be a fresh temporary folder)."""
-    from conda_package_handling import api as cph
+    """Build the conda archive `plan` describes into `out_folder` (which should be a fresh temporary folder).
+    `check` is called between steps and while compressing; it raises to stop the build (a cancelled stack)."""
+    def step(what: str) -> None:
+        check()
+        (on_step or (lambda _s: None))(what)
 
-    step = on_step or (lambda _s: None)
     check_zstd_level(zstd_level)
-    wheel = plan.wheel.path
     with tempfile.TemporaryDirectory(prefix="torchforge-repack-", dir=work) as tmp:
         stage = Path(tmp) / "pkg"
-        site = stage / "lib" / f"python{plan.python}" / "site-packages"
-        site.mkdir(parents=True)
-        step("unpacking")
-        extract_wheel(wheel, site)
-        for rel in plan.drop:
-            (site / rel).unlink(missing_ok=True)
-        dist = next(site.glob("*.dist-info"))
-        (dist / "INSTALLER").write_text("conda\n")
-        (dist / "REQUESTED").unlink(missing_ok=True)
-        about = About.read(dist)
-        scripts = _entry_point_scripts(about.entry_points)
-        if scripts:
-            (stage / "bin").mkdir()
-            for name, text in scripts.items():
-                (stage / "bin" / name).write_text(text)
-                (stage / "bin" / name).chmod(0o755)
-        plan = replace(plan, depends=linked_depends(stage, plan, specs or {}))
+        staged = _stage(plan, stage, specs or {}, step)
         # index.json first: the audit resolves libraries of other packages through the declared depends.
         (stage / "info").mkdir()
-        (stage / "info" / "index.json").write_text(json.dumps({"depends": list(plan.depends)}))
+        (stage / "info" / "index.json").write_text(json.dumps({"depends": list(staged.plan.depends)}))
         step("fixing RPATHs")
-        report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=plan.keep_wheel_rpaths)
-        write_record(site, dist.name)  # the .so files changed: RECORD must match what is installed
+        report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=staged.plan.keep_wheel_rpaths)
         step("hashing")
-        site_rel = site.relative_to(stage).as_posix()
-        files = write_info(stage, plan, about, (f"bin/{n}" for n in scripts), _sha256(wheel)[0],
-                           (f"{site_rel}/{name}" for name in plan.wheel.license_files), extra)
+        # Every file is hashed once, after the RPATH fix, for both RECORD and info/paths.json.
+        known = hash_files(stage, [p.relative_to(stage).as_posix() for p in iter_tree(stage)
+                                   if p.relative_to(stage).parts[0] != "info"])
+        site_rel = staged.site.relative_to(stage).as_posix()
+        write_record(staged.site, staged.dist.name,  # the .so files changed: RECORD must match what is installed
+                     {rel[len(site_rel) + 1:]: v for rel, v in known.items() if rel.startswith(site_rel + "/")})
+        known.pop(f"{site_rel}/{staged.dist.name}/RECORD", None)
+        made = wheel_time(plan.wheel.path)
+        files = write_info(stage, staged.plan, staged.about, (f"bin/{n}" for n in staged.scripts),
+                           wheel_sha256 or sha256_of(plan.wheel.path), (f"{site_rel}/{name}" for name in plan.wheel.license_files),
+                           extra, timestamp_ms=made * 1000, known=known)
         step(f"compressing ({fmt}, zstd level {zstd_level})" if fmt == ".conda" else f"compressing ({fmt})")
         out_folder.mkdir(parents=True, exist_ok=True)
-        kwargs = {"compression_level": zstd_level, "compression_threads": zstd_threads} if fmt == ".conda" else {}
         stem = plan.filename.removesuffix(".conda")
-        cph.create(str(stage), files, f"{stem}{fmt}", out_folder=str(out_folder.resolve()), **kwargs)
-        return out_folder / f"{stem}{fmt}", report, plan.depends
+        if fmt == ".conda":
+            write_conda(stage, files, out_folder.resolve() / f"{stem}.conda", level=zstd_level,
+                        threads=zstd_workers(zstd_threads), mtime=made, check=check)
+        else:
+            from conda_package_handling import api as cph
+
+            cph.create(str(stage), files, f"{stem}{fmt}", out_folder=str(out_folder.resolve()))
+        return out_folder / f"{stem}{fmt}", report, staged.plan.depends
 
 
-def check_crcs(wheel: Path) -> None:
-    """Every member's CRC (a few seconds for torch): a damaged download fails here, not after unpacking."""
+def check_crcs(wheels: Iterable[Path], threads: int | None = None) -> None:
+    """Every member's CRC, before anything is written: a damaged download fails here, not after unpacking.
+    The members of all the wheels are read by one thread per core, largest first (zlib releases the GIL)."""
+    members: list[tuple[Path, zipfile.ZipInfo]] = []
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                members.extend((wheel, m) for m in zf.infolist() if not m.is_dir())
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ArchiveError.unreadable(wheel, exc) from exc
+    members.sort(key=lambda item: -item[1].file_size)
+    workers = max(1, min(len(members), threads or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(_read_members, [members[i::workers] for i in range(workers)]))
+
+
+def _read_members(share: list[tuple[Path, zipfile.ZipInfo]]) -> None:
+    """Read (and so CRC-check) each member; ZipExtFile raises on a wrong CRC at the member's end."""
+    opened: dict[Path, zipfile.ZipFile] = {}
+    wheel = None
     try:
-        with zipfile.ZipFile(wheel) as zf:
-            bad = zf.testzip()
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
-        raise ArchiveError.unreadable(wheel, exc) from exc
-    if bad is not None:
-        raise ArchiveError.unreadable(wheel, ValueError(f"member {bad} fails its CRC check"))
+        for wheel, member in share:
+            zf = opened.get(wheel) or opened.setdefault(wheel, zipfile.ZipFile(wheel))
+            with zf.open(member) as fh:
+                while fh.read(1 << 20):
+                    pass
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as exc:
+        raise ArchiveError.unreadable(wheel, exc) from exc  # type: ignore[arg-type]
+    finally:
+        for zf in opened.values():
+            zf.close()
 
 
 def _source_wheel_sha256(archive: Path) -> object:
