@@ -96,8 +96,10 @@ def _measure(name: str, stack: StackPlan) -> list[Row]:
     floor = floor_seconds(wheels, WORK / "out")
     kept = os.environ.get("BENCH_REPACK_CHANNEL")  # the H100 run installs and verifies what was repacked
     start = time.perf_counter()
-    repack_planned(stack, Path(kept) if kept else WORK / "out" / "chan", Runner())
+    result = repack_planned(stack, Path(kept) if kept else WORK / "out" / "chan", Runner())
     repack = time.perf_counter() - start
+    for package in sorted(result.packages, key=lambda p: -p.seconds)[:5]:  # the longest builds (they overlap)
+        print(f"  {package.archive.name}: {package.size / 1e6:.1f} MB in {package.seconds:.1f} s")
     load = "/".join(f"{a:.1f}" for a in os.getloadavg())
     shutil.rmtree(WORK / "out", ignore_errors=True)
     note = (f"{len(wheels)} wheels, {size / 1e9:.2f} GB; {os.cpu_count()} cores; load {load_before[0]:.1f} "
