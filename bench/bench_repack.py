@@ -14,6 +14,7 @@ repacked channel there.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 import time
@@ -49,6 +50,32 @@ def floor_seconds(wheels: list[Path], out: Path) -> float:
                         dest.write(compressor.compress(chunk))
             dest.write(compressor.flush())
     return time.perf_counter() - start
+
+
+class Timeline:
+    """Each step of the repack with the wall time and the CPU time (this process's threads, and its children:
+    patchelf) spent since the start: where the time goes, and whether the cores were busy meanwhile."""
+
+    def __init__(self) -> None:
+        self.start = self._now()
+        self.lines: list[str] = []
+
+    @staticmethod
+    def _now() -> tuple[float, float, float]:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.perf_counter(), time.process_time(), children.ru_utime + children.ru_stime
+
+    def elapsed(self) -> float:
+        return self._now()[0] - self.start[0]
+
+    def step(self, name: str, what: str) -> None:
+        wall, cpu, children = (now - then for now, then in zip(self._now(), self.start))
+        self.lines.append(f"{wall:7.1f} s  cpu {cpu:7.1f} s  children {children:6.1f} s  {name}: {what}")
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        wall, cpu, children = (now - then for now, then in zip(self._now(), self.start))
+        path.write_text("\n".join([*self.lines, f"{wall:7.1f} s  cpu {cpu:7.1f} s  children {children:6.1f} s  end"]) + "\n")
 
 
 def _repackable(folder: Path) -> list[Path]:
@@ -95,9 +122,10 @@ def _measure(name: str, stack: StackPlan) -> list[Row]:
     load_before = os.getloadavg()
     floor = floor_seconds(wheels, WORK / "out")
     kept = os.environ.get("BENCH_REPACK_CHANNEL")  # the H100 run installs and verifies what was repacked
-    start = time.perf_counter()
-    result = repack_planned(stack, Path(kept) if kept else WORK / "out" / "chan", Runner())
-    repack = time.perf_counter() - start
+    timeline = Timeline()
+    result = repack_planned(stack, Path(kept) if kept else WORK / "out" / "chan", Runner(), on_step=timeline.step)
+    repack = timeline.elapsed()
+    timeline.write(Path(os.environ.get("BENCH_TIMELINE") or WORK / "timeline.txt"))
     for package in sorted(result.packages, key=lambda p: -p.seconds)[:5]:  # the longest builds (they overlap)
         print(f"  {package.archive.name}: {package.size / 1e6:.1f} MB in {package.seconds:.1f} s")
     load = "/".join(f"{a:.1f}" for a in os.getloadavg())

@@ -35,10 +35,13 @@ stamp() { echo "[$(date +%T)] $*"; }
   stamp "rebuild wheels"; $PY "$src/tests/gpu/rebuild_wheels.py" "$work/wheels" torch torchvision torchaudio
   if [ -n "${REPACK_BENCH:-}" ]; then
     stamp "bench: floor and repack"; echo "$(nproc) cores; $(free -g | awk '/Mem:/ {print $2}') GiB; load $(cut -d' ' -f1-3 /proc/loadavg)"
-    COLUMNS=220 BENCH_STACK_WHEELS="$work/wheels" BENCH_REPACK_CHANNEL="$work/chan" $PY -m bench repack
+    COLUMNS=220 BENCH_STACK_WHEELS="$work/wheels" BENCH_REPACK_CHANNEL="$work/chan" BENCH_TIMELINE="$work/timeline.txt" \
+      $PY -m bench repack
     echo "bench exit $?"
     stamp "same bytes with 1 thread and with $(nproc)"; $PY "$src/tests/gpu/same_bytes.py" "$work/wheels" "$work/chan" triton
     echo "same_bytes exit $?"
+    stamp "timeline of the repack"; cat "$work/timeline.txt"
+    stamp "pytorch built alone"; $PY "$src/tests/gpu/one_package.py" "$work/wheels" torch
   else
     stamp "repack"; $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
       repack "$work"/wheels/*.whl --cuda-libs wheels --out "$work/chan" --zstd-level 3

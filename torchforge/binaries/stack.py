@@ -16,6 +16,7 @@ import os
 import time
 import zipfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -105,6 +106,7 @@ def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, 
             on_step=lambda s, name=package.filename: step(name, s))
         if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
             raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
+        step(package.filename, "built")
         return package, archive, report, depends, time.perf_counter() - start
 
     jobs = [Job(p, *build_footprint(p.wheel.path, threads, level)) for p in packages]
@@ -136,7 +138,10 @@ def repack_planned(stack: StackPlan, channel: Path, runner: Runner, *, zstd_leve
     check_crcs([p.wheel.path for p in stack.packages])
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
-    shas = {p.filename: sha256_of(p.wheel.path) for p in stack.packages}
+    step(f"{len(stack.packages)} wheel(s)", "hashing the wheels")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib releases the GIL
+        digests = pool.map(sha256_of, [p.wheel.path for p in stack.packages])
+        shas = dict(zip([p.filename for p in stack.packages], digests))
     reused = {p.filename: _existing(channel, p, shas[p.filename], replace_) for p in stack.packages}
     results: list[RepackResult] = []
     with fileops.scratch(channel, "repack") as work:
