@@ -56,6 +56,35 @@ def test_the_stack_is_the_same_bytes_built_at_once_or_one_by_one(tmp_path: Path)
         assert _digest(archive) == _digest(tmp_path / "b" / "linux-64" / archive.name), archive.name
 
 
+def test_record_and_paths_json_give_every_file_as_it_is_packed(tmp_path: Path) -> None:
+    """The hashes are taken while the files are compressed (RECORD packed last): both lists must match the files
+    a user's conda extracts, the patched ELF files included."""
+    import base64
+    import json
+
+    from conda_package_handling import api as cph
+
+    wheels = Factory(tmp_path / "wheels").stack("cu128")
+    repack_stack(wheels, tmp_path / "chan", Runner(), mode=CudaLibs.WHEELS)
+    archive = next((tmp_path / "chan" / "linux-64").glob("pytorch-*.conda"))
+    cph.extract(str(archive), dest_dir=str(tmp_path / "pkg"))
+    pkg = tmp_path / "pkg"
+    paths = json.loads((pkg / "info" / "paths.json").read_text())["paths"]
+    files = [e for e in paths if e["path_type"] == "hardlink"]
+    assert len(files) > 5 and any(e["_path"].endswith(".so") for e in files)
+    for entry in files:
+        assert hashlib.sha256((pkg / entry["_path"]).read_bytes()).hexdigest() == entry["sha256"], entry["_path"]
+    site = next(pkg.glob("lib/python3*/site-packages"))
+    record = next(site.glob("*.dist-info/RECORD"))
+    rows = [line.split(",") for line in record.read_text().splitlines()]
+    assert rows[-1] == [f"{record.parent.name}/RECORD", "", ""]
+    for rel, digest, size in rows[:-1]:
+        data = (site / rel).read_bytes()
+        assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode(), rel
+        assert int(size) == len(data), rel
+    assert len(rows) - 1 == sum(1 for p in site.rglob("*") if p.is_file() and p != record)
+
+
 def test_jobs_start_largest_first_and_never_exceed_the_memory_budget() -> None:
     running: list[int] = []
     peak = [0]

@@ -8,17 +8,21 @@ info/) and `info-<stem>.tar.zst`. Each tar is one zstd stream. Three things make
 - tar and zip entries carry one given time (the wheel's) with uid/gid 0 and no user names, in the order given;
 - the tar's size is computed from its headers and pledged to zstd, so readers see the content size in the
   frame header; nothing is read twice to find it.
+Each file's sha256 is taken as it is compressed, for info/paths.json (written after the pkg component) and the
+wheel's RECORD (the last file of the pkg component): one read of the package's bytes in all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import tarfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,6 +34,8 @@ except ImportError:
 FORMAT_VERSION = 2
 CHUNK = 1 << 20  # what is read from a file and handed to zstd at once: few Python calls per gigabyte
 Check = Callable[[], None]  # raises to stop a long write (a cancelled repack); called once per chunk
+Digests = dict[str, tuple[str, int]]  # path relative to the stage -> (sha256 hex, size)
+Prepare = Callable[[str, Digests], None]
 
 
 def _tarinfo(stage: Path, rel: str, mtime: int) -> tarfile.TarInfo:
@@ -63,28 +69,43 @@ def tar_size(infos: Sequence[tarfile.TarInfo]) -> int:
     return body + (-body % tarfile.RECORDSIZE)
 
 
-def write_tar(stage: Path, infos: Sequence[tarfile.TarInfo], sink: Callable[[bytes], object], check: Check) -> None:
-    """An uncompressed tar of `infos` (files under `stage`) written through `sink`."""
+def write_tar(stage: Path, infos: Sequence[tarfile.TarInfo], sink: Callable[[bytes], object], check: Check,
+              digests: Digests, prepare: Prepare) -> None:
+    """An uncompressed tar of `infos` (files under `stage`) written through `sink`. Each regular file's sha256
+    and size go into `digests` as it is streamed: nothing is read twice. `prepare(name, digests)` runs before a
+    file is read (the package's RECORD, written last, is filled in from the digests of the files before it)."""
     written = 0
     for info in infos:
         header = _header(info)
         sink(header)
         written += len(header)
         if info.isreg():
-            with (stage / info.name).open("rb") as fh:
-                left = info.size
-                while left:
-                    chunk = fh.read(min(CHUNK, left))
-                    if not chunk:
-                        raise OSError(f"{stage / info.name} shrank while it was being packed")
-                    sink(chunk)
-                    left -= len(chunk)
-                    check()
+            prepare(info.name, digests)
+            digests[info.name] = (_stream(stage / info.name, info.size, sink, check), info.size)
             sink(b"\0" * _padding(info.size))
             written += info.size + _padding(info.size)
     end = 2 * tarfile.BLOCKSIZE
     end += -(written + end) % tarfile.RECORDSIZE
     sink(b"\0" * end)
+
+
+def _stream(path: Path, size: int, sink: Callable[[bytes], object], check: Check) -> str:
+    """`size` bytes of `path` through `sink`; their sha256 (hex). The size was read when the headers were made:
+    a file that changed since is an error, never a tar whose header lies."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        left = size
+        while left:
+            chunk = fh.read(min(CHUNK, left))
+            if not chunk:
+                raise OSError(f"{path} shrank while it was being packed")
+            digest.update(chunk)
+            sink(chunk)
+            left -= len(chunk)
+            check()
+        if fh.read(1):
+            raise OSError(f"{path} grew while it was being packed")
+    return digest.hexdigest()
 
 
 def _compressor(level: int, threads: int, size: int) -> zstd.ZstdCompressor:
@@ -103,33 +124,45 @@ def _zip_entry(name: str, mtime: int) -> zipfile.ZipInfo:
     return entry
 
 
-def _write_component(archive: zipfile.ZipFile, name: str, stage: Path, infos: Sequence[tarfile.TarInfo],
-                     level: int, threads: int, mtime: int, check: Check) -> None:
-    compressor = _compressor(level, threads, tar_size(infos))
-    with archive.open(_zip_entry(name, mtime), "w", force_zip64=True) as member:
+def _write_component(archive: zipfile.ZipFile, name: str, stage: Path, rels: Sequence[str], options: Options,
+                     prepare: Prepare) -> Digests:
+    infos = [_tarinfo(stage, rel, options.mtime) for rel in rels]
+    compressor = _compressor(options.level, options.threads, tar_size(infos))
+    digests: Digests = {}
+    with archive.open(_zip_entry(name, options.mtime), "w", force_zip64=True) as member:
         out: BinaryIO = member  # type: ignore[assignment]
 
         def sink(data: bytes) -> None:
             out.write(compressor.compress(data))
 
-        write_tar(stage, infos, sink, check)
+        write_tar(stage, infos, sink, options.check, digests, prepare)
         out.write(compressor.flush())
+    return digests
 
 
 def is_info(rel: str) -> bool:
     return rel.split("/", 1)[0] == "info"
 
 
-def write_conda(stage: Path, files: Iterable[str], dest: Path, *, level: int, threads: int, mtime: int,
-                check: Check = lambda: None) -> Path:
-    """Write `dest` (named `<stem>.conda`) from the files and symbolic links `files` (relative to `stage`)."""
+@dataclass(frozen=True)
+class Options:
+    level: int
+    threads: int
+    mtime: int  # the time every entry carries (seconds since the epoch)
+    check: Check = lambda: None
+
+
+def write_conda(stage: Path, dest: Path, pkg_files: Sequence[str], finish: Callable[[Digests], Sequence[str]],
+                options: Options, prepare: Prepare = lambda _name, _digests: None) -> Digests:
+    """Write `dest` (`<stem>.conda`): `pkg_files` (files and symbolic links relative to `stage`, none under
+    info/) in the pkg component, then the info component of the files `finish(digests)` returns. `finish`
+    gets the sha256 and size of every regular file of the pkg component, taken as it was compressed: that is
+    when info/paths.json can be written. Returns those digests."""
     stem = dest.name.removesuffix(".conda")
-    listed = list(files)
-    components = ((f"pkg-{stem}.tar.zst", [r for r in listed if not is_info(r)]),
-                  (f"info-{stem}.tar.zst", [r for r in listed if is_info(r)]))
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr(_zip_entry("metadata.json", mtime), json.dumps({"conda_pkg_format_version": FORMAT_VERSION}))
-        for name, rels in components:
-            infos = [_tarinfo(stage, rel, mtime) for rel in rels]
-            _write_component(archive, name, stage, infos, level, threads, mtime, check)
-    return dest
+        archive.writestr(_zip_entry("metadata.json", options.mtime),
+                         json.dumps({"conda_pkg_format_version": FORMAT_VERSION}))
+        digests = _write_component(archive, f"pkg-{stem}.tar.zst", stage, pkg_files, options, prepare)
+        info_files = finish(digests)
+        _write_component(archive, f"info-{stem}.tar.zst", stage, info_files, options, prepare)
+    return digests

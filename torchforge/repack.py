@@ -28,7 +28,7 @@ from pathlib import Path
 
 from torchforge import __version__, localchannel
 from torchforge.aio import run_async
-from torchforge.condawriter import write_conda
+from torchforge.condawriter import Digests, Options, is_info, write_conda
 from torchforge.binaries.catalog import catalog
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
@@ -48,10 +48,12 @@ PREFIX_PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
 DEFAULT_ZSTD_LEVEL = 10
 DEFAULT_ZSTD_THREADS = -1
 ZSTD_LEVELS = range(1, 23)  # what zstd accepts (cph passes the level through)
-# Memory one zstd worker holds (its tables and job buffers), by the highest level it covers: the growth of
-# ru_maxrss from one worker to two, compressing the first 190 MB of the torch 2.13.0 CPU wheel (backports.zstd
-# 1.8.0) -- level 3: 80 -> 114 MB, level 10: 149 -> 225 MB, level 19: 345 -> 504 MB; the first worker's share,
-# rounded up. Levels 20-22 (zstd's "ultra", windows up to 128 MB): LEVEL22.
+PLACEHOLDER_SHA256 = "0" * 64  # RECORD's first draft: as long as the real digest, so the file keeps its size
+# Memory one zstd worker holds (its tables and job buffers), by the highest level it covers: ru_maxrss growth of
+# one compression of the first 190 MB of the torch 2.13.0 CPU wheel with one worker, then two (backports.zstd
+# 1.8.0): level 3 80 -> 114 MB, level 10 149 -> 225 MB, level 19 345 -> 504 MB; level 22 (400 MB, its window
+# is 128 MB) 1414 MB with one or two. Each figure is the one-worker peak, rounded up: the second worker's share
+# is smaller, so this over-counts.
 ZSTD_WORKER_BYTES = ((3, 80 << 20), (10, 150 << 20), (19, 350 << 20), (22, 1536 << 20))
 
 
@@ -124,6 +126,18 @@ class About:
                    home, points.read_text("utf-8") if points.is_file() else "")
 
 
+def payload_of(stage: Path) -> tuple[list[str], list[str]]:
+    """The package's regular files and its symbolic links outside info/, relative to `stage`, sorted."""
+    payload = sorted(p.relative_to(stage).as_posix() for p in iter_tree(stage) if p.relative_to(stage).parts[0] != "info")
+    links = []
+    for dirpath, dirnames, filenames in os.walk(stage):
+        for entry in dirnames + filenames:
+            full = Path(dirpath, entry)
+            if full.is_symlink():
+                links.append(full.relative_to(stage).as_posix())
+    return payload, sorted(links)
+
+
 def hash_files(stage: Path, rels: Iterable[str], threads: int | None = None) -> dict[str, tuple[str, int]]:
     """sha256 (hex) and size of each file, by path relative to `stage`. hashlib releases the GIL: one thread
     per core hashes a package's gigabytes in parallel."""
@@ -140,13 +154,7 @@ def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Itera
     (hash_files), `timestamp_ms` the index's time (now when not given)."""
     info = stage / "info"
     (info / "recipe").mkdir(parents=True, exist_ok=True)
-    payload = sorted(p.relative_to(stage).as_posix() for p in iter_tree(stage) if not p.relative_to(stage).parts[0] == "info")
-    links = []
-    for dirpath, dirnames, filenames in os.walk(stage):
-        for entry in dirnames + filenames:
-            full = Path(dirpath, entry)
-            if full.is_symlink():
-                links.append(full.relative_to(stage).as_posix())
+    payload, links = payload_of(stage)
     prefix_set = set(prefix_files)
     known = known or {}
     hashes = {**hash_files(stage, [rel for rel in payload if rel not in known]), **known}
@@ -317,29 +325,75 @@ def build_archive(
         (stage / "info" / "index.json").write_text(json.dumps({"depends": list(staged.plan.depends)}))
         step("fixing RPATHs")
         report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=staged.plan.keep_wheel_rpaths)
-        step("hashing")
-        # Every file is hashed once, after the RPATH fix, for both RECORD and info/paths.json.
-        known = hash_files(stage, [p.relative_to(stage).as_posix() for p in iter_tree(stage)
-                                   if p.relative_to(stage).parts[0] != "info"])
-        site_rel = staged.site.relative_to(stage).as_posix()
-        write_record(staged.site, staged.dist.name,  # the .so files changed: RECORD must match what is installed
-                     {rel[len(site_rel) + 1:]: v for rel, v in known.items() if rel.startswith(site_rel + "/")})
-        known.pop(f"{site_rel}/{staged.dist.name}/RECORD", None)
-        made = wheel_time(plan.wheel.path)
-        files = write_info(stage, staged.plan, staged.about, (f"bin/{n}" for n in staged.scripts),
-                           wheel_sha256 or sha256_of(plan.wheel.path), (f"{site_rel}/{name}" for name in plan.wheel.license_files),
-                           extra, timestamp_ms=made * 1000, known=known)
-        step(f"compressing ({fmt}, zstd level {zstd_level})" if fmt == ".conda" else f"compressing ({fmt})")
+        info = _InfoArgs(staged, wheel_sha256 or sha256_of(plan.wheel.path), wheel_time(plan.wheel.path), extra)
         out_folder.mkdir(parents=True, exist_ok=True)
-        stem = plan.filename.removesuffix(".conda")
+        dest = out_folder.resolve() / plan.filename.removesuffix(".conda")
         if fmt == ".conda":
-            write_conda(stage, files, out_folder.resolve() / f"{stem}.conda", level=zstd_level,
-                        threads=zstd_workers(zstd_threads), mtime=made, check=check)
+            step(f"compressing ({fmt}, zstd level {zstd_level})")
+            options = Options(zstd_level, zstd_workers(zstd_threads), info.made, check)
+            _write_conda(stage, dest.with_name(f"{dest.name}.conda"), info, options)
         else:
+            step("hashing")
+            files = _write_hashed(stage, info)
+            step(f"compressing ({fmt})")
             from conda_package_handling import api as cph
 
-            cph.create(str(stage), files, f"{stem}{fmt}", out_folder=str(out_folder.resolve()))
-        return out_folder / f"{stem}{fmt}", report, staged.plan.depends
+            cph.create(str(stage), files, f"{dest.name}{fmt}", out_folder=str(dest.parent))
+        return dest.with_name(f"{dest.name}{fmt}"), report, staged.plan.depends
+
+
+@dataclass(frozen=True)
+class _InfoArgs:
+    """What info/ is written from, besides the files' hashes."""
+
+    staged: Staged
+    wheel_sha256: str
+    made: int  # wheel_time: the index's timestamp and every entry's time
+    extra: dict[str, str] | None
+
+    def record(self, stage: Path) -> str:
+        return f"{self.staged.site.relative_to(stage).as_posix()}/{self.staged.dist.name}/RECORD"
+
+    def write(self, stage: Path, known: dict[str, tuple[str, int]]) -> list[str]:
+        site_rel = self.staged.site.relative_to(stage).as_posix()
+        return write_info(stage, self.staged.plan, self.staged.about, (f"bin/{n}" for n in self.staged.scripts),
+                          self.wheel_sha256, (f"{site_rel}/{n}" for n in self.staged.plan.wheel.license_files),
+                          self.extra, timestamp_ms=self.made * 1000, known=known)
+
+    def write_record(self, stage: Path, known: dict[str, tuple[str, int]]) -> None:
+        """RECORD from `known` (by path relative to `stage`): the .so files changed, so it must say what is installed."""
+        prefix = self.staged.site.relative_to(stage).as_posix() + "/"
+        write_record(self.staged.site, self.staged.dist.name,
+                     {rel[len(prefix):]: v for rel, v in known.items() if rel.startswith(prefix)})
+
+
+def _write_conda(stage: Path, dest: Path, info: _InfoArgs, options: Options) -> None:
+    """The .conda with every file hashed as it is compressed. RECORD goes last in the pkg component: first a
+    placeholder of its final size (the tar headers are made before any file is read), then, just before it is
+    packed, the real one from the digests of the files packed before it."""
+    payload, links = payload_of(stage)
+    record = info.record(stage)
+    sizes = {rel: os.lstat(stage / rel).st_size for rel in payload if rel != record}
+    info.write_record(stage, {rel: (PLACEHOLDER_SHA256, size) for rel, size in sizes.items()})
+    pkg_files = sorted(set(payload + links) - {record}) + [record]
+
+    def prepare(rel: str, digests: Digests) -> None:
+        if rel == record:
+            info.write_record(stage, digests)
+
+    def finish(digests: Digests) -> list[str]:
+        return [rel for rel in info.write(stage, digests) if is_info(rel)]
+
+    write_conda(stage, dest, pkg_files, finish, options, prepare)
+
+
+def _write_hashed(stage: Path, info: _InfoArgs) -> list[str]:
+    """RECORD and info/ from one hashing pass (the .tar.bz2 path); the package's file list."""
+    payload, _links = payload_of(stage)
+    known = hash_files(stage, payload)
+    info.write_record(stage, known)
+    known.pop(info.record(stage), None)
+    return info.write(stage, known)
 
 
 def check_crcs(wheels: Iterable[Path], threads: int | None = None) -> None:
