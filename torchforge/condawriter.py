@@ -8,13 +8,13 @@ info/) and `info-<stem>.tar.zst`. Each tar is one zstd stream. Three things make
 - tar and zip entries carry one given time (the wheel's) with uid/gid 0 and no user names, in the order given;
 - the tar's size is computed from its headers and pledged to zstd, so readers see the content size in the
   frame header; nothing is read twice to find it.
-Each file's sha256 is taken as it is compressed, for info/paths.json (written after the pkg component) and the
-wheel's RECORD (the last file of the pkg component): one read of the package's bytes in all.
+The info component is asked for (`finish`) only once the pkg component is written, and a `prepare` hook runs
+before each file is read: the caller hashes the files while they are compressed and writes info/paths.json
+and the wheel's RECORD (packed last) from those hashes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -34,8 +34,7 @@ except ImportError:
 FORMAT_VERSION = 2
 CHUNK = 1 << 20  # what is read from a file and handed to zstd at once: few Python calls per gigabyte
 Check = Callable[[], None]  # raises to stop a long write (a cancelled repack); called once per chunk
-Digests = dict[str, tuple[str, int]]  # path relative to the stage -> (sha256 hex, size)
-Prepare = Callable[[str, Digests], None]
+Prepare = Callable[[str], None]
 
 
 def _tarinfo(stage: Path, rel: str, mtime: int) -> tarfile.TarInfo:
@@ -70,18 +69,17 @@ def tar_size(infos: Sequence[tarfile.TarInfo]) -> int:
 
 
 def write_tar(stage: Path, infos: Sequence[tarfile.TarInfo], sink: Callable[[bytes], object], check: Check,
-              digests: Digests, prepare: Prepare) -> None:
-    """An uncompressed tar of `infos` (files under `stage`) written through `sink`. Each regular file's sha256
-    and size go into `digests` as it is streamed: nothing is read twice. `prepare(name, digests)` runs before a
-    file is read (the package's RECORD, written last, is filled in from the digests of the files before it)."""
+              prepare: Prepare) -> None:
+    """An uncompressed tar of `infos` (files under `stage`) written through `sink`. `prepare(name)` runs before
+    a file is read (the package's RECORD, packed last, is filled in then)."""
     written = 0
     for info in infos:
         header = _header(info)
         sink(header)
         written += len(header)
         if info.isreg():
-            prepare(info.name, digests)
-            digests[info.name] = (_stream(stage / info.name, info.size, sink, check), info.size)
+            prepare(info.name)
+            _stream(stage / info.name, info.size, sink, check)
             sink(b"\0" * _padding(info.size))
             written += info.size + _padding(info.size)
     end = 2 * tarfile.BLOCKSIZE
@@ -89,23 +87,20 @@ def write_tar(stage: Path, infos: Sequence[tarfile.TarInfo], sink: Callable[[byt
     sink(b"\0" * end)
 
 
-def _stream(path: Path, size: int, sink: Callable[[bytes], object], check: Check) -> str:
-    """`size` bytes of `path` through `sink`; their sha256 (hex). The size was read when the headers were made:
-    a file that changed since is an error, never a tar whose header lies."""
-    digest = hashlib.sha256()
+def _stream(path: Path, size: int, sink: Callable[[bytes], object], check: Check) -> None:
+    """`size` bytes of `path` through `sink`. The size was read when the headers were made: a file that changed
+    since is an error, never a tar whose header lies."""
     with path.open("rb") as fh:
         left = size
         while left:
             chunk = fh.read(min(CHUNK, left))
             if not chunk:
                 raise OSError(f"{path} shrank while it was being packed")
-            digest.update(chunk)
             sink(chunk)
             left -= len(chunk)
             check()
         if fh.read(1):
             raise OSError(f"{path} grew while it was being packed")
-    return digest.hexdigest()
 
 
 def _compressor(level: int, threads: int, size: int) -> zstd.ZstdCompressor:
@@ -125,19 +120,17 @@ def _zip_entry(name: str, mtime: int) -> zipfile.ZipInfo:
 
 
 def _write_component(archive: zipfile.ZipFile, name: str, stage: Path, rels: Sequence[str], options: Options,
-                     prepare: Prepare) -> Digests:
+                     prepare: Prepare) -> None:
     infos = [_tarinfo(stage, rel, options.mtime) for rel in rels]
     compressor = _compressor(options.level, options.threads, tar_size(infos))
-    digests: Digests = {}
     with archive.open(_zip_entry(name, options.mtime), "w", force_zip64=True) as member:
         out: BinaryIO = member  # type: ignore[assignment]
 
         def sink(data: bytes) -> None:
             out.write(compressor.compress(data))
 
-        write_tar(stage, infos, sink, options.check, digests, prepare)
+        write_tar(stage, infos, sink, options.check, prepare)
         out.write(compressor.flush())
-    return digests
 
 
 def is_info(rel: str) -> bool:
@@ -152,17 +145,14 @@ class Options:
     check: Check = lambda: None
 
 
-def write_conda(stage: Path, dest: Path, pkg_files: Sequence[str], finish: Callable[[Digests], Sequence[str]],
-                options: Options, prepare: Prepare = lambda _name, _digests: None) -> Digests:
+def write_conda(stage: Path, dest: Path, pkg_files: Sequence[str], finish: Callable[[], Sequence[str]],
+                options: Options, prepare: Prepare = lambda _name: None) -> None:
     """Write `dest` (`<stem>.conda`): `pkg_files` (files and symbolic links relative to `stage`, none under
-    info/) in the pkg component, then the info component of the files `finish(digests)` returns. `finish`
-    gets the sha256 and size of every regular file of the pkg component, taken as it was compressed: that is
-    when info/paths.json can be written. Returns those digests."""
+    info/) in the pkg component, then the info component of the files `finish()` returns: info/paths.json can
+    be written while the pkg component is compressed."""
     stem = dest.name.removesuffix(".conda")
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as archive:
         archive.writestr(_zip_entry("metadata.json", options.mtime),
                          json.dumps({"conda_pkg_format_version": FORMAT_VERSION}))
-        digests = _write_component(archive, f"pkg-{stem}.tar.zst", stage, pkg_files, options, prepare)
-        info_files = finish(digests)
-        _write_component(archive, f"info-{stem}.tar.zst", stage, info_files, options, prepare)
-    return digests
+        _write_component(archive, f"pkg-{stem}.tar.zst", stage, pkg_files, options, prepare)
+        _write_component(archive, f"info-{stem}.tar.zst", stage, finish(), options, prepare)

@@ -135,13 +135,12 @@ def repack_planned(stack: StackPlan, channel: Path, runner: Runner, *, zstd_leve
     step = on_step or (lambda _p, _s: None)
     level = check_zstd_level(zstd_level)
     step(f"{len(stack.packages)} wheel(s)", "checking the archives")
-    check_crcs([p.wheel.path for p in stack.packages])
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib releases the GIL
+        digests = [pool.submit(sha256_of, p.wheel.path) for p in stack.packages]  # while the CRCs are read
+        check_crcs([p.wheel.path for p in stack.packages])
+        shas = {p.filename: d.result() for p, d in zip(stack.packages, digests)}
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
-    step(f"{len(stack.packages)} wheel(s)", "hashing the wheels")
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib releases the GIL
-        digests = pool.map(sha256_of, [p.wheel.path for p in stack.packages])
-        shas = dict(zip([p.filename for p in stack.packages], digests))
     reused = {p.filename: _existing(channel, p, shas[p.filename], replace_) for p in stack.packages}
     results: list[RepackResult] = []
     with fileops.scratch(channel, "repack") as work:
