@@ -143,7 +143,7 @@ def _measure(name: str, stack: StackPlan) -> list[Row]:
             Row(f"repack {name}", "torchforge repack (--cuda-libs wheels), same wheels", f"{repack:.1f} s",
                 f"{repack_cpu:.1f} CPU s (with its child processes)"),
             Row(f"repack {name}", "repack / floor", f"{repack / floor:.2f}x",
-                f"{os.cpu_count()} cores; CPU seconds {repack_cpu / floor_cpu:.2f}x (what a loaded machine shows)")]
+                f"{os.cpu_count()} cores; CPU seconds {repack_cpu / max(floor_cpu, 1e-3):.2f}x (what a loaded machine shows)")]
 
 
 def run(quick: bool) -> list[Row]:
