@@ -45,7 +45,10 @@ docs: $(STAMP)  ## regenerate the data tables and output examples in README.md a
 
 STACK := .cache/cu128
 PY312 ?= $(shell command -v python3.12)
-STACK_FETCH := --pytorch 2.10.0 --cuda 12.8 --py 3.12 --with torchvision,torchaudio --wheel-dir $(STACK)/wheels
+STACK_PYTORCH := 2.10.0
+STACK_CUDA := 12.8
+STACK_PY := 3.12
+STACK_FETCH := --pytorch $(STACK_PYTORCH) --cuda $(STACK_CUDA) --py $(STACK_PY) --with torchvision,torchaudio --wheel-dir $(STACK)/wheels
 repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.10.0 CUDA 12.8 stack repacked both ways, audited, solved, installed, every DT_NEEDED checked
 	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs wheels --out $(STACK)/chan-wheels
 	nice $(BIN)/torchforge repack $(STACK_FETCH) --cuda-libs conda-forge --out $(STACK)/chan-conda-forge
@@ -73,8 +76,8 @@ goldens: $(STAMP)  ## regenerate the golden recipes, CI workflows and dry runs (
 	$(BIN)/python -m tests.golden.conda_forge_regenerate
 	$(BIN)/python -m tests.golden.dry_run_regenerate
 
-bench: $(STAMP)  ## run the benchmarks and print ratios
-	$(BIN)/python -m bench
+bench: $(STAMP)  ## run the benchmarks and print ratios (the repack row fetches the CUDA stack of repack-cuda-stack once, 3.9 GB)
+	BENCH_STACK_REQUEST=$(STACK_PYTORCH)/$(STACK_CUDA)/$(STACK_PY) $(BIN)/python -m bench
 
 BENCH ?=
 bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benchmark fails the run; no figures to quote; BENCH=name: only those)

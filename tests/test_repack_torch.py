@@ -42,28 +42,30 @@ def import_python() -> Path:
     return cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
 
 
-def _killed_while_unpacking(wheel: Path, chan: Path) -> int:
-    """`torchforge repack` SIGKILLed once it has unpacked 100 MB of the wheel; returns the bytes it left."""
+def signal_repack_mid_unpack(wheel: Path, chan: Path, signum: int) -> tuple[int, int, str]:
+    """`torchforge repack` sent `signum` (to its whole process group, as a terminal's Ctrl-C or a CI job's
+    cancel does) once it has unpacked 100 MB of the wheel; returns the bytes its scratch folder held then, its
+    exit status and its output."""
     from tests.test_upload_helpers import ROOT, cli_env
 
     proc = subprocess.Popen([sys.executable, "-m", "torchforge.cli", "repack", str(wheel), "--out", str(chan)],
-                            env=cli_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=cli_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
 
     def left() -> int:
         return sum(f.stat().st_size for f in chan.glob(".torchforge-tmp-repack-*/**/*") if f.is_file())
 
     try:
-        while proc.poll() is None and left() < 100e6:
+        while proc.poll() is None and (held := left()) < 100e6:
             time.sleep(0.05)
-        assert proc.poll() is None, "the repack ended before the kill point"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        assert proc.poll() is None, "the repack ended before the signal"
+        os.killpg(proc.pid, signum)
+        output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return left()
+    return held, proc.returncode, output.decode(errors="replace")
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +77,7 @@ def channel(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         marker = shared / ".complete"
         if not marker.exists() or not marker.read_text().strip():  # empty: made before the kill was part of it
             shutil.rmtree(shared, ignore_errors=True)
-            left = _killed_while_unpacking(torch_wheel, shared / "chan")
+            left, _code, _output = signal_repack_mid_unpack(torch_wheel, shared / "chan", signal.SIGKILL)
             repack_stack([torch_wheel], shared / "chan", Runner())
             (shared / ".complete").write_text(str(left))
     return shared / "chan"

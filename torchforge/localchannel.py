@@ -194,23 +194,26 @@ def publish(
         return placed
 
 
-def publish_many(archives: list[Path], channel: Path, subdir: str, *, replace: bool = False) -> list[Published]:
+def publish_many(archives: list[Path], channel: Path, subdir: str, *, replace: bool = False,
+                 move: bool = False) -> list[Published]:
     """`publish` for several archives under one lock and one re-index (a repacked stack: indexing reads every
     archive of the channel, so once per archive would read the stack's gigabytes once per package). Each is
-    checked before any is copied; a run killed between copies leaves complete archives `recover` indexes."""
+    checked before any is copied; a run killed between copies leaves complete archives `recover` indexes.
+    `move`: the archives are the caller's scratch files, renamed into place rather than copied where they lie
+    on the channel's file system."""
     with locked(channel):
         for archive in archives:
             target = channel / subdir / archive.name
             if target.exists() and not replace and not same_content(archive, target):
                 raise ArchiveExistsError(target)
-        placed = [_place(archive, channel, subdir, replace, None) for archive in archives]
+        placed = [_place(archive, channel, subdir, replace, None, move) for archive in archives]
         if any(p.placed is not Placed.IDENTICAL for p in placed):
             index(channel)
         return placed
 
 
 def _place(archive: Path, channel: Path, subdir: str, replace: bool,
-           progress: Callable[[int], None] | None) -> Published:
+           progress: Callable[[int], None] | None, move: bool = False) -> Published:
     """Copy `archive` into place (scratch copy, then rename); the caller holds the lock and indexes."""
     target_dir = ensure_dir(channel / subdir, "channel subdir")
     target = target_dir / archive.name
@@ -221,11 +224,21 @@ def _place(archive: Path, channel: Path, subdir: str, replace: bool,
         raise ArchiveExistsError(target)
     with scratch(channel, "publish") as tmp:
         partial = tmp / archive.name
-        with writing(target):
-            _copy(archive, partial, progress or (lambda _n: None))
+        if not (move and _renamed(archive, partial)):
+            with writing(target):
+                _copy(archive, partial, progress or (lambda _n: None))
         os.chmod(partial, 0o644)  # a channel is read by other users and by web servers
         move_into_place(partial, target)
     return Published(target, Placed.REPLACED if existed else Placed.ADDED)
+
+
+def _renamed(source: Path, dest: Path) -> bool:
+    """Rename when both lie on one file system; False (and nothing done) otherwise."""
+    try:
+        os.rename(source, dest)
+    except OSError:
+        return False
+    return True
 
 
 def _copy(source: Path, dest: Path, progress: Callable[[int], None]) -> None:

@@ -5,12 +5,14 @@ PyTorch stopped publishing conda packages after 2.5 (official-builds.md §0); th
 that are still built. Repacking puts the wheel's files under `lib/pythonX.Y/site-packages`, adds to the run
 requirements the stack's packages whose libraries the ELF files link, rewrites RPATHs for the conda layout
 (§1.8: DT_RPATH to `$ORIGIN`, the folders of linked libraries and `<prefix>/lib`), writes a complete `info/`
-(with the wheel's licence files) and compresses with conda-package-handling. The archive is built in a
-temporary folder; torchforge.binaries.stack publishes it only when the whole stack is built.
+(with the wheel's licence files) and writes the .conda with torchforge.condawriter (the same bytes for one wheel
+whatever the number of zstd threads). The archive is built in a temporary folder; torchforge.binaries.stack
+builds a stack's packages in parallel and publishes them only when the whole stack is built.
 """
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from torchforge import __version__, localchannel
 from torchforge.aio import run_async
+from torchforge.condawriter import Options, is_info, write_conda
 from torchforge.binaries.catalog import catalog, outside_libraries
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
@@ -45,6 +48,23 @@ PREFIX_PLACEHOLDER = "/opt/anaconda1anaconda2anaconda3"
 DEFAULT_ZSTD_LEVEL = 10
 DEFAULT_ZSTD_THREADS = -1
 ZSTD_LEVELS = range(1, 23)  # what zstd accepts (cph passes the level through)
+PLACEHOLDER_SHA256 = "0" * 64  # RECORD's first draft: as long as the real digest, so the file keeps its size
+# Memory one zstd worker holds (its tables and job buffers), by the highest level it covers: ru_maxrss growth of
+# one compression of the first 190 MB of the torch 2.13.0 CPU wheel with one worker, then two (backports.zstd
+# 1.8.0): level 3 80 -> 114 MB, level 10 149 -> 225 MB, level 19 345 -> 504 MB; level 22 (400 MB, its window
+# is 128 MB) 1414 MB with one or two. Each figure is the one-worker peak, rounded up: the second worker's share
+# is smaller, so this over-counts.
+ZSTD_WORKER_BYTES = ((3, 80 << 20), (10, 150 << 20), (19, 350 << 20), (22, 1536 << 20))
+
+
+def build_footprint(wheel: Path, zstd_threads: int, level: int) -> tuple[int, int]:
+    """(unpacked bytes, peak memory in bytes) of repacking `wheel`: the scheduler starts the largest first and
+    runs together only what fits in memory. The peak: patchelf holds the largest library twice (read, then
+    written with its new dynamic section) and each zstd worker holds its tables and job buffers."""
+    with zipfile.ZipFile(wheel) as zf:
+        sizes = [m.file_size for m in zf.infolist()]
+    per_worker = next(b for top, b in ZSTD_WORKER_BYTES if level <= top)
+    return sum(sizes), 2 * max(sizes, default=0) + zstd_workers(zstd_threads) * per_worker
 
 
 def check_zstd_level(level: int) -> int:
@@ -106,23 +126,38 @@ class About:
                    home, points.read_text("utf-8") if points.is_file() else "")
 
 
-def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Iterable[str], wheel_sha256: str,
-               licenses: Iterable[str], extra: dict[str, str] | None = None) -> list[str]:
-    """Write info/ (index.json, paths.json, files, about.json, has_prefix, licenses/, recipe/meta.yaml); returns
-    the package's file list (payload then info), relative to `stage`."""
-    info = stage / "info"
-    (info / "recipe").mkdir(parents=True, exist_ok=True)
-    payload = sorted(p.relative_to(stage).as_posix() for p in iter_tree(stage) if not p.relative_to(stage).parts[0] == "info")
+def payload_of(stage: Path) -> tuple[list[str], list[str]]:
+    """The package's regular files and its symbolic links outside info/, relative to `stage`, sorted."""
+    payload = sorted(p.relative_to(stage).as_posix() for p in iter_tree(stage) if p.relative_to(stage).parts[0] != "info")
     links = []
     for dirpath, dirnames, filenames in os.walk(stage):
         for entry in dirnames + filenames:
             full = Path(dirpath, entry)
             if full.is_symlink():
                 links.append(full.relative_to(stage).as_posix())
+    return payload, sorted(links)
+
+
+def hash_files(stage: Path, rels: Iterable[str], threads: int | None = None) -> dict[str, tuple[str, int]]:
+    """sha256 (hex) and size of each file, by path relative to `stage`. hashlib releases the GIL: one thread
+    per core hashes a package's gigabytes in parallel."""
+    listed = list(rels)
+    with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 2) as pool:
+        return dict(zip(listed, pool.map(lambda rel: _sha256(stage / rel), listed)))
+
+
+def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Iterable[str], wheel_sha256: str,
+               licenses: Iterable[str], extra: dict[str, str] | None = None, *,
+               timestamp_ms: int | None = None, known: dict[str, tuple[str, int]] | None = None) -> list[str]:
+    """Write info/ (index.json, paths.json, files, about.json, has_prefix, licenses/, recipe/meta.yaml); returns
+    the package's file list (payload then info), relative to `stage`. `known` holds hashes already computed
+    (hash_files), `timestamp_ms` the index's time (now when not given)."""
+    info = stage / "info"
+    (info / "recipe").mkdir(parents=True, exist_ok=True)
+    payload, links = payload_of(stage)
     prefix_set = set(prefix_files)
-    # sha256 of ~700 MB: hashlib releases the GIL, so two threads use both cores.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        hashes = dict(zip(payload, pool.map(lambda rel: _sha256(stage / rel), payload)))
+    known = known or {}
+    hashes = {**hash_files(stage, [rel for rel in payload if rel not in known]), **known}
     paths = []
     for rel in sorted(payload + links):
         if rel in links:
@@ -139,7 +174,7 @@ def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Itera
         "name": plan.name, "version": plan.version, "build": plan.build, "build_number": plan.build_number,
         "depends": list(plan.depends), "constrains": list(plan.constrains),
         "license": about.license, "subdir": SUBDIR, "platform": "linux", "arch": "x86_64",
-        "timestamp": int(time.time() * 1000),
+        "timestamp": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
     }
     about_json = {
         "summary": about.summary, "home": about.home, "license": about.license,
@@ -220,6 +255,51 @@ def linked_depends(stage: Path, plan: PackagePlan, specs: dict[str, str]) -> tup
     return plan.depends + tuple(sorted(extra))
 
 
+def zstd_workers(threads: int) -> int:
+    """The zstd workers for `threads` (-1: one per core). Never 0: see torchforge.condawriter."""
+    return max(1, os.cpu_count() or 1) if threads == -1 else max(1, threads)
+
+
+def wheel_time(wheel: Path) -> int:
+    """When the wheel was made (its newest member's zip date, read as UTC), in seconds: the time every file of
+    the package and its index carry, so that a repack of one wheel gives the same bytes wherever it runs."""
+    with zipfile.ZipFile(wheel) as zf:
+        newest = max((info.date_time for info in zf.infolist()), default=(1980, 1, 1, 0, 0, 0))
+    return calendar.timegm((*newest, 0, 0, 0))
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A wheel unpacked into a package folder, before its RPATHs are fixed."""
+
+    plan: PackagePlan  # with the depends its ELF files add
+    about: About
+    site: Path
+    dist: Path
+    scripts: tuple[str, ...]
+
+
+def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None]) -> Staged:
+    site = stage / "lib" / f"python{plan.python}" / "site-packages"
+    site.mkdir(parents=True)
+    step("unpacking")
+    extract_wheel(plan.wheel.path, site)
+    for rel in plan.drop:
+        (site / rel).unlink(missing_ok=True)
+    dist = next(site.glob("*.dist-info"))
+    (dist / "INSTALLER").write_text("conda\n")
+    (dist / "REQUESTED").unlink(missing_ok=True)
+    about = About.read(dist)
+    scripts = _entry_point_scripts(about.entry_points)
+    if scripts:
+        (stage / "bin").mkdir()
+        for name, text in scripts.items():
+            (stage / "bin" / name).write_text(text)
+            (stage / "bin" / name).chmod(0o755)
+    plan = replace(plan, depends=linked_depends(stage, plan, specs))
+    return Staged(plan, about, site, dist, tuple(scripts))
+
+
 def build_archive(
     plan: PackagePlan,
     out_folder: Path,
@@ -232,59 +312,132 @@ def build_archive(
     work: Path | None = None,
     extra: dict[str, str] | None = None,
     on_step: Callable[[str], None] | None = None,
+    check: Callable[[], None] = lambda: None,
+    wheel_sha256: str | None = None,
 ) -> tuple[Path, AuditReport, tuple[str, ...]]:
-    """Build the conda archive `plan` describes into `out_folder` (which should be a fresh temporary folder)."""
-    from conda_package_handling import api as cph
+    """Build the conda archive `plan` describes into `out_folder` (which should be a fresh temporary folder).
+    `check` is called between steps and while compressing; it raises to stop the build (a cancelled stack)."""
+    def step(what: str) -> None:
+        check()
+        (on_step or (lambda _s: None))(what)
 
-    step = on_step or (lambda _s: None)
     check_zstd_level(zstd_level)
-    wheel = plan.wheel.path
     with tempfile.TemporaryDirectory(prefix="torchforge-repack-", dir=work) as tmp:
         stage = Path(tmp) / "pkg"
-        site = stage / "lib" / f"python{plan.python}" / "site-packages"
-        site.mkdir(parents=True)
-        step("unpacking")
-        extract_wheel(wheel, site)
-        for rel in plan.drop:
-            (site / rel).unlink(missing_ok=True)
-        dist = next(site.glob("*.dist-info"))
-        (dist / "INSTALLER").write_text("conda\n")
-        (dist / "REQUESTED").unlink(missing_ok=True)
-        about = About.read(dist)
-        scripts = _entry_point_scripts(about.entry_points)
-        if scripts:
-            (stage / "bin").mkdir()
-            for name, text in scripts.items():
-                (stage / "bin" / name).write_text(text)
-                (stage / "bin" / name).chmod(0o755)
-        plan = replace(plan, depends=linked_depends(stage, plan, specs or {}))
+        staged = _stage(plan, stage, specs or {}, step)
         # index.json first: the audit resolves libraries of other packages through the declared depends.
         (stage / "info").mkdir()
-        (stage / "info" / "index.json").write_text(json.dumps({"depends": list(plan.depends)}))
+        (stage / "info" / "index.json").write_text(json.dumps({"depends": list(staged.plan.depends)}))
         step("fixing RPATHs")
-        report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=plan.keep_wheel_rpaths)
-        write_record(site, dist.name)  # the .so files changed: RECORD must match what is installed
-        step("hashing")
-        site_rel = site.relative_to(stage).as_posix()
-        files = write_info(stage, plan, about, (f"bin/{n}" for n in scripts), _sha256(wheel)[0],
-                           (f"{site_rel}/{name}" for name in plan.wheel.license_files), extra)
-        step(f"compressing ({fmt}, zstd level {zstd_level})" if fmt == ".conda" else f"compressing ({fmt})")
+        report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=staged.plan.keep_wheel_rpaths)
+        info = _InfoArgs(staged, wheel_sha256 or sha256_of(plan.wheel.path), wheel_time(plan.wheel.path), extra)
         out_folder.mkdir(parents=True, exist_ok=True)
-        kwargs = {"compression_level": zstd_level, "compression_threads": zstd_threads} if fmt == ".conda" else {}
-        stem = plan.filename.removesuffix(".conda")
-        cph.create(str(stage), files, f"{stem}{fmt}", out_folder=str(out_folder.resolve()), **kwargs)
-        return out_folder / f"{stem}{fmt}", report, plan.depends
+        dest = out_folder.resolve() / plan.filename.removesuffix(".conda")
+        if fmt == ".conda":
+            step(f"compressing ({fmt}, zstd level {zstd_level})")
+            options = Options(zstd_level, zstd_workers(zstd_threads), info.made, check)
+            _write_conda(stage, dest.with_name(f"{dest.name}.conda"), info, options)
+        else:
+            step("hashing")
+            files = _write_hashed(stage, info)
+            step(f"compressing ({fmt})")
+            from conda_package_handling import api as cph
+
+            cph.create(str(stage), files, f"{dest.name}{fmt}", out_folder=str(dest.parent))
+        return dest.with_name(f"{dest.name}{fmt}"), report, staged.plan.depends
 
 
-def check_crcs(wheel: Path) -> None:
-    """Every member's CRC (a few seconds for torch): a damaged download fails here, not after unpacking."""
+@dataclass(frozen=True)
+class _InfoArgs:
+    """What info/ is written from, besides the files' hashes."""
+
+    staged: Staged
+    wheel_sha256: str
+    made: int  # wheel_time: the index's timestamp and every entry's time
+    extra: dict[str, str] | None
+
+    def record(self, stage: Path) -> str:
+        return f"{self.staged.site.relative_to(stage).as_posix()}/{self.staged.dist.name}/RECORD"
+
+    def write(self, stage: Path, known: dict[str, tuple[str, int]]) -> list[str]:
+        site_rel = self.staged.site.relative_to(stage).as_posix()
+        return write_info(stage, self.staged.plan, self.staged.about, (f"bin/{n}" for n in self.staged.scripts),
+                          self.wheel_sha256, (f"{site_rel}/{n}" for n in self.staged.plan.wheel.license_files),
+                          self.extra, timestamp_ms=self.made * 1000, known=known)
+
+    def write_record(self, stage: Path, known: dict[str, tuple[str, int]]) -> None:
+        """RECORD from `known` (by path relative to `stage`): the .so files changed, so it must say what is installed."""
+        prefix = self.staged.site.relative_to(stage).as_posix() + "/"
+        write_record(self.staged.site, self.staged.dist.name,
+                     {rel[len(prefix):]: v for rel, v in known.items() if rel.startswith(prefix)})
+
+
+def _write_conda(stage: Path, dest: Path, info: _InfoArgs, options: Options) -> None:
+    """The .conda, its files hashed on every core while the pkg component is compressed (largest first: one
+    file's sha256 is one thread's work). RECORD goes last in the pkg component: first a placeholder of its
+    final size (the tar headers are made before any file is read), then, just before it is packed, the real one."""
+    payload, links = payload_of(stage)
+    record = info.record(stage)
+    sizes = {rel: os.lstat(stage / rel).st_size for rel in payload if rel != record}
+    info.write_record(stage, {rel: (PLACEHOLDER_SHA256, size) for rel, size in sizes.items()})
+    pkg_files = sorted(set(payload + links) - {record}) + [record]
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
     try:
-        with zipfile.ZipFile(wheel) as zf:
-            bad = zf.testzip()
-    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
-        raise ArchiveError.unreadable(wheel, exc) from exc
-    if bad is not None:
-        raise ArchiveError.unreadable(wheel, ValueError(f"member {bad} fails its CRC check"))
+        hashing = {rel: pool.submit(_sha256, stage / rel) for rel in sorted(sizes, key=lambda r: -sizes[r])}
+
+        def prepare(rel: str) -> None:
+            if rel == record:
+                info.write_record(stage, {r: f.result() for r, f in hashing.items()})
+
+        def finish() -> list[str]:
+            known = {**{r: f.result() for r, f in hashing.items()}, record: _sha256(stage / record)}
+            return [rel for rel in info.write(stage, known) if is_info(rel)]
+
+        write_conda(stage, dest, pkg_files, finish, options, prepare)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # a stopped build leaves no hashing behind
+
+
+def _write_hashed(stage: Path, info: _InfoArgs) -> list[str]:
+    """RECORD and info/ from one hashing pass (the .tar.bz2 path); the package's file list."""
+    payload, _links = payload_of(stage)
+    known = hash_files(stage, payload)
+    info.write_record(stage, known)
+    known.pop(info.record(stage), None)
+    return info.write(stage, known)
+
+
+def check_crcs(wheels: Iterable[Path], threads: int | None = None) -> None:
+    """Every member's CRC, before anything is written: a damaged download fails here, not after unpacking.
+    The members of all the wheels are read by one thread per core, largest first (zlib releases the GIL)."""
+    members: list[tuple[Path, zipfile.ZipInfo]] = []
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                members.extend((wheel, m) for m in zf.infolist() if not m.is_dir())
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise ArchiveError.unreadable(wheel, exc) from exc
+    members.sort(key=lambda item: -item[1].file_size)
+    workers = max(1, min(len(members), threads or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(_read_members, [members[i::workers] for i in range(workers)]))
+
+
+def _read_members(share: list[tuple[Path, zipfile.ZipInfo]]) -> None:
+    """Read (and so CRC-check) each member; ZipExtFile raises on a wrong CRC at the member's end."""
+    opened: dict[Path, zipfile.ZipFile] = {}
+    wheel = None
+    try:
+        for wheel, member in share:
+            zf = opened.get(wheel) or opened.setdefault(wheel, zipfile.ZipFile(wheel))
+            with zf.open(member) as fh:
+                while fh.read(1 << 20):
+                    pass
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as exc:
+        raise ArchiveError.unreadable(wheel, exc) from exc  # type: ignore[arg-type]
+    finally:
+        for zf in opened.values():
+            zf.close()
 
 
 def _source_wheel_sha256(archive: Path) -> object:

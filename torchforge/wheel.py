@@ -12,7 +12,7 @@ import hashlib
 import re
 import shutil
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,18 +64,27 @@ def file_hash(path: Path) -> tuple[str, int]:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode(), size
+    return record_digest(digest.digest()), size
 
 
-def write_record(root: Path, dist_info: str) -> Path:
-    """Rewrite `<dist_info>/RECORD` for every file under `root` (RECORD itself gets `,,`)."""
+def record_digest(sha256: bytes) -> str:
+    """RECORD's form of a sha256 digest."""
+    return "sha256=" + base64.urlsafe_b64encode(sha256).rstrip(b"=").decode()
+
+
+def write_record(root: Path, dist_info: str, known: Mapping[str, tuple[str, int]] | None = None) -> Path:
+    """Rewrite `<dist_info>/RECORD` for every file under `root` (RECORD itself gets `,,`). `known` gives files'
+    sha256 (hex) and size by path relative to `root`, already computed by the caller: those are not read again."""
     record = root / dist_info / "RECORD"
     lines = []
     for path in iter_tree(root):
         rel = path.relative_to(root).as_posix()
         if rel == f"{dist_info}/RECORD":
             continue
-        digest, size = file_hash(path)
+        if known is not None and rel in known:
+            digest, size = record_digest(bytes.fromhex(known[rel][0])), known[rel][1]
+        else:
+            digest, size = file_hash(path)
         lines.append(f"{rel},{digest},{size}")
     lines.append(f"{dist_info}/RECORD,,")
     record.write_text("\n".join(lines) + "\n", encoding="utf-8")

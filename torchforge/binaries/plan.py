@@ -294,14 +294,14 @@ def _component_specs(needs: _Needs, wheels: dict[str, StackWheel], mode: CudaLib
                       "or let repack fetch them with --pytorch")
     if mode is CudaLibs.WHEELS:
         for name in sorted(needs.specs):
-            plans.append(_component_plan(wheels[name], python, build_number))
-        plans.extend(_component_plan(w, python, build_number) for n, w in sorted(wheels.items())
+            plans.append(component_plan(wheels[name], python, build_number))
+        plans.extend(component_plan(w, python, build_number) for n, w in sorted(wheels.items())
                      if n not in needs.specs and catalog().component(n) is not None
                      and any(canonicalize_name(r.name) == n for p in plans for r in active(p.wheel.requires, python)))
     return specs, plans
 
 
-def _component_plan(wheel: StackWheel, python: str, build_number: int) -> PackagePlan:
+def component_plan(wheel: StackWheel, python: str, build_number: int) -> PackagePlan:
     """An NVIDIA component wheel as a conda package under its PyPI name (wheels mode): site-packages/nvidia/...
     as the wheel has it, its own requirements on other components by their PyPI names."""
     depends = [python_pin(python)]

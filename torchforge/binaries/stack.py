@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +28,10 @@ from torchforge.binaries import wheels as wheel_files
 from torchforge.binaries.plan import CudaLibs, PackagePlan, StackPlan, plan
 from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
-from torchforge.repack import SUBDIR, RepackResult, build_archive, check_crcs, check_zstd_level, sha256_of
+from torchforge.binaries.schedule import Job, available_memory, run_jobs
+from torchforge.repack import (DEFAULT_ZSTD_LEVEL, DEFAULT_ZSTD_THREADS, SUBDIR, RepackResult, build_archive,
+                               build_footprint, check_crcs, check_zstd_level, sha256_of, zstd_workers)
+from torchforge.rpath import AuditReport
 
 Step = Callable[[str, str], None]  # (package file name, what is happening)
 
@@ -84,6 +89,33 @@ def _existing(channel: Path, package: PackagePlan, wheel_sha: str, replace_: boo
                      "pass --replace to overwrite it, or repack into another channel")
 
 
+# The share of the memory available at the start that the builds running together may use: the rest is for
+# the page cache that holds the unpacked files between writing and compressing them, and for other programs.
+MEMORY_SHARE = 0.5
+Built = tuple[PackagePlan, Path, AuditReport, tuple[str, ...], float]
+
+
+def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, specs: dict[str, str],
+                   shas: dict[str, str], level: int, step: Step) -> list[Built]:
+    """Build every package into `work/out`, several at once (torchforge.binaries.schedule): each uses every
+    core for its zstd stream, and as many run together as the memory allows."""
+    threads = zstd_workers(DEFAULT_ZSTD_THREADS)
+
+    def build(package: PackagePlan, check: Callable[[], None]) -> Built:
+        start = time.perf_counter()
+        archive, report, depends = build_archive(
+            package, work / "out", runner, specs=specs, work=work, zstd_level=level, zstd_threads=threads,
+            extra={"repack_plan": plan_digest(package)}, wheel_sha256=shas[package.filename], check=check,
+            on_step=lambda s, name=package.filename: step(name, s))
+        if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
+            raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
+        step(package.filename, "built")
+        return package, archive, report, depends, time.perf_counter() - start
+
+    jobs = [Job(p, *build_footprint(p.wheel.path, threads, level)) for p in packages]
+    return run_jobs(jobs, build, budget=int(available_memory() * MEMORY_SHARE), workers=os.cpu_count() or 1)
+
+
 def repack_stack(
     paths: Sequence[Path],
     channel: Path,
@@ -95,16 +127,25 @@ def repack_stack(
     replace_: bool = False,
     on_step: Step | None = None,
 ) -> StackResult:
+    level = DEFAULT_ZSTD_LEVEL if zstd_level is None else check_zstd_level(zstd_level)
+    return repack_planned(plan_wheels(paths, mode, build_number), channel, runner, zstd_level=level,
+                          replace_=replace_, on_step=on_step)
+
+
+def repack_planned(stack: StackPlan, channel: Path, runner: Runner, *, zstd_level: int = DEFAULT_ZSTD_LEVEL,
+                   replace_: bool = False, on_step: Step | None = None) -> StackResult:
+    """Repack a checked plan (plan_wheels) into `channel`: CRCs, reuse, the builds, then one publication."""
     step = on_step or (lambda _p, _s: None)
-    kwargs = {} if zstd_level is None else {"zstd_level": check_zstd_level(zstd_level)}
-    stack = plan_wheels(paths, mode, build_number)
-    for package in stack.packages:
-        step(package.filename, "checking the archive")
-        check_crcs(package.wheel.path)
+    level = check_zstd_level(zstd_level)
+    step(f"{len(stack.packages)} wheel(s)", "checking the archives")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib releases the GIL
+        digests = [pool.submit(sha256_of, p.wheel.path) for p in stack.packages]  # while the CRCs are read
+        check_crcs([p.wheel.path for p in stack.packages])
+        shas = {p.filename: d.result() for p, d in zip(stack.packages, digests)}
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
     with _one_repack_per_package(channel, stack.packages, step):
-        return _repack_planned(stack, channel, runner, kwargs, replace_, step)
+        return _publish_repacked(stack, channel, runner, shas, level, replace_, step)
 
 
 @contextmanager
@@ -126,27 +167,18 @@ def _one_repack_per_package(channel: Path, packages: Sequence[PackagePlan], step
         yield
 
 
-def _repack_planned(stack: StackPlan, channel: Path, runner: Runner, kwargs: dict[str, int], replace_: bool,
-                    step: Step) -> StackResult:
-    shas = {p.filename: sha256_of(p.wheel.path) for p in stack.packages}
+def _publish_repacked(stack: StackPlan, channel: Path, runner: Runner, shas: dict[str, str], level: int,
+                      replace_: bool, step: Step) -> StackResult:
+    """Reuse what the channel has from the same wheels and plan, build the rest, publish them in one step."""
     reused = {p.filename: _existing(channel, p, shas[p.filename], replace_) for p in stack.packages}
     results: list[RepackResult] = []
     with fileops.scratch(channel, "repack") as work:
-        built: list[tuple[PackagePlan, Path, object, tuple[str, ...], float]] = []
-        for package in stack.packages:
-            if reused[package.filename] is not None:
-                continue
-            start = time.perf_counter()
-            archive, report, depends = build_archive(
-                package, work / "out", runner, specs=stack.specs, work=work,
-                extra={"repack_plan": plan_digest(package)},
-                on_step=lambda s, name=package.filename: step(name, s), **kwargs)
-            if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
-                raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
-            built.append((package, archive, report, depends, time.perf_counter() - start))
+        todo = [p for p in stack.packages if reused[p.filename] is None]
+        built = build_packages(todo, work, runner, stack.specs, shas, level, step)
         step(f"{len(built)} package(s)", "publishing")
         try:
-            placed = localchannel.publish_many([b[1] for b in built], channel, SUBDIR, replace=replace_)
+            placed = localchannel.publish_many([b[1] for b in built], channel, SUBDIR, replace=replace_,
+                                                  move=True)
         except localchannel.ArchiveExistsError as exc:
             raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
         for (_package, _archive, report, depends, seconds), published in zip(built, placed):

@@ -1,0 +1,147 @@
+"""Issue 35: a stack's packages are built at once (largest first, within a memory budget), each .conda is written
+with every core, and the bytes are the same whatever the number of zstd threads; a Ctrl-C in the middle stops
+every build and leaves the channel as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.standin_stack import Factory
+from torchforge.binaries.plan import CudaLibs
+from torchforge.binaries.schedule import Cancelled, Job, run_jobs
+from torchforge.binaries.stack import plan_wheels, repack_stack
+from torchforge.errors import ExitCode
+from torchforge.proc import Runner
+from torchforge.repack import build_archive
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_one_wheel_gives_the_same_bytes_with_one_zstd_thread_and_with_four(torch_wheel: Path, tmp_path: Path) -> None:
+    """The real torch CPU wheel (700 MB unpacked: zstd cuts it into many jobs), level 3 to keep the test short;
+    the bytes depend on the level and the input alone (torchforge/condawriter.py says why)."""
+    package = plan_wheels([torch_wheel], CudaLibs.CONDA_FORGE).packages[0]
+    made = {}
+    for threads in (1, 4):
+        out = tmp_path / f"threads-{threads}"
+        archive, _report, _depends = build_archive(package, out, Runner(), zstd_level=3, zstd_threads=threads,
+                                                   work=tmp_path)
+        made[threads] = archive
+    assert made[1].stat().st_size > 50e6
+    assert _digest(made[1]) == _digest(made[4])
+    with zipfile.ZipFile(made[1]) as zf:
+        assert [i.filename for i in zf.infolist()] == [
+            "metadata.json", f"pkg-{made[1].name[:-6]}.tar.zst", f"info-{made[1].name[:-6]}.tar.zst"]
+
+
+def test_the_stack_is_the_same_bytes_built_at_once_or_one_by_one(tmp_path: Path) -> None:
+    """The stand-in cu128 stack (torch, torchvision, torchaudio, triton, NVIDIA components) repacked twice into
+    two channels: every archive is byte-identical, so neither the order of the builds nor the run's time shows."""
+    wheels = Factory(tmp_path / "wheels").stack("cu128")
+    for name in ("a", "b"):
+        repack_stack(wheels, tmp_path / name, Runner(), mode=CudaLibs.WHEELS)
+    first = sorted((tmp_path / "a" / "linux-64").glob("*.conda"))
+    assert len(first) >= 6
+    for archive in first:
+        assert _digest(archive) == _digest(tmp_path / "b" / "linux-64" / archive.name), archive.name
+
+
+def test_record_and_paths_json_give_every_file_as_it_is_packed(tmp_path: Path) -> None:
+    """The hashes are taken while the files are compressed (RECORD packed last): both lists must match the files
+    a user's conda extracts, the patched ELF files included."""
+    import base64
+    import json
+
+    from conda_package_handling import api as cph
+
+    wheels = Factory(tmp_path / "wheels").stack("cu128")
+    repack_stack(wheels, tmp_path / "chan", Runner(), mode=CudaLibs.WHEELS)
+    archive = next((tmp_path / "chan" / "linux-64").glob("pytorch-*.conda"))
+    cph.extract(str(archive), dest_dir=str(tmp_path / "pkg"))
+    pkg = tmp_path / "pkg"
+    paths = json.loads((pkg / "info" / "paths.json").read_text())["paths"]
+    files = [e for e in paths if e["path_type"] == "hardlink"]
+    assert len(files) > 5 and any(e["_path"].endswith(".so") for e in files)
+    for entry in files:
+        assert hashlib.sha256((pkg / entry["_path"]).read_bytes()).hexdigest() == entry["sha256"], entry["_path"]
+    site = next(pkg.glob("lib/python3*/site-packages"))
+    record = next(site.glob("*.dist-info/RECORD"))
+    rows = [line.split(",") for line in record.read_text().splitlines()]
+    assert rows[-1] == [f"{record.parent.name}/RECORD", "", ""]
+    for rel, digest, size in rows[:-1]:
+        data = (site / rel).read_bytes()
+        assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode(), rel
+        assert int(size) == len(data), rel
+    assert len(rows) - 1 == sum(1 for p in site.rglob("*") if p.is_file() and p != record)
+
+
+def test_jobs_start_largest_first_and_never_exceed_the_memory_budget() -> None:
+    running: list[int] = []
+    peak = [0]
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def build(item: tuple[str, int], check: object) -> str:
+        name, memory = item
+        with lock:
+            started.append(name)
+            running.append(memory)
+            peak[0] = max(peak[0], sum(running))
+        time.sleep(0.05)
+        with lock:
+            running.remove(memory)
+        return name
+
+    sizes = {"pytorch": (900, 60), "cudnn": (700, 50), "cublas": (500, 40), "triton": (190, 20), "nvtx": (1, 1)}
+    jobs = [Job((name, memory), size, memory) for name, (size, memory) in sizes.items()]
+    assert run_jobs(jobs[::-1], build, budget=100, workers=8) == list(sizes)[::-1]  # results in the jobs' order
+    assert started[:2] == ["pytorch", "cublas"]  # cudnn (50) does not fit beside pytorch (60); cublas (40) does
+    assert peak[0] <= 100
+    # A job larger than the whole budget still runs, alone.
+    assert run_jobs([Job(("huge", 500), 1, 500)], build, budget=100, workers=8) == ["huge"]
+
+
+def test_the_first_failure_stops_the_other_builds_and_is_what_is_raised() -> None:
+    stopped: list[str] = []
+
+    def build(name: str, check: object) -> str:
+        if name == "broken":
+            time.sleep(0.05)
+            raise OSError(28, "No space left on device")
+        try:
+            for _ in range(400):  # 20 s unless stopped
+                check()  # type: ignore[operator]
+                time.sleep(0.05)
+        except Cancelled:
+            stopped.append(name)
+            raise
+        return name
+
+    start = time.monotonic()
+    with pytest.raises(OSError, match="No space left"):
+        run_jobs([Job("slow-a", 3, 1), Job("broken", 2, 1), Job("slow-b", 1, 1)], build, budget=10, workers=3)
+    assert sorted(stopped) == ["slow-a", "slow-b"]  # both had stopped when run_jobs raised
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_building_stops_every_build_and_leaves_the_channel_as_it_was(torch_wheel: Path,
+                                                                                  tmp_path: Path) -> None:
+    from tests.test_repack_torch import signal_repack_mid_unpack
+
+    chan = tmp_path / "chan"
+    _held, code, output = signal_repack_mid_unpack(torch_wheel, chan, signal.SIGINT)
+    assert code == ExitCode.INTERRUPTED, output
+    assert "Traceback" not in output
+    assert not list(chan.glob(".torchforge-tmp-*")), list(chan.iterdir())
+    assert not list(chan.glob("linux-64/*.conda"))
