@@ -127,11 +127,10 @@ def test_the_first_failure_stops_the_other_builds_and_is_what_is_raised() -> Non
             raise
         return name
 
-    start = time.monotonic()
     with pytest.raises(OSError, match="No space left"):
         run_jobs([Job("slow-a", 3, 1), Job("broken", 2, 1), Job("slow-b", 1, 1)], build, budget=10, workers=3)
-    assert sorted(stopped) == ["slow-a", "slow-b"]  # both had stopped when run_jobs raised
-    assert time.monotonic() - start < 5
+    # both were cancelled (they record it only when stopped), not left to run their 20 s: when run_jobs raised
+    assert sorted(stopped) == ["slow-a", "slow-b"]
 
 
 @pytest.mark.slow
