@@ -53,9 +53,10 @@ def output_requirements(meta: dict) -> dict[str, dict[str, list[str]]]:
 
 
 # What torchforge's build.sh exports besides the feedstock's environment: the CUDA target folder (which the
-# feedstock sets without export), the job count, and the compiler and linker flags as the feedstock edits them
-# (tests/test_feedstock_oracle.py compares those with the feedstock's build.sh run by bash).
-TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "CFLAGS", "CXXFLAGS", "LDFLAGS")
+# feedstock sets without export), the job count, the compiler and linker flags as the feedstock edits them, and
+# the CMake variables made of conda's (tests/test_feedstock_oracle.py compares those with the feedstock's build.sh
+# run by bash).
+TORCHFORGE_EXPORTS = ("CUDA_TARGET", "MAX_JOBS", "CFLAGS", "CXXFLAGS", "LDFLAGS", "CMAKE_LIBRARY_PATH", "CMAKE_ARGS")
 
 
 def exported(build_sh: str) -> dict[str, str]:

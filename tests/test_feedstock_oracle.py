@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "data" / "feedstock"
@@ -102,24 +103,35 @@ def feedstock_flags(version: str, platform: str) -> dict[str, list[str]]:
     return dict(zip(FLAG_NAMES, (line.split() for line in done.stdout.splitlines())))
 
 
-def torchforge_flags(version: str, platform: str, tmp_path: Path) -> dict[str, list[str]]:
-    """The flags torchforge's build.sh hands to `setup.py build`: the script runs with conda's flags and a stand-in
-    $PYTHON that records its environment and stops the build there."""
+def setup_py_environment(version: str, platform: str, tmp_path: Path, *, feedstock_patches: bool = False,
+                         conda_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment torchforge's build.sh hands to `setup.py build`: the script runs with conda's variables and
+    a stand-in $PYTHON that records its environment and stops the build there. With `feedstock_patches` the
+    script is the one that applies the feedstock's patches (here: as already applied)."""
     from torchforge.flavours import conda_forge
     from torchforge.recipe import Source
 
     script = conda_forge.recipe_files(conda_forge.plan(version, platform, "cpu"),
-                                      Source("git", "https://github.com/pytorch/pytorch", f"v{version}"))["build.sh"]
+                                      Source("git", "https://github.com/pytorch/pytorch", f"v{version}"),
+                                      feedstock_patches=feedstock_patches)["build.sh"]
     (tmp_path / "build.sh").write_text(script)
+    if feedstock_patches:
+        (tmp_path / conda_forge.PATCH_FOLDER).mkdir(exist_ok=True)
+        (tmp_path / conda_forge.PATCH_FOLDER / ".applied").touch()
     recorder = tmp_path / "python"
     recorder.write_text(f'#!/bin/sh\nenv -0 > "{tmp_path}/seen.env"\nexit 3\n')
     recorder.chmod(0o755)
     env = {"PATH": "/usr/bin:/bin", "PYTHON": str(recorder), "PKG_NAME": "libtorch", "PKG_VERSION": version,
            "PKG_BUILDNUM": "0", "CPU_COUNT": "2", "PREFIX": str(tmp_path / "p"), "BUILD_PREFIX": str(tmp_path / "b"),
-           "RECIPE_DIR": str(tmp_path), "SRC_DIR": str(tmp_path), **CONDA_FLAGS}
+           "RECIPE_DIR": str(tmp_path), "SRC_DIR": str(tmp_path), **CONDA_FLAGS, **(conda_env or {})}
     done = subprocess.run(["bash", "build.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 3, done.stderr[-2000:]
-    seen = dict(item.split("=", 1) for item in (tmp_path / "seen.env").read_text().split("\0") if "=" in item)
+    return dict(item.split("=", 1) for item in (tmp_path / "seen.env").read_text().split("\0") if "=" in item)
+
+
+def torchforge_flags(version: str, platform: str, tmp_path: Path) -> dict[str, list[str]]:
+    """The flags torchforge's build.sh hands to `setup.py build`."""
+    seen = setup_py_environment(version, platform, tmp_path)
     return {name: seen[name].split() for name in FLAG_NAMES}
 
 
@@ -171,3 +183,66 @@ def test_setup_py_is_edited_as_the_feedstocks_build_sh_edits_it(version: str, tm
     assert (ours / "setup.py").read_text() == (theirs / "setup.py").read_text()
     assert ("setuptools<82" in (ours / "setup.py").read_text()) == (version in ("2.6.0", "2.7.0", "2.7.1", "2.8.0",
                                                                                 "2.9.0", "2.9.1", "2.10.0"))
+
+
+# ---- conda's -DCMAKE_* arguments and the CMake variables build.sh hands to setup.py -------------------------------
+
+def conda_cmake_args(prefix: str, build_prefix: str, *, cuda: bool) -> str:
+    """CMAKE_ARGS of the shape conda-build and conda-forge's GCC activation export on linux-64 (install prefix,
+    binutils, the sysroot's root path), and the second root path that the CUDA compiler's activation appends."""
+    triplet = "x86_64-conda-linux-gnu"
+    args = [f"-DCMAKE_AR={build_prefix}/bin/{triplet}-ar", f"-DCMAKE_RANLIB={build_prefix}/bin/{triplet}-ranlib",
+            f"-DCMAKE_LINKER={build_prefix}/bin/{triplet}-ld", "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_INSTALL_PREFIX={prefix}", "-DCMAKE_INSTALL_LIBDIR=lib",
+            f"-DCMAKE_PROGRAM_PATH={build_prefix}/bin;{prefix}/bin", "-DCMAKE_FIND_ROOT_PATH_MODE_PROGRAM=NEVER",
+            "-DCMAKE_FIND_ROOT_PATH_MODE_LIBRARY=ONLY", "-DCMAKE_FIND_ROOT_PATH_MODE_INCLUDE=ONLY",
+            f"-DCMAKE_FIND_ROOT_PATH={prefix};{build_prefix}/{triplet}/sysroot", "-DPython_FIND_STRATEGY=LOCATION"]
+    if cuda:
+        args.append(f"-DCMAKE_FIND_ROOT_PATH={prefix};{build_prefix}/{triplet}/sysroot;{prefix}/targets/x86_64-linux")
+    return " ".join(args)
+
+
+def cmake_view(environment: dict[str, str]) -> dict[str, object]:
+    """What reaches PyTorch's CMake from the environment: CMAKE_ARGS word by word, every other CMAKE_* variable."""
+    return {name: value.split() if name == "CMAKE_ARGS" else value
+            for name, value in environment.items() if name.startswith("CMAKE_") and name != "CMAKE_CUDA_FLAGS"}
+
+
+def feedstock_cmake(version: str, environment: dict[str, str]) -> dict[str, object]:
+    """The CMake variables after the feedstock's own build.sh sets them: its CONFIGURE CMAKE FOR CONDA block, run by
+    bash with conda's variables; what it exports is what setup.py sees."""
+    script = (SNAPSHOTS / TABLE["releases"][version]["commit"] / "recipe" / "build.sh").read_text()
+    block = script[script.index("CONFIGURE CMAKE FOR CONDA"):script.index("export PYTORCH_BUILD_VERSION")]
+    block = block.split("\n", 1)[1]  # without the banner line
+    done = subprocess.run(["bash", "-c", block + "\nenv -0"], env=environment, capture_output=True, text=True,
+                          check=True)
+    return cmake_view(dict(item.split("=", 1) for item in done.stdout.split("\0") if "=" in item))
+
+
+@pytest.mark.parametrize("version", list(TABLE["releases"]))
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu-args", "cuda-args"])
+def test_the_cmake_variables_reaching_setup_py_are_the_feedstocks(version: str, cuda: bool, tmp_path: Path) -> None:
+    """Issue 31 item 5: conda's -DCMAKE_* arguments reach PyTorch's CMake as the feedstock's build.sh of each release
+    hands them over (variables up to 2.11, CMAKE_ARGS itself with the source tree on every root path from 2.12,
+    with its patch), and CMAKE_LIBRARY_PATH, CMAKE_PREFIX_PATH, CMAKE_GENERATOR, CMAKE_BUILD_TYPE are the same."""
+    prefix, build_prefix = str(tmp_path / "p"), str(tmp_path / "b")
+    conda = {"CMAKE_ARGS": conda_cmake_args(prefix, build_prefix, cuda=cuda)}
+    ours = cmake_view(setup_py_environment(version, "linux-64", tmp_path, feedstock_patches=True, conda_env=conda))
+    theirs = feedstock_cmake(version, {"PATH": "/usr/bin:/bin", "PREFIX": prefix, "BUILD_PREFIX": build_prefix,
+                                       "SRC_DIR": str(tmp_path), **conda})
+    assert ours == theirs
+    assert any(arg.endswith(f";{tmp_path}") for arg in ours.get("CMAKE_ARGS", [])) or \
+        str(ours.get("CMAKE_FIND_ROOT_PATH", "")).endswith(f";{tmp_path}")
+
+
+@pytest.mark.parametrize("version", [v for v in TABLE["releases"]
+                                     if Version(v) >= Version(TABLE["cmake"]["arguments_since"])])
+def test_without_the_feedstocks_patch_the_cmake_arguments_reach_cmake_as_variables(version: str,
+                                                                                  tmp_path: Path) -> None:
+    """Without --feedstock-patches setup.py does not pass $CMAKE_ARGS to CMake (the feedstock's patch does), but
+    still forwards CMAKE_* variables: each argument becomes one, as in the feedstock's releases before 2.12."""
+    conda = {"CMAKE_ARGS": conda_cmake_args(str(tmp_path / "p"), str(tmp_path / "b"), cuda=True)}
+    seen = setup_py_environment(version, "linux-64", tmp_path, conda_env=conda)
+    assert seen["CMAKE_AR"] == f"{tmp_path}/b/bin/x86_64-conda-linux-gnu-ar"
+    assert seen["CMAKE_FIND_ROOT_PATH"].endswith(f"/targets/x86_64-linux;{tmp_path}")
+    assert "CMAKE_INSTALL_PREFIX" not in seen

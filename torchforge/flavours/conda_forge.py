@@ -208,12 +208,27 @@ class SourceEdits(FrozenModel):
         return tuple(d for d in self.drop_lines if versions.parse(version) >= versions.parse(d.since))
 
 
+class CMakeHandover(FrozenModel):
+    """How the feedstock's build.sh hands conda's -DCMAKE_* arguments to PyTorch's CMake (see conda_forge.toml)."""
+
+    library_path: str
+    arguments_since: str  # from this release CMAKE_ARGS itself, with the patch that makes setup.py pass it
+    arguments_patches: tuple[str, ...]  # that patch's name in the releases' recipe/
+    source: str
+
+    def passes_arguments(self, version: str, patches: tuple[tuple[str, str, str], ...]) -> bool:
+        """True where setup.py hands $CMAKE_ARGS to CMake: the release's own patch for it is applied."""
+        return (versions.parse(version) >= versions.parse(self.arguments_since)
+                and any(path in self.arguments_patches for _url, _sha256, path in patches))
+
+
 class CondaForgeTable(FrozenModel):
     schema_: int = 1
     meta: Meta
     flavour: FlavourSettings
     compiler_flags: CompilerFlags
     source_edits: SourceEdits
+    cmake: CMakeHandover
     releases: dict[str, FeedstockRelease]
 
 
@@ -789,6 +804,8 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python, "compiler_flags": load().compiler_flags,
         "emptied": load().source_edits.empty, "dropped": load().source_edits.dropped(recipe.version),
+        "cmake": load().cmake,
+        "cmake_arguments": load().cmake.passes_arguments(recipe.version, recipe.feedstock_patches if feedstock_patches else ()),
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
         "rattler_build_string": rattler_build_string,

@@ -31,6 +31,15 @@ export USE_MKLDNN=1
 export USE_CUDA=0
 export TORCH_CUDA_ARCH_LIST=''
 export MAX_JOBS="${MAX_JOBS:-$CPU_COUNT}"
+# conda's -DCMAKE_* arguments (its compilers' activation) on to PyTorch's CMake, as the feedstock hands them over
+# (conda_forge.toml [cmake])
+export CMAKE_LIBRARY_PATH="$PREFIX/lib:$PREFIX/include:${CMAKE_LIBRARY_PATH:-}"
+# setup.py forwards the CMAKE_* variables to CMake: one for each argument; the install prefix is setup.py's own
+for arg in ${CMAKE_ARGS:-}; do
+    if [[ "$arg" == -DCMAKE_*=* ]]; then name="${arg%%=*}"; export "${name#-D}=${arg#*=}"; fi
+done
+CMAKE_FIND_ROOT_PATH="${CMAKE_FIND_ROOT_PATH:-};$SRC_DIR"
+unset CMAKE_INSTALL_PREFIX
 # conda-forge's edits of conda's compiler flags for PyTorch (conda_forge.toml [compiler_flags]: the standard from
 # PyTorch's CMake, inline functions kept visible, no warnings, no executable stack)
 export CFLAGS="$(printf '%s' "${CFLAGS:-}" | sed -e 's/-fvisibility-inlines-hidden//g') -Wno-deprecated-declarations -Wno-error=maybe-uninitialized"
