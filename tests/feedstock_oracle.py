@@ -88,6 +88,7 @@ def render_pair(job: Job, scratch: Path) -> tuple[dict, dict]:
     folder = scratch / job.id
     folder.mkdir(parents=True)
     for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text, encoding="utf-8")
     return render(snapshot / "recipe", job.platform, snapshot / ci_file), render(folder, job.platform, None)
 

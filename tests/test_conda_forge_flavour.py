@@ -266,8 +266,9 @@ def test_render_writes_one_recipe_per_cuda_and_the_matrix_shows_them(
     folders = sorted(p.name for p in tmp_path.iterdir())
     assert folders == ["libtorch-2.9.1-cpu-linux_64", "libtorch-2.9.1-cuda124-sm70_86-linux_64"]
     cuda = tmp_path / folders[1]
-    assert sorted(p.name for p in cuda.iterdir()) == ["activate.sh", "build.sh", "conda_build_config.yaml",
-                                                       "deactivate.sh", "meta.yaml"]
+    assert sorted(p.name for p in cuda.iterdir()) == ["activate.sh", "build.sh", "cmake_test",
+                                                       "conda_build_config.yaml", "deactivate.sh", "meta.yaml"]
+    assert [p.name for p in (cuda / "cmake_test").iterdir()] == ["CMakeLists.txt"]  # libtorch's consumer test
     assert (cuda / "build.sh").stat().st_mode & 0o111
     capsys.readouterr()
     assert main(["matrix", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--json"]) == 0
@@ -426,6 +427,7 @@ def conda_renders(tmp_path_factory: pytest.TempPathFactory):
         folder = root / "recipes" / recipe.id
         folder.mkdir(parents=True)
         for name, text in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(text)
         recipes[(version, accel, arch)] = (recipe, folder)
         specs |= stand_in_specs(files, {o.name for o in recipe.outputs})
@@ -565,7 +567,8 @@ def test_golden(case: str) -> None:
     rendered = render_case(cases()[case])
     assert sorted(rendered) == sorted(p.name for p in (GOLDEN / case).iterdir()), "run `make goldens` and review"
     for folder, files in rendered.items():
-        assert sorted(files) == sorted(p.name for p in (GOLDEN / case / folder).iterdir())
+        kept = GOLDEN / case / folder
+        assert sorted(files) == sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file())
         for filename, content in files.items():
             assert content == (GOLDEN / case / folder / filename).read_text(), f"{folder}/{filename}: run `make goldens`"
 

@@ -83,6 +83,7 @@ def rattler_render(files: dict[str, str], folder: Path) -> list:
 
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
     return Stage0Recipe.from_file(folder / "recipe.yaml").render(VariantConfig.from_file(folder / "variants.yaml"))
 
@@ -158,7 +159,8 @@ def test_rattler_build_renders_the_planned_outputs_with_the_planned_build_string
 def test_the_rattler_build_recipe_builds_libtorch_once_and_each_python_from_it() -> None:
     recipe = conda_forge.plan("2.13.0", "linux-64", "13.0", "9.0", ("3.11", "3.12"))
     files = rattler_files(recipe)
-    assert sorted(files) == ["activate.sh", "build.sh", "deactivate.sh", "recipe.yaml", "variants.yaml"]
+    assert sorted(files) == ["activate.sh", "build.sh", "cmake_test/CMakeLists.txt", "deactivate.sh", "recipe.yaml",
+                             "variants.yaml"]
     assert files["variants.yaml"] == conda_forge.recipe_files(recipe, SOURCE)["conda_build_config.yaml"]
     doc = YAML(typ="safe").load(files["recipe.yaml"])
     staging, *packages = doc["outputs"]
@@ -569,6 +571,7 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     recipe_dir.mkdir(parents=True)
     files = conda_forge.recipe_files(recipe, Source("path", str(source), ""))
     for name, text in files.items():
+        (recipe_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (recipe_dir / name).write_text(text)
     stubs = tmp_path / "stubs"
     standin.make_stub_channel(stubs, sorted(stand_in_specs(files, {o.name for o in recipe.outputs})), conda_forge=True)

@@ -142,8 +142,9 @@ def test_existing_folders_need_force_and_are_replaced_whole(tmp_path: Path) -> N
 
 
 def test_a_failure_while_writing_leaves_no_partial_folder(tmp_path: Path) -> None:
-    folders = {"good": {"a.txt": "x"}, "bad": {"sub/b.txt": "y"}}  # "sub/" does not exist: the write fails
-    with pytest.raises(FileNotFoundError):
+    # "sub" is written as a file, so "sub/b.txt" cannot be: the write fails after the good folder was staged
+    folders = {"good": {"a.txt": "x"}, "bad": {"sub": "y", "sub/b.txt": "z"}}
+    with pytest.raises(FileExistsError):
         write_folders(folders, tmp_path / "out")
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".torchforge")] == []

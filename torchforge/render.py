@@ -210,6 +210,7 @@ def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, forc
             folder.mkdir()
             for filename, content in files.items():
                 target = folder / filename
+                target.parent.mkdir(parents=True, exist_ok=True)  # a recipe's subfolder (a test's project)
                 with fileops.writing(out / name / filename):  # the file the user asked for, not its staged copy
                     if isinstance(content, bytes):
                         target.write_bytes(content)

@@ -396,6 +396,7 @@ def flavour_requirements(recipes: tuple[CondaForgeRecipe, ...]) -> list[str]:
             folder = Path(tmp) / recipe.id
             folder.mkdir()
             for name, text in recipe_files(recipe, source, recipe_format=RecipeFormat.RATTLER_BUILD).items():
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 (folder / name).write_text(text)
             specs |= set(rendered_recipe_requirements(folder, {o.name for o in recipe.outputs}))
     return sorted(specs)

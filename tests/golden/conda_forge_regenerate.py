@@ -36,6 +36,7 @@ def main() -> int:
             target = GOLDEN / name / folder
             target.mkdir(parents=True, exist_ok=True)
             for filename, content in files.items():
+                (target / filename).parent.mkdir(parents=True, exist_ok=True)
                 (target / filename).write_text(content)
     print(f"wrote {GOLDEN}")
     return 0

@@ -222,6 +222,36 @@ class CMakeHandover(FrozenModel):
                 and any(path in self.arguments_patches for _url, _sha256, path in patches))
 
 
+class ConsumerTestLine(FrozenModel):
+    """One test requirement (`spec`) or command (`line`) of libtorch's CMake consumer test, for the releases
+    from `since` up to (not including) `until`, and for `accel` (cpu | cuda) where given."""
+
+    spec: str = ""
+    line: str = ""
+    accel: str | None = None
+    since: str | None = None
+    until: str | None = None
+
+    def applies(self, version: str, cuda: bool) -> bool:
+        release = versions.parse(version)
+        return ((self.accel is None or self.accel == ("cuda" if cuda else "cpu"))
+                and (self.since is None or release >= versions.parse(self.since))
+                and (self.until is None or release < versions.parse(self.until)))
+
+
+class ConsumerTest(FrozenModel):
+    """libtorch's test of its CMake metadata as the feedstock has it: test requirements and commands."""
+
+    requires: tuple[ConsumerTestLine, ...]
+    commands: tuple[ConsumerTestLine, ...]
+    source: str
+
+    def for_release(self, version: str, cuda: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(test requirements, commands) of one release and accelerator."""
+        return (tuple(r.spec for r in self.requires if r.applies(version, cuda)),
+                tuple(c.line for c in self.commands if c.applies(version, cuda)))
+
+
 class CondaForgeTable(FrozenModel):
     schema_: int = 1
     meta: Meta
@@ -229,6 +259,7 @@ class CondaForgeTable(FrozenModel):
     compiler_flags: CompilerFlags
     source_edits: SourceEdits
     cmake: CMakeHandover
+    consumer_test: ConsumerTest
     releases: dict[str, FeedstockRelease]
 
 
@@ -714,6 +745,8 @@ def header(recipe: CondaForgeRecipe) -> str:
 # Where conda-build puts the downloaded feedstock patches, inside the source tree (their paths below it are the
 # feedstock's, e.g. patches/0001-....patch).
 PATCH_FOLDER = "conda-forge-patches"
+# torchforge's own CMake project that libtorch's test configures against the installed package (the test's folder)
+CONSUMER_PROJECT = "cmake_test/CMakeLists.txt"
 _JINJA_SPEC = re.compile(r"^(pin_subpackage|pin_compatible|compiler|stdlib) ([\w-]+)(?: (exact|x[.x]*))?$")
 
 
@@ -804,7 +837,8 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
         "variable": recipe.activation_variable, "arch_list": recipe.arch_list,
         "libtorch_python": recipe.libtorch_python, "compiler_flags": load().compiler_flags,
         "emptied": load().source_edits.empty, "dropped": load().source_edits.dropped(recipe.version),
-        "cmake": load().cmake,
+        "cmake": load().cmake, "consumer_test": ((), ()) if recipe.platform == WINDOWS
+        else load().consumer_test.for_release(recipe.version, bool(recipe.cuda)),
         "cmake_arguments": load().cmake.passes_arguments(recipe.version, recipe.feedstock_patches if feedstock_patches else ()),
         "feedstock_patches": recipe.feedstock_patches if feedstock_patches else (),
         "patch_folder": PATCH_FOLDER, "rattler_build_spec": rattler_build_spec,
@@ -824,6 +858,8 @@ def recipe_files(recipe: CondaForgeRecipe, source: Source, *, feedstock_patches:
              variant_file: render_template("conda_forge/conda_build_config.yaml.j2", **fields)}
     names = [script, *(activation if recipe.cuda else ()), *(("retarget_cmake_cache.py",) if windows else ())]
     files.update({name: render_template(f"conda_forge/{name}.j2", **fields) for name in names})
+    if not windows:
+        files[CONSUMER_PROJECT] = render_template(f"conda_forge/{CONSUMER_PROJECT}.j2", **fields)
     return files
 
 
