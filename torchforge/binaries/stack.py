@@ -23,7 +23,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from torchforge import __version__, fileops, localchannel
+from torchforge import __version__, fileops, localchannel, repodata
 from torchforge.binaries import wheels as wheel_files
 from torchforge.binaries.plan import CudaLibs, PackagePlan, StackPlan, plan
 from torchforge.errors import AuditFailedError, UsageError
@@ -92,7 +92,7 @@ def _existing(channel: Path, package: PackagePlan, wheel_sha: str, replace_: boo
 # The share of the memory available at the start that the builds running together may use: the rest is for
 # the page cache that holds the unpacked files between writing and compressing them, and for other programs.
 MEMORY_SHARE = 0.5
-Built = tuple[PackagePlan, Path, AuditReport, tuple[str, ...], float]
+Built = tuple[PackagePlan, Path, AuditReport, tuple[str, ...], float, repodata.Record]
 
 
 def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, specs: dict[str, str],
@@ -109,8 +109,10 @@ def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, 
             on_step=lambda s, name=package.filename: step(name, s))
         if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
             raise AuditFailedError(f"{archive.name} failed the RPATH audit", "run `torchforge rpath audit` on it")
+        # Its index entry now, beside the other builds, so that publishing need not read the channel again.
+        record = repodata.record_of(archive, localchannel.info_json(archive, "index.json"))
         step(package.filename, "built")
-        return package, archive, report, depends, time.perf_counter() - start
+        return package, archive, report, depends, time.perf_counter() - start, record
 
     jobs = [Job(p, *build_footprint(p.wheel.path, threads, level)) for p in packages]
     return run_jobs(jobs, build, budget=int(available_memory() * MEMORY_SHARE), workers=os.cpu_count() or 1)
@@ -178,10 +180,10 @@ def _publish_repacked(stack: StackPlan, channel: Path, runner: Runner, shas: dic
         step(f"{len(built)} package(s)", "publishing")
         try:
             placed = localchannel.publish_many([b[1] for b in built], channel, SUBDIR, replace=replace_,
-                                                  move=True)
+                                                  move=True, records={b[1].name: b[5] for b in built})
         except localchannel.ArchiveExistsError as exc:
             raise UsageError(f"{exc.path} is already in the channel", "pass --replace to overwrite it") from None
-        for (_package, _archive, report, depends, seconds), published in zip(built, placed):
+        for (_package, _archive, report, depends, seconds, _record), published in zip(built, placed):
             results.append(RepackResult(published.path, published.path.stat().st_size, seconds, report, depends))  # type: ignore[arg-type]
     for package in stack.packages:
         existing = reused[package.filename]
