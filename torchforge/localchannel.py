@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from torchforge import repodata
 from torchforge.aio import run_async
 from torchforge.fileops import (clean_stale, ensure_dir, move_into_place, path_of_file_url, scratch, sha256_file,
                                 writing)
@@ -65,11 +66,8 @@ def locked(channel: Path, timeout: float = 600) -> Iterator[None]:
 
 def _listed(subdir: Path) -> set[str] | None:
     """File names repodata.json lists for one subdir; None when it is missing or unreadable."""
-    try:
-        data = json.loads((subdir / "repodata.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return set(data.get("packages", {})) | set(data.get("packages.conda", {}))
+    data = repodata.read(subdir)
+    return None if data is None else set(data["packages"]) | set(data["packages.conda"])  # type: ignore[call-overload]
 
 
 def recover(channel: Path) -> bool:
@@ -84,7 +82,7 @@ def recover(channel: Path) -> bool:
             continue
         for partial in sub.glob(".partial-*"):  # written by torchforge < 0.2 before its rename
             partial.unlink(missing_ok=True)
-        on_disk = {p.name for p in sub.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES) and not p.name.startswith(".")}
+        on_disk = _on_disk(sub)
         listed = _listed(sub)
         if (listed is None and on_disk) or (listed is not None and listed != on_disk):
             index(channel)
@@ -195,21 +193,47 @@ def publish(
 
 
 def publish_many(archives: list[Path], channel: Path, subdir: str, *, replace: bool = False,
-                 move: bool = False) -> list[Published]:
+                 move: bool = False, records: Mapping[str, repodata.Record] | None = None) -> list[Published]:
     """`publish` for several archives under one lock and one re-index (a repacked stack: indexing reads every
     archive of the channel, so once per archive would read the stack's gigabytes once per package). Each is
     checked before any is copied; a run killed between copies leaves complete archives `recover` indexes.
     `move`: the archives are the caller's scratch files, renamed into place rather than copied where they lie
-    on the channel's file system."""
+    on the channel's file system. `records`: each archive's repodata record by file name (repodata.record_of,
+    taken while the builds ran), merged into the channel's index instead of re-reading every archive."""
     with locked(channel):
         for archive in archives:
             target = channel / subdir / archive.name
             if target.exists() and not replace and not same_content(archive, target):
                 raise ArchiveExistsError(target)
         placed = [_place(archive, channel, subdir, replace, None, move) for archive in archives]
-        if any(p.placed is not Placed.IDENTICAL for p in placed):
+        changed = [p.path.name for p in placed if p.placed is not Placed.IDENTICAL]
+        if changed and not (records is not None and _index_known(channel, subdir, {n: records[n] for n in changed
+                                                                                  if n in records})):
             index(channel)
         return placed
+
+
+def _index_known(channel: Path, subdir: str, records: Mapping[str, repodata.Record]) -> bool:
+    """Merge `records` into `subdir`'s repodata.json (caller holds the lock; `recover` left the index true to
+    the disk). False, and nothing written, where that would not give the index a full re-index writes: an
+    index missing or listing other archives than the disk's, or an archive without its record."""
+    for name in (subdir, "noarch"):
+        folder = channel / name
+        expected = set(records) if name == subdir else set()
+        if _on_disk(folder) != (_listed(folder) or set()) | expected:
+            return False
+    for name in ("noarch", subdir) if subdir != "noarch" else (subdir,):
+        folder = ensure_dir(channel / name, "channel subdir")
+        current = repodata.read(folder) or repodata.empty(name)
+        if name == subdir or not (folder / "repodata.json").is_file():
+            repodata.write(folder, repodata.merged(current, records if name == subdir else {}))
+    return True
+
+
+def _on_disk(subdir: Path) -> set[str]:
+    if not subdir.is_dir():
+        return set()
+    return {p.name for p in subdir.iterdir() if p.name.endswith(ARCHIVE_SUFFIXES) and not p.name.startswith(".")}
 
 
 def _place(archive: Path, channel: Path, subdir: str, replace: bool,

@@ -279,6 +279,10 @@ class Staged:
     scripts: tuple[str, ...]
 
 
+# The step that follows a package's unpack (torchforge.binaries.stack starts the other builds on it).
+UNPACKED_STEP = "fixing RPATHs"
+
+
 def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None]) -> Staged:
     site = stage / "lib" / f"python{plan.python}" / "site-packages"
     site.mkdir(parents=True)
@@ -328,7 +332,7 @@ def build_archive(
         # index.json first: the audit resolves libraries of other packages through the declared depends.
         (stage / "info").mkdir()
         (stage / "info" / "index.json").write_text(json.dumps({"depends": list(staged.plan.depends)}))
-        step("fixing RPATHs")
+        step(UNPACKED_STEP)
         report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=staged.plan.keep_wheel_rpaths)
         info = _InfoArgs(staged, wheel_sha256 or sha256_of(plan.wheel.path), wheel_time(plan.wheel.path), extra)
         out_folder.mkdir(parents=True, exist_ok=True)
