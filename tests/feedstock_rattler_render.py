@@ -91,9 +91,12 @@ def normalised(outputs: dict) -> dict:
     """What only the two formats spell differently, spelt one way on both sides (feedstock and torchforge):
     ignore_run_exports(_from) as package names (meta.yaml's `python *` and recipe.yaml's `python` ignore the same
     package: both tools match these entries by name); a version `V.*` alone as `V` (conda's fuzzy `V` is the glob
-    `V.*`, which recipe.yaml must spell out)."""
+    `V.*`, which recipe.yaml must spell out); build.number as text (conda-build's render gives the top-level
+    output's as text, the others' as a number)."""
     for output in outputs.values():
         found = output["fields"]
+        if "build.number" in found:
+            found["build.number"] = str(found["build.number"])
         for field in IGNORE_KEYS.values():
             if field in found:
                 found[field] = [str(item).split()[0] for item in found[field]]
