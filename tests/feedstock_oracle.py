@@ -20,6 +20,7 @@ from pathlib import Path
 
 from torchforge.flavours import conda_forge
 from torchforge.recipe import Source
+from torchforge.render import RecipeFormat
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "data" / "feedstock"
@@ -79,18 +80,27 @@ def render(recipe: Path, platform: str, variant_file: Path | None) -> dict:
 
 def render_pair(job: Job, scratch: Path) -> tuple[dict, dict]:
     """(the feedstock's outputs, torchforge's) for one job."""
-    table = conda_forge.load()
-    release = table.releases[job.version]
-    snapshot = SNAPSHOTS / release.commit
-    ci_file = release.platforms[job.platform].ci_support[job.accel].file
+    folder = write_torchforge_recipe(job, scratch, RecipeFormat.CONDA_BUILD)
+    return render_feedstock(job), render(folder, job.platform, None)
+
+
+def write_torchforge_recipe(job: Job, scratch: Path, recipe_format: RecipeFormat) -> Path:
+    """torchforge's recipe folder for the job (for PYTHON) in `recipe_format`, under `scratch`."""
     recipe = conda_forge.plan(job.version, job.platform, job.accel, None, (PYTHON,))
-    files = conda_forge.recipe_files(recipe, Source("git", "https://github.com/pytorch/pytorch", f"v{job.version}"))
-    folder = scratch / job.id
-    folder.mkdir(parents=True)
+    files = conda_forge.recipe_files(recipe, Source("git", "https://github.com/pytorch/pytorch", f"v{job.version}"),
+                                     recipe_format=recipe_format)
+    folder = scratch / f"{job.id}-{recipe_format.value}"
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text, encoding="utf-8")
-    return render(snapshot / "recipe", job.platform, snapshot / ci_file), render(folder, job.platform, None)
+    return folder
+
+
+def render_feedstock(job: Job) -> dict:
+    """The feedstock's outputs for one job: its recipe at the release's commit with its .ci_support file."""
+    release = conda_forge.load().releases[job.version]
+    snapshot = SNAPSHOTS / release.commit
+    return render(snapshot / "recipe", job.platform, snapshot / release.platforms[job.platform].ci_support[job.accel].file)
 
 
 def render_all(selected: list[Job], workers: int = 2) -> dict[Job, tuple[dict, dict]]:
@@ -101,8 +111,11 @@ def render_all(selected: list[Job], workers: int = 2) -> dict[Job, tuple[dict, d
 
 # ---- the comparison ----------------------------------------------------------------------------------------
 
-def load_differences() -> dict:
-    return tomllib.loads(DIFFERENCES.read_text(encoding="utf-8"))
+def load_differences(engine: str = "conda-build") -> dict:
+    """The listed differences for torchforge's recipe of `engine` (meta.yaml: conda-build; recipe.yaml:
+    rattler-build): a rule with `engine` holds for that engine's recipe only."""
+    listed = tomllib.loads(DIFFERENCES.read_text(encoding="utf-8"))
+    return {kind: [rule for rule in rules if rule.get("engine", engine) == engine] for kind, rules in listed.items()}
 
 
 def _applies(rule: dict, job: Job, output: str, field: str) -> bool:
@@ -185,6 +198,17 @@ def figures(findings: list[Finding]) -> dict[tuple[str, str], dict[str, int]]:
     return table
 
 
+def print_figures(findings: list[Finding]) -> None:
+    print("| release | platform | fields compared | identical | listed as intended | listed as open | different |")
+    print("|---|---|---|---|---|---|---|")
+    for (version, platform), row in figures(findings).items():
+        print(f"| {version} | {platform} | {row['compared']} | {row['identical']} | {row['intended']} | {row['open']} "
+              f"| {row['different']} |")
+    for finding in findings:
+        if finding.status == "different":
+            print(f"{finding.job.id} {finding.output} {finding.field}: {finding.detail}")
+
+
 def main(argv: list[str]) -> int:
     """`--renders FILE`: keep the renders in FILE (read it where it exists), to compare again without rendering."""
     saved = Path(argv[argv.index("--renders") + 1]) if "--renders" in argv else None
@@ -197,14 +221,7 @@ def main(argv: list[str]) -> int:
             saved.write_text(json.dumps({f"{j.version}|{j.platform}|{j.accel}": pair for j, pair in renders.items()}))
     differences = load_differences()
     findings = [f for job, (theirs, ours) in renders.items() for f in compare(job, theirs, ours, differences)]
-    print("| release | platform | fields compared | identical | listed as intended | listed as open | different |")
-    print("|---|---|---|---|---|---|---|")
-    for (version, platform), row in figures(findings).items():
-        print(f"| {version} | {platform} | {row['compared']} | {row['identical']} | {row['intended']} | {row['open']} "
-              f"| {row['different']} |")
-    for finding in findings:
-        if finding.status == "different":
-            print(f"{finding.job.id} {finding.output} {finding.field}: {finding.detail}")
+    print_figures(findings)
     return 0
 
 

@@ -708,3 +708,25 @@ def flavour_commands_with_inputs(planned: conda_forge.CondaForgeRecipe, source: 
     from torchforge.commands import flavour as flavour_commands
 
     return flavour_commands.with_inputs((planned,), str(source), [], False)
+
+
+@pytest.mark.slow
+def test_the_embedded_engines_pytorch_cpu_carries_the_feedstocks_track_features(tmp_path: Path) -> None:
+    """2.6.0's pytorch-cpu has `track_features: [pytorch-cpu]` on conda-forge (71a445e6:recipe/meta.yaml:541-543),
+    which keeps the solver off it unless asked. recipe.yaml cannot say it (py-rattler-build refuses the key):
+    the pipeline writes it into the built package's index.json, and the channel's index carries it."""
+    from torchforge import localchannel
+
+    source = copy_fixture(tmp_path / "torch_split")
+    request = ["--pytorch", "2.6.0", "--cuda", "cpu", "--py", "3.11"]
+    assert main(["standin-channel", *request, "--out", str(tmp_path / "standin")]) == 0
+    out = tmp_path / "channel"
+    assert main(["build", *request, "--source", str(source), "--config", str(tmp_path / "standin" / "torchforge.toml"),
+                 "--engine", "rattler-build", "--out", str(out)]) == 0
+    recipe = conda_forge.plan("2.6.0", "linux-64", "cpu", None, ("3.11",))
+    stems = {p.name: p.stem for p in flavour_commands_with_inputs(recipe, source)[0].planned_outputs()}
+    features = {name: localchannel.info_json(out / "linux-64" / f"{stem}.conda", "index.json").get("track_features")
+                for name, stem in stems.items()}
+    assert features == {"libtorch": None, "pytorch": None, "pytorch-cpu": "pytorch-cpu"}, features
+    listed = json.loads((out / "linux-64" / "repodata.json").read_text())["packages.conda"]
+    assert listed[f"{stems['pytorch-cpu']}.conda"].get("track_features") == "pytorch-cpu"

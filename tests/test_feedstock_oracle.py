@@ -79,6 +79,26 @@ def test_torchforges_recipe_renders_as_the_feedstocks_own_for_the_same_job(job, 
     assert not different, "\n".join(different)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("job", [job for job in _jobs() if job.platform == "linux-64"], ids=lambda job: job.id)
+def test_torchforges_recipe_yaml_renders_as_the_feedstocks_own_for_the_same_job(job, conda_build_python,
+                                                                                tmp_path) -> None:
+    """The same oracle for the embedded engine: torchforge's recipe.yaml as the real py-rattler-build renders it,
+    in meta.yaml's field names (tests/feedstock_rattler_render.py), against the feedstock's conda-build render;
+    differences listed for both formats or for recipe.yaml alone (`engine = "rattler-build"`), else it fails."""
+    pytest.importorskip("rattler_build")
+    from tests import feedstock_rattler_render as rattler
+    from tests.feedstock_oracle import compare, load_differences, render_feedstock, write_torchforge_recipe
+    from torchforge.render import RecipeFormat
+
+    theirs = rattler.normalised(render_feedstock(job))
+    ours = rattler.normalised(rattler.render(write_torchforge_recipe(job, tmp_path, RecipeFormat.RATTLER_BUILD)))
+    findings = compare(job, theirs, ours, load_differences("rattler-build"))
+    assert {f.output for f in findings} >= {"libtorch", "pytorch"}
+    different = [f"{f.output} {f.field}: {f.detail}" for f in findings if f.status == "different"]
+    assert not different, "\n".join(different)
+
+
 # ---- the compiler and linker flags build.sh hands to setup.py, against the feedstock's own build.sh ----------
 
 # Flags of the shape conda-forge's GCC activation exports (the flags the feedstock edits are among them).

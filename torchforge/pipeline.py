@@ -65,6 +65,7 @@ class Step:
     cache_first: str | None = None  # the group's first step to build (it fills the cache); None for that one
     cudnn: str = ""  # the cuDNN a pytorch build bundles (full version): its image must carry exactly that one
     outputs: tuple[str, ...] = ()  # a recipe step: every package's name-version-build, in build order
+    output_index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # a recipe step's, per stem
 
     @property
     def stems(self) -> tuple[str, ...]:
@@ -84,6 +85,9 @@ class PlannedRecipe:
     channels: tuple[str, ...]  # the flavour's channels (the site's replacements and mirrors are applied here)
     accel: str = "cpu"
     local_source: str | None = None
+    # Per package (stem): the info/index.json fields its recipe format cannot say (recipe.yaml has no
+    # track_features), set after the build as for a single-output step's index_fields.
+    index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,8 @@ def plan_recipe_steps(recipes: Sequence[PlannedRecipe], settings: BuildSettings)
                           (*script_env, *(BUILD_VARIABLES if key else ())),
                           Action.REUSE if found else Action.BUILD, found or stale,
                           channels=settings.site_channels.apply(recipe.channels), accel=recipe.accel,
-                          local_source=recipe.local_source, cache_key=key, outputs=stems))
+                          local_source=recipe.local_source, cache_key=key, outputs=stems,
+                          output_index_fields=recipe.index_fields))
     return steps
 
 
@@ -285,9 +290,11 @@ def _built_artifacts(step: Step, staging: Path, log: Path) -> list[Path]:
 def _checked(step: Step, artifacts: list[Path], runner: Runner) -> list[Path]:
     """Each package as planned (identity), with its planned index fields, audited (RPATH fixed where it can be)."""
     checked = []
+    per_output = dict(step.output_index_fields)
     for stem, artifact in zip(step.stems, artifacts):
         _check_identity(artifact, step, stem)
-        checked.append(_fix_and_audit(ensure_index_fields(artifact, step.index_fields, runner), runner))
+        fields = (*step.index_fields, *per_output.get(stem, ()))
+        checked.append(_fix_and_audit(ensure_index_fields(artifact, fields, runner), runner))
     return checked
 
 

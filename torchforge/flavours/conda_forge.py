@@ -442,6 +442,14 @@ class CondaForgeRecipe:
                                              self.platform, python))
         return tuple(planned)
 
+    def index_fields(self) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+        """Per package (stem), the info/index.json fields every engine must leave in it that recipe.yaml cannot
+        say: the feedstock's track_features (2.6.0 and 2.7.0's pytorch-cpu), which the pipeline sets after the
+        build where the engine did not write them."""
+        features = {o.name: " ".join(o.requirements.get("track_features", ())) for o in self.outputs}
+        return tuple((planned.stem, (("track_features", features[planned.name]),))
+                     for planned in self.planned_outputs() if features[planned.name])
+
     @property
     def libtorch_python(self) -> str:
         """The Python libtorch is built against once (its host's `python X.Y`); each pytorch rebuilds the bindings."""
