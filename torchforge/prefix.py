@@ -19,7 +19,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from torchforge import fileops
+from torchforge import fileops, localchannel
 from torchforge.aio import run_async
 from torchforge.errors import ArchiveError, UsageError
 from torchforge.safeextract import MemberRule
@@ -186,10 +186,8 @@ def _refuse_escaping_paths(rattler: Any, record: Any) -> None:
     """Refuse a package that would write outside the prefix (an absolute path or `..` in info/paths.json)
     before anything is linked: py-rattler aborts on some and writes others where they say."""
     paths_json = _paths_json(rattler, str(record.url))
-    if paths_json is None:
-        return
     rule = MemberRule(Path(str(record.url)))  # the one rule every archive reader applies (safeextract)
-    for entry in json.loads(paths_json).get("paths", []):
+    for entry in paths_json.get("paths", []):
         path = str(entry.get("_path", ""))
         try:
             rule.check_name(path)
@@ -199,9 +197,9 @@ def _refuse_escaping_paths(rattler: Any, record: Any) -> None:
                                "and install only from channels you trust") from None
 
 
-def _paths_json(rattler: Any, url: str) -> bytes | None:
-    """info/paths.json of a package: read from the file for a local channel, fetched alone for a remote .conda
-    (a range request); None for a remote .tar.bz2, which would have to be downloaded twice."""
+def _paths_json(rattler: Any, url: str) -> dict[str, Any]:
+    """info/paths.json of a package: read from the file for a local channel (localchannel.info_json), fetched
+    alone for a remote .conda (a range request); {} for a remote .tar.bz2, which would have to be downloaded twice."""
     local = fileops.path_of_file_url(url)
     if local is not None:
         return _local_paths_json(local)
@@ -210,35 +208,22 @@ def _paths_json(rattler: Any, url: str) -> bytes | None:
         from rattler.package_streaming import fetch_raw_package_file_from_url
 
         try:  # py-rattler's own client: retries, and the credentials it installs with
-            return bytes(run_async(fetch_raw_package_file_from_url(Client.default_client(), url, "info/paths.json")))
+            raw = bytes(run_async(fetch_raw_package_file_from_url(Client.default_client(), url, "info/paths.json")))
         except OSError as exc:
             raise UsageError(f"{url}: its info/paths.json could not be read to check it before installing ({exc})",
                              "check that the channel is reachable and serves the file whole; nothing was installed"
                              ) from None
-    return None
+        value = json.loads(raw)
+        return value if isinstance(value, dict) else {}
+    return {}
 
 
-def _local_paths_json(archive: Path) -> bytes | None:
+def _local_paths_json(archive: Path) -> dict[str, Any]:
     import tarfile
+
     from backports import zstd  # conda-package-handling's own zstd dependency
 
-    def from_tar(stream: Any) -> bytes | None:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member in tar:
-                if member.name == "info/paths.json" and member.isfile():
-                    found = tar.extractfile(member)
-                    return found.read() if found is not None else None
-        return None
-
     try:
-        if archive.name.endswith(".conda"):
-            with zipfile.ZipFile(archive) as zf:
-                info = [n for n in zf.namelist() if n.startswith("info-") and n.endswith(".tar.zst")]
-                if not info:
-                    return None
-                with zf.open(info[0]) as raw, zstd.ZstdFile(raw) as stream:
-                    return from_tar(stream)
-        with archive.open("rb") as raw:
-            return from_tar(raw)
+        return localchannel.info_json(archive, "paths.json")
     except (OSError, EOFError, zipfile.BadZipFile, tarfile.TarError, zstd.ZstdError) as exc:
         raise ArchiveError.unreadable(archive, exc) from None
