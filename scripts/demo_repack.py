@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from torchforge.binaries.fetch import origin
 from torchforge.errors import ForgeError, ToolFailedError, UsageError
 from torchforge.proc import Command, Runner
 
@@ -40,10 +41,7 @@ class Resolved:
 
     @property
     def source(self) -> str:
-        parts = urlsplit(self.url)
-        if parts.scheme == "file":
-            return f"the local folder {Path(unquote(parts.path)).parent} (pip's configuration: find-links)"
-        return f"{parts.scheme}://{parts.netloc}"
+        return origin(self.url)  # repack --pytorch names a wheel's origin the same way
 
     def build(self) -> str:
         """The build as the index describes it (the file itself says it exactly once downloaded)."""

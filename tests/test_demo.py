@@ -73,7 +73,7 @@ def test_the_real_cpu_wheel_is_repacked_installed_and_imported(torch_wheel: Path
     done = demo(TORCH, tmp_path, pip_set_aside(PIP_FIND_LINKS=str(served)))
     assert done.returncode == 0, done.stderr
     package = f"pytorch-{TORCH}-whl_py{PY}_cpu_0.conda"
-    assert f"demo: torch {TORCH}: {torch_wheel.name} from the local folder {served}" in done.stderr
+    assert f"demo: torch {TORCH}: {torch_wheel.name} from the folder {served} (pip's find-links)" in done.stderr
     assert f"installed {package} into {tmp_path / 'demo' / 'env'}" in done.stdout
     assert f"{TORCH}+cpu {tmp_path}/demo/env/lib/python{PY}/site-packages/torch/__init__.py" in done.stdout
     assert "torch.ones(3).sum() = 3.0" in done.stdout
