@@ -632,8 +632,7 @@ def test_build_without_conda_build_says_so_and_builds_nothing(
     assert main([*asked, "--skip-preflight"]) == 5
     assert "the conda-build engine is not available here" in " ".join(capsys.readouterr().err.split())
     assert main(asked) == 9  # preflight
-    assert "--engine conda-build cannot build the conda-forge flavour's recipes here" in " ".join(
-        capsys.readouterr().err.split())
+    assert "checks failed (engine" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "ch").exists()
 
 
@@ -727,31 +726,35 @@ def test_the_linker_flags_keep_mkls_libraries_and_bind_libcuda_lazily(tmp_path: 
 
 
 def test_doctor_shows_the_flavour_its_channel_and_the_engine_that_builds_it(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from tests.test_machine_checks_every_flavour import air_gapped
 
     machine_path = __import__("os").environ["PATH"]
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
+    site = air_gapped(tmp_path)  # conda-forge's channel is a local one here: the checks need no network
     assert main(["doctor", "--flavour", "conda-forge", "--pytorch", "2.9.1", "--cuda", "cpu", "--engine", "conda-build",
-                 "--json"]) == 9
+                 "--json", "--config", str(site)]) == 9
     captured = capsys.readouterr()
-    checks = {c["check"]: c for c in json.loads(captured.out)}
+    checks = {c["name"]: c for c in json.loads(captured.out)["checks"]}
     assert checks["channel"]["detail"].startswith("https://conda.anaconda.org/conda-forge")
     assert checks["magma"]["detail"].startswith("libmagma from conda-forge")
-    assert checks["engine"]["ok"] is False and checks["engine"]["detail"].startswith("`conda build --version` did not run")
-    assert "--engine conda-build cannot build the conda-forge flavour's recipes here" in " ".join(captured.err.split())
+    assert checks["engine"]["status"] == "fail" and checks["engine"]["detail"].startswith(
+        "`conda build --version` did not run")
+    assert "preflight: 1 of " in captured.err and "checks failed (engine)" in captured.err
     # without conda-build, the default engine is the embedded one, which builds this flavour's recipe.yaml
-    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0
-    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
-    assert checks["engine"]["ok"] is True and checks["engine"]["detail"].startswith("embedded rattler-build ")
+    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json", "--config", str(site)]) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["engine"]["status"] == "ok" and checks["engine"]["detail"].startswith("embedded rattler-build ")
     tool = find_conda_tool()
     if tool is None:
         pytest.skip(HOW_TO_GET_ONE)
     monkeypatch.setenv("PATH", f"{tool.path_prefix}:/usr/bin:/bin" if tool.path_prefix else machine_path)
-    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json"]) == 0  # the flavour of 2.9.1 by default
-    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
+    # the flavour of 2.9.1 by default
+    assert main(["doctor", "--pytorch", "2.9.1", "--cuda", "cpu", "--json", "--config", str(site)]) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["engine"]["detail"].startswith("conda-build 26.")
     assert checks["flavour"]["detail"] == "conda-forge: 1 recipe(s), libtorch-2.9.1-cpu-linux_64"
     assert "no pytorch, nvidia or defaults channel, no companion packages" in checks["channel"]["detail"]
@@ -763,10 +766,11 @@ def test_doctor_and_build_show_the_site_configs_channel_in_place_of_conda_forges
 
     site = tmp_path / "torchforge.toml"
     site.write_text('[channels]\nreplace = ["file:///srv/conda-forge-mirror"]\n')
-    main(["doctor", "--pytorch", "2.13.0", "--cuda", "cpu", "--json", "--config", str(site)])
-    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
-    assert checks["channel"]["detail"].startswith(
-        "file:///srv/conda-forge-mirror (the site config's for https://conda.anaconda.org/conda-forge)")
+    assert main(["doctor", "--pytorch", "2.13.0", "--cuda", "cpu", "--json", "--config", str(site)]) == 9
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    # the site's channel is the one checked (and it is not there), in place of conda-forge's
+    assert checks["channel file:///srv/conda-forge-mirror"]["status"] == "fail"
+    assert not [name for name in checks if name.startswith("channel https://")]
     out = tmp_path / "ch"
     assert main(["build", "--pytorch", "2.13.0", "--cuda", "cpu", "--dry-run", "--config", str(site),
                  "--engine", "conda-build", "--out", str(out), "--no-cache"]) == 0

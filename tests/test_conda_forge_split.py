@@ -385,7 +385,8 @@ def flavour_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]
     import shutil
 
     from torchforge import standin
-    from torchforge.commands import flavour as flavour_commands
+    from torchforge.flavours.base import Request
+    from torchforge.flavours.conda_forge import planning
 
     root = tmp_path_factory.mktemp("cf-split")
     source = copy_fixture(root / "torch_split")
@@ -396,7 +397,7 @@ def flavour_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]
     for case, (accel, arch) in E2E_CASES.items():
         planned = conda_forge.plan("2.13.0", "linux-64", accel, arch, (PY,))
         # the build strings hold the source's identity, as `torchforge build --source` plans them
-        (recipes[case],) = flavour_commands.with_inputs((planned,), str(source), [], False)
+        (recipes[case],) = planning.with_inputs((planned,), Request(source=str(source)))
         recipe_dir = root / "recipes" / case
         assert main(["render", *build_arguments(accel, arch, source), "--format", "rattler-build",
                      "--out", str(recipe_dir)]) == 0
@@ -434,7 +435,8 @@ def assert_planned_and_audited(recipe: conda_forge.CondaForgeRecipe, packages: l
 @pytest.mark.slow
 def test_a_rebuild_of_the_same_settings_reuses_every_output_and_an_edited_source_is_another_package(
         flavour_builds, capsys: pytest.CaptureFixture[str]) -> None:
-    from torchforge.commands import flavour as flavour_commands
+    from torchforge.flavours.base import Request
+    from torchforge.flavours.conda_forge import planning
 
     (out,) = flavour_builds["channel"]
     recipe, _, _ = flavour_builds["cpu"]
@@ -448,7 +450,7 @@ def test_a_rebuild_of_the_same_settings_reuses_every_output_and_an_edited_source
     assert f"reuse {', '.join(stems)}" in err and "built with the same settings" in err
     edited = next((source / "csrc").rglob("*.cpp"))
     edited.write_text(edited.read_text() + "\n// edited after the build\n")
-    (changed,) = flavour_commands.with_inputs((recipe,), str(source), [], False)
+    (changed,) = planning.with_inputs((recipe,), Request(source=str(source)))
     assert main(again) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "reuse" not in err and changed.planned_outputs()[0].stem in err and "[dry-run]" in err
@@ -610,7 +612,8 @@ def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cach
     import shutil
 
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
-    from torchforge.commands import flavour as flavour_commands
+    from torchforge.flavours.base import Request
+    from torchforge.flavours.conda_forge import planning
     from torchforge.compilecache import recipe_group_key
 
     extra_args = []
@@ -625,7 +628,7 @@ def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cach
     source = copy_fixture(tmp_path / "torch_split")
     out, cache = tmp_path / "channel", tmp_path / "cache"
     planned = conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,))
-    (recipe,) = flavour_commands.with_inputs((planned,), str(source), [], False)
+    (recipe,) = planning.with_inputs((planned,), Request(source=str(source)))
     key = recipe_group_key(recipe.id, recipe.settings)
     args = ["build", *build_arguments("cpu", None, source), "--engine", engine, "--config",
             str(channel.parent / "torchforge.toml"), "--out", str(out), "--cache", str(cache), *extra_args]
@@ -705,9 +708,10 @@ def test_one_plan_for_two_pythons_installs_each_pytorch_next_to_its_own_python(
 
 def flavour_commands_with_inputs(planned: conda_forge.CondaForgeRecipe, source: Path) -> tuple:
     """The recipe as `torchforge build --source` plans it (the build strings hold the source's identity)."""
-    from torchforge.commands import flavour as flavour_commands
+    from torchforge.flavours.base import Request
+    from torchforge.flavours.conda_forge import planning
 
-    return flavour_commands.with_inputs((planned,), str(source), [], False)
+    return planning.with_inputs((planned,), Request(source=str(source)))
 
 
 @pytest.mark.slow

@@ -192,9 +192,11 @@ def test_doctor_says_the_win64_recipes_are_built_on_windows(
     import json
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here: the recipes are for Windows anyway
-    assert main(["doctor", "--flavour", "conda-forge", "--platform", "win-64", "--pytorch", "2.6.0", "--json"]) == 0
-    checks = {c["check"]: c for c in json.loads(capsys.readouterr().out)}
-    detail = checks["platform"]["detail"]
+    # this machine is linux-64: the platform check fails, and the flavour's row says where they are built
+    assert main(["doctor", "--flavour", "conda-forge", "--platform", "win-64", "--pytorch", "2.6.0", "--json"]) == 9
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["platform"]["status"] == "fail" and "asked for win-64" in checks["platform"]["detail"]
+    detail = checks["win-64"]["detail"]
     assert detail.count("win-64 is rendered, not built, by torchforge") == 2  # CUDA 12.6 and cpu
     assert "libtorch-2.6.0-cpu-win_64: " in detail and "Visual Studio's vs2019 toolchain" in detail
 

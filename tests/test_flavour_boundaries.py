@@ -24,6 +24,8 @@ import pytest
 from tests.test_import_cycles import ImportEdge, _modules, import_edges
 
 REGISTRY = "torchforge.flavours"
+# The registry and the neutral plan types every flavour produces and everything below consumes (not a flavour).
+NEUTRAL = (REGISTRY, f"{REGISTRY}.base")
 COMMANDS = "torchforge.commands"
 
 # The official flavour: the modules that turn a selection into the pytorch channel's shape of packages (the
@@ -40,6 +42,9 @@ OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "to
 # template renderer and flag parsers, which belong below both (issue 30, moves 2 and 5).
 FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {
     "torchforge.flavours.conda_forge": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
+    # moved in from commands/flavour.py (the library half of the CLI adapter), with the same three imports
+    "torchforge.flavours.conda_forge.planning": frozenset({
+        "torchforge.recipe", "torchforge.render", "torchforge.variant"}),
 }
 
 # (b) modules outside torchforge/flavours/ (commands/ apart: rule (c) is stricter) that import a flavour"s
@@ -68,8 +73,6 @@ COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
     "torchforge.commands.build": frozenset({"torchforge.render", "torchforge.resolve"}),
     "torchforge.commands.ci": frozenset({"torchforge.render"}),
     "torchforge.commands.doctor": frozenset({"torchforge.render"}),
-    "torchforge.commands.flavour": frozenset({
-        "torchforge.flavours.conda_forge", "torchforge.recipe", "torchforge.render", "torchforge.variant"}),
     "torchforge.commands.options": frozenset({"torchforge.magmasource", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.commands.selection": frozenset({"torchforge.render", "torchforge.resolve"}),
 }
@@ -77,6 +80,8 @@ COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
 
 def flavour_of(module: str) -> str | None:
     """The flavour a module belongs to (its top module's name), or None for the registry and everything else."""
+    if module in NEUTRAL:
+        return None
     if module in OFFICIAL:
         return "official"
     if module.startswith(REGISTRY + "."):

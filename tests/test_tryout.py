@@ -121,8 +121,9 @@ def flavour_standin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str
 
 def test_for_2_6_and_later_the_stand_ins_follow_builds_flavour_and_satisfy_every_rendered_requirement(
         flavour_standin: tuple[Path, str], capsys: pytest.CaptureFixture[str]) -> None:
-    from torchforge.flavours import conda_forge
-    from torchforge.standin import flavour_requirements
+    from torchforge import sequence
+    from torchforge.flavours import Request
+    from torchforge.standin import plan_requirements
 
     channel, _ = flavour_standin
     records = channel_records(channel)
@@ -131,8 +132,8 @@ def test_for_2_6_and_later_the_stand_ins_follow_builds_flavour_and_satisfy_every
     assert {"libcudnn-dev", "libcudnn", "nccl", "libmagma-devel", "libmagma", "cuda-version", "python", "pip"} <= names
     assert not names & {"pytorch-mutex", "magma-cuda130", "pytorch", "libtorch", "pytorch-gpu"}
     # every requirement rattler-build renders for the recipe is satisfied by a package of the channel
-    recipe = conda_forge.plan("2.13.0", "linux-64", "13.0", "9.0", (HERE,))
-    assert specs_without_a_match(channel, sorted(flavour_requirements((recipe,)))) == []
+    the_plan = sequence.plan("conda-forge", Request("2.13.0", "13.0", HERE, "linux-64", "9.0"), "rattler-build")
+    assert specs_without_a_match(channel, plan_requirements(the_plan)) == []
     assert tomllib.loads((channel / "torchforge.toml").read_text()) == {
         "channels": {"replace": [f"file://{channel.resolve()}"]}}
     assert not list(channel.glob(".torchforge-tmp-*"))

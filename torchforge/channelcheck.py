@@ -83,6 +83,45 @@ def check(variants: Sequence[Variant], *, out: Path, extra: tuple[str, ...], sit
     return call("torchforge.channelcheck:_check_here", list(variants), out, extra, site, cache_dir)  # type: ignore[no-any-return]
 
 
+def _answering(wanted: Sequence[tuple[str, str]], out_url: str, gateway: object,
+               findings: list[Finding]) -> dict[str, str | None]:
+    """url -> why it does not answer (None: it does), for each (platform, url) once; a finding per URL."""
+    answering: dict[str, str | None] = {}
+    for platform, url in wanted:
+        if url == out_url or url in answering:
+            continue  # the output channel is created and indexed by the build itself
+        problem = _problem(url, platform, gateway)
+        answering[url] = problem
+        if problem is None:
+            findings.append(Finding(f"channel {url}", "ok", "answers"))
+        else:
+            findings.append(Finding(
+                f"channel {url}", "fail", problem,
+                "check the network or proxy, or name a reachable mirror in torchforge.toml [channels] "
+                "(replace or mirrors); a local channel needs an index (`torchforge upload --to file://...` writes one)"))
+    return answering
+
+
+def check_answering(channels: Sequence[tuple[str, str]], *, out: Path, extra: tuple[str, ...],
+                    site: channel_data.SiteChannels, cache_dir: Path | None = None) -> list[Finding]:
+    """One finding per channel a plan reads ((platform, URL) pairs, before the site config), in a child process."""
+    from torchforge.rattlerchild import call
+
+    return call("torchforge.channelcheck:_answering_here", list(channels), out, extra, site, cache_dir)  # type: ignore[no-any-return]
+
+
+def _answering_here(channels: Sequence[tuple[str, str]], out: Path, extra: tuple[str, ...],
+                    site: channel_data.SiteChannels, cache_dir: Path | None) -> list[Finding]:
+    from rattler import Gateway
+
+    findings: list[Finding] = []
+    wanted = [(platform, url) for platform, data in channels
+              for url in channel_data.build_channels(out, extra, site.apply((data,)))]
+    with fileops.private_scratch("repodata") as tmp:
+        _answering(wanted, f"file://{out.resolve()}", Gateway(cache_dir=cache_dir or tmp), findings)
+    return findings
+
+
 def _check_here(variants: Sequence[Variant], out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
                 cache_dir: Path | None) -> list[Finding]:
     """`check`'s work, in this process."""
@@ -93,20 +132,8 @@ def _check_here(variants: Sequence[Variant], out: Path, extra: tuple[str, ...], 
         gateway = Gateway(cache_dir=cache_dir or tmp)
         out_url = f"file://{out.resolve()}"
         plans = [(v, channel_data.build_channels(out, extra, channel_data.for_variant(v, site))) for v in variants]
-        answering: dict[str, str | None] = {}
-        for variant, urls in plans:
-            for url in urls:
-                if url == out_url or url in answering:
-                    continue  # the output channel is created and indexed by the build itself
-                problem = _problem(url, variant.request.platform, gateway)
-                answering[url] = problem
-                if problem is None:
-                    findings.append(Finding(f"channel {url}", "ok", "answers"))
-                else:
-                    findings.append(Finding(
-                        f"channel {url}", "fail", problem,
-                        "check the network or proxy, or name a reachable mirror in torchforge.toml [channels] "
-                        "(replace or mirrors); a local channel needs an index (`torchforge upload --to file://...` writes one)"))
+        answering = _answering([(v.request.platform, url) for v, urls in plans for url in urls], out_url, gateway,
+                               findings)
         for variant, urls in plans:
             down = [u for u in urls if answering.get(u)]
             name = f"requirements ({variant.id})"

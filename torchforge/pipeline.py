@@ -25,6 +25,7 @@ from torchforge.compilecache import (
 )
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
+from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
@@ -71,23 +72,6 @@ class Step:
     def stems(self) -> tuple[str, ...]:
         """Every package this step yields."""
         return self.outputs or (self.stem,)
-
-
-@dataclass(frozen=True)
-class PlannedRecipe:
-    """A recipe that yields several packages in one engine run, as its flavour planned it."""
-
-    id: str
-    subdir: str
-    stems: tuple[str, ...]  # every output's name-version-build, in build order
-    settings: str  # JSON the packages record (about.json extra torchforge_settings): the reuse check compares it
-    files: Mapping[str, str | bytes]  # the recipe folder, in the engine's format
-    channels: tuple[str, ...]  # the flavour's channels (the site's replacements and mirrors are applied here)
-    accel: str = "cpu"
-    local_source: str | None = None
-    # Per package (stem): the info/index.json fields its recipe format cannot say (recipe.yaml has no
-    # track_features), set after the build as for a single-output step's index_fields.
-    index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,7 +170,8 @@ def plan_recipe_steps(recipes: Sequence[PlannedRecipe], settings: BuildSettings)
         found, stale = (None, "") if settings.force else _existing_outputs(stems, recipe.subdir, settings, recipe.settings)
         # Their run requirements name __cuda: the engine's test environment must solve on a build machine without
         # a driver (a CPU runner), as on conda-forge's CI; a value of the user's own is kept.
-        script_env = (OVERRIDE_CUDA,) if recipe.accel != "cpu" else ()
+        # and the job count (--jobs, or preflight's choice from memory and cores) reaches its build script
+        script_env = (OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.accel != "cpu" else (JOBS_VARIABLE,)
         # one build of several packages: its own cache group, which a rebuild of the same settings finds warm
         key = recipe_group_key(recipe.id, recipe.settings) if settings.caching and not found else None
         steps.append(Step("recipe", recipe.id, stems[0], recipe.subdir, None, recipe.files,

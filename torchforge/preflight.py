@@ -37,6 +37,7 @@ from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.recipe import resolve_source
+from torchforge.flavours.base import MachineNeeds
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
 from torchforge.resolve import Variant, bundled_cudnn, bundled_files
@@ -259,20 +260,31 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 # ---- the checks ------------------------------------------------------------------------------------------
 
 
+def official_needs(variants: Sequence[Variant]) -> MachineNeeds:
+    """What the official flavour's variants need of the machine (the neutral form the shared checks read)."""
+    return MachineNeeds(cuda_versions=tuple(dict.fromkeys(v.request.accel for v in variants if v.request.is_cuda)),
+                        platforms=tuple(dict.fromkeys(v.request.platform for v in variants)))
+
+
 @dataclass
 class _Context:
-    variants: tuple[Variant, ...]
+    variants: tuple[Variant, ...]  # the official flavour's (its own checks); empty for another flavour's plan
     runner: Runner
     machine: Machine
     checks: list[Check] = field(default_factory=list)
+    needs: MachineNeeds | None = None  # None: read from `variants`
+
+    @property
+    def _needs(self) -> MachineNeeds:
+        return self.needs if self.needs is not None else official_needs(self.variants)
 
     @property
     def cuda_versions(self) -> list[str]:
-        return list(dict.fromkeys(v.request.accel for v in self.variants if v.request.is_cuda))
+        return list(self._needs.cuda_versions)
 
     @property
     def platforms(self) -> list[str]:
-        return list(dict.fromkeys(v.request.platform for v in self.variants))
+        return list(self._needs.platforms)
 
     def add(self, name: str, status: Level, detail: str, fix: str | None = None) -> None:
         self.checks.append(Check(name, status, detail, fix))
@@ -830,5 +842,49 @@ def run_preflight(
         site = site or SiteConfig()
         buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]
         for finding in channelcheck.check(buildable, out=out or Path.cwd(), extra=extra_channels, site=site.channels):
+            ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
+    return PreflightReport(tuple(ctx.checks), max_jobs, resolved)
+
+
+def run_needs_checks(needs: MachineNeeds, *, out: Path, machine: Machine | None = None) -> PreflightReport:
+    """`run_plan_checks` for any flavour's plan: the platform, --out and each --source, no tool looked at."""
+    ctx = _Context((), Runner(dry_run=True), machine or probe_machine(), needs=needs)
+    _check_platform(ctx)
+    _check_out(ctx, out)
+    for source in needs.sources or (None,):
+        _check_source(ctx, source)
+    return PreflightReport(tuple(ctx.checks), 0, "")
+
+
+def run_machine_checks(
+    needs: MachineNeeds,
+    *,
+    engine: str,
+    jobs: int | None,
+    runner: Runner,
+    out: Path,
+    machine: Machine | None = None,
+    site: SiteConfig | None = None,
+    extra_channels: tuple[str, ...] = (),
+    check_channels: bool = False,
+) -> PreflightReport:
+    """The checks every flavour's plan gets, read from its neutral needs: platform, engine, nvcc for each CUDA
+    (where the toolkit is this machine's), output folder, disk, MAX_JOBS, each source, the driver, and that
+    every channel of the plan answers (`check_channels`: network)."""
+    table = load_table()
+    ctx = _Context((), runner, machine or probe_machine(), needs=needs)
+    _check_platform(ctx)
+    resolved = _check_engine(ctx, engine)
+    if needs.toolkit_on_host:
+        _check_nvcc(ctx)
+    _check_out(ctx, out)
+    _check_disk(ctx, out, table)
+    max_jobs = _check_jobs(ctx, jobs, table)
+    for source in needs.sources or (None,):
+        _check_source(ctx, source)
+    _check_driver(ctx)
+    if check_channels:
+        site = site or SiteConfig()
+        for finding in channelcheck.check_answering(needs.channels, out=out, extra=extra_channels, site=site.channels):
             ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
     return PreflightReport(tuple(ctx.checks), max_jobs, resolved)

@@ -37,10 +37,10 @@ from conda_package_handling import api
 from torchforge import fileops, localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import ToolMissingError
-from torchforge.flavours.conda_forge import CondaForgeRecipe, recipe_files
+from torchforge.flavours import Plan
 from torchforge.localchannel import index
 from torchforge.render import RecipeFormat, plan, render_files
-from torchforge.recipe import Source, pytorch_context
+from torchforge.recipe import pytorch_context
 from torchforge.variant import Selection
 
 SUBDIR = "linux-64"
@@ -387,18 +387,21 @@ def rendered_recipe_requirements(recipe_dir: Path, own: set[str]) -> list[str]:
     return sorted(specs)
 
 
-def flavour_requirements(recipes: tuple[CondaForgeRecipe, ...]) -> list[str]:
-    """Every requirement of the conda-forge flavour's recipes as the embedded engine renders their recipe.yaml."""
+def plan_requirements(plan: Plan) -> list[str]:
+    """Every requirement of a plan's recipe folders as the embedded engine renders them (the plan is rendered
+    for rattler-build: recipe.yaml)."""
     specs: set[str] = set()
-    source = Source("path", ".", "")  # where the sources come from changes no requirement
     with tempfile.TemporaryDirectory(prefix="standin-recipe-") as tmp:
-        for recipe in recipes:
+        for recipe in plan.recipes:
             folder = Path(tmp) / recipe.id
-            folder.mkdir()
-            for name, text in recipe_files(recipe, source, recipe_format=RecipeFormat.RATTLER_BUILD).items():
+            for name, content in recipe.files.items():
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
-                (folder / name).write_text(text)
-            specs |= set(rendered_recipe_requirements(folder, {o.name for o in recipe.outputs}))
+                if isinstance(content, bytes):
+                    (folder / name).write_bytes(content)
+                else:
+                    (folder / name).write_text(content)
+            # a stem is name-version-build: the output's name is what stays after the last two dashes
+            specs |= set(rendered_recipe_requirements(folder, {stem.rsplit("-", 2)[0] for stem in recipe.stems}))
     return sorted(specs)
 
 
@@ -418,7 +421,7 @@ def stand_ins(specs: list[str], *, runnable: bool = True, python_alias: bool = F
 
 def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = False,
                           subdir: str = SUBDIR) -> tuple[list[Path], Path]:
-    """Stand-ins for `specs` (selection_requirements or flavour_requirements) in the channel `out`, indexed, and
+    """Stand-ins for `specs` (selection_requirements or plan_requirements) in the channel `out`, indexed, and
     `out/torchforge.toml` whose `[channels] replace` makes a build use this channel instead of every data channel.
     `conda_forge`: conda-forge's packages get their shape (see stub_for); `subdir`: the platform of the build.
     Returns the packages and the config file.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,9 @@ from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
-from torchforge.commands import flavour as flavour_commands
+from torchforge import sequence
+from torchforge.flavours import JOBS_VARIABLE, Request
+from torchforge.flavours import Plan as PlanOfRecipes
 from torchforge.flavours import MAGMA_ONLY, Flavour
 from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
@@ -141,30 +144,18 @@ def register(app: typer.Typer) -> None:
         flavour_chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number,
                                         "--format wheel builds pip wheels" if fmt == "wheel"
                                         else MAGMA_ONLY if magma_only else "")
-        if flavour_chosen is Flavour.CONDA_FORGE and platform == "win-64":
-            raise UsageError("torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
-                             "render them with `torchforge render --flavour conda-forge --platform win-64 ...` and run "
-                             "`conda build FOLDER -c conda-forge --override-channels` on a Windows machine with "
-                             "Visual Studio")
-        if flavour_chosen is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(
-                pytorch, cuda, python, platform, arch_list, build_number,
-                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
-                 "--magma-patch": magma_patch, "--magma-only": magma_only, "--container": container,
-                 "--format wheel": fmt == "wheel", "--jobs": jobs})
-            flavour_commands.show_warnings(recipes, feedstock_patches)
-            site = site_config.load(config)
-            # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
-            chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
-            if not skip_preflight and not dry_run:
-                flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine)
-            err.print(why)
+        if flavour_chosen is not Flavour.OFFICIAL:
+            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
+                              feedstock_patches, flavour_flags=(
+                                  ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
+                                  ("--magma-source", magma_source), ("--magma-patch", magma_patch),
+                                  ("--magma-only", magma_only), ("--container", container),
+                                  ("--format wheel", fmt == "wheel")))
             settings = BuildSettings(out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going,
-                                     test=not no_test, patches=tuple(patch or ()), site_channels=site.channels,
-                                     use_cache=not no_cache, cache_root=cache, keep_work=keep_work)
-            planned = flavour_commands.planned_recipes(recipes, chosen, source=source, patches=patch or [],
-                                                       feedstock_patches=feedstock_patches)
-            _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)
+                                     test=not no_test, patches=tuple(patch or ()), use_cache=not no_cache,
+                                     cache_root=cache, keep_work=keep_work)
+            _build_plan(flavour_chosen, request, engine, checked_jobs(jobs, ()), settings, site_config.load(config),
+                        dry_run=dry_run, skip_preflight=skip_preflight)
             return
         if feedstock_patches:
             raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
@@ -234,6 +225,39 @@ def register(app: typer.Typer) -> None:
             use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
         )
         _run_plan(plan_steps(render_plan, chosen, settings), chosen, settings, dry_run)
+
+
+def _build_plan(flavour: Flavour, request: Request, engine: str, jobs: int | None, settings: BuildSettings,
+                site: site_config.SiteConfig, *, dry_run: bool, skip_preflight: bool) -> None:
+    """A flavour's plan: refused or warned about, the machine checked, then its steps run (or printed)."""
+    sequence.refuse_build(flavour, request)
+    # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
+    chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
+    the_plan = sequence.plan(flavour, request, chosen.recipe_format)
+    for message in the_plan.warnings:
+        warn(message)
+    extra_env = _checked_machine(the_plan, engine, jobs, settings.out, site, settings.channels, dry_run=dry_run,
+                                 skip_preflight=skip_preflight)
+    err.print(why)
+    settings = dataclasses.replace(settings, site_channels=site.channels, extra_env=extra_env)
+    _run_plan(plan_recipe_steps(the_plan.recipes, settings), chosen, settings, dry_run)
+
+
+def _checked_machine(the_plan: PlanOfRecipes, engine: str, jobs: int | None, out: Path, site: site_config.SiteConfig,
+                     channels: tuple[str, ...], *, dry_run: bool, skip_preflight: bool) -> dict[str, str]:
+    """The machine checks of a plan before its build (a dry run: those that need no tool); the build's MAX_JOBS."""
+    if skip_preflight:
+        return {JOBS_VARIABLE: str(jobs)} if jobs else {}
+    if dry_run:
+        plan_report = sequence.dry_run_report(the_plan, out=out)
+        if not plan_report.ok:
+            err.print(report_table(plan_report))
+        plan_report.raise_if_failed()
+        return {JOBS_VARIABLE: str(jobs)} if jobs else {}
+    report = sequence.machine_report(the_plan, engine=engine, jobs=jobs, out=out, site=site, extra_channels=channels)
+    err.print(report_table(report))
+    report.raise_if_failed()
+    return {JOBS_VARIABLE: str(jobs or report.max_jobs)} if jobs or report.max_jobs else {}
 
 
 def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool) -> None:

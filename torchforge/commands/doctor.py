@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -13,14 +14,15 @@ from torchforge.commands.options import (
     SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
-from torchforge.commands import flavour as flavour_commands
 from torchforge.flavours import MAGMA_ONLY, Flavour
 from torchforge import containers
 from torchforge.console import out
-from torchforge.preflight import checked_jobs, report_table, run_preflight
+from torchforge import sequence
+from torchforge.flavours import Request
+from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_preflight
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
-from torchforge.render import plan
+from torchforge.render import RecipeFormat, plan
 
 
 def register(app: typer.Typer) -> None:
@@ -47,26 +49,33 @@ def register(app: typer.Typer) -> None:
         """
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number,
                                  MAGMA_ONLY if magma_only else "")
-        if flavour is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(
-                pytorch, cuda, python, platform, arch_list, build_number,
-                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--container": container,
-                 "--magma-only": magma_only, "--channel": channel})
-            flavour_commands.doctor(recipes, as_json, site_config.load(config).channels, engine=engine)
+        check_dir(out_dir, "--out")
+        channels = check_channel_args(channel)
+        site = site_config.load(config)
+        if flavour is not Flavour.OFFICIAL:
+            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, flavour_flags=(
+                ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc), ("--container", container),
+                ("--magma-only", magma_only)))
+            # the folders are not looked at here: rendered for conda-build, which renders every platform's
+            the_plan = sequence.plan(flavour, request, RecipeFormat.CONDA_BUILD)
+            _show(sequence.machine_report(the_plan, engine=engine, jobs=checked_jobs(jobs, ()), out=out_dir,
+                                          site=site, extra_channels=channels), as_json)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
         jobs = checked_jobs(jobs, selection.options.extra_env)
-        check_dir(out_dir, "--out")
-        channels = check_channel_args(channel)
         render_plan = plan(selection)
-        site = site_config.load(config)
         settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
         report = run_preflight(render_plan, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
                                site=site, extra_channels=channels, container=settings, check_channels=True,
                                magma_only=magma_only)
-        if as_json:
-            out.print_json(json.dumps(report.as_dict()))
-        else:
-            out.print(report_table(report))
-        render_plan.require_buildable()  # every check is shown first; a refused selection exits 4 everywhere
-        report.raise_if_failed()
+        _show(report, as_json, render_plan.require_buildable)
+
+
+def _show(report: PreflightReport, as_json: bool, refuse: Callable[[], None] = lambda: None) -> None:
+    """Every check first; then a refused selection exits 4 (as everywhere), a failed check 9."""
+    if as_json:
+        out.print_json(json.dumps(report.as_dict()))
+    else:
+        out.print(report_table(report))
+    refuse()
+    report.raise_if_failed()

@@ -13,11 +13,13 @@ from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, selection_from_flags,
 )
-from torchforge.commands import flavour as flavour_commands
+from torchforge import sequence
+from torchforge.flavours import Plan as PlanOfRecipes
+from torchforge.flavours import Request
 from torchforge.console import err, out, warn
 from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
-from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection
+from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection, write_folders
 from torchforge.resolve import Status
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
@@ -66,6 +68,36 @@ def print_table(render_plan: RenderPlan) -> None:
     out.print(table)
 
 
+def print_recipe_rows(rows: list[dict[str, object]], flavour: Flavour, as_json: bool) -> None:
+    """`matrix` of a flavour that plans recipe folders of several outputs: one row per folder."""
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    channels = ", ".join(dict.fromkeys(str(row["channel"]) for row in rows))
+    table = Table(title=f"torchforge recipes, flavour {flavour.value} (channel {channels})")
+    for column in ("recipe", "outputs", "build number", "pythons", f"magma ({flavour.value})", "notes"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        outputs = dict(row["outputs"])  # type: ignore[call-overload]
+        warnings = list(row["warnings"])  # type: ignore[call-overload]
+        table.add_row(str(row["id"]), ", ".join(f"{name} ({build})" for name, build in outputs.items()),
+                      str(row["build_number"]), ",".join(row["pythons"]),  # type: ignore[arg-type]
+                      str(row["magma"] or "-"), f"{len(warnings)} warning(s)")
+    out.print(table)
+
+
+def render_plan_folders(the_plan: PlanOfRecipes, out_dir: Path, *, force: bool) -> None:
+    """`render` of a neutral plan: its recipe folders, written all or none, then what was written."""
+    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes}, out_dir, force=force)
+    for message in the_plan.warnings:
+        warn(message)
+    for path in written:
+        out.print(str(path))
+    channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
+    err.print(f"rendered {len(written)} {the_plan.flavour}-flavour recipe folder(s) into {out_dir} "
+              f"(channel: {channels})")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("matrix")
     def matrix(
@@ -77,11 +109,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
-        if flavour is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(
-                pytorch, cuda, python, platform, arch_list, build_number,
-                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc})
-            flavour_commands.print_matrix(recipes, as_json)
+        if flavour is not Flavour.OFFICIAL:
+            request = Request(pytorch, cuda, python, platform, arch_list, build_number, flavour_flags=(
+                ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc)))
+            print_recipe_rows(sequence.matrix(flavour, request), flavour, as_json)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
         render_plan = plan(selection)
@@ -111,13 +142,13 @@ def register(app: typer.Typer) -> None:
         if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
             raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
                              "add --flavour conda-forge, or leave --feedstock-patches out")
-        if flavour is Flavour.CONDA_FORGE:
-            recipes = flavour_commands.recipes_from_flags(
-                pytorch, cuda, python, platform, arch_list, build_number,
-                {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
-                 "--magma-patch": magma_patch, "--companions": companions})
-            flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [],
-                                    feedstock_patches=feedstock_patches)
+        if flavour is not Flavour.OFFICIAL:
+            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
+                              feedstock_patches, flavour_flags=(
+                                  ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
+                                  ("--magma-source", magma_source), ("--magma-patch", magma_patch),
+                                  ("--companions", companions)))
+            render_plan_folders(sequence.plan(flavour, request, fmt.value), out_dir, force=force)
             return
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from torchforge.commands import flavour as flavour_commands
+from torchforge.flavours import Request
+from torchforge import sequence
 from torchforge.commands.options import (
     ArchListOpt, CudaOpt, FlavourOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path,
     selection_from_flags,
@@ -19,7 +20,7 @@ from torchforge.flavours import Flavour
 from torchforge.prefix import install as install_into
 from torchforge.prefix import resuming
 from torchforge.standin import (
-    SUBDIR, flavour_requirements, selection_requirements, write_standin_channel,
+    SUBDIR, plan_requirements, selection_requirements, write_standin_channel,
 )
 
 
@@ -42,8 +43,8 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("torchforge builds the conda-forge flavour on linux only, so there is no win-64 "
                                  "build to stand in for",
                                  "leave out --platform win-64 (or give linux-64 or linux-aarch64)")
-            recipes = flavour_commands.recipes_from_flags(pytorch, cuda, python, platform, arch_list, 0)
-            specs, shape = flavour_requirements(recipes), "the conda-forge flavour's recipes (recipe.yaml)"
+            the_plan = sequence.plan(chosen, Request(pytorch, cuda, python, platform, arch_list), "rattler-build")
+            specs, shape = plan_requirements(the_plan), "the conda-forge flavour's recipes (recipe.yaml)"
         else:
             specs = selection_requirements(selection_from_flags(pytorch, cuda, python, platform, arch_list,
                                                                 source=source))

@@ -7,10 +7,18 @@ for 2.6+). `conda-forge` renders conda-forge's shape of a 2.6+ release (torchfor
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.errors import UsageError
+from torchforge.flavours.base import JOBS_VARIABLE, MachineNeeds, Plan, PlannedRecipe, Request
+
+__all__ = ["FLAVOURS", "JOBS_VARIABLE", "MAGMA_ONLY", "Flavour", "MachineNeeds", "Plan", "PlannedRecipe", "Request",
+           "check", "choose", "plugin"]
+
+if TYPE_CHECKING:
+    from torchforge.flavours.base import Flavour as FlavourPlugin
 
 
 # Why a command with --magma-only is the official flavour's whatever the release (conda-forge's links libmagma).
@@ -62,3 +70,18 @@ def choose(flavour: Flavour | None, pytorch: str | None, official_because: str =
                                   "conda-forge flavour has no feedstock facts for it (torchforge/data/conda_forge.toml)")
     return Flavour.CONDA_FORGE, (f"flavour conda-forge: PyTorch {pytorch} published no official conda package "
                                  "(--flavour official renders the 2.5-shaped recipe instead)")
+
+
+# The registry: flavour name -> the module that holds its plug-in (imported when first asked for: a command line
+# of one flavour loads nothing of the other).
+FLAVOURS: dict[str, str] = {
+    Flavour.CONDA_FORGE.value: "torchforge.flavours.conda_forge.planning",
+}
+
+
+def plugin(flavour: Flavour | str) -> FlavourPlugin:
+    """The plug-in of a flavour: `plan(request, recipe_format)` and `refusals(request)` (flavours/base.py)."""
+    import importlib
+
+    name = Flavour(flavour).value
+    return importlib.import_module(FLAVOURS[name]).FLAVOUR  # type: ignore[no-any-return]

@@ -21,6 +21,7 @@ from torchforge import data as tables
 from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, RefusedError, UsageError
+from torchforge.flavours.base import JOBS_VARIABLE
 from torchforge.recipe import Source
 from torchforge.render import RecipeFormat, render_template, yaml_scalar
 from torchforge.variant import nvcc_refusal, split_list
@@ -875,8 +876,8 @@ def _platform_fields(recipe: CondaForgeRecipe, patched: bool) -> dict[str, objec
     """What meta.yaml says differently on Windows: its script and (where patches are applied: the user's or the
     feedstock's) conda-forge's MSYS2 `patch`, which Windows lacks."""
     if recipe.platform != WINDOWS:
-        return {"script": "build.sh", "extra_build": (), "script_env": BUILD_VARIABLES}
-    return {"script": "bld.bat", "extra_build": ("m2-patch",) if patched else (), "script_env": ()}
+        return {"script": "build.sh", "extra_build": (), "script_env": (JOBS_VARIABLE, *BUILD_VARIABLES)}
+    return {"script": "bld.bat", "extra_build": ("m2-patch",) if patched else (), "script_env": (JOBS_VARIABLE,)}
 
 
 def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None,

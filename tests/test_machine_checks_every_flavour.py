@@ -1,0 +1,90 @@
+"""The machine checks run for the conda-forge flavour as for the official one (issue 30): `doctor` and `build`
+fail before anything compiles where the build would, with the official flavour's exit codes, and `--jobs` sets
+the builds' MAX_JOBS. Real CLI in a new process, real release names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_upload_helpers import cli
+from torchforge import localchannel
+
+CONDA_FORGE = ("--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12")
+OFFICIAL = ("--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12")
+
+
+def air_gapped(tmp_path: Path) -> Path:
+    """A site config that replaces every data channel with one indexed local channel (answers without network)."""
+    channel = tmp_path / "mirror"
+    channel.mkdir()
+    localchannel.index(channel)
+    config = tmp_path / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{channel}"]\n')
+    return config
+
+
+def checks(stdout: str) -> dict[str, dict[str, object]]:
+    return {c["name"]: c for c in json.loads(stdout)["checks"]}
+
+
+def test_conda_forge_doctor_passes_with_its_channel_answering(tmp_path: Path) -> None:
+    result = cli("doctor", *CONDA_FORGE, "--json", "--config", str(air_gapped(tmp_path)), "--out", str(tmp_path / "o"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = checks(result.stdout)
+    assert found["flavour"]["detail"] == "conda-forge: 1 recipe(s), libtorch-2.13.0-cuda130-sm90-linux_64"
+    assert found[f"channel file://{tmp_path / 'mirror'}"]["status"] == "ok"
+    for name in ("platform", "engine", "output folder", "disk", "MAX_JOBS", "source"):
+        assert found[name]["status"] == "ok", found[name]
+    # conda-forge's nvcc is its cuda-nvcc package in the build environment, not this machine's
+    assert not [name for name in found if name.startswith("nvcc")]
+
+
+@pytest.mark.parametrize("flags", [CONDA_FORGE, OFFICIAL], ids=["conda-forge", "official"])
+def test_doctor_fails_a_missing_source_with_the_preflight_exit_code(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    result = cli("doctor", *flags, "--source", str(tmp_path / "nonexistent"), "--config", str(air_gapped(tmp_path)),
+                 "--out", str(tmp_path / "o"), "--json")
+    assert result.returncode == 9, result.stdout + result.stderr
+    source = checks(result.stdout)["source"]
+    assert (source["status"], source["detail"]) == ("fail", f"{tmp_path / 'nonexistent'} does not exist")
+    assert "source" in result.stderr.split("checks failed (", 1)[1]
+
+
+@pytest.mark.parametrize("flags", [CONDA_FORGE, OFFICIAL], ids=["conda-forge", "official"])
+def test_doctor_refuses_an_out_that_is_a_file(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    taken = tmp_path / "channel.txt"
+    taken.write_text("not a channel\n")
+    result = cli("doctor", *flags, "--out", str(taken), "--config", str(air_gapped(tmp_path)))
+    assert result.returncode == 10, result.stdout + result.stderr  # errors.ExitCode.FILESYSTEM
+    assert f"--out {taken} is a file" in result.stderr
+
+
+def test_conda_forge_doctor_fails_when_its_channel_does_not_answer(tmp_path: Path) -> None:
+    config = tmp_path / "torchforge.toml"
+    config.write_text(f'[channels]\nreplace = ["file://{tmp_path / "gone"}"]\n')
+    result = cli("doctor", *CONDA_FORGE, "--json", "--config", str(config), "--out", str(tmp_path / "o"))
+    assert result.returncode == 9, result.stdout + result.stderr
+    found = checks(result.stdout)
+    assert found[f"channel file://{tmp_path / 'gone'}"] == {
+        "name": f"channel file://{tmp_path / 'gone'}", "status": "fail",
+        "detail": f"the folder {tmp_path / 'gone'} does not exist", "fix": found[f"channel file://{tmp_path / 'gone'}"]["fix"]}
+
+
+def test_conda_forge_build_checks_the_machine_before_the_engine_runs(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    result = cli("build", *CONDA_FORGE, "--source", str(tmp_path / "nonexistent"), "--config",
+                 str(air_gapped(tmp_path)), "--out", str(out), "--no-cache")
+    assert result.returncode == 9, result.stdout + result.stderr
+    assert "checks failed (source)" in result.stderr
+    assert not (out / "recipes").exists()  # nothing was rendered for the engine
+
+
+def test_jobs_sets_max_jobs_of_a_conda_forge_build(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    result = cli("build", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--jobs", "3", "--dry-run",
+                 "--engine", "conda-build", "--out", str(out), "--no-cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("[dry-run]") and " conda build " in line]
+    assert line.startswith("[dry-run] MAX_JOBS=3 conda build "), line

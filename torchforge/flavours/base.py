@@ -1,0 +1,121 @@
+"""The neutral plan every flavour produces, and the protocol a flavour implements (issue 30).
+
+A flavour turns a `Request` (the command line's shared flags) into a `Plan`: the ordered recipe folders to
+build (`PlannedRecipe`), the warnings to show, and what the machine checks need to know (`MachineNeeds`).
+Everything below the flavours (the pipeline's steps, preflight, the compile cache, channels) reads these
+types, never a flavour's own model. A new kind of recipe (torchvision, an extension) is one more producer of
+`PlannedRecipe`s inside a flavour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+# The variable every plan's build scripts read for the number of compile jobs (--jobs, or preflight's choice).
+JOBS_VARIABLE = "MAX_JOBS"
+# The engines' two recipe formats ("conda-build": meta.yaml, "rattler-build": recipe.yaml): a plain string here
+# so that this module depends on nothing (torchforge.render.RecipeFormat has the same values).
+RecipeFormatName = str
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one command line asks for, before any flavour has read it: the flags every flavour shares.
+
+    `None` means "the flavour's default" (every CUDA, every Python ...); lists stay comma-separated as given.
+    """
+
+    pytorch: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+    platform: str | None = None
+    arch_list: str | None = None
+    build_number: int = 0
+    source: str | None = None
+    patches: tuple[Path, ...] = ()
+    feedstock_patches: bool = False  # the conda-forge flavour's own patches (--feedstock-patches)
+    # Flags one flavour alone reads ({"--debug": True, ...}): another flavour refuses those that are set.
+    flavour_flags: tuple[tuple[str, object], ...] = ()
+
+    def given(self, *flags: str) -> tuple[str, ...]:
+        """The flavour-specific flags among `flags` that the command line set."""
+        values = dict(self.flavour_flags)
+        return tuple(flag for flag in flags if values.get(flag))
+
+
+@dataclass(frozen=True)
+class PlannedRecipe:
+    """One recipe folder of a plan and the packages one engine run makes of it.
+
+    The first nine fields are positional (the conda-forge flavour and tests build them that way); the rest say
+    how the recipe joins the plan. `kind` names the kind of recipe for people and logs: "companion", "magma",
+    "pytorch", or "recipe" (a folder of several outputs, e.g. conda-forge's libtorch + pytorch + metapackage).
+    """
+
+    id: str
+    subdir: str
+    stems: tuple[str, ...]  # every output's name-version-build, in build order
+    # JSON the packages record (about.json extra torchforge_settings): the reuse check compares it; "" for a
+    # recipe whose packages are reused by name alone (the official flavour's companion metapackages).
+    settings: str
+    files: Mapping[str, str | bytes]  # the recipe folder, in the engine's format
+    channels: tuple[str, ...]  # the flavour's channels, before the site config's replacements and mirrors
+    accel: str = "cpu"  # "cpu" or CUDA X.Y: the build image with --container, CONDA_OVERRIDE_CUDA
+    local_source: str | None = None  # a source tree or tarball on this machine (mounted into a container)
+    # Per package (stem): the info/index.json fields its recipe format cannot say (recipe.yaml has no
+    # track_features), set after the build when the engine left them out.
+    index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    kind: str = "recipe"
+    needs: tuple[str, ...] = ()  # ids of recipes that must be built first (pytorch needs its magma)
+    python: str | None = None  # the one Python a single-output recipe is built for
+    script_env: tuple[str, ...] = ()  # environment variables the build script reads from the caller
+    # Recipes of one cache group differ only in Python and share compiled objects (None: a group of its own).
+    cache_group: str | None = None
+    cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one
+
+
+@dataclass(frozen=True)
+class MachineNeeds:
+    """What the machine checks read from a plan: what must be on this machine and reachable from it."""
+
+    cuda_versions: tuple[str, ...] = ()  # nvcc and the driver are checked against each
+    platforms: tuple[str, ...] = ()  # subdirs the plan builds: this machine must be one
+    arch_lists: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()  # --source values (a folder, a tarball or a URL)
+    channels: tuple[tuple[str, str], ...] = ()  # (platform, URL) the builds read, before the site config
+    # The CUDA toolkit and host compiler come from this machine (the official flavour's build.sh), not from the
+    # build environment's packages (conda-forge's cuda-nvcc and compilers): only then is nvcc checked here.
+    toolkit_on_host: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The ordered recipes of one request, in build order (a recipe's needs come before it)."""
+
+    flavour: str
+    recipes: tuple[PlannedRecipe, ...]
+    warnings: tuple[str, ...] = ()
+    needs: MachineNeeds = field(default_factory=MachineNeeds)
+    # What only the flavour can say about the plan, shown first by `doctor` (name, detail): its recipes, channel, magma
+    facts: tuple[tuple[str, str], ...] = ()
+
+
+class Flavour(Protocol):
+    """A recipe flavour: the package shape it reproduces, and how it turns a request into a plan."""
+
+    name: str
+
+    def build_refusal(self, request: Request) -> tuple[str, str] | None:
+        """Why torchforge renders `request` but does not build it here, and what would work (None: it builds it)."""
+        ...
+
+    def matrix(self, request: Request) -> list[dict[str, object]]:
+        """`matrix --json`: one row per recipe (or variant) of `request`, in the flavour's own words."""
+        ...
+
+    def plan(self, request: Request, recipe_format: RecipeFormatName) -> Plan:
+        """The recipes of `request`, rendered for an engine reading `recipe_format`."""
+        ...

@@ -1,0 +1,145 @@
+"""The conda-forge flavour as a plug-in: a `Request` in, the neutral `Plan` out (flavours/base.py).
+
+The library half of what the CLI did for the flavour: read the shared flags, refuse the official flavour's own, plan one
+recipe per CUDA (and cpu), put what they are built from into their settings, render each folder for the engine
+and say what the machine checks need (its channel, the CUDA versions, the source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from torchforge import data as tables
+from torchforge import sourcestate
+from torchforge.errors import UsageError
+from torchforge.flavours import conda_forge
+from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.recipe import Source, resolve_source
+from torchforge.render import RecipeFormat, patch_files
+from torchforge.variant import check_build_number, check_shared_flags
+
+NAME = "conda-forge"
+WINDOWS_NOT_BUILT = (
+    "torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
+    "render them with `torchforge render --flavour conda-forge --platform win-64 ...` and run "
+    "`conda build FOLDER -c conda-forge --override-channels` on a Windows machine with Visual Studio")
+
+
+def _refuse_official_flags(request: Request) -> None:
+    given = [flag for flag, value in request.flavour_flags if value]
+    if given:
+        raise UsageError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --flavour official only",
+                         "leave it out with --flavour conda-forge, or use --flavour official")
+
+
+def recipes(request: Request) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes a request asks for; a release up to 2.5 is told to use the official flavour, and a flag of
+    the official flavour's (`request.flavour_flags`) is refused rather than ignored."""
+    from torchforge.flavours import Flavour, check
+
+    _refuse_official_flags(request)
+    flags = check_shared_flags(request.pytorch, request.cuda, request.python, request.platform, request.arch_list,
+                               request.build_number)
+    if request.pytorch:
+        check(Flavour.CONDA_FORGE, request.pytorch)
+    planned = conda_forge.plan_selection(request.pytorch, request.cuda, request.python, request.platform,
+                                         flags.arch_list, request.build_number)
+    for recipe in planned:  # the engines read the package's number: the feedstock's and the offsets come on top
+        check_build_number(request.build_number, offset=recipe.build_number - request.build_number,
+                           why_offset=f"{recipe.id}: the feedstock's build number and conda-forge's CUDA and MKL "
+                                      "offsets")
+    return planned
+
+
+def source_of(recipe: conda_forge.CondaForgeRecipe, request: Request) -> Source:
+    where = resolve_source(request.source, tables.load().pytorch.defaults.source_url, f"v{recipe.version}")
+    return dataclasses.replace(where, patches=tuple(p.name for p in request.patches))
+
+
+def folder(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: RecipeFormat) -> dict[str, str | bytes]:
+    files = conda_forge.recipe_files(recipe, source_of(recipe, request), feedstock_patches=request.feedstock_patches,
+                                     recipe_format=fmt)
+    return {**files, **patch_files(list(request.patches))}
+
+
+def with_inputs(planned: tuple[conda_forge.CondaForgeRecipe, ...],
+                request: Request) -> tuple[conda_forge.CondaForgeRecipe, ...]:
+    """The recipes with what they are built from in their settings (and so in their build strings)."""
+    identity = sourcestate.identity(request.source) if request.source else None
+    digests = tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in request.patches)
+    return tuple(conda_forge.with_inputs(r, identity, digests, request.feedstock_patches) for r in planned)
+
+
+def warnings(planned: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> tuple[str, ...]:
+    return tuple(f"{r.id}: {message}" for r in planned for message in r.warnings_for(feedstock_patches))
+
+
+def needs(planned: tuple[conda_forge.CondaForgeRecipe, ...], request: Request) -> MachineNeeds:
+    """What the machine must have: conda-forge's channel per platform, the source; the CUDA toolkit and the
+    compilers are conda-forge's packages in the build environment (cuda-nvcc), not this machine's."""
+    channel = conda_forge.load().flavour.channel
+    return MachineNeeds(
+        cuda_versions=tuple(dict.fromkeys(r.cuda for r in planned if r.cuda)),
+        platforms=tuple(dict.fromkeys(r.platform for r in planned)),
+        arch_lists=tuple(dict.fromkeys(r.arch_list for r in planned if r.arch_list)),
+        sources=(request.source,) if request.source else (),
+        channels=tuple(dict.fromkeys((r.platform, channel) for r in planned)),
+        toolkit_on_host=False)
+
+
+def facts(planned: tuple[conda_forge.CondaForgeRecipe, ...]) -> tuple[tuple[str, str], ...]:
+    """The flavour's own rows of `doctor`: its recipes, its one channel, its magma, and Windows' build note."""
+    table = conda_forge.load().flavour
+    rows = [("flavour", f"conda-forge: {len(planned)} recipe(s), " + ", ".join(r.id for r in planned)),
+            ("channel", f"{table.channel} (every requirement; no pytorch, nvidia or defaults channel, no companion "
+                        "packages; the site config's replacements apply)"),
+            ("magma", table.magma)]
+    windows = [r for r in planned if r.platform == conda_forge.WINDOWS]
+    if windows:  # torchforge renders them anywhere; conda-build builds them on Windows only
+        rows.append((conda_forge.WINDOWS, "; ".join(
+            f"{r.id}: {conda_forge.windows_build_note(dict(r.variant_config)['c_compiler'][0])}" for r in windows)))
+    return tuple(rows)
+
+
+def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: RecipeFormat) -> PlannedRecipe:
+    where = source_of(recipe, request)
+    return PlannedRecipe(
+        recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
+        folder(recipe, request, fmt), (conda_forge.load().flavour.channel,), recipe.cuda or "cpu",
+        where.location if where.kind == "path" else None, recipe.index_fields())
+
+
+def matrix_rows(request: Request) -> list[dict[str, object]]:
+    """`matrix --json`: one row per recipe, every output's build string (Python as XY) and planned package."""
+    channel = conda_forge.load().flavour.channel
+    return [{
+        "id": r.id, "flavour": NAME, "version": r.version, "platform": r.platform, "cuda": r.cuda or "cpu",
+        "arch_list": r.arch_list, "blas": r.blas, "pythons": list(r.pythons), "build_number": r.build_number,
+        "outputs": {o.name: o.build_string_with("XY") for o in r.outputs},
+        "packages": [p.stem for p in r.planned_outputs()], "feedstock": r.feedstock_commit,
+        "channel": channel, "magma": r.magma,
+        "feedstock_patches": len(r.feedstock_patches), "warnings": list(r.warnings_for(False)),
+    } for r in recipes(request)]
+
+
+class CondaForgeFlavour:
+    """conda-forge's shape of a 2.6+ release: one recipe folder per CUDA (and cpu) with libtorch, pytorch per
+    Python and the metapackage as outputs of one engine run."""
+
+    name = NAME
+
+    def build_refusal(self, request: Request) -> tuple[str, str] | None:
+        return WINDOWS_NOT_BUILT if request.platform == conda_forge.WINDOWS else None
+
+    def matrix(self, request: Request) -> list[dict[str, object]]:
+        return matrix_rows(request)
+
+    def plan(self, request: Request, recipe_format: str) -> Plan:
+        planned = with_inputs(recipes(request), request)
+        fmt = RecipeFormat(recipe_format)
+        return Plan(NAME, tuple(planned_recipe(r, request, fmt) for r in planned),
+                    warnings(planned, request.feedstock_patches), needs(planned, request), facts(planned))
+
+
+FLAVOUR = CondaForgeFlavour()
