@@ -14,7 +14,8 @@ from enum import Enum
 
 from torchforge import data as tables
 from torchforge import platforms, sourcestate, versions
-from torchforge.data import BuildEnvEntry, BundleRule, Data, Fix, JetPack, JetsonDevice, Release, WindowsArchive
+from torchforge.data import (BuildEnvEntry, BundleRule, CudaBuild, Data, Fix, JetPack, JetsonDevice, PlatformFacts, Release,
+                             Toolkit, WindowsArchive)
 from torchforge.magmasource import MagmaSource
 from torchforge.variant import Options, Request, Selection, magma_id, normal_arch_list, nvcc_refusal, unknown_release
 from torchforge.versions import arch_key, minor, nodot
@@ -456,10 +457,59 @@ def settings_hash(settings: dict[str, object]) -> str | None:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
 
 
+Jetson = tuple[str, JetsonDevice, JetPack]
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """What the rules of `classify` read: one request, its release's facts, its toolkit and its platform."""
+
+    data: Data
+    request: Request
+    release_key: str
+    release: Release
+    cuda: str | None
+    toolkit: Toolkit | None
+    here: platforms.Platform
+    jetson: Jetson | None = None
+
+    @property
+    def facts(self) -> PlatformFacts:
+        return self.here.facts
+
+    @property
+    def build(self) -> CudaBuild | None:
+        return self.release.cuda.get(self.cuda) if self.cuda else None
+
+
 def classify(request: Request, data: Data | None = None) -> Variant:
+    """The variant of one request: refused (with every reason), buildable or official, by a fixed order of rules."""
     data = data or tables.load()
     check = _Checker(data, request)
     request = _apply_env_options(request, check)
+    subject = _subject(data, request, check)
+    if subject is None:
+        return Variant(request, Status.REFUSED, tuple(check.refusals), release_key=minor(request.pytorch))
+    _rule_python(subject, check)
+    _rule_cuda_major(subject, check)
+    _rule_cuda_on_platform(subject, check)
+    subject = replace(subject, jetson=_jetson_device(data, request, check))
+    _rule_jetson(subject, check)
+    arch_list = _resolve_arch_list(data, request, subject.release_key, subject.release, subject.cuda, subject.jetson,
+                                   check)
+    cudnn, nccl = _cudnn_and_nccl(subject, check)
+    _rule_host_compiler(subject, check)
+    _rule_official(subject, check)
+    fixes = _applicable_fixes(data, "pytorch", pytorch=request.pytorch, cuda=subject.cuda, magma=None,
+                              jetson=subject.jetson[0] if subject.jetson else None)
+    for applied in fixes:
+        check.warn(f"applying fix {applied.key}: {applied.fix.reason}")
+    magma = _magma_of(subject, check)
+    return _variant(subject, check, arch_list, cudnn, nccl, fixes, magma)
+
+
+def _subject(data: Data, request: Request, check: _Checker) -> _Subject | None:
+    """The release and toolkit of the request; None (with the refusals) where either is unknown."""
     release_key = minor(request.pytorch)
     release: Release | None = data.pytorch.releases.get(release_key)
     why_not = unknown_release(request.pytorch, data)
@@ -474,183 +524,194 @@ def classify(request: Request, data: Data | None = None) -> Variant:
     if cuda and toolkit is None:
         check.refuse(f"CUDA {cuda} is not a known toolkit; known: {', '.join(data.cuda.toolkits)}, or cpu")
     if release is None or (cuda and toolkit is None):
-        return Variant(request, Status.REFUSED, tuple(check.refusals), release_key=release_key)
+        return None
+    return _Subject(data, request, release_key, release, cuda, toolkit, platforms.get(request.platform))
 
-    # Python range of the release.
-    py = versions.parse(request.python)
-    here = platforms.get(request.platform)
-    py_range = here.python_range(release, request.pytorch)
+
+def _rule_python(s: _Subject, check: _Checker) -> None:
+    """The release's Python range (the platform's own where it has one)."""
+    request, release = s.request, s.release
+    py_range = s.here.python_range(release, request.pytorch)
     low, high = (versions.parse(v) for v in py_range)
     if request.python in release.conda_experimental:
-        check.warn(f"Python {request.python} was experimental for PyTorch {release_key} (conda packages were published)")
+        check.warn(f"Python {request.python} was experimental for PyTorch {s.release_key} (conda packages were published)")
     elif request.python in release.python_experimental:
-        check.not_official.append(f"Python {request.python} was experimental for PyTorch {release_key}")
-    elif not low <= py <= high:
-        where = f" on {request.platform}" if py_range == release.python_win and here.facts.windows else ""
-        who = request.pytorch if py_range != release.python and where == "" else release_key
+        check.not_official.append(f"Python {request.python} was experimental for PyTorch {s.release_key}")
+    elif not low <= versions.parse(request.python) <= high:
+        where = f" on {request.platform}" if py_range == release.python_win and s.facts.windows else ""
+        who = request.pytorch if py_range != release.python and where == "" else s.release_key
         check.refuse(
             f"PyTorch {who} supports Python {py_range[0]} to {py_range[1]}{where}, not {request.python}; "
-            f"{_python_hint(data, request.python)}"
+            f"{_python_hint(s.data, request.python)}"
         )
 
-    # A CUDA major newer than every build of the release: its sources predate that toolkit.
-    newest_major = newest_cuda_major(release)
-    if cuda and newest_major is not None and versions.parse(cuda).major > newest_major:
-        newest = max(release.cuda, key=versions.parse)
+
+def _rule_cuda_major(s: _Subject, check: _Checker) -> None:
+    """A CUDA major newer than every build of the release: its sources predate that toolkit."""
+    newest_major = newest_cuda_major(s.release)
+    if s.cuda and newest_major is not None and versions.parse(s.cuda).major > newest_major:
+        newest = max(s.release.cuda, key=versions.parse)
         check.refuse(
-            f"PyTorch {release_key}'s sources predate CUDA {versions.parse(cuda).major} (its newest upstream build is "
+            f"PyTorch {s.release_key}'s sources predate CUDA {versions.parse(s.cuda).major} (its newest upstream build is "
             f"CUDA {newest}); choose CUDA {newest} or older, or a newer PyTorch"
         )
 
-    facts = here.facts
-    if cuda and not facts.cuda:
-        check.refuse(f"{request.platform} builds have no CUDA (PyTorch on macOS is CPU, with MPS on Apple silicon); "
+
+def _rule_cuda_on_platform(s: _Subject, check: _Checker) -> None:
+    """The platform builds CUDA at all, and the CUDA is not below the release's floor."""
+    if s.cuda and not s.facts.cuda:
+        check.refuse(f"{s.request.platform} builds have no CUDA (PyTorch on macOS is CPU, with MPS on Apple silicon); "
                      f"use --cuda cpu")
+    if s.cuda and s.release.min_cuda and versions.parse(s.cuda) < versions.parse(s.release.min_cuda):
+        check.refuse(f"PyTorch {s.release_key} requires CUDA {s.release.min_cuda} or newer (its CMake refuses CUDA {s.cuda})")
 
-    # CUDA floor of the release.
-    if cuda and release.min_cuda and versions.parse(cuda) < versions.parse(release.min_cuda):
-        check.refuse(f"PyTorch {release_key} requires CUDA {release.min_cuda} or newer (its CMake refuses CUDA {cuda})")
 
-    jetson = _jetson_device(data, request, check)
-    jetson_key = jetson[0] if jetson else None
-    if jetson:
-        key, device, jetpack = jetson
-        if cuda is None:
-            check.refuse(f"{device.name} profiles build CUDA; pass --cuda {jetpack.cuda[0]}")
-        elif cuda not in jetpack.cuda:
-            check.refuse(f"{device.name} (JetPack {device.jetpack}) runs CUDA {', '.join(jetpack.cuda)}, not {cuda}")
-        if request.python not in jetpack.python:
-            message = f"{device.name} (JetPack {device.jetpack}) ships Python {', '.join(jetpack.python)}"
-            if jetpack.python_strict:
-                check.refuse(f"{message}; no other CPython exists there, so --py {jetpack.python[0]} is required")
-            else:
-                check.warn(f"{message}; Python {request.python} must be installed separately")
-        if jetpack.max_pytorch and versions.parse(release_key) > versions.parse(jetpack.max_pytorch):
-            check.refuse(
-                f"{device.name} (JetPack {device.jetpack}) can run PyTorch {jetpack.max_pytorch} at most "
-                f"(newer releases need a newer Python or CUDA than JetPack {device.jetpack} has); use --pytorch {jetpack.max_pytorch}.x"
-            )
-        check.not_official.append(f"{device.name} builds are not published as conda packages")
-
-    build = release.cuda.get(cuda) if cuda else None
-
-    # Arch list.
-    arch_list = _resolve_arch_list(data, request, release_key, release, cuda, jetson, check)
-
-    # cuDNN and NCCL.
-    cudnn = nccl = None
-    if cuda:
-        if jetson:
-            cudnn = jetson[2].cudnn
-        elif build and build.cudnn:
-            cudnn, nccl = build.cudnn, build.nccl
-            patch_cudnn = release.patch.get(request.pytorch)
-            if patch_cudnn and cuda in patch_cudnn.cudnn:
-                cudnn = patch_cudnn.cudnn[cuda]
+def _rule_jetson(s: _Subject, check: _Checker) -> None:
+    """A Jetson profile: its JetPack's CUDA, Python and newest PyTorch."""
+    if not s.jetson:
+        return
+    _, device, jetpack = s.jetson
+    if s.cuda is None:
+        check.refuse(f"{device.name} profiles build CUDA; pass --cuda {jetpack.cuda[0]}")
+    elif s.cuda not in jetpack.cuda:
+        check.refuse(f"{device.name} (JetPack {device.jetpack}) runs CUDA {', '.join(jetpack.cuda)}, not {s.cuda}")
+    if s.request.python not in jetpack.python:
+        message = f"{device.name} (JetPack {device.jetpack}) ships Python {', '.join(jetpack.python)}"
+        if jetpack.python_strict:
+            check.refuse(f"{message}; no other CPython exists there, so --py {jetpack.python[0]} is required")
         else:
-            nearest = _nearest_release_value(data, release_key, cuda, "cudnn")
-            if nearest:
-                cudnn = nearest[1]
-                check.warn(f"{_no_build(release_key, release, cuda)}: using cuDNN {cudnn} as PyTorch {nearest[0]} did")
-        if cudnn is None:
-            check.refuse(f"no cuDNN version is known for CUDA {cuda}; choose a CUDA listed for PyTorch {release_key}: "
-                         f"{', '.join(release.cuda) or 'cpu only'}")
-        elif not jetson and versions.parse(cudnn) >= versions.parse("8.3"):
-            rule = bundle_rule(data, request, cuda)
-            if rule is None or not any(lib.dir == "cudnn" for lib in rule.libs):
-                check.warn(f"cuDNN {cudnn} cannot be linked statically and no bundling rule covers PyTorch "
-                           f"{request.pytorch} with CUDA {cuda} on {request.platform}: libcudnn must come from "
-                           f"the environment, and the RPATH audit fails the package without it")
+            check.warn(f"{message}; Python {s.request.python} must be installed separately")
+    if jetpack.max_pytorch and versions.parse(s.release_key) > versions.parse(jetpack.max_pytorch):
+        check.refuse(
+            f"{device.name} (JetPack {device.jetpack}) can run PyTorch {jetpack.max_pytorch} at most "
+            f"(newer releases need a newer Python or CUDA than JetPack {device.jetpack} has); use --pytorch {jetpack.max_pytorch}.x"
+        )
+    check.not_official.append(f"{device.name} builds are not published as conda packages")
 
-    # Host compiler.
-    gcc = request.options.gcc
-    if gcc:
-        if toolkit and toolkit.max_gcc is not None and versions.parse(gcc).major > toolkit.max_gcc:
-            check.refuse(
-                f"nvcc {cuda} accepts GCC {toolkit.max_gcc} at most, not {gcc} (crt/host_config.h); install gcc-{toolkit.max_gcc} "
-                f"and point CC/CXX at it, or choose a newer CUDA (-allow-unsupported-compiler exists but is unsupported)"
-            )
-        if release.min_gcc and versions.parse(gcc) < versions.parse(release.min_gcc):
-            check.refuse(f"PyTorch {release_key} is C++{release.cxx_standard} and needs GCC {release.min_gcc} or newer, not {gcc}")
-        elif release.min_gcc is None and release.cxx_standard >= 20:
-            known = [(k, r.min_gcc) for k, r in data.pytorch.releases.items() if r.min_gcc]
-            hint = "; ".join(f"PyTorch {k} needs GCC {v}" for k, v in known[-1:])
-            check.warn(f"the sources read give no minimum GCC for PyTorch {release_key} (C++{release.cxx_standard}"
-                       f"{'; ' + hint if hint else ''}): GCC {gcc} is checked against nvcc only")
 
-    # Official or not.
-    platform = request.platform
+def _cudnn_and_nccl(s: _Subject, check: _Checker) -> tuple[str | None, str | None]:
+    """The cuDNN and NCCL of a CUDA variant: the JetPack's, the official build's (a patch release's own), or the
+    nearest release's cuDNN with a warning; refused where none is known."""
+    cuda, release, build = s.cuda, s.release, s.build
+    if not cuda:
+        return None, None
+    cudnn = nccl = None
+    if s.jetson:
+        cudnn = s.jetson[2].cudnn
+    elif build and build.cudnn:
+        cudnn, nccl = build.cudnn, build.nccl
+        patch_cudnn = release.patch.get(s.request.pytorch)
+        if patch_cudnn and cuda in patch_cudnn.cudnn:
+            cudnn = patch_cudnn.cudnn[cuda]
+    else:
+        nearest = _nearest_release_value(s.data, s.release_key, cuda, "cudnn")
+        if nearest:
+            cudnn = nearest[1]
+            check.warn(f"{_no_build(s.release_key, release, cuda)}: using cuDNN {cudnn} as PyTorch {nearest[0]} did")
+    if cudnn is None:
+        check.refuse(f"no cuDNN version is known for CUDA {cuda}; choose a CUDA listed for PyTorch {s.release_key}: "
+                     f"{', '.join(release.cuda) or 'cpu only'}")
+    elif not s.jetson and versions.parse(cudnn) >= versions.parse("8.3"):
+        rule = bundle_rule(s.data, s.request, cuda)
+        if rule is None or not any(lib.dir == "cudnn" for lib in rule.libs):
+            check.warn(f"cuDNN {cudnn} cannot be linked statically and no bundling rule covers PyTorch "
+                       f"{s.request.pytorch} with CUDA {cuda} on {s.request.platform}: libcudnn must come from "
+                       f"the environment, and the RPATH audit fails the package without it")
+    return cudnn, nccl
+
+
+def _rule_host_compiler(s: _Subject, check: _Checker) -> None:
+    """--gcc against nvcc's newest host compiler and the release's C++ standard."""
+    gcc, toolkit, release = s.request.options.gcc, s.toolkit, s.release
+    if not gcc:
+        return
+    if toolkit and toolkit.max_gcc is not None and versions.parse(gcc).major > toolkit.max_gcc:
+        check.refuse(
+            f"nvcc {s.cuda} accepts GCC {toolkit.max_gcc} at most, not {gcc} (crt/host_config.h); install gcc-{toolkit.max_gcc} "
+            f"and point CC/CXX at it, or choose a newer CUDA (-allow-unsupported-compiler exists but is unsupported)"
+        )
+    if release.min_gcc and versions.parse(gcc) < versions.parse(release.min_gcc):
+        check.refuse(f"PyTorch {s.release_key} is C++{release.cxx_standard} and needs GCC {release.min_gcc} or newer, not {gcc}")
+    elif release.min_gcc is None and release.cxx_standard >= 20:
+        known = [(k, r.min_gcc) for k, r in s.data.pytorch.releases.items() if r.min_gcc]
+        hint = "; ".join(f"PyTorch {k} needs GCC {v}" for k, v in known[-1:])
+        check.warn(f"the sources read give no minimum GCC for PyTorch {s.release_key} (C++{release.cxx_standard}"
+                   f"{'; ' + hint if hint else ''}): GCC {gcc} is checked against nvcc only")
+
+
+def _rule_official(s: _Subject, check: _Checker) -> None:
+    """Why the variant is not one the pytorch channel published (none: it is official)."""
+    request, release, release_key, platform, build = s.request, s.release, s.release_key, s.request.platform, s.build
     patch_facts = release.patch.get(request.pytorch)
     if patch_facts and patch_facts.conda_official is False:
         check.not_official.append(f"PyTorch {request.pytorch}'s conda packages are not in torchforge's official table")
     elif not release.conda_official:
         check.not_official.append(f"PyTorch {release_key} was never published as a conda package (2.5 was the last)")
-    if cuda and not (build and build.conda):
-        check.not_official.append(f"PyTorch {release_key} had no official conda build for CUDA {cuda}")
+    if s.cuda and not (build and build.conda):
+        check.not_official.append(f"PyTorch {release_key} had no official conda build for CUDA {s.cuda}")
     elif build and build.conda_platforms is not None and platform not in build.conda_platforms:
         check.not_official.append(
-            f"PyTorch {release_key}'s official CUDA {cuda} conda packages were built for {', '.join(build.conda_platforms)} only")
-    if not facts.conda_official(release_key):
-        shipped = [p for p in tables.PLATFORMS if data.platform(p).conda_official(release_key)]
+            f"PyTorch {release_key}'s official CUDA {s.cuda} conda packages were built for {', '.join(build.conda_platforms)} only")
+    if not s.facts.conda_official(release_key):
+        shipped = [p for p in tables.PLATFORMS if s.data.platform(p).conda_official(release_key)]
         check.not_official.append(
             f"official conda packages of PyTorch {release_key} exist for {', '.join(shipped)} only, not {platform}")
-    if request.options.arch_list:
-        check.not_official.append("custom arch list")
-    if request.options.debug:
-        check.not_official.append("debug build")
-    if request.options.extra_env:
-        check.not_official.append("extra build environment")
-    if request.options.patch_digests:
-        check.not_official.append("extra patches")
-    if request.options.source:
-        check.not_official.append("source other than upstream's tag")
-    if toolkit and toolkit.arch_set is None:
-        check.warn(f"the nvcc arch window of CUDA {cuda} is not in torchforge's data: arch values are not checked")
+    options = request.options
+    for given, reason in ((options.arch_list, "custom arch list"), (options.debug, "debug build"),
+                          (options.extra_env, "extra build environment"), (options.patch_digests, "extra patches"),
+                          (options.source, "source other than upstream's tag")):
+        if given:
+            check.not_official.append(reason)
+    if s.toolkit and s.toolkit.arch_set is None:
+        check.warn(f"the nvcc arch window of CUDA {s.cuda} is not in torchforge's data: arch values are not checked")
 
-    # Fixes torchforge applies.
-    fixes = _applicable_fixes(data, "pytorch", pytorch=request.pytorch, cuda=cuda, magma=None, jetson=jetson_key)
-    for applied in fixes:
-        check.warn(f"applying fix {applied.key}: {applied.fix.reason}")
 
-    # MAGMA, once per CUDA version, Linux x86_64 only.
-    magma = None
+def _magma_of(s: _Subject, check: _Checker) -> MagmaPlan | None:
+    """MAGMA, once per CUDA version, Linux x86_64 only (USE_MAGMA=0 leaves it out, =1 asks for it)."""
+    request, cuda, platform, jetson = s.request, s.cuda, s.request.platform, s.jetson
     use_magma = dict(request.options.extra_env).get("USE_MAGMA")
     if use_magma == "0":
-        if cuda and facts.magma and not jetson:
+        if cuda and s.facts.magma and not jetson:
             check.warn("USE_MAGMA=0: built without MAGMA (no magma-cuda package; GPU linear algebra falls back)")
-    elif use_magma == "1" and cuda and (not facts.magma or jetson):
+    elif use_magma == "1" and cuda and (not s.facts.magma or jetson):
         check.refuse(f"--env USE_MAGMA=1: torchforge has no magma-cuda package for {platform}"
                      f"{' Jetson builds' if jetson else ''}; drop it")
-    elif cuda and facts.magma and not jetson:
-        magma_version = _choose_magma(data, release_key, release, cuda, request.options.magma_source, check)
+    elif cuda and s.facts.magma and not jetson:
+        magma_version = _choose_magma(s.data, s.release_key, s.release, cuda, request.options.magma_source, check)
         if magma_version is not None:
-            magma = plan_magma(data, cuda, magma_version, platform, request.options.arch_list,
-                               request.options.magma_source, request.options.magma_patch_digests,
-                               _linked_magma_build(release, cuda, magma_version, check))
+            return plan_magma(s.data, cuda, magma_version, platform, request.options.arch_list,
+                              request.options.magma_source, request.options.magma_patch_digests,
+                              _linked_magma_build(s.release, cuda, magma_version, check))
     elif cuda and platform == "linux-aarch64" and not jetson:
         check.warn("no magma-cuda package for aarch64 (upstream builds aarch64 CUDA with USE_MAGMA=0)")
+    return None
 
+
+def _variant(s: _Subject, check: _Checker, arch_list: str | None, cudnn: str | None, nccl: str | None,
+             fixes: tuple[AppliedFix, ...], magma: MagmaPlan | None) -> Variant:
+    """The verdict: refused with every reason, else buildable (why not official) or official, and its build facts."""
+    request, release, toolkit, cuda = s.request, s.release, s.toolkit, s.cuda
     status = Status.REFUSED if check.refusals else (Status.BUILDABLE if check.not_official else Status.OFFICIAL)
     warnings = [*(f"not official: {reason}" for reason in check.not_official), *check.warnings]
     if status is Status.REFUSED:
-        return Variant(request, status, tuple(check.refusals), tuple(warnings), release_key=release_key)
+        return Variant(request, status, tuple(check.refusals), tuple(warnings), release_key=s.release_key)
     return Variant(
         request=request,
         status=status,
         warnings=tuple(warnings),
-        release_key=release_key,
+        release_key=s.release_key,
         cuda_full=toolkit.full_version if toolkit else None,
         cudnn=cudnn,
         nccl=nccl,
         arch_list=arch_list,
-        build_string=build_string(request.python, here.cuda_tag(release, toolkit, cuda), cudnn,
-                                  request.options.build_number, platform, debug=request.options.debug,
+        build_string=build_string(request.python, s.here.cuda_tag(release, toolkit, cuda), cudnn,
+                                  request.options.build_number, request.platform, debug=request.options.debug,
                                   custom=settings_hash(variant_settings(request)),
-                                  accel_part=facts.build_string == "accel"),
+                                  accel_part=s.facts.build_string == "accel"),
         magma=magma,
-        jetson=jetson_key,
+        jetson=s.jetson[0] if s.jetson else None,
         fixes=fixes,
-        env=_build_env(data, request, release, cuda, cudnn, arch_list, jetson, fixes),
+        env=_build_env(s.data, request, release, cuda, cudnn, arch_list, s.jetson, fixes),
         settings=json.dumps(variant_settings(request), sort_keys=True),
     )
 
