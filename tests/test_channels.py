@@ -18,7 +18,8 @@ from torchforge.channels import data_channels, parse_table
 from torchforge.ci import Provider
 from torchforge.cli import main
 from torchforge.errors import DataError, ExitCode, ToolMissingError
-from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+from torchforge.pipeline import BuildSettings, Pipeline
+from torchforge.sequence import official_steps
 from torchforge.engines.conda_build import CondaBuildEngine
 from torchforge.proc import Command, Runner
 from torchforge.render import plan
@@ -67,7 +68,7 @@ def channel_flags(argv: list[str], flag: str) -> list[str]:
 @pytest.mark.parametrize("era", list(ERAS))
 def test_plan_channels_per_era(tmp_path: Path, era: str) -> None:
     (pytorch, accel, python, platform), expected = ERAS[era]
-    steps = plan_steps(plan(selection(pytorch, accel, python, platform)), CondaBuildEngine(),
+    steps = official_steps(plan(selection(pytorch, accel, python, platform)), CondaBuildEngine(),
                        BuildSettings(out=tmp_path))
     by_kind = {step.kind: step for step in steps}
     assert by_kind["pytorch"].channels == expected
@@ -247,7 +248,7 @@ def test_container_dry_run_for_a_cuda_and_a_cpu_variant(tmp_path: Path, capsys: 
 def test_container_commands_go_through_the_runner(tmp_path: Path) -> None:
     settings = BuildSettings(out=tmp_path / "out", container=containers.ContainerSettings("/usr/bin/podman", uid=1000, gid=1000))
     render_plan = plan(selection("2.5.1", "cpu", "3.11"))
-    steps = plan_steps(render_plan, CondaBuildEngine(), settings)
+    steps = official_steps(render_plan, CondaBuildEngine(), settings)
     runner = Runner(dry_run=True)
     results = Pipeline(CondaBuildEngine(), runner, settings).run(steps)
     assert [r.step.kind for r in results] == ["companion", "companion", "pytorch"]  # pytorch-mutex cpu, cpuonly

@@ -258,12 +258,13 @@ def test_compile_cache_is_the_one_torchforge_build_uses(tmp_path: Path) -> None:
     # The key and folder each job saves are the ones `torchforge build` computes for that package, so a CUDA
     # version's later Pythons restore what its first Python compiled.
     from torchforge.engines.rattler_build import RattlerBuildEngine
-    from torchforge.pipeline import BuildSettings, plan_steps
+    from torchforge.pipeline import BuildSettings
+    from torchforge.sequence import official_steps
     from torchforge.render import plan
     from torchforge.variant import Options, Selection
 
     selection = Selection.from_flags("2.5.1", "11.8,12.4", "3.10,3.12", None, Options())
-    steps = plan_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=tmp_path / "forge-channel"))
+    steps = official_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=tmp_path / "forge-channel"))
     local = {step.id: step.cache_key for step in steps}
     doc = load(emit(Provider.GITHUB, tmp_path))
     saved: dict[str, tuple[str, str]] = {}

@@ -29,7 +29,8 @@ from torchforge.compilecache import (
 from torchforge.magmasource import inspect
 from torchforge.engines import Engine
 from torchforge.engines.rattler_build import RattlerBuildEngine
-from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult
+from torchforge.sequence import official_steps
 from torchforge.proc import Runner
 from torchforge.recipe import pytorch_context
 from torchforge.render import RecipeFormat, plan, render_files
@@ -58,7 +59,7 @@ def offline(out: Path, stubs: Path, **more: object) -> BuildSettings:
 def build(out: Path, stubs: Path, pythons: str, *, use_cache: bool) -> list[StepResult]:
     engine = RattlerBuildEngine()
     settings = offline(out, stubs, use_cache=use_cache)
-    results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(pythons)), engine, settings))
+    results = Pipeline(engine, Runner(), settings).run(official_steps(plan(selection(pythons)), engine, settings))
     for result in results:
         assert result.ok, result.error + (result.log.read_text()[-3000:] if result.log else "")
     return [r for r in results if r.step.kind == "pytorch"]  # without companion metapackages, if any
@@ -293,7 +294,7 @@ def test_each_build_gets_its_own_config_with_base_dir(tmp_path: Path) -> None:
 def test_variants_that_differ_only_in_python_share_one_cache_and_no_cache_switches_it_off(tmp_path: Path) -> None:
     engine = RattlerBuildEngine()
     def pytorch_steps(settings: BuildSettings, pythons: str) -> list[Step]:
-        return [s for s in plan_steps(plan(selection(pythons)), engine, settings) if s.kind == "pytorch"]
+        return [s for s in official_steps(plan(selection(pythons)), engine, settings) if s.kind == "pytorch"]
 
     steps = pytorch_steps(BuildSettings(out=tmp_path), "3.10,3.11,3.12")
     assert len({s.cache_key for s in steps}) == 1 and steps[0].cache_key is not None
@@ -358,7 +359,7 @@ def test_conda_build_engine_reuses_the_objects_too(stubs: Path, tmp_path: Path, 
         monkeypatch.setenv(name, value)
     engine = CondaBuildEngine()
     settings = offline(tmp_path / "channel", stubs)
-    results = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection(PYTHONS)), engine, settings))
+    results = Pipeline(engine, Runner(), settings).run(official_steps(plan(selection(PYTHONS)), engine, settings))
     first, second = [r for r in results if r.step.kind == "pytorch"]
     assert first.ok and second.ok, first.error + second.error
     assert first.cache is not None and second.cache is not None and first.cache.hits == 0
@@ -394,7 +395,7 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
     settings = offline(out, stubs)
     sel = Selection.from_flags("2.9.0", "cpu", "3.11", None,
                                Options(source=str(FIXTURE), extra_env=(("TORCH_HEAVY_TUS", "8"),)))
-    (rerun,) = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+    (rerun,) = [r for r in Pipeline(engine, Runner(), settings).run(official_steps(plan(sel), engine, settings))
                 if r.step.kind == "pytorch"]
     assert rerun.ok, rerun.error
     assert rerun.cache is not None and rerun.cache.hits >= 2  # the objects stored before the kill
@@ -403,7 +404,7 @@ def test_an_interrupted_build_keeps_what_it_compiled(stubs: Path, tmp_path: Path
 def build_torch_like(engine: Engine, out: Path, stubs: Path, extra_env: tuple[tuple[str, str], ...] = ()) -> StepResult:
     sel = Selection.from_flags("2.9.0", "cpu", "3.11", None, Options(source=str(TORCH_LIKE), extra_env=extra_env))
     settings = offline(out, stubs, force=True)
-    (result,) = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(sel), engine, settings))
+    (result,) = [r for r in Pipeline(engine, Runner(), settings).run(official_steps(plan(sel), engine, settings))
                  if r.step.kind == "pytorch"]
     assert result.ok and result.cache is not None and result.log is not None, result.error
     return result
@@ -492,7 +493,7 @@ def build_magma(tree: Path, out: Path, *, arch_list: str = "8.0", **more: object
     selection = Selection("2.9.0", (NVCC_RELEASE,), ("3.12",), "linux-64",
                           Options(arch_list=arch_list, magma_source=inspect(str(tree))))
     settings = BuildSettings(out=out, magma_only=True, force=True, **more)  # type: ignore[arg-type]
-    (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection), engine, settings))
+    (result,) = Pipeline(engine, Runner(), settings).run(official_steps(plan(selection), engine, settings))
     assert result.ok, result.error + (result.log.read_text()[-3000:] if result.log else "")
     return result
 
@@ -546,7 +547,7 @@ def test_the_results_table_reports_a_rebuild_against_its_cold_build_and_a_later_
     from torchforge.commands.build import _cache_result
     from torchforge.compilecache import KindStats
 
-    (step,) = [s for s in plan_steps(plan(selection("3.11")), RattlerBuildEngine(), BuildSettings(out=tmp_path))
+    (step,) = [s for s in official_steps(plan(selection("3.11")), RattlerBuildEngine(), BuildSettings(out=tmp_path))
                if s.kind == "pytorch"]
     # MAGMA 2.6.1 rebuilt on the lent H100 (docs/compile-cache.md): the line its results table printed
     stats = CacheStats(KindStats(hits=941, built=931), KindStats(hits=397, built=397))

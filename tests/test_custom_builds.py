@@ -16,7 +16,8 @@ from torchforge.cli import main
 from torchforge.commands.options import selection_from_flags
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.magmasource import MagmaSource
-from torchforge.pipeline import Action, BuildSettings, plan_steps
+from torchforge.pipeline import Action, BuildSettings
+from torchforge.sequence import official_steps
 from torchforge.render import plan
 from torchforge.resolve import Status, classify
 from torchforge.variant import Options, Request, Selection, parse_env
@@ -110,11 +111,11 @@ def test_reuse_check_compares_the_recorded_settings(tmp_path: Path) -> None:
     # A package with the planned name but other recorded settings is rebuilt, not silently reused.
     make_package(out / "linux-64", "pytorch", "2.5.1", variant.build_string,
                  about_extra={"torchforge_settings": json.dumps({"arch_list": "9.0"})})
-    step = next(s for s in plan_steps(plan(selection), engine, settings) if s.kind == "pytorch")
+    step = next(s for s in official_steps(plan(selection), engine, settings) if s.kind == "pytorch")
     assert step.action is Action.BUILD and "built with other settings" in step.reason
     make_package(out / "linux-64", "pytorch", "2.5.1", variant.build_string,
                  about_extra={"torchforge_settings": variant.settings})
-    step = next(s for s in plan_steps(plan(selection), engine, settings) if s.kind == "pytorch")
+    step = next(s for s in official_steps(plan(selection), engine, settings) if s.kind == "pytorch")
     assert step.action is Action.REUSE
 
 
@@ -254,7 +255,7 @@ def test_the_reuse_message_says_what_it_compared(tmp_path: Path) -> None:
     variant = plan(selection).variants[0]
     make_package(out / "linux-64", "pytorch", "2.5.1", variant.build_string,
                  about_extra={"torchforge_settings": variant.settings})
-    step = next(s for s in plan_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=out, magma_only=False))
+    step = next(s for s in official_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=out, magma_only=False))
                 if s.kind == "pytorch")
     assert step.action is Action.REUSE
     assert "same settings" in step.reason and "arch list 8.0;9.0" in step.reason, step.reason

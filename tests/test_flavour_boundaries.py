@@ -59,7 +59,7 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.engines": frozenset({"torchforge.render"}),
     "torchforge.engines.conda_build": frozenset({"torchforge.render"}),
     "torchforge.engines.rattler_build": frozenset({"torchforge.render"}),
-    "torchforge.pipeline": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.resolve"}),
+    "torchforge.pipeline": frozenset({"torchforge.render", "torchforge.resolve"}),
     "torchforge.preflight": frozenset({
         "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
@@ -73,7 +73,7 @@ COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
     "torchforge.commands.build": frozenset({"torchforge.render", "torchforge.resolve"}),
     "torchforge.commands.ci": frozenset({"torchforge.render"}),
     "torchforge.commands.doctor": frozenset({"torchforge.render"}),
-    "torchforge.commands.options": frozenset({"torchforge.magmasource", "torchforge.resolve", "torchforge.variant"}),
+    "torchforge.commands.options": frozenset({"torchforge.variant"}),
     "torchforge.commands.selection": frozenset({"torchforge.render", "torchforge.resolve"}),
 }
 

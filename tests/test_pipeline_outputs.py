@@ -14,7 +14,8 @@ import pytest
 from tests.condabuild import HOW_TO_GET_ONE, CondaTool, find_conda_tool
 from torchforge import localchannel
 from torchforge.engines.conda_build import CondaBuildEngine
-from torchforge.pipeline import Action, BuildSettings, Pipeline, PlannedRecipe, plan_recipe_steps
+from torchforge.flavours import Plan
+from torchforge.pipeline import Action, BuildSettings, Pipeline, PlannedRecipe, plan_steps
 from torchforge.proc import Runner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "split_outputs"
@@ -55,7 +56,7 @@ def built(conda_tool: CondaTool, tmp_path_factory: pytest.TempPathFactory):
     for name, value in conda_tool.env(root / "conda").items():
         monkeypatch.setenv(name, value)
     events: list[str] = []
-    steps = plan_recipe_steps([recipe(channel=f"file://{stubs}")], settings(root / "out"))
+    steps = plan_steps(Plan("test", (recipe(channel=f"file://{stubs}"),)), settings(root / "out"))
     results = Pipeline(CondaBuildEngine(), Runner(), settings(root / "out"), on_event=events.append).run(steps)
     yield root, stubs, steps, results, events
     monkeypatch.undo()
@@ -81,7 +82,7 @@ def test_one_build_publishes_every_planned_output_together(built) -> None:
 
 def test_a_rerun_reuses_all_outputs_and_says_what_was_compared(built, capsys: pytest.CaptureFixture[str]) -> None:
     root, stubs, _, _, _ = built
-    [step] = plan_recipe_steps([recipe(channel=f"file://{stubs}")], settings(root / "out"))
+    [step] = plan_steps(Plan("test", (recipe(channel=f"file://{stubs}"),)), settings(root / "out"))
     assert step.action is Action.REUSE
     assert step.reason.startswith(f"all 3 outputs: already in {root / 'out'}, built with the same settings (")
     assert step.reason.endswith("built with the same settings (build number 0, flavour test)")  # empty arch list: unsaid
@@ -101,7 +102,7 @@ def test_a_rerun_reuses_all_outputs_and_says_what_was_compared(built, capsys: py
 def test_other_settings_or_one_missing_output_rebuild_all(built, tmp_path: Path) -> None:
     root, stubs, _, _, _ = built
     other = json.dumps({"flavour": "test", "arch_list": "8.0", "build_number": 0}, sort_keys=True)
-    [step] = plan_recipe_steps([recipe(settings=other)], settings(root / "out"))
+    [step] = plan_steps(Plan("test", (recipe(settings=other),)), settings(root / "out"))
     assert step.action is Action.BUILD
     assert "was built with other settings" in step.reason and "planned: arch list 8.0" in step.reason
     assert step.reason.endswith("one build makes all 3 outputs, so all are rebuilt")
@@ -109,10 +110,10 @@ def test_other_settings_or_one_missing_output_rebuild_all(built, tmp_path: Path)
     partial = tmp_path / "partial"
     for stem in STEMS[:2]:
         localchannel.publish(root / "out" / "linux-64" / f"{stem}.conda", partial, "linux-64")
-    [step] = plan_recipe_steps([recipe()], settings(tmp_path / "new-out", channels=(f"file://{partial}",)))
+    [step] = plan_steps(Plan("test", (recipe(),)), settings(tmp_path / "new-out", channels=(f"file://{partial}",)))
     assert step.action is Action.BUILD
     assert step.reason == f"{STEMS[2]} is in no channel; one build makes all 3 outputs, so all are rebuilt"
-    [step] = plan_recipe_steps([recipe()], settings(root / "out", force=True))
+    [step] = plan_steps(Plan("test", (recipe(),)), settings(root / "out", force=True))
     assert step.action is Action.BUILD
 
 
@@ -123,7 +124,7 @@ def test_a_package_other_than_planned_fails_the_step_and_nothing_is_published(
     _, stubs, _, _, _ = built
     wrong = (*STEMS[:2], STEMS[2].replace("_0", "_7"))
     out = tmp_path / "out"
-    steps = plan_recipe_steps([recipe(wrong, channel=f"file://{stubs}")], settings(out))
+    steps = plan_steps(Plan("test", (recipe(wrong, channel=f"file://{stubs}"),)), settings(out))
     [result] = Pipeline(CondaBuildEngine(), Runner(), settings(out)).run(steps)
     assert not result.ok and result.artifacts == ()
     assert f"no {wrong[2]}.conda/.tar.bz2 was produced" in result.error
@@ -142,7 +143,7 @@ def test_a_package_other_than_planned_fails_the_step_and_nothing_is_published(
 def test_dry_run_prints_the_one_command_that_builds_every_output(tmp_path: Path) -> None:
     printed: list[str] = []
     out = tmp_path / "out"
-    steps = plan_recipe_steps([recipe(channel="https://conda.anaconda.org/conda-forge")], settings(out))
+    steps = plan_steps(Plan("test", (recipe(channel="https://conda.anaconda.org/conda-forge"),)), settings(out))
     [result] = Pipeline(CondaBuildEngine(), Runner(dry_run=True, echo=printed.append), settings(out)).run(steps)
     assert result.ok and not out.exists()
     staging = out / ".torchforge-tmp-staging-split-demo-1.0-cpu"

@@ -207,7 +207,8 @@ def test_the_same_build_without_the_bundling_step_fails_the_audit(
         cuda_env: Path, cuda_stubs: Path, tmp_path: Path) -> None:
     from torchforge.channels import SiteChannels
     from torchforge.engines.choice import select_engine
-    from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+    from torchforge.pipeline import BuildSettings, Pipeline
+    from torchforge.sequence import official_steps
     from torchforge.proc import Runner
 
     engine, _ = select_engine("rattler-build")
@@ -215,7 +216,7 @@ def test_the_same_build_without_the_bundling_step_fails_the_audit(
     # alone has to stop the package.
     settings = BuildSettings(out=tmp_path / "channel", channels=(f"file://{cuda_stubs}",), test=False,
                              site_channels=SiteChannels(replace=(f"file://{cuda_stubs}",)))
-    steps = plan_steps(plan(cuda_selection()), engine, settings)
+    steps = official_steps(plan(cuda_selection()), engine, settings)
     pytorch = next(s for s in steps if s.kind == "pytorch")
     script = str(pytorch.files["build.sh"])
     start, end = script.index("# Bundled libraries"), script.index("# RPATH, official rules")

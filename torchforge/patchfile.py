@@ -8,7 +8,9 @@ read further or written. Hunks are recognised in the forms `patch` and `git appl
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from torchforge.errors import UsageError
@@ -34,3 +36,9 @@ def check_patches(flag: str, paths: list[Path] | None) -> list[Path] | None:
             raise UsageError(f"{flag} {path} is not a patch: it {what}",
                              f"give a unified diff (`git diff`, `diff -u`), or leave {flag} out")
     return paths
+
+
+def digests(patches: Sequence[Path] | None) -> tuple[str, ...]:
+    """The sha256 of each patch file: patches change the binary, so their content (not their path) is part of a
+    package's settings."""
+    return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())

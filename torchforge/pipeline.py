@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,16 +20,14 @@ from pathlib import Path
 from torchforge import channels as channel_data
 from torchforge import containers, fileops, localchannel
 from torchforge.compilecache import (
-    BUILD_VARIABLES, NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests,
-    read_stats, recipe_group_key,
+    NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, own_launcher, read_stats,
 )
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
-from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe
+from torchforge.flavours.base import OVERRIDE_CUDA, Plan, PlannedRecipe  # noqa: F401 (PlannedRecipe: re-exported)
 from torchforge.proc import Runner
-from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RenderPlan, companion_files, patch_files, render_files, write_folders
-from torchforge.resolve import Variant, bundled_cudnn, describe_settings
+from torchforge.render import write_folders
+from torchforge.resolve import describe_settings
 from torchforge.safeextract import extract_conda
 
 
@@ -101,7 +99,6 @@ class BuildSettings:
         return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
 
 
-OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"  # the __cuda virtual package conda and rattler solve with
 KEPT_WORK = ".torchforge-kept"  # under --out: failed builds' work folders, kept by --keep-work
 
 
@@ -161,86 +158,32 @@ def _existing_outputs(stems: tuple[str, ...], subdir: str, settings: BuildSettin
     return None, f"{why}; one build makes all {len(stems)} outputs, so all are rebuilt"
 
 
-def plan_recipe_steps(recipes: Sequence[PlannedRecipe], settings: BuildSettings) -> list[Step]:
-    """One `recipe` step per recipe of several outputs (the conda-forge flavour): its files are already rendered
-    for the engine; reused only when every planned output exists with the recipe's settings."""
-    steps: list[Step] = []
-    for recipe in recipes:
-        stems = tuple(recipe.stems)
-        found, stale = (None, "") if settings.force else _existing_outputs(stems, recipe.subdir, settings, recipe.settings)
-        # Their run requirements name __cuda: the engine's test environment must solve on a build machine without
-        # a driver (a CPU runner), as on conda-forge's CI; a value of the user's own is kept.
-        # and the job count (--jobs, or preflight's choice from memory and cores) reaches its build script
-        script_env = (OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.accel != "cpu" else (JOBS_VARIABLE,)
-        # one build of several packages: its own cache group, which a rebuild of the same settings finds warm
-        key = recipe_group_key(recipe.id, recipe.settings) if settings.caching and not found else None
-        steps.append(Step("recipe", recipe.id, stems[0], recipe.subdir, None, recipe.files,
-                          (*script_env, *(BUILD_VARIABLES if key else ())),
-                          Action.REUSE if found else Action.BUILD, found or stale,
-                          channels=settings.site_channels.apply(recipe.channels), accel=recipe.accel,
-                          local_source=recipe.local_source, cache_key=key, outputs=stems,
-                          output_index_fields=recipe.index_fields))
-    return steps
-
-
-def plan_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
-    """Magma packages first (once per CUDA version), then pytorch; anything already published is reused."""
-    render_plan.require_buildable()
-    patch_names = tuple(p.name for p in settings.patches)
+def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
+    """One step per recipe of any flavour's plan, in its order; anything already published with the planned
+    settings is reused (a recipe of several outputs only when all of them are). Recipes of one cache group share
+    compiled objects: the group's first build fills the cache."""
     steps: list[Step] = []
     first_of_group: dict[str, str] = {}
-
-    def add(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],
-            patches: tuple[Path, ...] = (), needs: tuple[str, ...] = (), planned: str | None = None,
-            cudnn: str = "") -> None:
-        found, stale = (None, "") if settings.force else _existing(stem, context.platform, settings, planned)
-        location = context.source.location
-        # a local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build
-        local = location if context.source.kind == "path" else (
-            str(fileops.path_of_file_url(location) or location.removeprefix("file://"))
-            if location.startswith("file://") else None)
-        index_fields = (("features", " ".join(context.features)),) if context.features else ()
+    for recipe in plan.recipes:
+        stems = tuple(recipe.stems)
+        several = len(stems) > 1
+        if settings.force:
+            found, stale = None, ""
+        elif several:
+            found, stale = _existing_outputs(stems, recipe.subdir, settings, recipe.settings)
+        else:
+            found, stale = _existing(stems[0], recipe.subdir, settings, recipe.settings or None)
         key = first = None
-        if settings.caching and not found:
-            key = group_key(context, patch_digests(patches))
-            first = first_of_group.setdefault(key, ident)
-        steps.append(Step(kind, ident, stem, context.platform, context.python,
-                          {**render_files(context, engine.recipe_format), **patch_files(patches)}, context.script_env,
-                          Action.REUSE if found else Action.BUILD, found or stale, needs,
-                          channels, context.cuda or "cpu", local, index_fields,
-                          key, first if first != ident else None, cudnn))
-
-    if not settings.magma_only:
-        # The metapackages the pytorch packages name (pytorch-mutex, cpuonly, pytorch-cuda), when the channels
-        # lack them: their recipes install no files, so they come first and build in seconds. They get the
-        # pytorch packages' channels all the same: conda-build installs every package it built into a test
-        # environment, and pytorch-cuda's run requirements (cuda-cudart, libcublas ...) come from those channels.
-        variant_channels = tuple(dict.fromkeys(
-            url for variant in render_plan.variants for url in channel_data.for_variant(variant, settings.site_channels)))
-        for companion in render_plan.companions:
-            found, _ = (None, "") if settings.force else _existing(companion.filename_stem, companion.subdir, settings)
-            index_fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
-            steps.append(Step("companion", companion.id, companion.filename_stem, companion.subdir, None,
-                              companion_files(companion, engine.recipe_format), (),
-                              Action.REUSE if found else Action.BUILD, found or "",
-                              channels=variant_channels, index_fields=index_fields))
-    pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
-    for magma in render_plan.magma:
-        add("magma", magma.id, magma.filename_stem, magma_context(magma, tuple(p.name for p in settings.magma_patches)),
-            channel_data.for_magma(magma, pytorch_version, settings.site_channels), settings.magma_patches,
-            planned=magma.settings)
-    if settings.magma_only:
-        return steps
-    # Variants that differ only in Python build one after another, so the later ones find the cache warm.
-    groups: dict[str, list[tuple[Variant, RecipeContext]]] = {}
-    digests = patch_digests(settings.patches)
-    for variant in render_plan.variants:
-        context = pytorch_context(variant, patch_names)
-        groups.setdefault(group_key(context, digests), []).append((variant, context))
-    for variant, context in (pair for members in groups.values() for pair in members):
-        add("pytorch", variant.id, variant.filename_stem, context,
-            channel_data.for_variant(variant, settings.site_channels), settings.patches,
-            (variant.magma.id,) if variant.magma else (), variant.settings, bundled_cudnn(variant))
+        if settings.caching and not found and recipe.cache_group is not None:
+            key = recipe.cache_group
+            first = first_of_group.setdefault(key, recipe.id)
+        per_stem = dict(recipe.index_fields)
+        steps.append(Step(recipe.kind, recipe.id, stems[0], recipe.subdir, recipe.python, recipe.files,
+                          (*recipe.script_env, *(recipe.cache_script_env if key else ())),
+                          Action.REUSE if found else Action.BUILD, found or stale, recipe.needs,
+                          settings.site_channels.apply(recipe.channels), recipe.accel, recipe.local_source,
+                          () if several else per_stem.get(stems[0], ()), key, first if first != recipe.id else None,
+                          recipe.cudnn, stems if several else (), recipe.index_fields if several else ()))
     return steps
 
 

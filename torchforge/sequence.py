@@ -12,8 +12,14 @@ from torchforge.config import SiteConfig
 from torchforge.errors import UsageError
 from torchforge.flavours import plugin
 from torchforge.flavours.base import Plan, Request
+from torchforge.flavours.official import matrix_rows as official_matrix_rows
+from torchforge.flavours.official import official_steps
+from torchforge.flavours.official import plan_of as official_plan
 from torchforge.preflight import Check, Level, PreflightReport, run_machine_checks, run_needs_checks
 from torchforge.proc import Runner
+
+
+__all__ = ["dry_run_report", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:

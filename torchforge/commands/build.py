@@ -27,7 +27,7 @@ from torchforge.flavours import JOBS_VARIABLE, Request
 from torchforge.flavours import Plan as PlanOfRecipes
 from torchforge.flavours import MAGMA_ONLY, Flavour
 from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
-from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
+from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
@@ -224,7 +224,7 @@ def register(app: typer.Typer) -> None:
             extra_env=extra_env, site_channels=site.channels, container=container_settings,
             use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
         )
-        _run_plan(plan_steps(render_plan, chosen, settings), chosen, settings, dry_run)
+        _run_plan(sequence.official_steps(render_plan, chosen, settings), chosen, settings, dry_run)
 
 
 def _build_plan(flavour: Flavour, request: Request, engine: str, jobs: int | None, settings: BuildSettings,
@@ -240,7 +240,7 @@ def _build_plan(flavour: Flavour, request: Request, engine: str, jobs: int | Non
                                  skip_preflight=skip_preflight)
     err.print(why)
     settings = dataclasses.replace(settings, site_channels=site.channels, extra_env=extra_env)
-    _run_plan(plan_recipe_steps(the_plan.recipes, settings), chosen, settings, dry_run)
+    _run_plan(plan_steps(the_plan, settings), chosen, settings, dry_run)
 
 
 def _checked_machine(the_plan: PlanOfRecipes, engine: str, jobs: int | None, out: Path, site: site_config.SiteConfig,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import re
 from pathlib import Path
 from typing import Annotated
@@ -13,13 +11,11 @@ import typer
 from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
-from torchforge.flavours import Flavour, choose
-from torchforge.magmasource import inspect as inspect_magma_source
+from torchforge.flavours import Flavour, Request, choose, official_selection
 from torchforge.fileops import path_of_file_url
 from torchforge.patchfile import check_patches
-from torchforge.resolve import default_release
 from torchforge.safeextract import check_archive, is_archive
-from torchforge.variant import Options, Selection, check_shared_flags, parse_env
+from torchforge.variant import Selection, check_shared_flags
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
 _DEFAULTS = tables.load().pytorch.defaults  # shown in --help: the data says what an omitted flag means
@@ -70,10 +66,6 @@ PatchOpt = Annotated[list[Path] | None, typer.Option(
 MagmaPatchOpt = Annotated[list[Path] | None, typer.Option(
     "--magma-patch", exists=True, dir_okay=False, callback=lambda paths: check_patches("--magma-patch", paths),
     help="Patch file for the magma-cudaXYZ recipes only (repeatable).")]
-
-
-def file_digests(patches: list[Path] | None) -> tuple[str, ...]:
-    return tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in patches or ())
 
 
 _CHANNEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/label/[A-Za-z0-9._-]+)?$")
@@ -128,25 +120,7 @@ def selection_from_flags(
     patches: list[Path] | None = None,
     magma_patches: list[Path] | None = None,
 ) -> Selection:
-    if magma_source is not None and not magma_source.strip():  # '' would otherwise mean "the release tarball"
-        raise UsageError("--magma-source is empty", "give a MAGMA tree, tarball or URL, or leave --magma-source out")
-    options = Options(
-        arch_list=arch_list,
-        build_number=build_number,
-        debug=debug,
-        jetson=jetson,
-        extra_env=parse_env(env or []),
-        gcc=gcc,
-        source=source,
-        magma_source=inspect_magma_source(magma_source) if magma_source else None,
-        # Patches change the binary: their content (not their path) is part of the variant's settings.
-        patch_digests=file_digests(patches),
-        magma_patch_digests=file_digests(magma_patches),
-    )
-    selection = Selection.from_flags(pytorch, cuda, python, platform, options)
-    if pytorch is None:
-        # Say which release and why before anything else is printed.
-        version, reason = default_release(selection)
-        note(reason)
-        selection = dataclasses.replace(selection, pytorch=version)
-    return selection
+    return official_selection(Request(
+        pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patches or ()), flavour_flags=(
+            ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
+            ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patches or ())))))

@@ -25,33 +25,6 @@ from torchforge.resolve import Status
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
 
 
-def plan_as_json(render_plan: RenderPlan) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    for magma in render_plan.magma:
-        rows.append({
-            "id": magma.id, "package": magma.name, "status": magma.status.value, "version": magma.version,
-            "build_string": magma.build_string, "cuda": magma.cuda, "gencode": list(magma.gencode),
-            "warnings": list(magma.warnings),
-        })
-    for companion in render_plan.companions:
-        rows.append({
-            "id": companion.id, "package": companion.name, "version": companion.version,
-            "status": (Status.OFFICIAL if companion.official else Status.BUILDABLE).value,
-            "build_string": companion.build_string, "subdir": companion.subdir, "run": list(companion.run),
-            "warnings": list(companion.warnings),
-        })
-    for variant in render_plan.variants:
-        request = variant.request
-        rows.append({
-            "id": variant.id, "package": "pytorch", "status": variant.status.value, "version": request.pytorch,
-            "build_string": variant.build_string, "cuda": request.accel, "python": request.python,
-            "platform": request.platform, "arch_list": variant.arch_list, "cudnn": variant.cudnn,
-            "magma": variant.magma.name if variant.magma else None, "jetson": variant.jetson,
-            "refusals": list(variant.refusals), "warnings": list(variant.warnings),
-        })
-    return rows
-
-
 def print_table(render_plan: RenderPlan) -> None:
     table = Table(title="torchforge variants (flavour official)")
     for column in ("variant", "status", "build string", "magma package", "notes"):
@@ -117,7 +90,7 @@ def register(app: typer.Typer) -> None:
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
         render_plan = plan(selection)
         if as_json:
-            out.print_json(json.dumps(plan_as_json(render_plan)))
+            out.print_json(json.dumps(sequence.official_matrix_rows(render_plan)))
         else:
             print_table(render_plan)
         if render_plan.refused:

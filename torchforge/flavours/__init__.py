@@ -15,10 +15,11 @@ from torchforge.errors import UsageError
 from torchforge.flavours.base import JOBS_VARIABLE, MachineNeeds, Plan, PlannedRecipe, Request
 
 __all__ = ["FLAVOURS", "JOBS_VARIABLE", "MAGMA_ONLY", "Flavour", "MachineNeeds", "Plan", "PlannedRecipe", "Request",
-           "check", "choose", "plugin"]
+           "check", "choose", "official_selection", "plugin"]
 
 if TYPE_CHECKING:
     from torchforge.flavours.base import Flavour as FlavourPlugin
+    from torchforge.variant import Selection
 
 
 # Why a command with --magma-only is the official flavour's whatever the release (conda-forge's links libmagma).
@@ -75,6 +76,7 @@ def choose(flavour: Flavour | None, pytorch: str | None, official_because: str =
 # The registry: flavour name -> the module that holds its plug-in (imported when first asked for: a command line
 # of one flavour loads nothing of the other).
 FLAVOURS: dict[str, str] = {
+    Flavour.OFFICIAL.value: "torchforge.flavours.official",
     Flavour.CONDA_FORGE.value: "torchforge.flavours.conda_forge.planning",
 }
 
@@ -85,3 +87,11 @@ def plugin(flavour: Flavour | str) -> FlavourPlugin:
 
     name = Flavour(flavour).value
     return importlib.import_module(FLAVOURS[name]).FLAVOUR  # type: ignore[no-any-return]
+
+
+def official_selection(request: Request) -> Selection:
+    """The official flavour's Selection of a request (its variants before classification): what the commands of
+    that flavour's own (ci, repack, wheel builds) start from."""
+    from torchforge.flavours.official import selection_of
+
+    return selection_of(request)

@@ -16,6 +16,7 @@ from typing import Protocol
 
 # The variable every plan's build scripts read for the number of compile jobs (--jobs, or preflight's choice).
 JOBS_VARIABLE = "MAX_JOBS"
+OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"  # the __cuda virtual package conda and rattler solve with
 # The engines' two recipe formats ("conda-build": meta.yaml, "rattler-build": recipe.yaml): a plain string here
 # so that this module depends on nothing (torchforge.render.RecipeFormat has the same values).
 RecipeFormatName = str
@@ -72,6 +73,7 @@ class PlannedRecipe:
     needs: tuple[str, ...] = ()  # ids of recipes that must be built first (pytorch needs its magma)
     python: str | None = None  # the one Python a single-output recipe is built for
     script_env: tuple[str, ...] = ()  # environment variables the build script reads from the caller
+    cache_script_env: tuple[str, ...] = ()  # and those it reads only while the compile cache is on
     # Recipes of one cache group differ only in Python and share compiled objects (None: a group of its own).
     cache_group: str | None = None
     cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one

@@ -8,13 +8,14 @@ and say what the machine checks need (its channel, the CUDA versions, the source
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 from torchforge import data as tables
 from torchforge import sourcestate
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
-from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
+from torchforge.patchfile import digests
+from torchforge.flavours.base import JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files
 from torchforge.variant import check_build_number, check_shared_flags
@@ -67,8 +68,8 @@ def with_inputs(planned: tuple[conda_forge.CondaForgeRecipe, ...],
                 request: Request) -> tuple[conda_forge.CondaForgeRecipe, ...]:
     """The recipes with what they are built from in their settings (and so in their build strings)."""
     identity = sourcestate.identity(request.source) if request.source else None
-    digests = tuple(hashlib.sha256(p.read_bytes()).hexdigest() for p in request.patches)
-    return tuple(conda_forge.with_inputs(r, identity, digests, request.feedstock_patches) for r in planned)
+    return tuple(conda_forge.with_inputs(r, identity, digests(request.patches), request.feedstock_patches)
+                 for r in planned)
 
 
 def warnings(planned: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> tuple[str, ...]:
@@ -104,10 +105,16 @@ def facts(planned: tuple[conda_forge.CondaForgeRecipe, ...]) -> tuple[tuple[str,
 
 def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: RecipeFormat) -> PlannedRecipe:
     where = source_of(recipe, request)
+    # Their run requirements name __cuda: the engine's test environment must solve on a build machine without a
+    # driver (a CPU runner), as on conda-forge's CI; a value of the user's own is kept. The job count reaches
+    # build.sh as MAX_JOBS. One build of several packages: its own cache group, which a rebuild of the same
+    # settings finds warm.
     return PlannedRecipe(
         recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
         folder(recipe, request, fmt), (conda_forge.load().flavour.channel,), recipe.cuda or "cpu",
-        where.location if where.kind == "path" else None, recipe.index_fields())
+        where.location if where.kind == "path" else None, recipe.index_fields(),
+        script_env=(OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.cuda else (JOBS_VARIABLE,),
+        cache_script_env=BUILD_VARIABLES, cache_group=recipe_group_key(recipe.id, recipe.settings))
 
 
 def matrix_rows(request: Request) -> list[dict[str, object]]:
