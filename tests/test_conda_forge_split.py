@@ -165,8 +165,9 @@ def test_the_rattler_build_recipe_builds_libtorch_once_and_each_python_from_it()
     doc = YAML(typ="safe").load(files["recipe.yaml"])
     staging, *packages = doc["outputs"]
     assert staging["staging"]["name"] == "libtorch-build"
-    # both scripts get the compile cache's variables from the environment torchforge builds in (empty without it)
-    forwarded = {name: f'${{{{ env.get("{name}", default="") }}}}' for name in BUILD_VARIABLES}
+    # both scripts get the job count and the compile cache's variables from the environment torchforge builds in
+    # (empty without them)
+    forwarded = {name: f'${{{{ env.get("{name}", default="") }}}}' for name in ("MAX_JOBS", *BUILD_VARIABLES)}
     assert staging["build"]["script"] == {"file": "build.sh", "env": {
         "TORCHFORGE_OUTPUT": "libtorch", "PKG_VERSION": "${{ version }}", "PKG_BUILDNUM": str(recipe.build_number),
         **forwarded}}

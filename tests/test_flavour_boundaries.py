@@ -41,7 +41,7 @@ OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "to
 # (a) one flavour importing another: the conda-forge flavour borrows the official flavour's source type,
 # template renderer and flag parsers, which belong below both (issue 30, moves 2 and 5).
 FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {
-    "torchforge.flavours.conda_forge": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
+    "torchforge.flavours.conda_forge.recipe": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
     # moved in from commands/flavour.py (the library half of the CLI adapter), with the same three imports
     "torchforge.flavours.conda_forge.planning": frozenset({
         "torchforge.recipe", "torchforge.render", "torchforge.variant"}),
