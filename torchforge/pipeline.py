@@ -88,6 +88,7 @@ class PlannedRecipe:
     # Per package (stem): the info/index.json fields its recipe format cannot say (recipe.yaml has no
     # track_features), set after the build as for a single-output step's index_fields.
     index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
 
 
 @dataclass(frozen=True)

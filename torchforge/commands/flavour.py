@@ -146,7 +146,8 @@ def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: E
         planned.append(PlannedRecipe(
             recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
             _folder(recipe, where, patches, feedstock_patches, engine.recipe_format), (channel,),
-            recipe.cuda or "cpu", where.location if where.kind == "path" else None, recipe.index_fields()))
+            recipe.cuda or "cpu", where.location if where.kind == "path" else None, recipe.index_fields(),
+            tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python)))
     return planned
 
 
