@@ -48,6 +48,22 @@ def _commit_wheel(wheel: Path | None, repository: Path) -> None:
     note(f"wrote {placed}: the jobs install this torchforge from it (commit it with the CI file)")
 
 
+def _check_inputs(requirement: str | None, wheel: Path | None, out_dir: Path, channel: list[str] | None,
+                  paths: tuple[tuple[str, str | None, bool], ...]) -> None:
+    """The flags checked before anything is planned; `paths`: (flag, value, is a file) of repository paths."""
+    if requirement is not None and not requirement.strip():
+        raise UsageError("--requirement is empty", "give a git URL at a full commit, or leave it out")
+    if requirement is not None and wheel is not None:
+        raise UsageError("--requirement and --wheel both say where the jobs get torchforge", "give one of them")
+    if wheel is not None:
+        selfwheel.check(wheel)
+    check_dir(out_dir, "--out")
+    check_channel_args(channel)
+    for flag, value, file in paths:
+        if value is not None:  # every job reads it from its checkout of the repository (--out)
+            repository_path(value, flag, out_dir, file=file)
+
+
 def _recipes(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None, arch_list: str | None,
              build_number: int, source: str | None, official_only: dict[str, object]) -> tuple[CiRecipe, ...]:
     """The recipe folders of a flavour that plans them (conda-forge), as the CI jobs need them."""
@@ -99,19 +115,8 @@ def register(app: typer.Typer) -> None:
         flavour: FlavourOpt = None,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
-        if requirement is not None and not requirement.strip():
-            raise UsageError("--requirement is empty", "give a git URL at a full commit, or leave it out")
-        if requirement is not None and wheel is not None:
-            raise UsageError("--requirement and --wheel both say where the jobs get torchforge", "give one of them")
-        if wheel is not None:
-            selfwheel.check(wheel)
-        check_dir(out_dir, "--out")
-        check_channel_args(channel)
-        for flag, value, file in (("--test-script", test_script, True), ("--source", source, False),
-                                  ("--magma-source", magma_source, False),
-                                  ("--config", None if config is None else str(config), True)):
-            if value is not None:  # every job reads it from its checkout of the repository (--out)
-                repository_path(value, flag, out_dir, file=file)
+        _check_inputs(requirement, wheel, out_dir, channel, (("--test-script", test_script, True), ("--source", source, False),
+                      ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True)))
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if chosen is Flavour.CONDA_FORGE:
             recipes = _recipes(pytorch, cuda, python, platform, arch_list, build_number, source,
