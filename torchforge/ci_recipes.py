@@ -28,6 +28,9 @@ from torchforge.targets import Target
 
 CPU = "cpu"
 KIND = "recipe"  # the build jobs' kind, and their GitLab stage
+# The engine that comes with torchforge: a job builds the same way whether its image has conda-build or not
+# (`--engine auto` would take an image's conda-build, which reads the other recipe format).
+ENGINE = ("--engine", "rattler-build")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class RecipeJobSettings:
 def build_argv(recipe: CiRecipe, settings: RecipeJobSettings) -> tuple[str, ...]:
     """`torchforge build` of exactly this recipe folder: its CUDA, all its Pythons, one engine run."""
     return ("torchforge", "build", "--pytorch", recipe.version, "--cuda", recipe.accel,
-            "--py", ",".join(recipe.python_versions), "--platform", recipe.subdir, *settings.request_args,
+            "--py", ",".join(recipe.python_versions), "--platform", recipe.subdir, *ENGINE, *settings.request_args,
             *settings.extra_args, "--out", CHANNEL_DIR)
 
 
