@@ -591,7 +591,7 @@ def test_skip_preflight_reaches_every_build_job_and_nothing_else(tmp_path: Path)
     assert "--skip-preflight" in path.read_text().splitlines()[1]  # the regenerate line keeps it
 
 
-def tested_stems(doc: dict[str, Any], graph: dict[str, set[str]]) -> set[str]:
+def installed_by_tests(doc: dict[str, Any], graph: dict[str, set[str]]) -> set[str]:
     """The name-version-build of every package a GitLab file's test jobs install."""
     installed = set()
     for job in (j for j in graph if j.startswith("test-")):
@@ -625,7 +625,7 @@ def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_cach
     assert code == 0
     doc = load(path)
     graph, commands = gitlab_graph(doc)
-    installed = tested_stems(doc, graph)
+    installed = installed_by_tests(doc, graph)
     planned = set()
     for job, lines in commands.items():
         if job.startswith("test-"):

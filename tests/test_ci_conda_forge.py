@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.test_ci import (
-    above_low, actionlint, ci, dry_run_build, gitlab_graph, gitlab_schema, load, tested_stems, zizmor_findings,
+    above_low, actionlint, ci, dry_run_build, gitlab_graph, gitlab_schema, load, installed_by_tests, zizmor_findings,
 )
 from torchforge.ci import Provider
 
@@ -99,7 +99,7 @@ def test_each_build_job_plans_exactly_what_its_tests_install_and_fills_the_cache
     assert code == 0
     doc = load(path)
     graph, commands = gitlab_graph(doc)
-    installed = tested_stems(doc, graph)
+    installed = installed_by_tests(doc, graph)
     planned = set()
     for job in (CPU_RECIPE, CUDA_RECIPE):
         (line,) = [line for line in commands[job] if "torchforge build " in line]

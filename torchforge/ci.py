@@ -825,10 +825,16 @@ def _github_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
     return body
 
 
+def _choice_description(plan: CiPlan) -> str:
+    if plan.build_stages != CiPlan.build_stages:  # recipe folders: an id builds every package of its folder
+        return "Build every recipe folder (all), or one folder's packages by its id"
+    return "Build every package (all), or one package id; a pytorch id also builds its magma package"
+
+
 def github_workflow(plan: CiPlan) -> CommentedMap:
     inputs = CommentedMap()
     inputs["variant"] = CommentedMap(
-        description="Build every package (all), or one package id; a pytorch id also builds its magma package",
+        description=_choice_description(plan),
         type="choice", default=ALL, options=list(plan.choices),
     )
     if plan.upload is not None:
@@ -976,7 +982,7 @@ def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     variables = CommentedMap()
     variables["TORCHFORGE_VARIANT"] = CommentedMap(
         value=ALL, options=list(plan.choices),
-        description="Build every package (all), or one package id; a pytorch id also builds its magma package",
+        description=_choice_description(plan),
     )
     if plan.upload is not None:
         variables["TORCHFORGE_UPLOAD"] = CommentedMap(
