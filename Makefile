@@ -89,7 +89,7 @@ container-image: $(STAMP)  ## make the local podman build images for --container
 container-check: container-image  ## the real `torchforge build --container` builds with podman (tests/test_container_build.py)
 	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
 
-ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipeline for the torch_heavy fixture here, twice, with gitlab-ci-local + podman, and check its logs (.cache/ci-local); about 30 min
+ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipelines here, twice each, with gitlab-ci-local + podman, and check their logs (.cache/ci-local): the official flavour's (torch_heavy) and the conda-forge flavour's 2.13.0 cpu one (torch_split); about 35 min
 	$(BIN)/python -m tests.ci_local --check-tools
 	env -u TORCHFORGE_NO_CONTAINER TORCHFORGE_STRICT_SKIPS=1 nice $(BIN)/python -m pytest -n 0 -m ci_local tests/test_ci_local.py
 

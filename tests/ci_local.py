@@ -18,6 +18,12 @@ fixtures (torch_heavy, magma_like), torchforge.toml, a test script for the fixtu
 and the emitted .gitlab-ci.yml, committed to git as a CI checkout is.
 
 The pipeline runs twice; each run's log is kept (.cache/ci-local/run-N.log). `python -m tests.ci_local [--no-cuda]`.
+
+The conda-forge flavour's pipeline (the default from 2.6) runs the same way, twice, from a repository of its own
+(.cache/ci-local/repo-conda-forge, logs conda-forge-run-N.log): a 2.13.0 cpu build of tests/fixtures/torch_split
+(one job for the recipe folder: libtorch, pytorch for 3.11 and the metapackage), its test, the upload into a
+`file://` channel of its own and the promote, against stand-ins of conda-forge's packages (torchforge.standin,
+linked to the image's /usr/bin/python3.11). `python -m tests.ci_local --conda-forge` runs only that one.
 """
 
 from __future__ import annotations
@@ -150,6 +156,75 @@ def wheelhouse() -> Path:
     return wheel
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """One emitted pipeline: its repository, the log name of its runs, its upload channel."""
+
+    repo: Path
+    log_prefix: str
+    channel: Path
+
+    def log(self, number: int) -> Path:
+        return HOME / f"{self.log_prefix}run-{number}.log"
+
+
+OFFICIAL = Pipeline(REPO, "", CHANNEL)
+CONDA_FORGE = Pipeline(HOME / "repo-conda-forge", "conda-forge-", SHARED / "channel-conda-forge")
+TORCH_SPLIT = Path(__file__).parent / "fixtures" / "torch_split"
+CF_SELECTION = ("--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11")
+CF_CHECK_SCRIPT = "ci/torch_split_check.py"
+CF_CHECK = '''"""The test stage's check for the torch_split fixture (not PyTorch: no matmul)."""
+import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--version", required=True)
+parser.add_argument("--cuda", action="store_true")
+args = parser.parse_args()
+print("torch", torch.__version__, "from", torch.__file__, "cuda built:", torch.cuda_built())
+assert torch.__version__ == args.version and torch.ones_sum(3) == 3.0
+assert torch.cuda_built() is args.cuda
+print("fixture check passed")
+'''
+
+
+def _commit(repo: Path) -> None:
+    """The repository as a CI checkout has it: committed, with an origin remote."""
+    (repo / ".gitignore").write_text(".gitlab-ci-local/\n")
+    # gitlab-ci-local derives CI_PROJECT_* from the origin remote; nothing is fetched from it.
+    for argv in (["git", "init", "--quiet"], ["git", "remote", "add", "origin", "https://gitlab.example/ci-local/repo.git"],
+                 ["git", "add", "."],
+                 ["git", "-c", "user.name=ci-local", "-c", "user.email=ci-local@localhost", "commit", "--quiet", "-m", "ci-local"]):
+        _check(_run(argv, cwd=repo), " ".join(argv[:2]))
+
+
+def conda_forge_repository(wheel: Path) -> dict[str, str]:
+    """The conda-forge flavour's repository: torch_split, stand-ins of its requirements in SHARED (the site's
+    `[channels] replace`), the local cpu image, the emitted .gitlab-ci.yml and the torchforge `wheel`."""
+    from torchforge import standin
+    from torchforge.flavours import Request
+    from torchforge.flavours.conda_forge import planning
+
+    recipes = planning.recipes(Request(*CF_SELECTION[1::2], "linux-64", None, 0))
+    stubs = SHARED / "standin-conda-forge"
+    shutil.rmtree(stubs, ignore_errors=True)
+    standin.make_stub_channel(stubs, standin.flavour_requirements(recipes), bin_dir=Path("/usr/bin"), conda_forge=True)
+    repo = CONDA_FORGE.repo
+    shutil.rmtree(repo, ignore_errors=True)
+    (repo / "ci").mkdir(parents=True)
+    shutil.copytree(TORCH_SPLIT, repo / "fixtures" / "torch_split",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    (repo / "torchforge.toml").write_text(f'[channels]\nreplace = ["{stubs.as_uri()}"]\n'
+                                          + container_image.site_images(cuda=False))
+    (repo / CF_CHECK_SCRIPT).write_text(CF_CHECK)
+    flags = [*CF_SELECTION, "--source", "fixtures/torch_split", "--upload-to", CONDA_FORGE.channel.as_uri(),
+             "--config", "torchforge.toml", "--test-script", CF_CHECK_SCRIPT]
+    _check(_run([str(ROOT / ".venv" / "bin" / "torchforge"), "ci", "gitlab", *flags, "--wheel", str(wheel), "--out", "."],
+                cwd=repo), "torchforge ci gitlab (conda-forge)")
+    _commit(repo)
+    return {}
+
+
 def scratch_repository(cuda: bool, wheel: Path) -> dict[str, str]:
     """The stand-ins in SHARED, the repository in REPO with its emitted .gitlab-ci.yml and the torchforge `wheel`
     its jobs install; returns the variables that name the bundled-library stand-ins."""
@@ -175,17 +250,12 @@ def scratch_repository(cuda: bool, wheel: Path) -> dict[str, str]:
     _check(_run([str(ROOT / ".venv" / "bin" / "torchforge"), "ci", "gitlab", *flags, "--wheel", str(wheel), "--out", "."],
                 cwd=REPO),
            "torchforge ci gitlab")
-    (REPO / ".gitignore").write_text(".gitlab-ci-local/\n")
-    # gitlab-ci-local derives CI_PROJECT_* from the origin remote; nothing is fetched from it.
-    for argv in (["git", "init", "--quiet"], ["git", "remote", "add", "origin", "https://gitlab.example/ci-local/repo.git"],
-                 ["git", "add", "."],
-                 ["git", "-c", "user.name=ci-local", "-c", "user.email=ci-local@localhost", "commit", "--quiet", "-m", "ci-local"]):
-        _check(_run(argv, cwd=REPO), " ".join(argv[:2]))
+    _commit(REPO)
     return bundled
 
 
-def run_pipeline(bundled: dict[str, str], number: int) -> Run:
-    """One `gitlab-ci-local` run of the whole pipeline; the log also goes to .cache/ci-local/run-N.log."""
+def run_pipeline(bundled: dict[str, str], number: int, pipeline: Pipeline = OFFICIAL) -> Run:
+    """One `gitlab-ci-local` run of the whole pipeline; the log also goes to .cache/ci-local/[PREFIX]run-N.log."""
     variables = {"CI_PIPELINE_SOURCE": "web", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELS),
                  "PIP_DISABLE_PIP_VERSION_CHECK": "1", **bundled}
     argv = [str(GCL), "--container-executable", "podman", "--volume", f"{SHARED}:{SHARED}", "--concurrency", "1",
@@ -195,13 +265,14 @@ def run_pipeline(bundled: dict[str, str], number: int) -> Run:
     for name, value in variables.items():
         argv += ["--variable", f"{name}={value}"]
     env = {**os.environ, **container_image.podman_env()}
-    path = HOME / f"run-{number}.log"
+    path = pipeline.log(number)
     with path.open("w") as log:  # written as it runs: `tail -f` shows the jobs
-        result = subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
+        result = subprocess.run(argv, cwd=pipeline.repo, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600, check=False)
     return Run(result.returncode, path.read_text())
 
 
-def main(cuda: bool) -> int:
+def main(cuda: bool, pipeline: Pipeline = OFFICIAL) -> int:
+    """Emit `pipeline`'s repository and run it twice (the second run from the first one's caches)."""
     try:
         check_tools()
         container_image.ensure(cuda=cuda)
@@ -210,15 +281,16 @@ def main(cuda: bool) -> int:
     except (container_image.Unavailable, Unavailable) as exc:
         print(f"ci-local cannot run here: {exc}", file=sys.stderr)
         return 1
-    shutil.rmtree(CHANNEL, ignore_errors=True)
-    CHANNEL.mkdir(parents=True)
-    bundled = scratch_repository(cuda, wheelhouse())
+    shutil.rmtree(pipeline.channel, ignore_errors=True)
+    pipeline.channel.mkdir(parents=True)
+    wheel = wheelhouse()
+    bundled = conda_forge_repository(wheel) if pipeline is CONDA_FORGE else scratch_repository(cuda, wheel)
     for number in (1, 2):
-        run = run_pipeline(bundled, number)
+        run = run_pipeline(bundled, number, pipeline)
         if run.returncode != 0:
-            print(f"ci-local: run {number} failed ({run.returncode}); log in {HOME / f'run-{number}.log'}", file=sys.stderr)
+            print(f"ci-local: run {number} failed ({run.returncode}); log in {pipeline.log(number)}", file=sys.stderr)
             return 1
-        print(f"ci-local: run {number} passed; log in {HOME / f'run-{number}.log'}")
+        print(f"ci-local: run {number} passed; log in {pipeline.log(number)}")
     return 0
 
 
@@ -235,4 +307,6 @@ def preflight() -> int:
 if __name__ == "__main__":
     if "--check-tools" in sys.argv:
         sys.exit(preflight())
-    sys.exit(main(cuda="--no-cuda" not in sys.argv and container_image.cuda_available()))
+    chosen = CONDA_FORGE if "--conda-forge" in sys.argv else OFFICIAL
+    # the conda-forge pipeline is a cpu one: its CUDA image is not needed
+    sys.exit(main("--no-cuda" not in sys.argv and chosen is OFFICIAL and container_image.cuda_available(), chosen))

@@ -592,6 +592,26 @@ def test_skip_preflight_reaches_every_build_job_and_nothing_else(tmp_path: Path)
     assert "--skip-preflight" in path.read_text().splitlines()[1]  # the regenerate line keeps it
 
 
+def installed_by_tests(doc: dict[str, Any], graph: dict[str, set[str]]) -> set[str]:
+    """The name-version-build of every package a GitLab file's test jobs install."""
+    installed = set()
+    for job in (j for j in graph if j.startswith("test-")):
+        (create,) = [line for line in doc[job]["script"] if line.startswith("conda create ")]
+        installed |= {"-".join(spec.replace("==", "").split()) for spec in shlex.split(create) if " ==" in spec}
+    return installed
+
+
+def dry_run_build(line: str, job: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> str:
+    """A GitLab build job's `torchforge build` line run with --dry-run here: its output, checked to fill the
+    compile cache the job saves."""
+    capsys.readouterr()
+    assert cli_main([*shlex.split(line)[1:], "--dry-run"]) == 0, line
+    output = capsys.readouterr()
+    text = output.out + output.err
+    assert "fills " + job["cache"]["key"].removeprefix("ccache-") in text, line
+    return text
+
+
 def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_caches(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Each build job's own command, dry-run in a checkout: it plans the package (name, version, build string)
@@ -606,32 +626,25 @@ def test_every_build_job_builds_what_the_test_jobs_install_under_the_key_it_cach
     assert code == 0
     doc = load(path)
     graph, commands = gitlab_graph(doc)
-    installed = set()
-    for job in (j for j in graph if j.startswith("test-")):
-        (create,) = [line for line in doc[job]["script"] if line.startswith("conda create ")]
-        installed |= {"-".join(spec.replace("==", "").split()) for spec in shlex.split(create) if " ==" in spec}
+    installed = installed_by_tests(doc, graph)
     planned = set()
-    capsys.readouterr()
     for job, lines in commands.items():
         if job.startswith("test-"):
             continue
-        argv = shlex.split(lines[0])
-        assert cli_main([*argv[1:], "--dry-run"]) == 0, job
-        output = capsys.readouterr()
-        text = output.out + output.err
-        assert "fills " + doc[job]["cache"]["key"].removeprefix("ccache-") in text, job
+        text = dry_run_build(lines[0], doc[job], capsys)
         planned |= set(re.findall(r"\b((?:magma-cuda\d+|pytorch)-[\d.]+-\S+_\d+)\b", text))
     assert installed and installed <= planned, (installed, planned)
 
 
-def test_ci_writes_the_official_flavours_jobs_and_pins_the_flavour_where_build_would_default_to_another(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """2.6+ builds the conda-forge flavour by default; ci writes official-flavour jobs only, so it refuses the default
-    and, asked for --flavour official, every build job (and the regenerate line) says so: the job builds what the
-    pipeline was written for."""
+def test_ci_writes_the_flavour_build_would_and_pins_the_flavour_where_build_would_default_to_another(
+        tmp_path: Path) -> None:
+    """2.6+ builds the conda-forge flavour by default, and so do the jobs (tests/test_ci_conda_forge.py); asked for
+    --flavour official, every build job (and the regenerate line) says so: the job builds what the pipeline was
+    written for."""
     code, path = ci(tmp_path / "a", Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12")
-    assert code == ExitCode.USAGE and not path.exists()
-    assert "add --flavour official" in " ".join(capsys.readouterr().err.split())
+    builds = [line for line in path.read_text().splitlines() if "torchforge build " in line]
+    assert code == 0 and builds and all("--flavour" not in line for line in builds)
+    assert "libtorch-2.13.0-cpu-linux_64:" in path.read_text()
     code, path = ci(tmp_path / "b", Provider.GITLAB, "--pytorch", "2.13.0", "--flavour", "official", "--cuda", "cpu",
                     "--py", "3.12")
     text = path.read_text()

@@ -92,3 +92,67 @@ def test_the_upload_staged_then_promoted_every_package(pipeline: list[str]) -> N
         assert any(name.startswith("magma-cuda130-") for name in main)
         assert any(name.startswith("pytorch-2.13.0-py3.11_cuda13.0_") for name in main)
     assert all(Path(channel / sub / "repodata.json").is_file() for sub in ("linux-64", "noarch"))
+
+
+# ---- the conda-forge flavour's pipeline (2.13.0 cpu, torch_split) -------------------------------------------
+
+CF_PACKAGES = ("libtorch-2.13.0-cpu_mkl_torchforge_", "pytorch-2.13.0-cpu_mkl_torchforge_py311_",
+               "pytorch-cpu-2.13.0-cpu_mkl_torchforge_")
+
+
+@pytest.fixture(scope="module")
+def conda_forge_pipeline() -> list[str]:
+    """Both runs' logs of the conda-forge flavour's pipeline (a cpu one: no CUDA image)."""
+    try:
+        ci_local.check_tools()
+        container_image.ensure(cuda=False)
+        ci_local.ensure_gitlab_ci_local()
+    except (container_image.Unavailable, ci_local.Unavailable) as exc:
+        pytest.skip(f"ci-local cannot run here: {exc}")
+    pipeline = ci_local.CONDA_FORGE
+    assert ci_local.main(False, pipeline) == 0, pipeline.log(1).read_text()[-6000:]
+    return [pipeline.log(n).read_text() for n in range(1, RUNS + 1)]
+
+
+@pytest.mark.slow
+def test_the_conda_forge_flavours_one_build_job_its_test_upload_and_promote_run_in_order_and_pass(
+        conda_forge_pipeline: list[str]) -> None:
+    doc = YAML(typ="safe").load((ci_local.CONDA_FORGE.repo / ".gitlab-ci.yml").read_text())
+    for log in conda_forge_pipeline:
+        jobs = _jobs(log)
+        assert [(job, stage) for job, _, stage in jobs] == [
+            ("libtorch-2.13.0-cpu-linux_64", "recipe"), ("test-libtorch-2.13.0-cpu-linux_64-py3.11", "test"),
+            ("upload", "upload"), ("promote", "promote")]
+        for job, image, stage in jobs:
+            started = _line_of(log, f"{job} starting ")
+            for need in doc[job].get("needs", []):
+                assert _line_of(log, f"{need['job']} finished in ") < started, (job, need)
+            if stage in ("recipe", "test"):
+                assert image == container_image.CPU, (job, image)
+        assert set(PASSED.findall(log)) == {job for job, _, _ in jobs}
+        assert log.count("fixture check passed") == 1
+        # one engine run built all three packages of the folder
+        assert re.search(rf"build {re.escape(CF_PACKAGES[0])}\w+, {re.escape(CF_PACKAGES[1])}\w+, "
+                         rf"{re.escape(CF_PACKAGES[2])}\w+ \(rattler-build\)", " ".join(log.split()))
+
+
+@pytest.mark.slow
+def test_the_conda_forge_flavours_second_run_builds_from_the_first_runs_compile_cache(
+        conda_forge_pipeline: list[str]) -> None:
+    first, second = conda_forge_pipeline
+    (key,) = set(re.findall(r"cache created in '\.gitlab-ci-local/cache/(ccache-[\w.-]+)'", first))
+    assert key.startswith("ccache-libtorch-2.13.0-cpu-linux_64-") and f"imported cache '{key}'" in second
+    reused = [(int(h), int(c)) for h, c in REUSED.findall(second)]
+    assert reused and all(hits == calls > 0 for hits, calls in reused), reused
+
+
+@pytest.mark.slow
+def test_the_conda_forge_flavours_upload_staged_then_promoted_its_three_packages(
+        conda_forge_pipeline: list[str]) -> None:
+    del conda_forge_pipeline
+    channel = ci_local.CONDA_FORGE.channel
+    staged = {p.name for p in (channel / "label" / "staging").glob("*/*.conda")}
+    main = {p.name for p in channel.glob("*/*.conda")}
+    assert staged == main and len(main) == 3
+    assert all(any(name.startswith(prefix) for name in main) for prefix in CF_PACKAGES), main
+    assert (channel / "linux-64" / "repodata.json").is_file()

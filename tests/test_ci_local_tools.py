@@ -39,7 +39,7 @@ def test_make_ci_local_fails_when_its_tests_only_skip(tmp_path: Path) -> None:
     done = subprocess.run(["make", "--no-print-directory", "-i", "ci-local"], cwd=REPO, env=_env(tmp_path / "bin"),
                           capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
-    assert "3 skipped" in output and "skips NOT in tests/skips_allowed.py (fail the run: strict)" in output
+    assert "6 skipped" in output and "skips NOT in tests/skips_allowed.py (fail the run: strict)" in output
     assert f"tests/test_ci_local.py::test_the_compile_cache_is_saved_then_reused: {MISSING}" in output
     assert [line.split("] ")[-1] for line in done.stderr.splitlines() if "(ignored)" in line] == \
         ["Error 1 (ignored)", "Error 1 (ignored)"]  # the tool check and pytest both failed

@@ -24,9 +24,8 @@ LONG_FUNCTIONS: dict[str, int] = {
     "torchforge.commands.build.register.build": 116,
     "torchforge.data.check_invariants": 124,
     "torchforge.recipe.pytorch_context": 109,
-    "torchforge.commands.ci.register": 102,
-    "torchforge.commands.ci.register.ci": 100,
-    "torchforge.ci.ci_plan": 88,
+    "torchforge.commands.ci.register": 96,
+    "torchforge.commands.ci.register.ci": 94,
 }
 
 

@@ -172,7 +172,7 @@ class Job:
 
     key: str
     package: str
-    kind: str  # "magma" or "pytorch"
+    kind: str  # "magma", "pytorch", or "recipe" (one engine run of several packages: CiPlan.build_stages)
     platform: str
     accel: str  # "cpu" or CUDA "X.Y"
     argv: tuple[str, ...]  # the torchforge build command
@@ -235,6 +235,12 @@ class TestJob:
     specs: tuple[str, ...]  # conda match specs of exactly the built packages ("pytorch ==2.13.0 py3.11_cpu_0")
     version: str  # the pytorch version the package reports
     runner: tuple[str, ...]
+    python: str = ""  # X.Y where one build job yields packages for several Pythons, one test job each
+
+    @property
+    def name(self) -> str:
+        """The job's name in a GitLab file (package ids users know from `torchforge matrix`)."""
+        return f"test-{self.build.package}" + (f"-py{self.python}" if self.python else "")
 
     @property
     def gpu(self) -> bool:
@@ -265,6 +271,7 @@ class CiPlan:
     regenerate: str  # the torchforge command that wrote the file (shown in its header)
     tests: tuple[TestJob, ...] = ()  # one per pytorch job, in the same order
     test_script: str | None = None  # a repository file the test jobs run instead of torchforge's smoke check
+    build_stages: tuple[str, ...] = ("magma", "pytorch")  # the build jobs' kinds, in order (GitLab's stages)
 
     def job(self, key: str) -> Job:
         return next(j for j in self.jobs if j.key == key)
@@ -334,7 +341,7 @@ def repository_path(value: str, flag: str, root: Path, *, file: bool) -> str:
     return value
 
 
-def _accel_tag(accel: str) -> str:
+def accel_tag(accel: str) -> str:
     return CPU if accel == CPU else f"cu{nodot(accel)}"
 
 
@@ -379,6 +386,46 @@ def pytorch_argv(variant: Variant, extra: Sequence[str] = (), magma_source: str 
     return tuple(argv)
 
 
+def default_runner(provider: Provider, platform: str, runner: str | None) -> tuple[str, ...]:
+    """The build jobs' runner labels: --runner, else the provider's self-hosted runners of the platform."""
+    data = load_data()
+    defaults = data.runners.default if provider is Provider.GITHUB else data.runners.gitlab_default
+    return parse_labels(runner, "--runner") if runner is not None else defaults[platform]
+
+
+def gpu_labels(provider: Provider, platform: str, gpu_runner: str | None, site: SiteConfig) -> tuple[str, ...]:
+    """The CUDA packages' test runner: --gpu-runner, torchforge.toml [ci] gpu_runner, else a self-hosted GPU runner."""
+    labels = gpu_runner or site.gpu_runner
+    if labels is not None:
+        return parse_labels(labels, "--gpu-runner")
+    runners = load_data().runners
+    return (runners.github_gpu if provider is Provider.GITHUB else runners.gitlab_gpu)[platform]
+
+
+def pinned_requirement(requirement: str | None) -> str:
+    """Where every job installs torchforge from: one exact torchforge (the committed wheel by default)."""
+    requirement = requirement or f"./{load_data().tools.torchforge_wheel_dir}/{selfwheel.wheel_name()}"
+    if not _PINNED.fullmatch(requirement):
+        raise UsageError(f"--requirement {requirement!r} does not pin one torchforge: an index name installs whatever "
+                         "the index serves under it (PyPI's `torchforge` is another project)",
+                         "give a git URL at a full commit (git+https://HOST/REPO.git@<40-hex sha>), a wheel URL with "
+                         "its hash (https://HOST/x.whl#sha256=<64 hex>) or a wheel committed in the repository "
+                         "(./dist/x.whl); or leave --requirement out: `ci` commits this torchforge's wheel")
+    return requirement
+
+
+def image_fields(accel: str, image: Image, cudnn: str = "") -> dict[str, Any]:
+    """The `Job` fields of a build in `image` for CUDA `accel` (cpu): the image, its toolkit, any derivation."""
+    check_cudnn(accel, image, cudnn)  # an image with another cuDNN than the build string's is refused
+    fields: dict[str, Any] = {"image": image.base or image.image, "cuda_home": image.cuda_home, "glibc": image.glibc}
+    if image.derived:
+        # The same derivation as `torchforge build --container`: conda-build, and the variant's cuDNN.
+        derived = derivation(accel, image, cudnn)
+        fields.update(derive_script=derived.script, derive_prefix=derived.prefix,
+                      derive_env=tuple(sorted(derived.env.items())), derive_cudnn=derived.cudnn)
+    return fields
+
+
 def ci_plan(
     render_plan: RenderPlan,
     provider: Provider,
@@ -396,42 +443,25 @@ def ci_plan(
 ) -> CiPlan:
     """The jobs of a selection and who needs whom. Refuses selections with refused variants (RefusedError)."""
     render_plan.require_buildable()
-    data = load_data()
     if not render_plan.variants:
         raise UsageError("the selection has no variants", "give --cuda and --py values")
     accels = tuple(dict.fromkeys(v.request.accel for v in render_plan.variants))
     platform = render_plan.variants[0].request.platform
-    defaults = data.runners.default if provider is Provider.GITHUB else data.runners.gitlab_default
-    base_runner = parse_labels(runner, "--runner") if runner is not None else defaults[platform]
+    base_runner = default_runner(provider, platform, runner)
     per_accel = parse_runner_map(runner_map, accels)
-    requirement = requirement or f"./{data.tools.torchforge_wheel_dir}/{selfwheel.wheel_name()}"
-    if not _PINNED.fullmatch(requirement):
-        raise UsageError(f"--requirement {requirement!r} does not pin one torchforge: an index name installs whatever "
-                         "the index serves under it (PyPI's `torchforge` is another project)",
-                         "give a git URL at a full commit (git+https://HOST/REPO.git@<40-hex sha>), a wheel URL with "
-                         "its hash (https://HOST/x.whl#sha256=<64 hex>) or a wheel committed in the repository "
-                         "(./dist/x.whl); or leave --requirement out: `ci` commits this torchforge's wheel")
+    requirement = pinned_requirement(requirement)
 
     site = site or SiteConfig()
     images = {accel: require_image(accel, site.images) for accel in accels} if platform == "linux-64" else {}
 
     def image_of(accel: str, cudnn: str = "") -> dict[str, Any]:
         image: Image | None = images.get(accel)
-        if image is None:
-            return {}
-        check_cudnn(accel, image, cudnn)  # an image with another cuDNN than the build string's is refused
-        fields: dict[str, Any] = {"image": image.base or image.image, "cuda_home": image.cuda_home, "glibc": image.glibc}
-        if image.derived:
-            # The same derivation as `torchforge build --container`: conda-build, and the variant's cuDNN.
-            derived = derivation(accel, image, cudnn)
-            fields.update(derive_script=derived.script, derive_prefix=derived.prefix,
-                          derive_env=tuple(sorted(derived.env.items())), derive_cudnn=derived.cudnn)
-        return fields
+        return {} if image is None else image_fields(accel, image, cudnn)
 
     jobs: list[Job] = []
     magma_key: dict[str, str] = {}
     for magma in render_plan.magma:
-        key = f"magma-{_accel_tag(magma.cuda)}"
+        key = f"magma-{accel_tag(magma.cuda)}"
         first = next(v for v in render_plan.variants if v.magma is not None and v.magma.id == magma.id)
         magma_key[magma.id] = key
         jobs.append(Job(
@@ -445,7 +475,7 @@ def ci_plan(
     seed: dict[str, str] = {}
     for variant in render_plan.variants:
         request = variant.request
-        key = f"pytorch-{_accel_tag(request.accel)}-py{nodot(request.python)}"
+        key = f"pytorch-{accel_tag(request.accel)}-py{nodot(request.python)}"
         needs = (magma_key[variant.magma.id],) if variant.magma is not None else ()
         after = seed.setdefault(request.accel, key)
         jobs.append(Job(
@@ -461,15 +491,14 @@ def ci_plan(
     for job in jobs:
         dependents = tuple(j.package for j in jobs if job.key in j.needs)
         run_selectors[job.key] = (*job.selectors, *dependents)
-    gpu_labels = gpu_runner or site.gpu_runner
-    gpu = parse_labels(gpu_labels, "--gpu-runner") if gpu_labels is not None else \
-        (data.runners.github_gpu if provider is Provider.GITHUB else data.runners.gitlab_gpu)[platform]
-    tests = _test_jobs(render_plan, jobs, gpu)
-    upload = _upload(upload_to, base_runner, render_plan) if upload_to is not None else None
+    tests = _test_jobs(render_plan, jobs, gpu_labels(provider, platform, gpu_runner, site))
+    # The companions too (pytorch-mutex, cpuonly, pytorch-cuda): the upload sends them with the rest.
+    stems = [p.filename_stem for p in (*render_plan.magma, *render_plan.companions, *render_plan.variants)]
+    upload = upload_plan(upload_to, base_runner, stems) if upload_to is not None else None
     return CiPlan(tuple(jobs), run_selectors, upload, requirement, regenerate, tests, test_script)
 
 
-def _conda_spec(filename_stem: str) -> str:
+def conda_spec(filename_stem: str) -> str:
     name, version, build = filename_stem.rsplit("-", 2)
     return f"{name} =={version} {build}"
 
@@ -482,19 +511,18 @@ def _test_jobs(render_plan: RenderPlan, jobs: Sequence[Job], gpu: tuple[str, ...
     for variant in render_plan.variants:
         job = built[variant.id]
         magma = magma_of[variant.magma.id] if variant.magma is not None else None
-        specs = (_conda_spec(variant.filename_stem), *((_conda_spec(magma.filename_stem),) if magma else ()))
+        specs = (conda_spec(variant.filename_stem), *((conda_spec(magma.filename_stem),) if magma else ()))
         tests.append(TestJob(key="test-" + job.key.removeprefix("pytorch-"), build=job,
                              magma=job.needs[0] if job.needs else None, specs=specs,
                              version=variant.request.pytorch, runner=job.runner if job.accel == CPU else gpu))
     return tuple(tests)
 
 
-def _upload(target: Target, runner: tuple[str, ...], render_plan: RenderPlan) -> Upload:
+def upload_plan(target: Target, runner: tuple[str, ...], stems: Sequence[str]) -> Upload:
+    """The upload of every built package (`stems`: name-version-build), staged first where the target has labels."""
     staging = load_data().upload.staging_label if target.kind in LABELLED else ""
     if not staging or staging in target.labels:
         return Upload(target=target.name, token_vars=target.token_vars, runner=runner)
-    # The companions too (pytorch-mutex, cpuonly, pytorch-cuda): the upload sent them into staging with the rest.
-    stems = [p.filename_stem for p in (*render_plan.magma, *render_plan.companions, *render_plan.variants)]
     specs = tuple(dict.fromkeys("/".join(stem.rsplit("-", 2)[:2]) for stem in stems))
     return Upload(target=target.name, token_vars=target.token_vars, runner=runner, staging=staging,
                   promote_to=target.labels, promote_specs=specs)
@@ -761,7 +789,7 @@ def _github_test_job(plan: CiPlan, test: TestJob) -> CommentedMap:
               _step("Install them into a fresh environment", create),
               _step("Test " + ("on the GPU" if test.gpu else "on the CPU"), check)]
     body = CommentedMap()
-    body["name"] = f"test {build.package}"
+    body["name"] = f"test {build.package}" + (f" on Python {test.python}" if test.python else "")
     body["needs"] = list(test.needs)
     body["runs-on"] = _runs_on(test.runner)
     if build.in_container:
@@ -797,10 +825,16 @@ def _github_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
     return body
 
 
+def _choice_description(plan: CiPlan) -> str:
+    if plan.build_stages != CiPlan.build_stages:  # recipe folders: an id builds every package of its folder
+        return "Build every recipe folder (all), or one folder's packages by its id"
+    return "Build every package (all), or one package id; a pytorch id also builds its magma package"
+
+
 def github_workflow(plan: CiPlan) -> CommentedMap:
     inputs = CommentedMap()
     inputs["variant"] = CommentedMap(
-        description="Build every package (all), or one package id; a pytorch id also builds its magma package",
+        description=_choice_description(plan),
         type="choice", default=ALL, options=list(plan.choices),
     )
     if plan.upload is not None:
@@ -940,7 +974,7 @@ def _gitlab_upload_job(plan: CiPlan, upload: Upload, names: Mapping[str, str]) -
 
 def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     # GitLab job names can hold dots, so jobs carry the package ids users know from `torchforge matrix`.
-    names = {job.key: job.package for job in plan.jobs} | {t.key: f"test-{t.build.package}" for t in plan.tests}
+    names = {job.key: job.package for job in plan.jobs} | {t.key: t.name for t in plan.tests}
     doc = CommentedMap()
     # Like workflow_dispatch: multi-hour pipelines start from the web form, the API or a trigger, never on push.
     sources = " || ".join(f'$CI_PIPELINE_SOURCE == "{s}"' for s in ("web", "api", "trigger"))
@@ -948,7 +982,7 @@ def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     variables = CommentedMap()
     variables["TORCHFORGE_VARIANT"] = CommentedMap(
         value=ALL, options=list(plan.choices),
-        description="Build every package (all), or one package id; a pytorch id also builds its magma package",
+        description=_choice_description(plan),
     )
     if plan.upload is not None:
         variables["TORCHFORGE_UPLOAD"] = CommentedMap(
@@ -958,7 +992,7 @@ def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
         variables[SMOKE_VARIABLE] = CommentedMap(value=LiteralScalarString(_smoke_script()), expand=False)
     doc["variables"] = variables
     staged = plan.upload is not None and bool(plan.upload.staging)
-    doc["stages"] = ["magma", "pytorch", "test"] + (["upload"] if plan.upload is not None else []) + \
+    doc["stages"] = [*plan.build_stages, "test"] + (["upload"] if plan.upload is not None else []) + \
         (["promote"] if staged else [])
     for job in plan.jobs:
         doc[names[job.key]] = _gitlab_build_job(plan, job, names)

@@ -179,7 +179,9 @@ def _extract_stream(stream: Iterator[tuple[tarfile.TarFile, tarfile.TarInfo]], d
                     checked: Callable[[tarfile.TarFile], Iterator[tarfile.TarInfo]]) -> None:
     for tar, _first in stream:
         # Iterating the tar again starts from its first member (already read); the stream must not seek back.
-        # "fully_trusted": the rule above has judged every member; keep modes as the package has them.
-        tar.extractall(dest, members=checked(tar), filter="fully_trusted")
+        # "fully_trusted": the rule above has judged every member; keep modes as the package has them. Pythons
+        # before 3.11.4 (Debian 12's 3.11.2, found by `make ci-local`) have no filters: that is how they extract.
+        trusted = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+        tar.extractall(dest, members=checked(tar), **trusted)
         stream.close()  # type: ignore[attr-defined]
         return

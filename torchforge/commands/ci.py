@@ -17,11 +17,14 @@ from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt, PythonOpt,
     PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
+from torchforge import sequence
+from torchforge.ci_recipes import CiRecipe, RecipeJobSettings, from_planned, recipes_ci_plan
+from torchforge.engines.choice import select_engine
 from torchforge.console import err, note, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
-from torchforge.flavours import Flavour, choose
+from torchforge.flavours import Flavour, Request, choose
 from torchforge.render import plan
 from torchforge.targets import resolve
 
@@ -43,6 +46,35 @@ def _commit_wheel(wheel: Path | None, repository: Path) -> None:
         with fileops.private_scratch("ci-wheel") as scratch:
             placed = selfwheel.place(selfwheel.build(Runner(echo=note), scratch), repository, folder)
     note(f"wrote {placed}: the jobs install this torchforge from it (commit it with the CI file)")
+
+
+def _check_inputs(requirement: str | None, wheel: Path | None, out_dir: Path, channel: list[str] | None,
+                  paths: tuple[tuple[str, str | None, bool], ...]) -> None:
+    """The flags checked before anything is planned; `paths`: (flag, value, is a file) of repository paths."""
+    if requirement is not None and not requirement.strip():
+        raise UsageError("--requirement is empty", "give a git URL at a full commit, or leave it out")
+    if requirement is not None and wheel is not None:
+        raise UsageError("--requirement and --wheel both say where the jobs get torchforge", "give one of them")
+    if wheel is not None:
+        selfwheel.check(wheel)
+    check_dir(out_dir, "--out")
+    check_channel_args(channel)
+    for flag, value, file in paths:
+        if value is not None:  # every job reads it from its checkout of the repository (--out)
+            repository_path(value, flag, out_dir, file=file)
+
+
+def _recipes(pytorch: str | None, cuda: str | None, python: str | None, platform: str | None, arch_list: str | None,
+             build_number: int, source: str | None, official_only: dict[str, object]) -> tuple[CiRecipe, ...]:
+    """The recipe folders of a flavour that plans them (conda-forge), as the CI jobs need them."""
+    if platform == "win-64":
+        raise UsageError("torchforge does not build win-64 recipes of the conda-forge flavour (it builds on linux)",
+                         "write the jobs for --platform linux-64 (or linux-aarch64), or use --flavour official")
+    request = Request(pytorch, cuda, python, platform, arch_list, build_number, source,
+                      flavour_flags=tuple(official_only.items()))
+    # The packages' names are the same for every engine; only the folder's files differ, and the jobs render them.
+    engine, _ = select_engine("rattler-build", require_available=False)
+    return from_planned(sequence.plan(Flavour.CONDA_FORGE, request, engine.recipe_format).recipes)
 
 
 def register(app: typer.Typer) -> None:
@@ -82,41 +114,27 @@ def register(app: typer.Typer) -> None:
         flavour: FlavourOpt = None,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
-        if requirement is not None and not requirement.strip():
-            raise UsageError("--requirement is empty", "give a git URL at a full commit, or leave it out")
-        if requirement is not None and wheel is not None:
-            raise UsageError("--requirement and --wheel both say where the jobs get torchforge", "give one of them")
-        if wheel is not None:
-            selfwheel.check(wheel)
-        check_dir(out_dir, "--out")
-        check_channel_args(channel)
-        for flag, value, file in (("--test-script", test_script, True), ("--source", source, False),
-                                  ("--magma-source", magma_source, False),
-                                  ("--config", None if config is None else str(config), True)):
-            if value is not None:  # every job reads it from its checkout of the repository (--out)
-                repository_path(value, flag, out_dir, file=file)
+        _check_inputs(requirement, wheel, out_dir, channel, (("--test-script", test_script, True), ("--source", source, False),
+                      ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True)))
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if chosen is Flavour.CONDA_FORGE:
-            raise UsageError("torchforge ci writes the official flavour's jobs (one per package); the conda-forge "
-                             "flavour's jobs are not generated yet",
-                             "add --flavour official for the 2.5-shaped recipe, or build the conda-forge flavour with "
-                             "`torchforge build --flavour conda-forge ...`")
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         None, source, magma_source)
+            recipes = _recipes(pytorch, cuda, python, platform, arch_list, build_number, source,
+                               {"--debug": debug, "--jetson": jetson, "--env": env, "--magma-source": magma_source})
+            request = (recipes[0].version, ",".join(dict.fromkeys(r.accel for r in recipes)),
+                       ",".join(dict.fromkeys(p for r in recipes for p in r.python_versions)), recipes[0].subdir)
+        else:
+            selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
+                                             env, None, source, magma_source)
+            request = (selection.pytorch, ",".join(selection.accels), ",".join(selection.pythons), selection.platform)
         # the jobs build exactly this flavour, whatever `torchforge build`'s default for the release
-        default = choose(None, selection.pytorch)[0]
-        pinned = ("--flavour", "official") if flavour is not None or default is not Flavour.OFFICIAL else ()
-        if provider is Provider.GITHUB:
-            for name, value in selection.options.extra_env:
-                if "${{" in value:  # GitHub evaluates ${{ }} in every `run:` before any shell quoting applies
-                    raise UsageError(f"--env {name}={value}: GitHub Actions would evaluate its ${{{{ }}}} expression",
-                                     "give the value without ${{, or write the variable into the workflow yourself")
+        pinned = ("--flavour", chosen.value) if flavour is not None or choose(None, request[0])[0] is not chosen else ()
+        for pair in env or [] if provider is Provider.GITHUB else []:
+            if "${{" in pair:  # GitHub evaluates ${{ }} in every `run:` before any shell quoting applies
+                raise UsageError(f"--env {pair}: GitHub Actions would evaluate its ${{{{ }}}} expression",
+                                 "give the value without ${{, or write the variable into the workflow yourself")
         # Resolve the target now: a typo fails here, not hours into a CI run.
         target = resolve(upload_to) if upload_to is not None else None
-        given: list[tuple[str, str | None]] = [
-            ("--pytorch", selection.pytorch), ("--cuda", ",".join(selection.accels)),
-            ("--py", ",".join(selection.pythons)), ("--platform", selection.platform),
-        ]
+        given: list[tuple[str, str | None]] = list(zip(("--pytorch", "--cuda", "--py", "--platform"), request))
         optional: list[tuple[str, str | None, bool]] = [
             ("--arch-list", arch_list, arch_list is not None), ("--build-number", str(build_number), build_number != 0),
             ("--debug", None, debug), ("--jetson", jetson, jetson is not None), ("--source", source, source is not None),
@@ -124,7 +142,7 @@ def register(app: typer.Typer) -> None:
             ("--test-script", test_script, test_script is not None), ("--skip-preflight", None, skip_preflight),
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
-            ("--flavour", "official", bool(pinned)),
+            ("--flavour", chosen.value, bool(pinned)),
         ]
         given += [(flag, value) for flag, value, present in optional if present]
         given += [("--env", pair) for pair in env or []]
@@ -132,18 +150,26 @@ def register(app: typer.Typer) -> None:
         if config is not None:
             given.append(("--config", str(config)))
         given.append(("--out", "."))
-        render_plan = plan(selection)
-        ci = ci_plan(render_plan, provider, runner=runner, runner_map=runner_map, upload_to=target, requirement=requirement,
-                     regenerate=regenerate_line(provider, given), site=site_config.load(config and out_dir / config),
-                     extra_args=pinned + site_args(channel or (), str(config) if config else None)
-                     + (("--skip-preflight",) if skip_preflight else ()), gpu_runner=gpu_runner,
-                     test_script=test_script, magma_source=magma_source)
+        site = site_config.load(config and out_dir / config)
+        extra_args = pinned + site_args(channel or (), str(config) if config else None) + \
+            (("--skip-preflight",) if skip_preflight else ())
+        if chosen is Flavour.CONDA_FORGE:
+            request_args = ((*(("--arch-list", arch_list) if arch_list else ()),
+                             *(("--build-number", str(build_number)) if build_number else ()),
+                             *(("--source", source) if source else ())))
+            ci = recipes_ci_plan(recipes, RecipeJobSettings(
+                provider, request_args, extra_args, runner, runner_map, gpu_runner, target, requirement,
+                regenerate_line(provider, given), site, test_script))
+        else:
+            ci = ci_plan(plan(selection), provider, runner=runner, runner_map=runner_map, upload_to=target,
+                         requirement=requirement, regenerate=regenerate_line(provider, given), site=site,
+                         extra_args=extra_args, gpu_runner=gpu_runner, test_script=test_script, magma_source=magma_source)
         text = render(ci, provider)
         if requirement is None:  # the wheel first: a file written without it would install nothing
             check_writable(out_dir, provider, force=force)
             _commit_wheel(wheel, out_dir)
         path = write_file(text, out_dir, provider, force=force)
         out.print(str(path))
-        magma = sum(1 for job in ci.jobs if job.kind == "magma")
-        err.print(f"wrote {provider.value} CI with {magma} magma, {len(ci.jobs) - magma} pytorch and {len(ci.tests)} test job(s)"
+        kinds = ", ".join(f"{sum(job.kind == kind for job in ci.jobs)} {kind}" for kind in ci.build_stages)
+        err.print(f"wrote {provider.value} CI with {kinds} and {len(ci.tests)} test job(s)"
                   + (f" and an upload to {ci.upload.target}" if ci.upload else "") + f" into {path}")

@@ -77,6 +77,7 @@ class PlannedRecipe:
     # Recipes of one cache group differ only in Python and share compiled objects (None: a group of its own).
     cache_group: str | None = None
     cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one
+    pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: 
         folder(recipe, request, fmt), (conda_forge.load().flavour.channel,), recipe.cuda or "cpu",
         where.location if where.kind == "path" else None, recipe.index_fields(),
         script_env=(OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.cuda else (JOBS_VARIABLE,),
-        cache_script_env=BUILD_VARIABLES, cache_group=recipe_group_key(recipe.id, recipe.settings))
+        cache_script_env=BUILD_VARIABLES, cache_group=recipe_group_key(recipe.id, recipe.settings),
+        pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python))
 
 
 def matrix_rows(request: Request) -> list[dict[str, object]]:

@@ -1,0 +1,117 @@
+"""`torchforge ci github|gitlab` for the conda-forge flavour (the default from 2.6): one build job per recipe folder
+(libtorch, pytorch per Python and the metapackage from one engine run), a test job per Python (CPU on the build
+runner, CUDA on the GPU runner), the upload gated by every test, staging and promote where the target has labels.
+The files go through the same real linters as the official flavour's (tests/test_ci.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_ci import (
+    above_low, actionlint, ci, dry_run_build, gitlab_graph, gitlab_schema, load, installed_by_tests, zizmor_findings,
+)
+from torchforge.ci import Provider
+
+CPU_RECIPE = "libtorch-2.13.0-cpu-linux_64"
+CUDA_RECIPE = "libtorch-2.13.0-cuda129-sm50_60_70_75_80_86_90_100_120PTX-linux_64"
+CPU_AND_CUDA = ("--pytorch", "2.13.0", "--cuda", "cpu,12.9", "--py", "3.11,3.12")
+LINT_CASES = {
+    "cpu-and-cuda-staged": (*CPU_AND_CUDA, "--upload-to", "file:///srv/channel", "--gpu-runner", "gpu"),
+    "cuda-arch-list-quetz": ("--pytorch", "2.13.0", "--cuda", "12.9", "--py", "3.12", "--arch-list", "8.0;9.0",
+                             "--build-number", "2", "--upload-to", "quetz+https://q.example/ch"),
+    "flavour-pinned-with-channel": ("--pytorch", "2.7.0", "--flavour", "conda-forge", "--cuda", "cpu", "--py", "3.11",
+                                    "-c", "file:///srv/extra", "--upload-to", "anaconda://myorg"),
+}
+
+
+@pytest.mark.parametrize("case", list(LINT_CASES))
+def test_github_jobs_pass_actionlint_and_zizmor(tmp_path: Path, case: str) -> None:
+    code, path = ci(tmp_path, Provider.GITHUB, *LINT_CASES[case])
+    assert code == 0 and any(key.startswith("build-") for key in load(path)["jobs"])
+    actionlint(tmp_path, "gpu")
+    findings = above_low(zizmor_findings(tmp_path))
+    assert findings == [], json.dumps(findings, indent=1)[:4000]
+
+
+@pytest.mark.parametrize("case", list(LINT_CASES))
+def test_gitlab_jobs_pass_the_schema(tmp_path: Path, case: str) -> None:
+    code, path = ci(tmp_path, Provider.GITLAB, *LINT_CASES[case])
+    assert code == 0 and load(path)["stages"][0] == "recipe"
+    gitlab_schema(tmp_path)
+
+
+def jobs_of(doc: dict[str, Any], provider: Provider) -> dict[str, tuple[set[str], list[str], list[str]]]:
+    """{job key: (keys it needs, its runner labels, every line it runs)} of either provider's file."""
+    if provider is Provider.GITHUB:
+        return {key: ({*body.get("needs", [])}, [body["runs-on"]] if isinstance(body["runs-on"], str) else body["runs-on"],
+                      [line for step in body["steps"] if "run" in step for line in step["run"].splitlines()])
+                for key, body in doc["jobs"].items()}
+    return {key: ({n["job"] for n in body.get("needs", [])}, body["tags"], body["script"])
+            for key, body in doc.items() if isinstance(body, dict) and "script" in body}
+
+
+@pytest.mark.parametrize("provider", list(Provider))
+def test_one_build_job_per_recipe_folder_a_test_per_python_and_the_upload_after_every_test(
+        tmp_path: Path, provider: Provider) -> None:
+    code, path = ci(tmp_path, provider, *CPU_AND_CUDA, "--gpu-runner", "gpu-a100",
+                    "--upload-to", "file:///srv/channel")
+    assert code == 0
+    doc = load(path)
+    jobs = jobs_of(doc, provider)
+    builds = {key: lines for key, (_, _, lines) in jobs.items() if any("torchforge build " in line for line in lines)}
+    text = path.read_text()
+    assert len(builds) == 2 and all(recipe in text for recipe in (CPU_RECIPE, CUDA_RECIPE))
+    for lines in builds.values():  # every Python of the folder in one `torchforge build`
+        (argv,) = [shlex.split(line) for line in lines if "torchforge build " in line]
+        assert argv[argv.index("--py") + 1] == "3.11,3.12" and "--container" not in argv
+    tests = {key: job for key, job in jobs.items() if key.startswith("test-")}
+    assert len(tests) == 4
+    for key, (needs, runner, lines) in tests.items():
+        (build,) = needs
+        assert build in builds
+        on_gpu = any("--cuda 12.9" in line for line in builds[build])
+        assert ("gpu-a100" in runner) is on_gpu and (runner == jobs[build][1]) is not on_gpu, (key, runner)
+        (create,) = [line for line in lines if line.startswith("conda create ")]
+        specs = [spec for spec in shlex.split(create) if " ==2.13.0 " in spec]
+        python = "py311" if "py311" in key or "py3.11" in key else "py312"
+        tag = "cuda129" if on_gpu else "cpu"
+        assert sorted(spec.split()[0] for spec in specs) == sorted(
+            ["libtorch", "pytorch", "pytorch-gpu" if on_gpu else "pytorch-cpu"]), specs
+        assert any(spec.startswith(f"pytorch ==2.13.0 {tag}_mkl_torchforge_{python}_h") for spec in specs), specs
+    assert jobs["upload"][0] == set(builds) | set(tests)
+    assert jobs["promote"][0] == {"upload"}
+
+
+def test_each_build_job_plans_exactly_what_its_tests_install_and_fills_the_cache_it_saves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each build job's own command, dry-run in the checkout (with --source of a folder there): one engine run that
+    yields every package the test jobs install, into the compile cache the job saves and restores."""
+    shutil.copytree(Path(__file__).parent / "fixtures" / "torch_split", tmp_path / "torch_split")
+    monkeypatch.chdir(tmp_path)
+    code, path = ci(tmp_path, Provider.GITLAB, *CPU_AND_CUDA, "--source", "torch_split")
+    assert code == 0
+    doc = load(path)
+    graph, commands = gitlab_graph(doc)
+    installed = installed_by_tests(doc, graph)
+    planned = set()
+    for job in (CPU_RECIPE, CUDA_RECIPE):
+        (line,) = [line for line in commands[job] if "torchforge build " in line]
+        text = dry_run_build(line, doc[job], capsys)
+        assert text.count("--recipe forge-channel/recipes/") == 1, job  # one engine run for the folder
+        planned |= set(re.findall(r"\b((?:libtorch|pytorch(?:-cpu|-gpu)?)-2\.13\.0-\S+_h[0-9a-f]+_\d+)\b", text))
+    assert any(stem.startswith("pytorch-2.13.0-cpu_mkl_torchforge_py311_") for stem in installed)
+    assert len(installed) == 8 and installed == planned, (installed, planned)
+
+
+def test_a_flag_of_the_official_flavour_is_refused_and_nothing_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--debug")
+    assert code != 0 and not path.exists() and not (tmp_path / ".torchforge").exists()
+    assert "--debug applies to --flavour official only" in " ".join(capsys.readouterr().err.split())
