@@ -81,6 +81,33 @@ def functions(spec: str, variant: dict[str, str]) -> str:
     return spec
 
 
+def build_string_pattern(string: str, number: int, cuda: str | None) -> str:
+    """The feedstock's build string with its parts as placeholders: {tag} (cpu, cuda130), {py} (312), {hash}
+    (the engine's hash), {number}."""
+    tag = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
+    pattern = re.sub(r"h[0-9a-f]{7}", "h{hash}", string.replace(tag, "{tag}", 1).replace("py312", "py{py}", 1))
+    return re.sub(rf"_{number}$", "_{number}", pattern)
+
+
+def spec(item: object) -> str:
+    """A requirement as text; a pin function as its call (`pin_compatible('cudnn', upper_bound='x')`)."""
+    if not isinstance(item, dict):
+        return str(item)
+    function, arguments = next(iter(item.items()))
+    named = ", ".join(f"{key}={value!r}" for key, value in arguments.items() if key != "name" and value is not None)
+    return f"{function}({arguments['name']!r}{', ' + named if named else ''})"
+
+
+def script_lines(script: object) -> list[str]:
+    if script is None:
+        return []
+    if isinstance(script, str):
+        return [script]
+    if isinstance(script, dict):
+        return [str(line) for line in script.get("content") or []]
+    return [str(line) for line in script]
+
+
 def cuda_placeholder(text: str, cuda: str | None) -> str:
     return text if cuda is None else text.replace(f"=={cuda}", "=={cuda}")
 
@@ -105,14 +132,25 @@ def job_facts(package: str, recipe: Path, job: Path) -> dict[str, object]:
     cuda = variant.get("cuda_compiler_version")
     cuda = None if cuda in (None, "None") else str(cuda)
     requirements = found.get("requirements") or {}
-    facts: dict[str, object] = {"job": job.name}
-    for key in ("build", "host", "run"):
-        facts[key] = [cuda_placeholder(functions(str(s), variant), cuda) for s in requirements.get(key) or []]
-    tests = found.get("tests") or []
+    source = (found.get("source") or [{}])[0]
+    facts: dict[str, object] = {"job": job.name, "build_number": int(found["build"]["number"]), "source_url": source.get("url", ""),
+                                "source_sha256": source.get("sha256", ""), "patches": source.get("patches", [])}
+    for key in ("build", "host", "run", "run_constraints"):
+        facts[key] = [cuda_placeholder(functions(spec(s), variant), cuda) for s in requirements.get(key) or []]
+    ignored = requirements.get("ignore_run_exports") or {}
+    facts["ignore_run_exports_by_name"] = [str(s) for s in ignored.get("by_name") or []]
+    facts["ignore_run_exports_from_package"] = [str(s) for s in ignored.get("from_package") or []]
+    facts["build_string"] = build_string_pattern(str(found["build"]["string"]), int(found["build"]["number"]), cuda)
+    # A test over the source tree's own suite (it names files: test/, run_tests.sh) is the feedstock's, not the
+    # package's: it is counted, not taken (the -tests outputs are left out the same way).
+    everything = found.get("tests") or []
+    tests = [t for t in everything if not t.get("files")]
+    facts["suite_tests_left_out"] = len(everything) - len(tests)
     facts["test_imports"] = [i for t in tests for i in (t.get("python") or {}).get("imports") or []]
-    facts["test_pip_check"] = any((t.get("python") or {}).get("pip_check") for t in tests)
-    facts["test_requires"] = [str(s) for t in tests for s in (t.get("requirements") or {}).get("run") or []]
-    facts["test_script"] = [str(s) for t in tests if "python" not in t for s in t.get("script") or []]
+    # rattler-build's render leaves out pip_check where it is its default (true)
+    facts["test_pip_check"] = any((t["python"] or {}).get("pip_check", True) for t in tests if "python" in t)
+    facts["test_requires"] = [spec(s) for t in tests for s in (t.get("requirements") or {}).get("run") or []]
+    facts["test_script"] = [line for t in tests if "python" not in t for line in script_lines(t.get("script"))]
     left = ("build_platform", "target_platform", "channel_sources", "channel_targets", "python",
             "cuda_compiler_version", "pytorch")
     facts["variant"] = {k: str(v) for k, v in sorted(variant.items()) if k not in left}
