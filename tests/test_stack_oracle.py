@@ -83,3 +83,42 @@ def test_the_recipe_pins_the_exact_pytorch_and_takes_its_arch_list() -> None:
     assert 'export TORCH_CUDA_ARCH_LIST="${CF_TORCH_CUDA_ARCH_LIST}"' in files["build.sh"]
     assert f'!= "{ARCH_LIST}"' in files["build.sh"]
     assert 'export FORCE_CUDA="1"' in files["build.sh"] and 'TORCHVISION_USE_NVJPEG="1"' in files["build.sh"]
+
+
+@pytest.fixture(scope="module")
+def conda_build_python() -> Path:
+    from tests import tool_venvs
+
+    if not tool_venvs.vendored_conda_present():
+        pytest.skip(f"no conda wheels in {tool_venvs.VENDOR}: the meta.yaml check renders with the real conda-build")
+    return tool_venvs.ensure("conda") / "python"
+
+
+@pytest.mark.parametrize(("package", "version", "accel"), [("torchvision", "0.28.0", "cuda"),
+                                                           ("torchvision", "0.22.0", "cuda"),
+                                                           ("torchaudio", "2.11.0", "cuda"),
+                                                           ("torchaudio", "2.7.0", "cpu")])
+def test_meta_yaml_says_what_recipe_yaml_says(package: str, version: str, accel: str, tmp_path: Path,
+                                              conda_build_python: Path) -> None:
+    """conda-build's render of torchforge's meta.yaml gives the fields rattler-build's render of its recipe.yaml
+    gives (the same recipe for either engine)."""
+    from tests.feedstock_oracle import render as conda_build_render
+
+    facts = getattr(getattr(conda_forge_stack.load(), package)[version], accel)
+    recipe = conda_forge_stack.plan(package, pytorch_for(package, version, facts.job))
+    folders = {}
+    for engine in ("rattler-build", "conda-build"):
+        folders[engine] = tmp_path / engine
+        folders[engine].mkdir()
+        for name, text in conda_forge_stack.recipe_files(recipe, engine).items():
+            (folders[engine] / name).write_text(text, encoding="utf-8")
+    ours = normalised(render(folders["rattler-build"]))[package]["fields"]
+    # rattler-build's render leaves the test script's expressions for the test run to fill in
+    ours["test.commands"] = [line.replace("${{ version }}", version) for line in ours.get("test.commands", [])]
+    # rattler-build's exact `==V BUILD` is conda-build's `V BUILD` (the render helper does this for run only)
+    ours["requirements.host"] = [re.sub(r"^(\S+) ==(\S+) (\S+)$", r"\1 \2 \3", spec) for spec in ours["requirements.host"]]
+    theirs = normalised(conda_build_render(folders["conda-build"], "linux-64", None))[package]["fields"]
+    different = {field: (ours.get(field), theirs.get(field)) for field in set(ours) | set(theirs)
+                 if sorted(map(str, ours.get(field) or [])) != sorted(map(str, theirs.get(field) or []))
+                 and ours.get(field) != theirs.get(field)}
+    assert not different, different

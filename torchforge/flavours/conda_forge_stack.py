@@ -124,9 +124,11 @@ class CompanionRecipe:
     def stem(self) -> str:
         return f"{self.package}-{self.version}-{self.build_string}"
 
-    @property
-    def pytorch_spec(self) -> str:
-        return f"pytorch =={self.pytorch.version} {self.pytorch.build_string}"
+    def pytorch_spec(self, recipe_format: RecipeFormat) -> str:
+        """The exact pytorch package: rattler-build's `==V BUILD`, conda-build's `V BUILD` (which it reads as exact
+        and would take `==V BUILD` apart otherwise)."""
+        exact = "==" if recipe_format == "rattler-build" else ""
+        return f"pytorch {exact}{self.pytorch.version} {self.pytorch.build_string}"
 
 
 def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = None) -> CompanionRecipe:
@@ -154,13 +156,13 @@ def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = N
                            tuple(warnings))
 
 
-def requirements(recipe: CompanionRecipe) -> dict[str, list[str]]:
+def requirements(recipe: CompanionRecipe, recipe_format: RecipeFormat) -> dict[str, list[str]]:
     """build/host/run: the feedstock's, with its `pytorch` lines replaced by the one exact pytorch package."""
     cuda = recipe.pytorch.cuda or ""
 
     def ours(specs: tuple[str, ...], pin: bool) -> list[str]:
         kept = [s.replace("{cuda}", cuda) for s in specs if s.split()[0] != "pytorch"]
-        return [*kept, recipe.pytorch_spec] if pin and any(s.split()[0] == "pytorch" for s in specs) else kept
+        return [*kept, recipe.pytorch_spec(recipe_format)] if pin and any(s.split()[0] == "pytorch" for s in specs) else kept
 
     found = {"build": ours(recipe.facts.build, False), "host": ours(recipe.facts.host, True),
              "run": ours(recipe.facts.run, True), "run_constraints": list(recipe.facts.run_constraints)}
@@ -195,7 +197,7 @@ def _spec(spec: str, recipe_format: RecipeFormat) -> str:
 
 def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source: dict[str, str]) -> dict:
     """The recipe as data: recipe.yaml (rattler-build) or meta.yaml (conda-build)."""
-    specs = {key: [_spec(s, recipe_format) for s in values] for key, values in requirements(recipe).items()}
+    specs = {key: [_spec(s, recipe_format) for s in values] for key, values in requirements(recipe, recipe_format).items()}
     facts = recipe.facts
     ignored = ignored_run_exports(recipe, recipe_format)
     if recipe_format == "rattler-build":
@@ -207,7 +209,7 @@ def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source
                 "build": {"number": recipe.build_number, "string": recipe.build_string,
                           "script": {"file": "build"}},
                 "requirements": {**specs, **({"ignore_run_exports": ignored} if ignored else {})}, "tests": tests}
-    commands = [line.replace("${{ version }}", "{{ version }}") for line in facts.test_script]
+    commands = [line.replace("${{ version }}", recipe.version) for line in facts.test_script]
     if "run_constraints" in specs:
         specs["run_constrained"] = specs.pop("run_constraints")
     return {"package": {"name": recipe.package, "version": recipe.version}, "source": source,
