@@ -25,6 +25,7 @@ from ruamel.yaml import YAML
 from torchforge import __version__, stackpairing
 from torchforge.data import FrozenModel, data_text, parse_table_as
 from torchforge.errors import RefusedError
+from torchforge.pipeline import PlannedRecipe
 
 WHERE = "torchforge/data/conda_forge_stack.toml"
 Companion = Literal["torchvision", "torchaudio"]
@@ -195,6 +196,13 @@ def _spec(spec: str, recipe_format: RecipeFormat) -> str:
     return spec
 
 
+def _extra(recipe: CompanionRecipe) -> dict[str, str]:
+    """What every package records of its recipe: the settings the pipeline's reuse check compares."""
+    return {"torchforge_flavour": "conda-forge", "torchforge_settings": recipe.settings,
+            "feedstock": f"github:conda-forge/{recipe.package}-feedstock@{recipe.feedstock_commit}",
+            "cuda": recipe.pytorch.cuda or "cpu"}
+
+
 def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source: dict[str, str]) -> dict:
     """The recipe as data: recipe.yaml (rattler-build) or meta.yaml (conda-build)."""
     specs = {key: [_spec(s, recipe_format) for s in values] for key, values in requirements(recipe, recipe_format).items()}
@@ -208,7 +216,8 @@ def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source
                 "package": {"name": recipe.package, "version": recipe.version}, "source": source,
                 "build": {"number": recipe.build_number, "string": recipe.build_string,
                           "script": {"file": "build"}},
-                "requirements": {**specs, **({"ignore_run_exports": ignored} if ignored else {})}, "tests": tests}
+                "requirements": {**specs, **({"ignore_run_exports": ignored} if ignored else {})}, "tests": tests,
+                "extra": _extra(recipe)}
     commands = [line.replace("${{ version }}", recipe.version) for line in facts.test_script]
     if "run_constraints" in specs:
         specs["run_constrained"] = specs.pop("run_constraints")
@@ -216,7 +225,8 @@ def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source
             "build": {"number": recipe.build_number, "string": recipe.build_string, **ignored},
             "requirements": specs,
             "test": {"imports": list(facts.test_imports), "requires": list(facts.test_requires),
-                     "commands": commands}}
+                     "commands": commands},
+            "extra": _extra(recipe)}
 
 
 def build_script(recipe: CompanionRecipe) -> str:
@@ -262,3 +272,12 @@ def recipe_files(recipe: CompanionRecipe, recipe_format: RecipeFormat,
         else ("meta.yaml", "conda_build_config.yaml")
     return {recipe_file: header + _yaml(recipe_document(recipe, recipe_format, source)),
             variant_file: _yaml(variant_config(recipe)), "build.sh": build_script(recipe)}
+
+
+def planned_recipe(recipe: CompanionRecipe, recipe_format: RecipeFormat, channel: str,
+                   local_source: str | None = None) -> PlannedRecipe:
+    """What the pipeline builds: the recipe folder for the engine, the one package it yields, its channel (the
+    output channel, where the pytorch it pins is, comes first through the pipeline)."""
+    return PlannedRecipe(recipe.id, recipe.pytorch.subdir, (recipe.stem,), recipe.settings,
+                         recipe_files(recipe, recipe_format, local_source), (channel,),
+                         "cuda" if recipe.pytorch.cuda else "cpu", local_source)

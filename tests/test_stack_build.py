@@ -1,0 +1,125 @@
+"""End to end on this CPU machine: the conda-forge flavour's torchvision recipe, built through the pipeline against
+the pytorch package of a local channel, installed next to it into a fresh prefix with py-rattler, imported and run.
+
+The pytorch is tests/fixtures/torch_split built by `torchforge build` (the conda-forge flavour, the embedded
+engine); the torchvision sources are tests/fixtures/vision_split (a miniature laid out like torchvision: a C++
+extension linking the installed libtorch; its README says what it stands in for); everything else comes from a
+stand-in channel (torchforge.standin: python, pip, setuptools, pillow ... as tiny packages of their shape).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.test_conda_forge_split import PY, build_arguments, copy_fixture, install_solved, run_checked
+from torchforge.channels import SiteChannels
+from torchforge.cli import main
+from torchforge.flavours import conda_forge, conda_forge_stack
+
+VISION = Path(__file__).parent / "fixtures" / "vision_split"
+OWN = {"torchvision", "pytorch", "libtorch", "pytorch-cpu", "pytorch-gpu"}
+
+
+def pytorch_package(recipe: conda_forge.CondaForgeRecipe) -> conda_forge_stack.PytorchBuild:
+    """The pytorch file the flavour plans for PY: exactly what the torchvision recipe pins."""
+    output = next(o for o in recipe.planned_outputs() if o.name == "pytorch" and o.python == PY)
+    return conda_forge_stack.PytorchBuild(output.version, output.build_string, output.subdir, PY, recipe.cuda,
+                                          None)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    from torchforge import standin
+    from torchforge.commands import flavour as flavour_commands
+    from torchforge.engines.choice import select_engine
+    from torchforge.pipeline import BuildSettings, Pipeline, plan_recipe_steps
+    from torchforge.proc import Runner
+
+    root = tmp_path_factory.mktemp("stack")
+    torch_source, vision_source = copy_fixture(root / "torch_split"), Path(shutil.copytree(VISION, root / "vision"))
+    (pytorch,) = flavour_commands.with_inputs((conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,)),),
+                                              str(torch_source), [], False)
+    vision = conda_forge_stack.plan("torchvision", pytorch_package(pytorch))
+    planned = conda_forge_stack.planned_recipe(vision, "rattler-build", conda_forge.load().flavour.channel,
+                                               str(vision_source))
+    recipes = root / "recipes"
+    assert main(["render", *build_arguments("cpu", None, torch_source), "--format", "rattler-build",
+                 "--out", str(recipes)]) == 0
+    (recipes / vision.id).mkdir()
+    for name, text in planned.files.items():
+        (recipes / vision.id / name).write_text(str(text), encoding="utf-8")
+    specs = {*standin.rendered_recipe_requirements(recipes / pytorch.id, {o.name for o in pytorch.outputs}),
+             *standin.rendered_recipe_requirements(recipes / vision.id, OWN)}
+    stubs, out = root / "stubs", root / "channel"
+    standin.make_stub_channel(stubs, sorted(specs), conda_forge=True)
+    (root / "torchforge.toml").write_text(f'[channels]\nreplace = ["{stubs.as_uri()}"]\n')
+    assert main(["build", *build_arguments("cpu", None, torch_source), "--engine", "rattler-build",
+                 "--config", str(root / "torchforge.toml"), "--out", str(out)]) == 0
+    engine, _ = select_engine("rattler-build")
+    settings = BuildSettings(out=out, site_channels=SiteChannels(replace=(stubs.as_uri(),)))
+    results = Pipeline(engine, Runner(), settings).run(plan_recipe_steps([planned], settings))
+    logs = [log.read_text()[-4000:] for log in (out / "logs").glob("*torchvision*")]
+    assert [r.ok for r in results] == [True], logs
+    return {"vision": vision, "pytorch": pytorch, "out": out, "stubs": stubs, "settings": settings,
+            "planned": planned}
+
+
+@pytest.mark.slow
+def test_the_planned_torchvision_package_is_in_the_channel_and_pins_the_exact_pytorch(stack) -> None:
+    from tests.test_conda_forge_split import package_index
+
+    vision: conda_forge_stack.CompanionRecipe = stack["vision"]
+    package = stack["out"] / "linux-64" / f"{vision.stem}.conda"
+    assert package.is_file(), sorted(p.name for p in (stack["out"] / "linux-64").iterdir())
+    depends = package_index(package)["depends"]
+    built = stack["vision"].pytorch
+    assert f"pytorch {built.version} {built.build_string}" in depends or \
+        f"pytorch =={built.version} {built.build_string}" in depends, depends
+    assert any(d.startswith("python_abi") for d in depends), depends  # python's run_exports, as on conda-forge
+
+
+@pytest.mark.slow
+def test_installed_next_to_its_pytorch_it_imports_and_runs_on_the_channels_libtorch(stack, tmp_path: Path) -> None:
+    vision: conda_forge_stack.CompanionRecipe = stack["vision"]
+    prefix = tmp_path / "env"
+    records = install_solved([stack["out"], stack["stubs"]], ["torchvision"], None, prefix)
+    chosen = {r.name: r.build for r in records}
+    assert chosen["torchvision"] == vision.build_string and chosen["pytorch"] == vision.pytorch.build_string
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
+    probe = ("import torchvision, torchvision.ops as ops; print(torchvision.__version__, torchvision.torch_version, "
+             "ops.ones_sum(4), torchvision._C.c10_version()); "
+             "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if '.so' in l})))")
+    lines = run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env).splitlines()
+    assert lines[0] == f"{vision.version} 2.13.0 4.0 2.13.0"
+    loaded = {Path(p).name: Path(p) for p in lines[1:]}
+    for name in ("libtorch.so", "libtorch_cpu.so", "libc10.so"):  # the channel's libtorch, from the prefix
+        assert loaded[name].resolve().parent == (prefix / "lib").resolve(), (name, loaded.get(name))
+
+
+@pytest.mark.slow
+def test_a_second_run_reuses_the_package(stack) -> None:
+    from torchforge.pipeline import Action, plan_recipe_steps
+
+    (step,) = plan_recipe_steps([stack["planned"]], stack["settings"])
+    assert step.action is Action.REUSE
+
+
+def test_the_stand_in_pip_is_a_pip_command_of_its_prefix(tmp_path: Path) -> None:
+    """Like the real package, the stand-in `pip` puts a `pip` command in bin/ that runs the prefix's python
+    (the feedstocks' tests run `pip list | grep torchvision`): it sees what is installed in that prefix."""
+    from torchforge import standin
+
+    standin.make_stub_channel(tmp_path / "stubs", [f"python {PY}.*", "pip"], conda_forge=True)
+    prefix = tmp_path / "env"
+    install_solved([tmp_path / "stubs"], [f"python {PY}.*", "pip"], None, prefix)
+    site = next((prefix / "lib").glob("python*/site-packages"))
+    (site / "marker_pkg-1.2.3.dist-info").mkdir()
+    (site / "marker_pkg-1.2.3.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: marker-pkg\n"
+                                                                  "Version: 1.2.3\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    listed = run_checked([str(prefix / "bin" / "pip"), "list", "--disable-pip-version-check"], env=env)
+    assert "marker-pkg" in listed and "1.2.3" in listed
