@@ -122,3 +122,36 @@ def test_meta_yaml_says_what_recipe_yaml_says(package: str, version: str, accel:
                  if sorted(map(str, ours.get(field) or [])) != sorted(map(str, theirs.get(field) or []))
                  and ours.get(field) != theirs.get(field)}
     assert not different, different
+
+
+def test_a_release_the_feedstock_has_no_recipe_for_takes_the_newest_recipe_with_its_own_source() -> None:
+    pytorch = conda_forge_stack.PytorchBuild("2.14.0", "cpu_generic_torchforge_py312_h1234567_0", "linux-64",
+                                             "3.12", None, None)
+    recipe = conda_forge_stack.plan("torchvision", pytorch)
+    assert (recipe.version, recipe.feedstock_version, recipe.build_number) == ("0.29.0", "0.28.0", 0)
+    assert any("no recipe for torchvision 0.29.0" in w for w in recipe.warnings)
+    text = conda_forge_stack.recipe_files(recipe, "rattler-build")["recipe.yaml"]
+    assert "url: https://github.com/pytorch/vision/archive/refs/tags/v0.29.0.tar.gz" in text
+    assert "sha256:" not in text and "# warning: conda-forge's torchvision-feedstock has no recipe" in text
+
+
+def test_torchaudio_2_11_for_a_later_pytorch_says_where_its_pairing_comes_from() -> None:
+    pytorch = conda_forge_stack.PytorchBuild("2.13.0", "cuda130_generic_torchforge_py312_h1234567_0", "linux-64",
+                                             "3.12", "13.0", "9.0")
+    recipe = conda_forge_stack.plan("torchaudio", pytorch)
+    assert (recipe.version, recipe.feedstock_version) == ("2.11.0", "2.11.0")
+    assert any("pytorch/audio#4225" not in w and "cited from the project" in w for w in recipe.warnings)
+    files = conda_forge_stack.recipe_files(recipe, "rattler-build")
+    assert "- pytorch ==2.13.0 cuda130_generic_torchforge_py312_h1234567_0" in files["recipe.yaml"]
+    # the feedstock hard-codes its arch list; torchforge takes pytorch's
+    assert 'export TORCH_CUDA_ARCH_LIST="${CF_TORCH_CUDA_ARCH_LIST}"' in files["build.sh"]
+    assert "7.5;8.0;8.6" not in files["build.sh"]
+
+
+def test_a_pytorch_before_the_pairing_table_is_refused() -> None:
+    from torchforge.errors import ExitCode, RefusedError
+
+    pytorch = conda_forge_stack.PytorchBuild("2.5.1", "cpu_0", "linux-64", "3.12", None, None)
+    with pytest.raises(RefusedError) as caught:
+        conda_forge_stack.plan("torchvision", pytorch)
+    assert caught.value.exit_code == ExitCode.REFUSED and "2.5.1" in caught.value.message

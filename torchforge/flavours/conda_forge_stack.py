@@ -151,8 +151,13 @@ def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = N
                 f"(recipe/patches at {chosen.commit[:12]}); this recipe applies none of them"] if facts.patches else []
     if built[-1] != release.version:
         warnings.append(f"conda-forge's {package}-feedstock has no recipe for {package} {release.version} (the "
-                        f"release PyPI pairs with pytorch {pytorch.version}); the recipe of {built[-1]} is used")
-    number = facts.build_number if build_number is None else build_number
+                        f"release PyPI pairs with pytorch {pytorch.version}); the recipe of {built[-1]} is used, "
+                        f"with {release.version}'s source archive, whose sha256 no table holds")
+    if release.wheel_requires == "none":
+        warnings.append(f"{package} {release.version}'s wheels name no torch; the pairing with pytorch "
+                        f"{pytorch.version} ({release.requires}) is cited from the project ({stackpairing.WHERE})")
+    own_facts = built[-1] == release.version
+    number = (facts.build_number if own_facts else 0) if build_number is None else build_number
     return CompanionRecipe(package, release.version, pytorch, facts, chosen.commit, built[-1], number,
                            tuple(warnings))
 
@@ -262,11 +267,18 @@ def _yaml(document: object) -> str:
     return text.getvalue()
 
 
+def source_archive(recipe: CompanionRecipe) -> dict[str, str]:
+    """The release's source archive: the feedstock's URL and sha256, or (a release the feedstock has no recipe
+    for) the same URL for this version, without a checksum."""
+    if recipe.feedstock_version == recipe.version:
+        return {"url": recipe.facts.source_url, "sha256": recipe.facts.source_sha256}
+    return {"url": recipe.facts.source_url.replace(f"v{recipe.feedstock_version}", f"v{recipe.version}")}
+
+
 def recipe_files(recipe: CompanionRecipe, recipe_format: RecipeFormat,
                  local_source: str | None = None) -> dict[str, str]:
     """{file name: text} of the recipe folder for the engine."""
-    source = {"path": local_source} if local_source else {"url": recipe.facts.source_url,
-                                                          "sha256": recipe.facts.source_sha256}
+    source = {"path": local_source} if local_source else source_archive(recipe)
     header = "".join(f"# warning: {message}\n" for message in recipe.warnings)
     recipe_file, variant_file = ("recipe.yaml", "variants.yaml") if recipe_format == "rattler-build" \
         else ("meta.yaml", "conda_build_config.yaml")
