@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import containers, fileops, localchannel
+from torchforge import archcheck, containers, fileops, localchannel
 from torchforge.compilecache import (
     BUILD_VARIABLES, NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, own_launcher, patch_digests,
     read_stats, recipe_group_key,
@@ -66,6 +66,7 @@ class Step:
     cudnn: str = ""  # the cuDNN a pytorch build bundles (full version): its image must carry exactly that one
     outputs: tuple[str, ...] = ()  # a recipe step: every package's name-version-build, in build order
     output_index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # a recipe step's, per stem
+    arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
 
     @property
     def stems(self) -> tuple[str, ...]:
@@ -88,6 +89,7 @@ class PlannedRecipe:
     # Per package (stem): the info/index.json fields its recipe format cannot say (recipe.yaml has no
     # track_features), set after the build as for a single-output step's index_fields.
     index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    arch_list: str | None = None  # CUDA: the arch list every CUDA library of its packages must cover
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ def plan_recipe_steps(recipes: Sequence[PlannedRecipe], settings: BuildSettings)
                           Action.REUSE if found else Action.BUILD, found or stale,
                           channels=settings.site_channels.apply(recipe.channels), accel=recipe.accel,
                           local_source=recipe.local_source, cache_key=key, outputs=stems,
-                          output_index_fields=recipe.index_fields))
+                          output_index_fields=recipe.index_fields, arch_list=recipe.arch_list))
     return steps
 
 
@@ -295,6 +297,8 @@ def _checked(step: Step, artifacts: list[Path], runner: Runner) -> list[Path]:
         _check_identity(artifact, step, stem)
         fields = (*step.index_fields, *per_output.get(stem, ()))
         checked.append(_fix_and_audit(ensure_index_fields(artifact, fields, runner), runner))
+        if step.arch_list and step.accel != "cpu" and not runner.dry_run:
+            archcheck.check_package(checked[-1], step.arch_list, runner)
     return checked
 
 

@@ -292,4 +292,4 @@ def planned_recipe(recipe: CompanionRecipe, recipe_format: RecipeFormat, channel
     output channel, where the pytorch it pins is, comes first through the pipeline)."""
     return PlannedRecipe(recipe.id, recipe.pytorch.subdir, (recipe.stem,), recipe.settings,
                          recipe_files(recipe, recipe_format, local_source), (channel,),
-                         "cuda" if recipe.pytorch.cuda else "cpu", local_source)
+                         recipe.pytorch.cuda or "cpu", local_source, arch_list=recipe.pytorch.arch_list)
