@@ -123,3 +123,31 @@ def test_the_stand_in_pip_is_a_pip_command_of_its_prefix(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     listed = run_checked([str(prefix / "bin" / "pip"), "list", "--disable-pip-version-check"], env=env)
     assert "marker-pkg" in listed and "1.2.3" in listed
+
+
+def test_build_with_torchvision_and_torchaudio_plans_them_after_pytorch_pinned_to_its_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchforge.commands import flavour as flavour_commands
+
+    assert main(["build", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", PY, "--with", "torchvision,torchaudio",
+                 "--engine", "rattler-build", "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    printed = " ".join(capsys.readouterr().err.split())
+    (pytorch,) = flavour_commands.with_inputs((conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,)),), None,
+                                              [], False)
+    for name in ("torchvision", "torchaudio"):
+        recipe = conda_forge_stack.plan(name, pytorch_package(pytorch))
+        assert f"build {recipe.stem} (rattler-build)" in printed
+        # pinned to the pytorch file the same plan builds
+        assert f"pytorch-2.13.0-{recipe.pytorch.build_string}" in printed
+    assert printed.index("build libtorch-2.13.0") < printed.index("build torchvision-0.28.0")
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["--pytorch", "2.13.0", "--with", "torchtext"], "--with names 'torchtext', which torchforge does not build"),
+    (["--pytorch", "2.5.1", "--with", "torchvision"], "--with applies to --flavour conda-forge only"),
+])
+def test_build_with_what_it_cannot_build_is_a_usage_error(arguments: list[str], message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--cuda", "cpu", "--py", PY, *arguments, "--dry-run", "--out", str(tmp_path / "out")]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.conda"))

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
     ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
 )
 from torchforge import config as site_config
@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
@@ -163,12 +163,12 @@ def register(app: typer.Typer) -> None:
                                      test=not no_test, patches=tuple(patch or ()), site_channels=site.channels,
                                      use_cache=not no_cache, cache_root=cache, keep_work=keep_work)
             planned = flavour_commands.planned_recipes(recipes, chosen, source=source, patches=patch or [],
-                                                       feedstock_patches=feedstock_patches)
+                                                       feedstock_patches=feedstock_patches, companions=with_)
             _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)
             return
-        if feedstock_patches:
-            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
-                             "add --flavour conda-forge, or leave --feedstock-patches out")
+        if feedstock_patches or with_:
+            flag = "--feedstock-patches" if feedstock_patches else "--with"
+            raise UsageError(f"{flag} applies to --flavour conda-forge only", f"add --flavour conda-forge, or leave {flag} out")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
         jobs = checked_jobs(jobs, selection.options.extra_env)

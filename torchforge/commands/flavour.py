@@ -16,7 +16,7 @@ from torchforge.commands.options import file_digests
 from torchforge.console import err, out, warn
 from torchforge.engines import Engine
 from torchforge.errors import PreflightError, UsageError
-from torchforge.flavours import Flavour, check, conda_forge
+from torchforge.flavours import Flavour, check, companion_recipes, companions as companion_names, conda_forge
 from torchforge.pipeline import PlannedRecipe
 from torchforge.preflight import Level, engine_check
 from torchforge.recipe import Source, resolve_source
@@ -137,8 +137,10 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
 
 
 def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: Engine, *, source: str | None,
-                    patches: list[Path], feedstock_patches: bool) -> list[PlannedRecipe]:
-    """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel."""
+                    patches: list[Path], feedstock_patches: bool, companions: str | None = None) -> list[PlannedRecipe]:
+    """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel;
+    then the `companions` (--with: torchvision,torchaudio) of each pytorch package, pinned to it."""
+    names = companion_names(companions)
     channel = conda_forge.load().flavour.channel
     planned = []
     for recipe in with_inputs(recipes, source, patches, feedstock_patches):
@@ -147,7 +149,8 @@ def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: E
             recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
             _folder(recipe, where, patches, feedstock_patches, engine.recipe_format), (channel,),
             recipe.cuda or "cpu", where.location if where.kind == "path" else None, recipe.index_fields()))
-    return planned
+    built_from = with_inputs(recipes, source, patches, feedstock_patches)
+    return [*planned, *companion_recipes(built_from, names, engine.recipe_format.value)]  # type: ignore[list-item]
 
 
 def show_warnings(recipes: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> None:

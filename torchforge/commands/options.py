@@ -60,6 +60,9 @@ FlavourOpt = Annotated[Flavour | None, typer.Option(
 FeedstockPatchesOpt = Annotated[bool, typer.Option(
     "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
                                 "at build time (pinned commit, sha256) and apply them.")]
+WithOpt = Annotated[str | None, typer.Option(
+    "--with", help="--flavour conda-forge: also build these for each pytorch package, pinned to it and after it: "
+                   "torchvision,torchaudio (comma-separated).")]
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]

@@ -62,3 +62,33 @@ def choose(flavour: Flavour | None, pytorch: str | None, official_because: str =
                                   "conda-forge flavour has no feedstock facts for it (torchforge/data/conda_forge.toml)")
     return Flavour.CONDA_FORGE, (f"flavour conda-forge: PyTorch {pytorch} published no official conda package "
                                  "(--flavour official renders the 2.5-shaped recipe instead)")
+
+
+# `--with`: the packages built after pytorch, for the exact pytorch packages of the plan (issue 32).
+COMPANIONS = ("torchvision", "torchaudio")
+
+
+def companions(names: str | None) -> tuple[str, ...]:
+    """The companions `--with` names (comma-separated, in order, once each); an unknown name is a usage error."""
+    chosen = tuple(dict.fromkeys(name.strip() for name in (names or "").split(",") if name.strip()))
+    unknown = [name for name in chosen if name not in COMPANIONS]
+    if unknown:
+        raise UsageError(f"--with names {', '.join(map(repr, unknown))}, which torchforge does not build",
+                         f"--with takes {', '.join(COMPANIONS)} (comma-separated)")
+    return chosen
+
+
+def companion_recipes(recipes: tuple[object, ...], names: tuple[str, ...], recipe_format: str) -> list[object]:
+    """The conda-forge flavour's companion recipes (PlannedRecipe) for every pytorch package the `recipes`
+    (CondaForgeRecipe, with their inputs) plan: one per pytorch file and companion, pinned to that file."""
+    from torchforge.flavours import conda_forge, conda_forge_stack
+
+    planned = []
+    for recipe in recipes:
+        assert isinstance(recipe, conda_forge.CondaForgeRecipe)
+        for output in (o for o in recipe.planned_outputs() if o.name == "pytorch" and o.python):
+            build = conda_forge_stack.PytorchBuild(output.version, output.build_string, output.subdir, output.python,
+                                                   recipe.cuda, recipe.arch_list if recipe.cuda else None)
+            planned += [conda_forge_stack.planned_recipe(conda_forge_stack.plan(name, build), recipe_format,  # type: ignore[arg-type]
+                                                         conda_forge.load().flavour.channel) for name in names]
+    return planned
