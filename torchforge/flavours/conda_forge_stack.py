@@ -105,7 +105,10 @@ class CompanionRecipe:
 
     @property
     def id(self) -> str:
-        return f"{self.package}-{self.version}-{self.tag}-{self.pytorch.subdir.replace('-', '_')}"
+        """One per package, release, CUDA, arch list and subdir: each its own recipe folder and build."""
+        arch = self.pytorch.arch_list or ""
+        arch = f"-sm{arch.replace(';', '_').replace('.', '').replace('+', '')}" if arch else ""
+        return f"{self.package}-{self.version}-{self.tag}{arch}-{self.pytorch.subdir.replace('-', '_')}"
 
     @property
     def settings(self) -> str:
