@@ -151,3 +151,35 @@ def test_build_with_what_it_cannot_build_is_a_usage_error(arguments: list[str], 
     assert main(["build", "--cuda", "cpu", "--py", PY, *arguments, "--dry-run", "--out", str(tmp_path / "out")]) == 2
     assert message in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.conda"))
+
+
+def test_matrix_with_companions_names_every_planned_file_with_the_pinned_pytorch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's command: every package file of the plan, each companion pinned to the pytorch file it pairs."""
+    import json
+
+    assert main(["matrix", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12",
+                 "--with", "torchvision,torchaudio", "--json"]) == 0
+    entries = {entry["id"]: entry for entry in json.loads(capsys.readouterr().out)}
+    pytorch = next(p for e in entries.values() for p in e["packages"] if p.startswith("pytorch-2.13.0-cuda130_"))
+    vision, audio = entries["torchvision-0.28.0-cuda130-sm90-linux_64"], entries["torchaudio-2.11.0-cuda130-sm90-linux_64"]
+    for entry, name in ((vision, "torchvision-0.28.0-cuda130_py312_"), (audio, "torchaudio-2.11.0-cuda130_py312")):
+        assert entry["pytorch"] == pytorch.removeprefix("pytorch-") and entry["arch_list"] == "9.0"
+        (package,) = entry["packages"]
+        assert package.startswith(name)
+
+
+def test_render_with_torchvision_writes_its_folder_beside_libtorchs(tmp_path: Path) -> None:
+    assert main(["render", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
+                 "--format", "rattler-build", "--out", str(tmp_path)]) == 0
+    recipe = (tmp_path / "torchvision-0.28.0-cpu-linux_64" / "recipe.yaml").read_text()
+    assert "- pytorch ==2.13.0 cpu_" in recipe and (tmp_path / "libtorch-2.13.0-cpu-linux_64").is_dir()
+
+
+@pytest.mark.parametrize("command", ["matrix", "render"])
+def test_matrix_and_render_refuse_with_for_the_official_flavour(command: str, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    extra = ["--out", str(tmp_path / "r")] if command == "render" else []
+    assert main([command, "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--with", "torchvision", *extra]) == 2
+    assert "--with applies to --flavour conda-forge only" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -62,10 +62,13 @@ def with_inputs(recipes: tuple[conda_forge.CondaForgeRecipe, ...], source: str |
 
 
 def render(recipes: tuple[conda_forge.CondaForgeRecipe, ...], out_dir: Path, fmt: RecipeFormat, *, force: bool,
-           source: str | None, patches: list[Path], feedstock_patches: bool = False) -> None:
+           source: str | None, patches: list[Path], feedstock_patches: bool = False,
+           companions: str | None = None) -> None:
+    extra = companion_plans(recipes, companions, fmt, source, patches, feedstock_patches)
     recipes = with_inputs(recipes, source, patches, feedstock_patches)
     folders = {recipe.id: _folder(recipe, _source(recipe, source, patches), patches, feedstock_patches, fmt)
                for recipe in recipes}
+    folders.update({planned.id: dict(planned.files) for planned in extra})
     written = write_folders(folders, out_dir, force=force)
     show_warnings(recipes, feedstock_patches)
     for path in written:
@@ -85,9 +88,16 @@ def as_json(recipes: tuple[conda_forge.CondaForgeRecipe, ...]) -> list[dict[str,
     } for r in recipes]
 
 
-def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool) -> None:
+def companions_as_json(planned: list[PlannedRecipe]) -> list[dict[str, object]]:
+    return [{"id": p.id, "flavour": "conda-forge", "platform": p.subdir, "cuda": p.accel, "arch_list": p.arch_list,
+             "packages": list(p.stems), "pytorch": json.loads(p.settings)["pytorch"]} for p in planned]
+
+
+def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
+                 companions: str | None = None) -> None:
+    extra = companion_plans(recipes, companions, RecipeFormat.RATTLER_BUILD)
     if json_output:
-        out.print_json(json.dumps(as_json(recipes)))
+        out.print_json(json.dumps([*as_json(recipes), *companions_as_json(extra)]))
         return
     table = Table(title=f"torchforge recipes, flavour conda-forge (channel {conda_forge.load().flavour.channel})")
     for column in ("recipe", "outputs", "build number", "pythons", "magma (conda-forge)", "notes"):
@@ -95,6 +105,9 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
     for r in recipes:
         table.add_row(r.id, ", ".join(f"{o.name} ({o.build_string_with('XY')})" for o in r.outputs), str(r.build_number),
                       ",".join(r.pythons), r.magma or "-", f"{len(r.warnings_for(False))} warning(s)")
+    for entry in companions_as_json(extra):
+        table.add_row(str(entry["id"]), ", ".join(map(str, entry["packages"])), "-", "-", "-",
+                      f"pinned to pytorch {entry['pytorch']}")
     out.print(table)
 
 
@@ -140,7 +153,7 @@ def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: E
                     patches: list[Path], feedstock_patches: bool, companions: str | None = None) -> list[PlannedRecipe]:
     """What the pipeline builds: each recipe's folder for the engine, every output's planned name, its channel;
     then the `companions` (--with: torchvision,torchaudio) of each pytorch package, pinned to it."""
-    names = companion_names(companions)
+    extra = companion_plans(recipes, companions, engine.recipe_format, source, patches, feedstock_patches)
     channel = conda_forge.load().flavour.channel
     planned = []
     for recipe in with_inputs(recipes, source, patches, feedstock_patches):
@@ -149,8 +162,18 @@ def planned_recipes(recipes: tuple[conda_forge.CondaForgeRecipe, ...], engine: E
             recipe.id, recipe.platform, tuple(p.stem for p in recipe.planned_outputs()), recipe.settings,
             _folder(recipe, where, patches, feedstock_patches, engine.recipe_format), (channel,),
             recipe.cuda or "cpu", where.location if where.kind == "path" else None, recipe.index_fields()))
-    built_from = with_inputs(recipes, source, patches, feedstock_patches)
-    return [*planned, *companion_recipes(built_from, names, engine.recipe_format.value)]  # type: ignore[list-item]
+    return [*planned, *extra]
+
+
+def companion_plans(recipes: tuple[conda_forge.CondaForgeRecipe, ...], companions: str | None, fmt: RecipeFormat,
+                    source: str | None = None, patches: list[Path] | None = None,
+                    feedstock_patches: bool = False) -> list[PlannedRecipe]:
+    """--with: the companions of every pytorch package the recipes plan (as built from `source` and `patches`)."""
+    names = companion_names(companions)
+    if not names:
+        return []
+    built_from = with_inputs(recipes, source, patches or [], feedstock_patches)
+    return companion_recipes(built_from, names, fmt.value)  # type: ignore[return-value]
 
 
 def show_warnings(recipes: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> None:

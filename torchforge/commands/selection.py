@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
     PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, selection_from_flags,
 )
 from torchforge.commands import flavour as flavour_commands
@@ -66,6 +66,11 @@ def print_table(render_plan: RenderPlan) -> None:
     out.print(table)
 
 
+def refuse_with(companions: str | None) -> None:
+    if companions:
+        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("matrix")
     def matrix(
@@ -73,7 +78,7 @@ def register(app: typer.Typer) -> None:
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
@@ -81,8 +86,9 @@ def register(app: typer.Typer) -> None:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc})
-            flavour_commands.print_matrix(recipes, as_json)
+            flavour_commands.print_matrix(recipes, as_json, with_)
             return
+        refuse_with(with_)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
         render_plan = plan(selection)
         if as_json:
@@ -103,7 +109,7 @@ def register(app: typer.Typer) -> None:
         magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
@@ -117,8 +123,9 @@ def register(app: typer.Typer) -> None:
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
                  "--magma-patch": magma_patch, "--companions": companions})
             flavour_commands.render(recipes, out_dir, fmt, force=force, source=source, patches=patch or [],
-                                    feedstock_patches=feedstock_patches)
+                                    feedstock_patches=feedstock_patches, companions=with_)
             return
+        refuse_with(with_)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)
         render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],
