@@ -122,3 +122,13 @@ def test_the_pipeline_fails_a_cuda_package_missing_an_arch_and_publishes_nothing
     assert not result.ok
     assert "lib/libsass90.so: no SASS for sm_100" in result.error, result.error
     assert not list((tmp_path / "out").glob("linux-64/vision-like-*.conda"))
+
+
+def test_a_package_without_device_code_needs_no_cuobjdump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "lib").mkdir()
+    host = tmp_path / "host.c"
+    host.write_text("int host_only(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", str(host), "-o", str(tmp_path / "lib" / "libhost.so")], check=True)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(archcheck, "find_cuobjdump", lambda: pytest.fail("cuobjdump was looked for"))
+    assert archcheck.missing_in_tree(tmp_path, "9.0;10.0", Runner()) == []

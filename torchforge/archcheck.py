@@ -98,10 +98,12 @@ def device_code(path: Path, runner: Runner, tool: Path) -> tuple[set[str], set[s
 def missing_in_tree(tree: Path, arch_list: str, runner: Runner) -> list[Missing]:
     """Every (file, arch) of the list that a file with device code under `tree` lacks."""
     want = wanted(arch_list)
-    tool = find_cuobjdump()
+    # cuobjdump is looked for only when a file has device code: a package without any needs no toolkit here
+    libraries = sorted(p for p in iter_tree(tree) if maybe_elf(p) and has_device_code(p))
+    tool = find_cuobjdump() if libraries else None
     problems: list[Missing] = []
-    for path in sorted(p for p in iter_tree(tree) if not p.is_symlink() and maybe_elf(p) and has_device_code(p)):
-        sass, ptx = device_code(path, runner, tool)
+    for path in libraries:
+        sass, ptx = device_code(path, runner, tool)  # type: ignore[arg-type]
         name = path.relative_to(tree).as_posix()
         problems += [Missing(name, arch, "SASS") for arch in sorted(want.sass - sass)]
         problems += [Missing(name, arch, "PTX") for arch in sorted(want.ptx - ptx)]
