@@ -183,3 +183,39 @@ def test_matrix_and_render_refuse_with_for_the_official_flavour(command: str, tm
     assert main([command, "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--with", "torchvision", *extra]) == 2
     assert "--with applies to --flavour conda-forge only" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_conda_build_builds_the_meta_yaml_against_the_same_pytorch_and_it_runs(stack, tmp_path: Path) -> None:
+    """The same torchvision recipe in conda-build's format (meta.yaml), built by the vendored conda-build through
+    the conda-build engine against the channel's pytorch, installed and run as the rattler-build one is."""
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+    from torchforge.engines import BuildJob
+    from torchforge.engines.conda_build import CondaBuildEngine
+    from torchforge.localchannel import index
+    from torchforge.proc import Runner
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    vision: conda_forge_stack.CompanionRecipe = stack["vision"]
+    source = Path(shutil.copytree(VISION, tmp_path / "vision"))
+    recipe_dir = tmp_path / "recipes" / vision.id
+    recipe_dir.mkdir(parents=True)
+    files = conda_forge_stack.recipe_files(vision, "conda-build", str(source))
+    for name, text in files.items():
+        (recipe_dir / name).write_text(text)
+    stubs = stack["stubs"]  # the stand-ins rattler-build's render asked for: the same names and pins
+    job = BuildJob(recipe_dir=recipe_dir, staging_dir=tmp_path / "out", channels=(stack["out"].as_uri(), stubs.as_uri()),
+                   python=PY, env=tool.env(tmp_path / "conda"), test=False)
+    result = Runner().run(CondaBuildEngine().command(job), check=False, log_file=tmp_path / "build.log", timeout=1800)
+    assert result.returncode == 0, result.output[-6000:]
+    (package,) = sorted((tmp_path / "out" / "linux-64").glob("torchvision-*"))
+    assert package.name.startswith(vision.stem)
+    index(tmp_path / "out")
+    prefix = tmp_path / "env"
+    records = install_solved([tmp_path / "out", stack["out"], stubs], ["torchvision"], None, prefix)
+    assert {r.name: r.build for r in records}["pytorch"] == vision.pytorch.build_string
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
+    probe = "import torchvision, torchvision.ops as ops; print(torchvision.__version__, ops.ones_sum(5))"
+    assert run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env) == f"{vision.version} 5.0\n"
