@@ -219,3 +219,20 @@ def test_conda_build_builds_the_meta_yaml_against_the_same_pytorch_and_it_runs(s
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
     probe = "import torchvision, torchvision.ops as ops; print(torchvision.__version__, ops.ones_sum(5))"
     assert run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env) == f"{vision.version} 5.0\n"
+
+
+def test_doctor_with_a_cuda_companion_names_it_and_finds_the_arch_checks_cuobjdump(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from torchforge.archcheck import find_cuobjdump
+
+    assert main(["doctor", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12",
+                 "--with", "torchvision", "--json"]) == 0
+    checks = {check["check"]: check for check in json.loads(capsys.readouterr().out)}
+    assert checks["--with"]["detail"].startswith("torchvision-0.28.0-cuda130_py312_")
+    assert "pytorch 2.13.0-cuda130_" in checks["--with"]["detail"]
+    assert checks["cuobjdump"]["ok"] is True and str(find_cuobjdump()) in checks["cuobjdump"]["detail"]
+    assert main(["doctor", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
+                 "--json"]) == 0
+    assert "cuobjdump" not in {check["check"] for check in json.loads(capsys.readouterr().out)}

@@ -157,7 +157,7 @@ def register(app: typer.Typer) -> None:
             # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
             chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
             if not skip_preflight and not dry_run:
-                flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine)
+                flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine, companions=with_)
             err.print(why)
             settings = BuildSettings(out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going,
                                      test=not no_test, patches=tuple(patch or ()), site_channels=site.channels,

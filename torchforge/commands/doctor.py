@@ -10,7 +10,7 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
+    SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, refuse_with, selection_from_flags,
 )
 from torchforge import config as site_config
 from torchforge.commands import flavour as flavour_commands
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
         config: ConfigOpt = None,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
         MAX_JOBS, source, driver, that every channel answers and that each variant's build and host requirements solve
@@ -52,8 +52,9 @@ def register(app: typer.Typer) -> None:
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--container": container,
                  "--magma-only": magma_only, "--channel": channel})
-            flavour_commands.doctor(recipes, as_json, site_config.load(config).channels, engine=engine)
+            flavour_commands.doctor(recipes, as_json, site_config.load(config).channels, engine=engine, companions=with_)
             return
+        refuse_with(with_)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
         jobs = checked_jobs(jobs, selection.options.extra_env)
         check_dir(out_dir, "--out")

@@ -15,7 +15,8 @@ from torchforge.channels import SiteChannels
 from torchforge.commands.options import file_digests
 from torchforge.console import err, out, warn
 from torchforge.engines import Engine
-from torchforge.errors import PreflightError, UsageError
+from torchforge.archcheck import find_cuobjdump
+from torchforge.errors import PreflightError, ToolMissingError, UsageError
 from torchforge.flavours import Flavour, check, companion_recipes, companions as companion_names, conda_forge
 from torchforge.pipeline import PlannedRecipe
 from torchforge.preflight import Level, engine_check
@@ -112,7 +113,8 @@ def print_matrix(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output:
 
 
 def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
-           site: SiteChannels | None = None, console: Console = out, engine: str = "auto") -> None:
+           site: SiteChannels | None = None, console: Console = out, engine: str = "auto",
+           companions: str | None = None) -> None:
     """What the conda-forge flavour needs here: an engine for its recipes (conda-build reads meta.yaml, the
     embedded rattler-build engine recipe.yaml) and conda-forge's channel (no pytorch, nvidia or defaults
     channel, and none of the official flavour's companion packages)."""
@@ -134,6 +136,8 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
     if windows:  # torchforge renders them anywhere; conda-build builds them on Windows only
         checks.append({"check": "platform", "ok": None, "detail": "; ".join(
             f"{r.id}: {conda_forge.windows_build_note(dict(r.variant_config)['c_compiler'][0])}" for r in windows)})
+    extra = companion_plans(recipes, companions, RecipeFormat.RATTLER_BUILD)
+    checks += companion_checks(extra)
     if json_output:
         out.print_json(json.dumps(checks))
     else:
@@ -144,6 +148,10 @@ def doctor(recipes: tuple[conda_forge.CondaForgeRecipe, ...], json_output: bool,
             result = "-" if check["ok"] is None else "[green]ok[/]" if check["ok"] else "[red]failed[/]"
             table.add_row(str(check["check"]), result, str(check["detail"]))
         console.print(table)
+    arch_check = next((c for c in checks if c["check"] == "cuobjdump"), None)
+    if arch_check is not None and not arch_check["ok"]:
+        raise PreflightError(str(arch_check["detail"]), "pip install nvidia-cuda-cuobjdump, or put a CUDA toolkit's "
+                             "bin on PATH")
     if not engine_ok:
         raise PreflightError(f"--engine {engine} cannot build the conda-forge flavour's recipes here: "
                              f"{engine_found.detail}", engine_found.fix)
@@ -174,6 +182,20 @@ def companion_plans(recipes: tuple[conda_forge.CondaForgeRecipe, ...], companion
         return []
     built_from = with_inputs(recipes, source, patches or [], feedstock_patches)
     return companion_recipes(built_from, names, fmt.value)  # type: ignore[return-value]
+
+
+def companion_checks(planned: list[PlannedRecipe]) -> list[dict[str, object]]:
+    """--with: what is planned, and (CUDA) the cuobjdump the arch check after each build needs."""
+    if not planned:
+        return []
+    checks: list[dict[str, object]] = [{"check": "--with", "ok": None, "detail": ", ".join(
+        f"{p.stems[0]} (pytorch {json.loads(p.settings)['pytorch']})" for p in planned)}]
+    if any(p.arch_list for p in planned):
+        try:
+            checks.append({"check": "cuobjdump", "ok": True, "detail": f"{find_cuobjdump()} (the arch check)"})
+        except ToolMissingError as missing:
+            checks.append({"check": "cuobjdump", "ok": False, "detail": missing.message})
+    return checks
 
 
 def show_warnings(recipes: tuple[conda_forge.CondaForgeRecipe, ...], feedstock_patches: bool) -> None:

@@ -63,6 +63,14 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
 WithOpt = Annotated[str | None, typer.Option(
     "--with", help="--flavour conda-forge: also build these for each pytorch package, pinned to it and after it: "
                    "torchvision,torchaudio (comma-separated).")]
+
+
+def refuse_with(companions: str | None) -> None:
+    """--with outside the conda-forge flavour: a usage error (the official flavour plans no companions yet)."""
+    if companions:
+        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
+
+
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]

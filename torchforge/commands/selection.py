@@ -11,7 +11,7 @@ from rich.table import Table
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, selection_from_flags,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, refuse_with, selection_from_flags,
 )
 from torchforge.commands import flavour as flavour_commands
 from torchforge.console import err, out, warn
@@ -64,11 +64,6 @@ def print_table(render_plan: RenderPlan) -> None:
             notes,
         )
     out.print(table)
-
-
-def refuse_with(companions: str | None) -> None:
-    if companions:
-        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
 
 
 def register(app: typer.Typer) -> None:
