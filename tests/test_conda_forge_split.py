@@ -707,12 +707,12 @@ def test_one_plan_for_two_pythons_installs_each_pytorch_next_to_its_own_python(
         assert version.split() == [python, "2.13.0"]
 
 
-def flavour_commands_with_inputs(planned: conda_forge.CondaForgeRecipe, source: Path) -> tuple:
+def flavour_commands_with_inputs(planned: conda_forge.CondaForgeRecipe, source: Path | None) -> tuple:
     """The recipe as `torchforge build --source` plans it (the build strings hold the source's identity)."""
     from torchforge.flavours.base import Request
     from torchforge.flavours.conda_forge import planning
 
-    return planning.with_inputs((planned,), Request(source=str(source)))
+    return planning.with_inputs((planned,), Request(source=str(source) if source else None))
 
 
 @pytest.mark.slow

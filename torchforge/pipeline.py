@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import containers, fileops, localchannel
+from torchforge import archcheck, containers, fileops, localchannel
 from torchforge.compilecache import (
     NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, own_launcher, read_stats,
 )
@@ -65,6 +65,7 @@ class Step:
     cudnn: str = ""  # the cuDNN a pytorch build bundles (full version): its image must carry exactly that one
     outputs: tuple[str, ...] = ()  # a recipe step: every package's name-version-build, in build order
     output_index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # a recipe step's, per stem
+    arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
 
     @property
     def stems(self) -> tuple[str, ...]:
@@ -183,7 +184,8 @@ def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
                           Action.REUSE if found else Action.BUILD, found or stale, recipe.needs,
                           settings.site_channels.apply(recipe.channels), recipe.accel, recipe.local_source,
                           () if several else per_stem.get(stems[0], ()), key, first if first != recipe.id else None,
-                          recipe.cudnn, stems if several else (), recipe.index_fields if several else ()))
+                          recipe.cudnn, stems if several else (), recipe.index_fields if several else (),
+                          arch_list=recipe.arch_list))
     return steps
 
 
@@ -223,6 +225,8 @@ def _checked(step: Step, artifacts: list[Path], runner: Runner) -> list[Path]:
         _check_identity(artifact, step, stem)
         fields = (*step.index_fields, *per_output.get(stem, ()))
         checked.append(_fix_and_audit(ensure_index_fields(artifact, fields, runner), runner))
+        if step.arch_list and step.accel != "cpu" and not runner.dry_run:
+            archcheck.check_package(checked[-1], step.arch_list, runner)
     return checked
 
 

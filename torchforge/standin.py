@@ -44,6 +44,7 @@ from torchforge.recipe import pytorch_context
 from torchforge.variant import Selection
 
 SUBDIR = "linux-64"
+PIP_COMMAND = b'#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n'
 # conda's platform and arch fields of a package's index.json, per subdir.
 PLATFORM_ARCH = {"linux-64": ("linux", "x86_64"), "linux-aarch64": ("linux", "aarch64"), "win-64": ("win", "x86_64"),
                  "osx-64": ("osx", "x86_64"), "osx-arm64": ("osx", "arm64")}
@@ -287,6 +288,8 @@ def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_d
         if conda_forge:  # conda-forge's python exports its python_abi, as the real one does
             exports = conda_forge_packages()["python"].run_exports
             stub = replace(stub, run_exports=tuple(e.expression(version) for e in exports if e.applies(version)))
+    elif name == "pip":  # the real package's `pip` command, run by the prefix's python (its pip module)
+        stub = Stub(name, version, files={"bin/pip": PIP_COMMAND})
     elif name == "patchelf":
         stub = Stub(name, version, links={"bin/patchelf": str(bin_dir / "patchelf" if bin_dir else patchelf_executable())})
     else:
@@ -302,6 +305,8 @@ def write_stub(stub: Stub, out_dir: Path, subdir: str = SUBDIR) -> Path:
         for rel, data in stub.files.items():
             (stage / rel).parent.mkdir(parents=True, exist_ok=True)
             (stage / rel).write_bytes(data)
+            if rel.startswith("bin/"):
+                (stage / rel).chmod(0o755)
             paths.append({"_path": rel, "path_type": "hardlink", "sha256": hashlib.sha256(data).hexdigest(),
                           "size_in_bytes": len(data)})
         for rel, target in stub.links.items():

@@ -12,8 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags, with_names,
 )
 from torchforge import config as site_config
 from torchforge import containers
@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
                                         else MAGMA_ONLY if magma_only else "")
         if flavour_chosen is not Flavour.OFFICIAL:
             request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                              feedstock_patches, flavour_flags=(
+                              feedstock_patches, with_packages=with_names(with_), flavour_flags=(
                                   ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
                                   ("--magma-source", magma_source), ("--magma-patch", magma_patch),
                                   ("--magma-only", magma_only), ("--container", container),
@@ -157,9 +157,9 @@ def register(app: typer.Typer) -> None:
             _build_plan(flavour_chosen, request, engine, checked_jobs(jobs, ()), settings, site_config.load(config),
                         dry_run=dry_run, skip_preflight=skip_preflight)
             return
-        if feedstock_patches:
-            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
-                             "add --flavour conda-forge, or leave --feedstock-patches out")
+        if feedstock_patches or with_:
+            flag = "--feedstock-patches" if feedstock_patches else "--with"
+            raise UsageError(f"{flag} applies to --flavour conda-forge only", f"add --flavour conda-forge, or leave {flag} out")
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
         jobs = checked_jobs(jobs, selection.options.extra_env)

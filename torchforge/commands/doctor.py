@@ -11,7 +11,7 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags,
+    SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, refuse_with, selection_from_flags, with_names,
 )
 from torchforge import config as site_config
 from torchforge.flavours import MAGMA_ONLY, Flavour
@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
         config: ConfigOpt = None,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
         MAX_JOBS, source, driver, that every channel answers and that each variant's build and host requirements solve
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         channels = check_channel_args(channel)
         site = site_config.load(config)
         if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, flavour_flags=(
+            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_), flavour_flags=(
                 ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc), ("--container", container),
                 ("--magma-only", magma_only)))
             # the folders are not looked at here: rendered for conda-build, which renders every platform's
@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
             _show(sequence.machine_report(the_plan, engine=engine, jobs=checked_jobs(jobs, ()), out=out_dir,
                                           site=site, extra_channels=channels), as_json)
             return
+        refuse_with(with_)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
         jobs = checked_jobs(jobs, selection.options.extra_env)
         render_plan = plan(selection)

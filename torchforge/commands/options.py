@@ -56,6 +56,22 @@ FlavourOpt = Annotated[Flavour | None, typer.Option(
 FeedstockPatchesOpt = Annotated[bool, typer.Option(
     "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
                                 "at build time (pinned commit, sha256) and apply them.")]
+WithOpt = Annotated[str | None, typer.Option(
+    "--with", help="--flavour conda-forge: also build these for each pytorch package, pinned to it and after it: "
+                   "torchvision,torchaudio (comma-separated).")]
+
+
+def with_names(companions: str | None) -> tuple[str, ...]:
+    """--with's comma-separated names, in order, once each (the flavour says which it builds)."""
+    return tuple(dict.fromkeys(name.strip() for name in (companions or "").split(",") if name.strip()))
+
+
+def refuse_with(companions: str | None) -> None:
+    """--with outside the conda-forge flavour: a usage error (the official flavour plans no companions yet)."""
+    if companions:
+        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
+
+
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]

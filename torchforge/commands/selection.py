@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, selection_from_flags,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, refuse_with, selection_from_flags, with_names,
 )
 from torchforge import sequence
 from torchforge.flavours import Plan as PlanOfRecipes
@@ -78,15 +78,16 @@ def register(app: typer.Typer) -> None:
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, flavour_flags=(
+            request = Request(pytorch, cuda, python, platform, arch_list, build_number, with_packages=with_names(with_), flavour_flags=(
                 ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc)))
             print_recipe_rows(sequence.matrix(flavour, request), flavour, as_json)
             return
+        refuse_with(with_)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
         render_plan = plan(selection)
         if as_json:
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
         magma_source: MagmaSourceOpt = None, patch: PatchOpt = None, magma_patch: MagmaPatchOpt = None,
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
@@ -117,12 +118,13 @@ def register(app: typer.Typer) -> None:
                              "add --flavour conda-forge, or leave --feedstock-patches out")
         if flavour is not Flavour.OFFICIAL:
             request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                              feedstock_patches, flavour_flags=(
+                              feedstock_patches, with_packages=with_names(with_), flavour_flags=(
                                   ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
                                   ("--magma-source", magma_source), ("--magma-patch", magma_patch),
                                   ("--companions", companions)))
             render_plan_folders(sequence.plan(flavour, request, fmt.value), out_dir, force=force)
             return
+        refuse_with(with_)
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
                                          gcc, source, magma_source, patch, magma_patch)
         render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],

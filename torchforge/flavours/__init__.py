@@ -95,3 +95,4 @@ def official_selection(request: Request) -> Selection:
     from torchforge.flavours.official import selection_of
 
     return selection_of(request)
+

@@ -40,6 +40,8 @@ class Request:
     feedstock_patches: bool = False  # the conda-forge flavour's own patches (--feedstock-patches)
     # Flags one flavour alone reads ({"--debug": True, ...}): another flavour refuses those that are set.
     flavour_flags: tuple[tuple[str, object], ...] = ()
+    # --with: packages built after each pytorch package, pinned to it (torchvision, torchaudio)
+    with_packages: tuple[str, ...] = ()
 
     def given(self, *flags: str) -> tuple[str, ...]:
         """The flavour-specific flags among `flags` that the command line set."""
@@ -78,6 +80,7 @@ class PlannedRecipe:
     cache_group: str | None = None
     cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one
     pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
+    arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ and say what the machine checks need (its channel, the CUDA versions, the source
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from torchforge import data as tables
 from torchforge import sourcestate
@@ -118,6 +119,43 @@ def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: 
         pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python))
 
 
+# `--with`: the packages built after pytorch, for the exact pytorch packages of the plan (issue 32).
+COMPANIONS = ("torchvision", "torchaudio")
+
+
+def check_companions(names: tuple[str, ...]) -> None:
+    """--with names only what this flavour builds after pytorch; an unknown name is a usage error."""
+    unknown = [name for name in names if name not in COMPANIONS]
+    if unknown:
+        raise UsageError(f"--with names {', '.join(map(repr, unknown))}, which torchforge does not build",
+                         f"--with takes {', '.join(COMPANIONS)} (comma-separated)")
+
+
+def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request: Request,
+                      fmt: RecipeFormat) -> tuple[PlannedRecipe, ...]:
+    """--with: one recipe per pytorch package of `planned` (with their inputs) and companion, pinned to that
+    exact file and built after the recipe that makes it."""
+    from torchforge.flavours.conda_forge import stack
+
+    check_companions(request.with_packages)
+    channel = conda_forge.load().flavour.channel
+    found: list[PlannedRecipe] = []
+    for recipe in planned:
+        for output in (o for o in recipe.planned_outputs() if o.name == "pytorch" and o.python):
+            build = stack.PytorchBuild(output.version, output.build_string, output.subdir, output.python,
+                                       recipe.cuda, recipe.arch_list if recipe.cuda else None)
+            found += [dataclasses.replace(stack.planned_recipe(stack.plan(name, build), fmt, channel), kind=name,
+                                          needs=(recipe.id,))
+                      for name in request.with_packages]
+    return tuple(found)
+
+
+def companion_rows(planned: tuple[PlannedRecipe, ...]) -> list[dict[str, object]]:
+    """`matrix --json` rows of the --with recipes."""
+    return [{"id": p.id, "flavour": NAME, "platform": p.subdir, "cuda": p.accel, "arch_list": p.arch_list,
+             "packages": list(p.stems), "pytorch": json.loads(p.settings)["pytorch"]} for p in planned]
+
+
 def matrix_rows(request: Request) -> list[dict[str, object]]:
     """`matrix --json`: one row per recipe, every output's build string (Python as XY) and planned package."""
     channel = conda_forge.load().flavour.channel
@@ -128,7 +166,8 @@ def matrix_rows(request: Request) -> list[dict[str, object]]:
         "packages": [p.stem for p in r.planned_outputs()], "feedstock": r.feedstock_commit,
         "channel": channel, "magma": r.magma,
         "feedstock_patches": len(r.feedstock_patches), "warnings": list(r.warnings_for(False)),
-    } for r in recipes(request)]
+    } for r in recipes(request)] + companion_rows(
+        companion_recipes(with_inputs(recipes(request), request), request, RecipeFormat.RATTLER_BUILD))
 
 
 class CondaForgeFlavour:
@@ -146,7 +185,8 @@ class CondaForgeFlavour:
     def plan(self, request: Request, recipe_format: str) -> Plan:
         planned = with_inputs(recipes(request), request)
         fmt = RecipeFormat(recipe_format)
-        return Plan(NAME, tuple(planned_recipe(r, request, fmt) for r in planned),
+        return Plan(NAME, (*(planned_recipe(r, request, fmt) for r in planned),
+                           *companion_recipes(planned, request, fmt)),
                     warnings(planned, request.feedstock_patches), needs(planned, request), facts(planned))
 
 

@@ -1,0 +1,298 @@
+"""The conda-forge flavour's torchvision and torchaudio: conda-forge's recipe of the release paired with the
+channel's own pytorch, built against that exact pytorch package.
+
+The pairing is torchforge/data/stack_pairing.toml (PyPI's wheels); the recipe's facts are the feedstock's, per
+release and job kind (torchforge/data/conda_forge_stack.toml, read from its recipe.yaml and build.sh). What
+differs from the feedstock, on purpose: pytorch is pinned to the exact package the recipe is built against
+(`pytorch ==2.13.0 cuda130_..._0`) instead of `pytorch * cuda*` and pytorch's run_exports; the CUDA arch list is
+always that pytorch's CF_TORCH_CUDA_ARCH_LIST (torchaudio's feedstock hard-codes its own); the feedstock's
+source patches are not applied (each recipe says so); the feedstock's `-tests` output is not built.
+Pure: no files, no commands. The recipe is written as data (YAML), for rattler-build and conda-build alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from packaging.version import Version
+from ruamel.yaml import YAML
+
+from torchforge import __version__, stackpairing
+from torchforge.data import FrozenModel, data_text, parse_table_as
+from torchforge.errors import RefusedError
+from torchforge.flavours.base import PlannedRecipe
+
+WHERE = "torchforge/data/conda_forge_stack.toml"
+Companion = Literal["torchvision", "torchaudio"]
+RecipeFormat = Literal["rattler-build", "conda-build"]
+ARCH_MARKER = "{arch_list}"
+# The rendered compilers, written back as the functions that give them in either recipe format.
+FUNCTIONS = {"stdlib('c')", "compiler('c')", "compiler('cxx')", "compiler('cuda')"}
+
+
+class JobFacts(FrozenModel):
+    job: str
+    build_number: int
+    source_url: str
+    source_sha256: str
+    patches: tuple[str, ...] = ()
+    build: tuple[str, ...] = ()
+    host: tuple[str, ...] = ()
+    run: tuple[str, ...] = ()
+    run_constraints: tuple[str, ...] = ()
+    ignore_run_exports_by_name: tuple[str, ...] = ()
+    ignore_run_exports_from_package: tuple[str, ...] = ()
+    build_string: str  # the feedstock's, with {tag} {py} {hash} {number} for its parts
+    suite_tests_left_out: int = 0
+    test_imports: tuple[str, ...] = ()
+    test_pip_check: bool = False
+    test_requires: tuple[str, ...] = ()
+    test_script: tuple[str, ...] = ()
+    variant: dict[str, str]
+    env: dict[str, str]
+
+
+class ReleaseFacts(FrozenModel):
+    commit: str
+    feedstock_pytorch: str
+    cpu: JobFacts | None = None
+    cuda: JobFacts | None = None
+
+
+class StackTable(FrozenModel):
+    schema_: int = 1
+    torchvision: dict[str, ReleaseFacts]
+    torchaudio: dict[str, ReleaseFacts]
+
+
+@cache
+def load() -> StackTable:
+    return parse_table_as(StackTable, data_text("conda_forge_stack"), WHERE,
+                          "regenerate it with scripts/stack_feedstock_facts.py --write")
+
+
+@dataclass(frozen=True)
+class PytorchBuild:
+    """The pytorch package in the output channel a companion is built against: exactly this file."""
+
+    version: str
+    build_string: str  # cuda130_mkl_torchforge_py312_h1a2b3c4_0
+    subdir: str
+    python: str  # X.Y
+    cuda: str | None  # X.Y, None for cpu
+    arch_list: str | None  # its CF_TORCH_CUDA_ARCH_LIST
+
+
+@dataclass(frozen=True)
+class CompanionRecipe:
+    package: Companion
+    version: str
+    pytorch: PytorchBuild
+    facts: JobFacts
+    feedstock_commit: str
+    feedstock_version: str  # the feedstock release whose recipe is used (== version unless it has none)
+    build_number: int
+    warnings: tuple[str, ...]
+
+    @property
+    def tag(self) -> str:
+        return f"cuda{self.pytorch.cuda.replace('.', '')}" if self.pytorch.cuda else "cpu"
+
+    @property
+    def id(self) -> str:
+        """One per package, release, CUDA, arch list and subdir: each its own recipe folder and build."""
+        arch = self.pytorch.arch_list or ""
+        arch = f"-sm{arch.replace(';', '_').replace('.', '').replace('+', '')}" if arch else ""
+        return f"{self.package}-{self.version}-{self.tag}{arch}-{self.pytorch.subdir.replace('-', '_')}"
+
+    @property
+    def settings(self) -> str:
+        """Everything that changed the binary: the exact pytorch included (another pytorch: another package)."""
+        return json.dumps({"flavour": "conda-forge", "package": self.package, "feedstock": self.feedstock_commit,
+                           "pytorch": f"{self.pytorch.version}-{self.pytorch.build_string}",
+                           "arch_list": self.pytorch.arch_list, "build_number": self.build_number}, sort_keys=True)
+
+    @property
+    def build_string(self) -> str:
+        """conda-forge's words, then torchforge's digest of the settings where the engine would put its hash."""
+        digest = hashlib.sha256(self.settings.encode()).hexdigest()[:7]
+        return self.facts.build_string.format(tag=self.tag, py=self.pytorch.python.replace(".", ""), hash=digest,
+                                              number=self.build_number)
+
+    @property
+    def stem(self) -> str:
+        return f"{self.package}-{self.version}-{self.build_string}"
+
+    def pytorch_spec(self, recipe_format: RecipeFormat) -> str:
+        """The exact pytorch package: rattler-build's `==V BUILD`, conda-build's `V BUILD` (which it reads as exact
+        and would take `==V BUILD` apart otherwise)."""
+        exact = "==" if recipe_format == "rattler-build" else ""
+        return f"pytorch {exact}{self.pytorch.version} {self.pytorch.build_string}"
+
+
+def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = None) -> CompanionRecipe:
+    """The `package` recipe for one pytorch package of the channel (build number: the feedstock's unless given)."""
+    release = stackpairing.companion_release(package, pytorch.version)
+    releases = getattr(load(), package)
+    built = sorted((v for v in releases if Version(v) <= Version(release.version)), key=Version)
+    if not built:
+        raise RefusedError(f"conda-forge's {package}-feedstock has no recipe for {package} {release.version} or "
+                           f"earlier ({WHERE} holds {', '.join(releases)})",
+                           "pick a pytorch release whose companion the feedstock built, or leave it out of --with")
+    chosen = releases[built[-1]]
+    facts = chosen.cuda if pytorch.cuda else chosen.cpu
+    accel = "CUDA" if pytorch.cuda else "cpu"
+    if facts is None:
+        raise RefusedError(f"conda-forge's {package}-feedstock has no linux {accel} job for {package} {built[-1]}",
+                           f"build the {'cpu' if pytorch.cuda else 'CUDA'} pytorch instead")
+    warnings = [f"conda-forge applies {len(facts.patches)} source patches to {package} {built[-1]} "
+                f"(recipe/patches at {chosen.commit[:12]}); this recipe applies none of them"] if facts.patches else []
+    if built[-1] != release.version:
+        warnings.append(f"conda-forge's {package}-feedstock has no recipe for {package} {release.version} (the "
+                        f"release PyPI pairs with pytorch {pytorch.version}); the recipe of {built[-1]} is used, "
+                        f"with {release.version}'s source archive, whose sha256 no table holds")
+    if release.wheel_requires == "none":
+        warnings.append(f"{package} {release.version}'s wheels name no torch; the pairing with pytorch "
+                        f"{pytorch.version} ({release.requires}) is cited from the project ({stackpairing.WHERE})")
+    own_facts = built[-1] == release.version
+    number = (facts.build_number if own_facts else 0) if build_number is None else build_number
+    return CompanionRecipe(package, release.version, pytorch, facts, chosen.commit, built[-1], number,
+                           tuple(warnings))
+
+
+def requirements(recipe: CompanionRecipe, recipe_format: RecipeFormat) -> dict[str, list[str]]:
+    """build/host/run: the feedstock's, with its `pytorch` lines replaced by the one exact pytorch package."""
+    cuda = recipe.pytorch.cuda or ""
+
+    def ours(specs: tuple[str, ...], pin: bool) -> list[str]:
+        kept = [s.replace("{cuda}", cuda) for s in specs if s.split()[0] != "pytorch"]
+        return [*kept, recipe.pytorch_spec(recipe_format)] if pin and any(s.split()[0] == "pytorch" for s in specs) else kept
+
+    found = {"build": ours(recipe.facts.build, False), "host": ours(recipe.facts.host, True),
+             "run": ours(recipe.facts.run, True), "run_constraints": list(recipe.facts.run_constraints)}
+    return {key: specs for key, specs in found.items() if specs}
+
+
+def ignored_run_exports(recipe: CompanionRecipe, recipe_format: RecipeFormat) -> dict[str, list[str]]:
+    """The feedstock's ignore_run_exports, in the format's keys."""
+    by_name, from_package = recipe.facts.ignore_run_exports_by_name, recipe.facts.ignore_run_exports_from_package
+    keys = ("by_name", "from_package") if recipe_format == "rattler-build" \
+        else ("ignore_run_exports", "ignore_run_exports_from")
+    return {key: list(names) for key, names in zip(keys, (by_name, from_package), strict=True) if names}
+
+
+def variant_config(recipe: CompanionRecipe) -> dict[str, list[str]]:
+    """The job's variant keys (conda-forge's pins the feedstock's job used), for the chosen Python and CUDA."""
+    config = {key: [value] for key, value in recipe.facts.variant.items()}
+    config["python"] = [f"{recipe.pytorch.python}.* *_cpython"]
+    config["cuda_compiler_version"] = [recipe.pytorch.cuda or "None"]
+    if "libtorch" in config:
+        config["libtorch"] = [".".join(recipe.pytorch.version.split(".")[:2])]
+    return config
+
+
+def _spec(spec: str, recipe_format: RecipeFormat) -> str:
+    if recipe_format == "conda-build" and spec.startswith("pin_compatible("):
+        spec = spec.replace("lower_bound=", "min_pin=").replace("upper_bound=", "max_pin=")
+    if spec in FUNCTIONS or spec.startswith("pin_compatible("):
+        return ("${{ " if recipe_format == "rattler-build" else "{{ ") + spec + " }}"
+    return spec
+
+
+def _extra(recipe: CompanionRecipe) -> dict[str, str]:
+    """What every package records of its recipe: the settings the pipeline's reuse check compares."""
+    return {"torchforge_flavour": "conda-forge", "torchforge_settings": recipe.settings,
+            "feedstock": f"github:conda-forge/{recipe.package}-feedstock@{recipe.feedstock_commit}",
+            "cuda": recipe.pytorch.cuda or "cpu"}
+
+
+def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source: dict[str, str]) -> dict:
+    """The recipe as data: recipe.yaml (rattler-build) or meta.yaml (conda-build)."""
+    specs = {key: [_spec(s, recipe_format) for s in values] for key, values in requirements(recipe, recipe_format).items()}
+    facts = recipe.facts
+    ignored = ignored_run_exports(recipe, recipe_format)
+    if recipe_format == "rattler-build":
+        tests: list[dict] = [{"python": {"imports": list(facts.test_imports), "pip_check": facts.test_pip_check}}]
+        if facts.test_script:
+            tests.append({"requirements": {"run": list(facts.test_requires)}, "script": list(facts.test_script)})
+        return {"schema_version": 1, "context": {"version": recipe.version},
+                "package": {"name": recipe.package, "version": recipe.version}, "source": source,
+                "build": {"number": recipe.build_number, "string": recipe.build_string,
+                          "script": {"file": "build"}},
+                "requirements": {**specs, **({"ignore_run_exports": ignored} if ignored else {})}, "tests": tests,
+                "extra": _extra(recipe)}
+    commands = [line.replace("${{ version }}", recipe.version) for line in facts.test_script]
+    if "run_constraints" in specs:
+        specs["run_constrained"] = specs.pop("run_constraints")
+    return {"package": {"name": recipe.package, "version": recipe.version}, "source": source,
+            "build": {"number": recipe.build_number, "string": recipe.build_string, **ignored},
+            "requirements": specs,
+            "test": {"imports": list(facts.test_imports), "requires": list(facts.test_requires),
+                     "commands": commands},
+            "extra": _extra(recipe)}
+
+
+def build_script(recipe: CompanionRecipe) -> str:
+    """build.sh: the feedstock's exports for the job; the arch list is the installed pytorch's."""
+    lines = ["#!/bin/bash", f"# Rendered by torchforge {__version__} for {recipe.id}: the build environment of "
+             f"conda-forge/{recipe.package}-feedstock@{recipe.feedstock_commit[:12]}.", "set -euxo pipefail",
+             f"export BUILD_VERSION={recipe.version}  # the version setup.py stamps (the feedstock's script env)"]
+    if recipe.pytorch.cuda:
+        lines += ['if [[ -z "${CF_TORCH_CUDA_ARCH_LIST:-}" ]]; then',
+                  '  echo "CF_TORCH_CUDA_ARCH_LIST is not set: the pytorch in host must be a conda-forge-shaped '
+                  'CUDA build whose activation script sets it" >&2', "  exit 1", "fi",
+                  'export CUDA_TOOLKIT_ROOT_DIR="${PREFIX}"', 'export CUDA_HOME="${PREFIX}"']
+        if recipe.pytorch.arch_list:  # the pytorch in host must be the one planned, arch list included
+            lines += [f'if [[ "${{CF_TORCH_CUDA_ARCH_LIST}}" != {json.dumps(recipe.pytorch.arch_list)} ]]; then',
+                      f'  echo "the pytorch in host was built for ${{CF_TORCH_CUDA_ARCH_LIST}}, not '
+                      f'{recipe.pytorch.arch_list}" >&2', "  exit 1", "fi"]
+    for name, value in recipe.facts.env.items():
+        shown = '"${CF_TORCH_CUDA_ARCH_LIST}"' if value == ARCH_MARKER or name == "TORCH_CUDA_ARCH_LIST" \
+            else json.dumps(value)
+        lines.append(f"export {name}={shown}")
+    if recipe.package == "torchvision":
+        lines.append('export TORCHVISION_INCLUDE="${PREFIX}/include/"')
+    lines.append('"${PYTHON}" -m pip install . -vv --no-deps --no-build-isolation')
+    return "\n".join(lines) + "\n"
+
+
+def _yaml(document: object) -> str:
+    yaml = YAML()
+    yaml.default_flow_style = False
+    yaml.width = 4096
+    text = io.StringIO()
+    yaml.dump(document, text)
+    return text.getvalue()
+
+
+def source_archive(recipe: CompanionRecipe) -> dict[str, str]:
+    """The release's source archive: the feedstock's URL and sha256, or (a release the feedstock has no recipe
+    for) the same URL for this version, without a checksum."""
+    if recipe.feedstock_version == recipe.version:
+        return {"url": recipe.facts.source_url, "sha256": recipe.facts.source_sha256}
+    return {"url": recipe.facts.source_url.replace(f"v{recipe.feedstock_version}", f"v{recipe.version}")}
+
+
+def recipe_files(recipe: CompanionRecipe, recipe_format: RecipeFormat,
+                 local_source: str | None = None) -> dict[str, str]:
+    """{file name: text} of the recipe folder for the engine."""
+    source = {"path": local_source} if local_source else source_archive(recipe)
+    header = "".join(f"# warning: {message}\n" for message in recipe.warnings)
+    recipe_file, variant_file = ("recipe.yaml", "variants.yaml") if recipe_format == "rattler-build" \
+        else ("meta.yaml", "conda_build_config.yaml")
+    return {recipe_file: header + _yaml(recipe_document(recipe, recipe_format, source)),
+            variant_file: _yaml(variant_config(recipe)), "build.sh": build_script(recipe)}
+
+
+def planned_recipe(recipe: CompanionRecipe, recipe_format: RecipeFormat, channel: str,
+                   local_source: str | None = None) -> PlannedRecipe:
+    """What the pipeline builds: the recipe folder for the engine, the one package it yields, its channel (the
+    output channel, where the pytorch it pins is, comes first through the pipeline)."""
+    return PlannedRecipe(recipe.id, recipe.pytorch.subdir, (recipe.stem,), recipe.settings,
+                         recipe_files(recipe, recipe_format, local_source), (channel,),
+                         recipe.pytorch.cuda or "cpu", local_source, arch_list=recipe.pytorch.arch_list)
