@@ -34,7 +34,7 @@ from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name,
                                    no_tool, reference, require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
-from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
+from torchforge.errors import DataError, ForgeError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.recipe import resolve_source
 from torchforge.flavours.base import MachineNeeds
@@ -856,6 +856,17 @@ def run_needs_checks(needs: MachineNeeds, *, out: Path, machine: Machine | None 
     return PreflightReport(tuple(ctx.checks), 0, "")
 
 
+def _check_cuobjdump(ctx: _Context) -> None:
+    """The arch check after each CUDA build lists every library's device code with cuobjdump."""
+    from torchforge.archcheck import find_cuobjdump
+
+    try:
+        ctx.add("cuobjdump", Level.OK, f"{find_cuobjdump()} (the arch check of each CUDA package)")
+    except ToolMissingError as missing:
+        ctx.add("cuobjdump", Level.FAIL, missing.message,
+                "pip install nvidia-cuda-cuobjdump, or put a CUDA toolkit's bin on PATH")
+
+
 def run_machine_checks(
     needs: MachineNeeds,
     *,
@@ -883,6 +894,8 @@ def run_machine_checks(
     for source in needs.sources or (None,):
         _check_source(ctx, source)
     _check_driver(ctx)
+    if needs.arch_checked:
+        _check_cuobjdump(ctx)
     if check_channels:
         site = site or SiteConfig()
         for finding in channelcheck.check_answering(needs.channels, out=out, extra=extra_channels, site=site.channels):

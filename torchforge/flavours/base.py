@@ -95,6 +95,8 @@ class MachineNeeds:
     # The CUDA toolkit and host compiler come from this machine (the official flavour's build.sh), not from the
     # build environment's packages (conda-forge's cuda-nvcc and compilers): only then is nvcc checked here.
     toolkit_on_host: bool = True
+    # CUDA packages whose libraries the arch check lists after the build (cuobjdump must be here)
+    arch_checked: bool = False
 
 
 @dataclass(frozen=True)

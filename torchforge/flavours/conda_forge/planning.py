@@ -185,9 +185,12 @@ class CondaForgeFlavour:
     def plan(self, request: Request, recipe_format: str) -> Plan:
         planned = with_inputs(recipes(request), request)
         fmt = RecipeFormat(recipe_format)
-        return Plan(NAME, (*(planned_recipe(r, request, fmt) for r in planned),
-                           *companion_recipes(planned, request, fmt)),
-                    warnings(planned, request.feedstock_patches), needs(planned, request), facts(planned))
+        companions = companion_recipes(planned, request, fmt)
+        machine = dataclasses.replace(needs(planned, request), arch_checked=any(c.arch_list for c in companions))
+        with_rows = (("--with", ", ".join(f"{c.stems[0]} (pytorch {json.loads(c.settings)['pytorch']})"
+                                          for c in companions)),) if companions else ()
+        return Plan(NAME, (*(planned_recipe(r, request, fmt) for r in planned), *companions),
+                    warnings(planned, request.feedstock_patches), machine, (*facts(planned), *with_rows))
 
 
 FLAVOUR = CondaForgeFlavour()
