@@ -8,7 +8,6 @@ with git and archived at REV: a URL git can reach, such as a mirror or a local r
 from __future__ import annotations
 
 import gzip
-import hashlib
 import re
 import tarfile
 from collections.abc import Mapping
@@ -53,12 +52,6 @@ def parse_spec(text: str) -> SdistSpec:
     raise UsageError(f"--extension {text!r}: {why}", SPEC_HINT)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def fetch(spec: SdistSpec, dest: Path, python: str, runner: Runner, env: Mapping[str, str]) -> Path:
