@@ -21,6 +21,7 @@ from tests.rattler_in_child import solve_and_install
 from tests.stack_env import stand_in_specs
 from tests.tool_venvs import ensure
 from torchforge.engines import Engine
+from torchforge.engines.conda_build import CondaBuildEngine
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.extensions.metadata import metadata_env, read_metadata
 from torchforge.extensions.recipe import ExtensionInputs, extension_recipe, pytorch_in_channel
@@ -110,3 +111,53 @@ def test_torch_scatter_built_with_rattler_build_installs_and_runs(
     out = tmp_path / "out"
     result = build(RattlerBuildEngine(), channels, out, tmp_path)
     check_installed(result, channels, out, tmp_path / "prefix")
+
+
+@pytest.fixture()
+def conda_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    env = tool.env(tmp_path / "conda")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+@pytest.mark.slow
+def test_torch_scatter_built_with_conda_build_installs_and_runs(
+        channels: tuple[Path, Path], conda_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = build(CondaBuildEngine(), channels, out, tmp_path)
+    check_installed(result, channels, out, tmp_path / "prefix")
+
+
+# A setup.py that, like causal-conv1d's and mamba-ssm's without their switch, fetches a prebuilt wheel when pip
+# builds it (and not while pip reads its metadata, which happens before the build, outside it).
+DOWNLOADER = """import sys, urllib.request
+from setuptools import setup
+if "bdist_wheel" in sys.argv:
+    urllib.request.urlretrieve("https://pypi.org/simple/ninja/", "prebuilt.html")
+setup(name="fetches-prebuilt", version="1.0", py_modules=["fetches_prebuilt"])
+"""
+
+
+def test_a_build_that_tries_the_network_fails_and_says_so(channels: tuple[Path, Path], tmp_path: Path) -> None:
+    source = tmp_path / "fetches_prebuilt-1.0"
+    source.mkdir()
+    (source / "setup.py").write_text(DOWNLOADER)
+    (source / "fetches_prebuilt.py").write_text("VALUE = 1\n")
+    torch_python = str(ensure("torchcpu") / "python")
+    archive = fetch(parse_spec(str(source)), tmp_path / "sdist", torch_python, Runner(), metadata_env())
+    inputs = ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), tmp_path),
+                             pytorch_in_channel(channels[0], "linux-64"), "",
+                             tuple(c.resolve().as_uri() for c in channels))
+    engine = RattlerBuildEngine()
+    settings = BuildSettings(out=tmp_path / "out")
+    (result,) = Pipeline(engine, Runner(), settings).run(
+        plan_recipe_steps([extension_recipe(inputs, engine.recipe_format.value)], settings))
+    assert not result.ok and result.log is not None
+    assert "no-network-at-build-time.invalid" in result.log.read_text()
+    assert not list((tmp_path / "out").glob("linux-64/fetches-prebuilt-*"))
