@@ -93,3 +93,15 @@ def test_the_pytorch_of_the_channel(tmp_path: Path) -> None:
 def test_an_unknown_engine_format_is_refused() -> None:
     with pytest.raises(UsageError, match="no extension recipe for the engine format 'pip'"):
         extension_recipe(inputs(), "pip")
+
+
+def test_build_reads_every_extension_spec_before_building(tmp_path: Path) -> None:
+    """`torchforge build --extension` with a SPEC it cannot read: exit 2 and what would work, before any build."""
+    from tests.test_upload_helpers import cli
+
+    result = cli("build", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11", "--flavour", "official",
+                 "--skip-preflight", "--out", str(tmp_path / "out"), "--extension", "torch-scatter==2.1.2",
+                 "--extension", "torch-scatter")
+    assert result.returncode == 2, result.stderr
+    assert "--extension 'torch-scatter': not NAME==VERSION" in result.stderr and "NAME==VERSION" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()

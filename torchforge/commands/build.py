@@ -20,6 +20,8 @@ from torchforge.console import err, note, out, warn
 from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
+from torchforge.extensions.plan import ExtensionRequest, recipes_for_channel
+from torchforge.extensions.sdist import parse_spec
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.commands import flavour as flavour_commands
 from torchforge.flavours import MAGMA_ONLY, Flavour
@@ -104,6 +106,18 @@ def _container_engine(engine: str) -> tuple[Engine, str]:
     return chosen, "using conda-build inside the build image (--container)"
 
 
+def _checked_specs(specs: list[str] | None) -> list[str] | None:
+    """Each --extension SPEC read before anything is built: a typo must not wait for the pytorch build."""
+    for spec in specs or ():
+        parse_spec(spec)
+    return specs
+
+
+ExtensionOpt = Annotated[list[str] | None, typer.Option(
+    "--extension", metavar="SPEC", callback=_checked_specs, help="Also build this PyTorch extension from its sdist for the channel's pytorch (repeatable): "
+                        "NAME==VERSION, a local sdist or folder, or git+URL@REV (docs/extensions.md).")]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("build")
     def build(
@@ -126,7 +140,7 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
-        flavour: FlavourOpt = None,
+        flavour: FlavourOpt = None, extension: ExtensionOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
@@ -164,7 +178,7 @@ def register(app: typer.Typer) -> None:
                                      use_cache=not no_cache, cache_root=cache, keep_work=keep_work)
             planned = flavour_commands.planned_recipes(recipes, chosen, source=source, patches=patch or [],
                                                        feedstock_patches=feedstock_patches)
-            _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)
+            _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run, ExtensionRequest(tuple(extension or ()), arch_list or ""))
             return
         if feedstock_patches:
             raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
@@ -233,11 +247,14 @@ def register(app: typer.Typer) -> None:
             extra_env=extra_env, site_channels=site.channels, container=container_settings,
             use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
         )
-        _run_plan(plan_steps(render_plan, chosen, settings), chosen, settings, dry_run)
+        _run_plan(plan_steps(render_plan, chosen, settings), chosen, settings, dry_run, ExtensionRequest(tuple(extension or ()), arch_list or ""))
 
 
-def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool) -> None:
-    """Show the plan, run it (or print its commands), show each package's result; a failure exits 6."""
+def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool,
+              extensions: ExtensionRequest = ExtensionRequest()) -> None:
+    """Show the plan, run it (or print its commands), show each package's result; a failure exits 6. Then the
+    --extension recipes, for the pytorch the output channel now holds (not in a dry run: that pytorch may not
+    be built yet)."""
     print_plan(steps, settings.channels, settings.compile_cache_root if settings.caching else None)
     runner = Runner(dry_run=dry_run, echo=note if dry_run else None)
     status = Text("")
@@ -262,3 +279,8 @@ def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_ru
             "read the log tail above; rerun the same command to resume (finished packages are skipped)"
             + ("; --keep-going attempts the others past a failure" if not_attempted else ""),
         )
+    if extensions.specs and steps:
+        channels = tuple(dict.fromkeys(c for step in steps for c in step.channels))
+        planned = recipes_for_channel(extensions, settings.out, steps[-1].subdir, chosen.recipe_format.value,
+                                      channels, Runner())
+        _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.extensions.metadata import metadata_env, read_metadata
@@ -46,3 +47,25 @@ def planned_extensions(specs: Sequence[str], channel: Path, subdir: str, arch_li
                                  arch_list if pytorch.cuda else "", channels)
         planned.append(extension_recipe(inputs, recipe_format))
     return planned
+
+
+@dataclass(frozen=True)
+class ExtensionRequest:
+    """`torchforge build --extension SPEC ...` with the request's arch list."""
+
+    specs: tuple[str, ...] = ()
+    arch_list: str = ""
+
+
+def recipes_for_channel(request: ExtensionRequest, channel: Path, subdir: str, recipe_format: str,
+                        channels: tuple[str, ...], runner: Runner) -> list[PlannedRecipe]:
+    """The request's extensions for the pytorch that `channel` (the output channel) now holds; pip reads their
+    metadata in a venv with the CPU torch of that release, kept under CHANNEL/.cache/extensions."""
+    if not request.specs:
+        return []
+    pytorch = pytorch_in_channel(channel, subdir)
+    python = metadata_python(channel / ".cache" / "extensions", pytorch.version, runner)
+    own = channel.resolve().as_uri()
+    return planned_extensions(request.specs, channel, subdir, request.arch_list, recipe_format,
+                              (own, *(c for c in channels if c != own)), channel / ".cache" / "extensions", runner,
+                              python)
