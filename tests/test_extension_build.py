@@ -20,6 +20,7 @@ from tests.conftest import session_shared
 from tests.rattler_in_child import solve_and_install
 from tests.stack_env import stand_in_specs
 from tests.tool_venvs import ensure
+from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.conda_build import CondaBuildEngine
 from torchforge.engines.rattler_build import RattlerBuildEngine
@@ -159,5 +160,8 @@ def test_a_build_that_tries_the_network_fails_and_says_so(channels: tuple[Path, 
     (result,) = Pipeline(engine, Runner(), settings).run(
         plan_recipe_steps([extension_recipe(inputs, engine.recipe_format.value)], settings))
     assert not result.ok and result.log is not None
-    assert "no-network-at-build-time.invalid" in result.log.read_text()
+    log = result.log.read_text()
+    assert "urllib.error.URLError: <urlopen error" in log and "no-network-at-build-time.invalid" in log
+    # what `torchforge build` prints under a failed package: the diagnosis, with the fix
+    assert "extension-download-blocked" in [d.id for d in explain_log(result.log)]
     assert not list((tmp_path / "out").glob("linux-64/fetches-prebuilt-*"))
