@@ -31,6 +31,9 @@ TOOLS: dict[str, tuple[str, ...]] = {
     # Versions: the ones checked with these wheels.
     "conda": (*(str(VENDOR / wheel) for wheel in CONDA_WHEELS),
               "conda-rattler-solver==0.2.0", "lief==1.0.0", "conda-index==0.13.0", "py-rattler-build==0.73.0"),
+    # An extension's setup.py imports torch to say its metadata: the CPU torch wheel pip's config here offers
+    # (torch 2.13.0+cpu, cp311), with the build tools the extension sdists name.
+    "torchcpu": ("torch==2.13.0", "setuptools", "wheel", "packaging", "ninja"),
 }
 READY = ".torchforge-ready"
 INSTALL_TIMEOUT_S = 900

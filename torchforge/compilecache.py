@@ -345,6 +345,62 @@ class CompileCache:
                 COMPILERS_VARIABLE: str(compilers.resolve()), **{name: self.ccache for name in LAUNCHER_VARIABLES}}
 
 
+# Variables of the nvcc wrapper's arch filter: the arch list asked for (TORCH_CUDA_ARCH_LIST's form: "8.0;9.0+PTX"),
+# and the user's switch that keeps every call's own -gencode list.
+ARCH_LIST_VARIABLE = "TORCHFORGE_ARCH_LIST"
+KEEP_GENCODE_VARIABLE = "TORCHFORGE_KEEP_GENCODE"
+
+# Bash, run by the nvcc wrapper on its arguments. Extensions' setup.py files hard-code their own -gencode list
+# (causal-conv1d and mamba-ssm: every arch from sm_75 up), whatever TORCH_CUDA_ARCH_LIST says: each pair whose
+# `code=` is an SASS arch that was not asked for, or a PTX (compute_) of an arch not marked +PTX, is dropped; an
+# arch marked +PTX gets its PTX. A call with pairs of which none was asked for fails: nvcc would otherwise build
+# for its own default arch.
+GENCODE_FILTER = r"""# The arch list asked for: other archs' -gencode pairs are dropped (TORCHFORGE_KEEP_GENCODE=1 keeps them).
+if [ -n "${TORCHFORGE_ARCH_LIST:-}" ] && [ "${TORCHFORGE_KEEP_GENCODE:-0}" = 0 ]; then
+    wanted=" " ptx=" "
+    for arch in ${TORCHFORGE_ARCH_LIST//[;,]/ }; do
+        number=${arch%+PTX} && number=${number//./}
+        case "$number" in
+            ""|*[!0-9a-z]*|[!0-9]*)
+                echo "torchforge: TORCHFORGE_ARCH_LIST=$TORCHFORGE_ARCH_LIST: '$arch' is not an arch like 8.0, 9.0a or 9.0+PTX: the -gencode list is kept" >&2
+                wanted="" && break ;;
+        esac
+        wanted+="$number " && [ "$arch" != "${arch%+PTX}" ] && ptx+="$number "
+    done
+fi
+if [ -n "${wanted:-}" ]; then
+    args=() kept=() dropped=() given=0 source=""
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -gencode|--generate-code) spec=${2:-} && shift && { [ $# -eq 0 ] || shift; } ;;
+            -gencode=*|--generate-code=*) spec=${1#*=} && shift ;;
+            *) case "$1" in *.cu) source=$1 ;; esac; args+=("$1") && shift && continue ;;
+        esac
+        given=1 spec=${spec//[\"\' \[\]]/} && arch=${spec#*arch=} && arch=${arch%%,*} codes=${spec#*code=} keep=""
+        for code in ${codes//,/ }; do
+            case "$code" in
+                sm_*) [[ "$wanted" == *" ${code#sm_} "* ]] && keep+=",$code" ;;
+                compute_*) [[ "$ptx" == *" ${code#compute_} "* ]] && keep+=",$code" ;;
+            esac
+            [[ ",$keep," == *",$code,"* ]] || dropped+=("$code")
+        done
+        [ -n "$keep" ] && args+=(-gencode "arch=$arch,code=[${keep#,}]") && kept+=(${keep//,/ })
+    done
+    if [ "$given" = 1 ]; then
+        for number in $ptx; do
+            [[ " ${kept[*]} " == *" compute_$number "* ]] && continue
+            args+=(-gencode "arch=compute_$number,code=compute_$number") && kept+=("compute_$number")
+        done
+        if [ ${#kept[@]} -eq 0 ]; then
+            echo "torchforge: nvcc ${source:-call}: none of its -gencode archs (${dropped[*]}) is in TORCHFORGE_ARCH_LIST=$TORCHFORGE_ARCH_LIST; build for an arch list it has, or set TORCHFORGE_KEEP_GENCODE=1 to keep its own list" >&2
+            exit 1
+        fi
+        [ ${#dropped[@]} -eq 0 ] || echo "torchforge: nvcc ${source:-call}: kept ${kept[*]}; dropped ${dropped[*]} (not in TORCHFORGE_ARCH_LIST=$TORCHFORGE_ARCH_LIST; TORCHFORGE_KEEP_GENCODE=1 keeps them)" >&2
+    fi
+    set -- "${args[@]}"
+fi"""
+
+
 def nvcc_wrapper(ccache: str, scans: Path, base_dir: Path, stats_log: Path) -> str:
     """The script CUDA_NVCC_EXECUTABLE names: the build's nvcc ($CUDA_HOME/bin/nvcc, else the one on PATH)
     through ccache, which hashes that real nvcc and its arguments.
@@ -354,13 +410,16 @@ def nvcc_wrapper(ccache: str, scans: Path, base_dir: Path, stats_log: Path) -> s
     each scan's output under `scans`, keyed by the digest of nvcc (and of the host compiler on PATH), the
     arguments and the variables nvcc reads (paths under base_dir made relative to the working directory, as
     ccache does); an entry is used only while every file the scan listed still has the content it had, so a
-    changed header runs the scan again. Each scan logs a hit or a run in the stats log."""
+    changed header runs the scan again. Each scan logs a hit or a run in the stats log.
+
+    Before either, the call's `-gencode` pairs are cut to the arch list that was asked for (GENCODE_FILTER)."""
     return rf"""#!/usr/bin/env bash
 # Written by torchforge's compile cache. FindCUDA (find_package(CUDA), cuda_add_library) runs nvcc from custom
 # commands that CMAKE_CUDA_COMPILER_LAUNCHER does not reach; CUDA_NVCC_EXECUTABLE names this file instead.
 nvcc="${{CUDA_HOME:+$CUDA_HOME/bin/nvcc}}"
 if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then nvcc="$(command -v nvcc)"; fi
 if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
+{GENCODE_FILTER}
 case " $* " in
     *" -M "*) ;;
     *) exec {shlex.quote(ccache)} "$nvcc" "$@" ;;
@@ -476,4 +535,12 @@ torchforge_route() {{
 torchforge_route CC cc
 torchforge_route CXX c++
 unset -f torchforge_route
+# torch's cpp_extension runs nvcc from $PYTORCH_NVCC under ninja: the cache's nvcc wrapper (and its arch filter)
+# then sees those calls too. A value of the user's own, or a path with blanks (ninja would split it), is kept out.
+torchforge_nvcc=$(cd "$(dirname "${{BASH_SOURCE[0]}}")/../ccache-nvcc" 2>/dev/null && pwd)/nvcc
+case "$torchforge_nvcc" in
+    *[[:space:]]*) ;;
+    *) [ -n "${{PYTORCH_NVCC:-}}" ] || [ ! -x "$torchforge_nvcc" ] || export PYTORCH_NVCC="$torchforge_nvcc" ;;
+esac
+unset torchforge_nvcc
 """

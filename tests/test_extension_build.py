@@ -1,0 +1,168 @@
+"""An extension from its real PyPI sdist (torch-scatter 2.1.2, a CPU build) built for the real torch 2.13.0 CPU
+wheel repacked by torchforge, through the pipeline's recipe step, with both engines: the package pins that
+pytorch build exactly, installs next to it with py-rattler, and scatter_add / scatter_max agree with plain torch.
+
+Channels: the repacked pytorch, and stand-ins for python (this machine's 3.11), pip and setuptools (metadata only:
+the stand-in python sees this machine's site-packages, which hold them) and for what the base Python lacks
+(`wheel`, `filelock`, `fsspec`), which carry the real modules from the torchcpu venv (tests/tool_venvs.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from tests.conftest import session_shared
+from tests.rattler_in_child import solve_and_install
+from tests.stack_env import stand_in_specs
+from tests.tool_venvs import ensure
+from torchforge.diagnose import explain_log
+from torchforge.engines import Engine
+from torchforge.engines.conda_build import CondaBuildEngine
+from torchforge.engines.rattler_build import RattlerBuildEngine
+from torchforge.extensions.metadata import metadata_env, read_metadata
+from torchforge.extensions.recipe import ExtensionInputs, extension_recipe, pytorch_in_channel
+from torchforge.extensions.sdist import fetch, parse_spec
+from torchforge.localchannel import index
+from torchforge.flavours.base import Plan
+from torchforge.pipeline import BuildSettings, Pipeline, StepResult, plan_steps
+from torchforge.proc import Runner
+from torchforge.binaries.stack import repack_stack
+from torchforge.standin import Stub, make_stub_channel, write_stub
+
+SCATTER = Path(__file__).parent / "fixtures" / "sdists" / "torch_scatter-2.1.2.tar.gz"
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+# Real modules the stand-in python's own site-packages lacks: wheel (setuptools' bdist_wheel), and two of torch's
+# import requirements.
+CARRIED = ("wheel", "filelock", "fsspec")
+CHECK = """
+import torch, torch_scatter
+src = torch.tensor([[2., 0., 1., 4., 3.], [0., 2., 1., 3., 4.]])
+index = torch.tensor([[4, 5, 4, 2, 3], [0, 0, 2, 2, 1]])
+out = torch_scatter.scatter_add(src, index, dim=-1, dim_size=6)
+ref = torch.zeros(2, 6).scatter_add_(-1, index, src)
+assert torch.equal(out, ref), (out, ref)
+top, arg = torch_scatter.scatter_max(src, index, dim=-1, dim_size=6)
+ref_max = torch.zeros(2, 6).scatter_reduce_(-1, index, src, "amax", include_self=False)
+assert torch.equal(top, ref_max), (top, ref_max)
+assert all(src[r, arg[r, c]] == top[r, c] for r in range(2) for c in range(6) if arg[r, c] < 5)
+print("torch_scatter", torch_scatter.__version__, "ok against torch", torch.__version__)
+"""
+
+pytestmark = pytest.mark.skipif(PY != "3.11", reason="the torch 2.13.0 CPU wheel here is cp311")
+
+
+def _carried_stub(name: str, site: Path) -> Stub:
+    """A conda package of a pure-Python module with its real files, from the torchcpu venv's site-packages."""
+    dist = next(site.glob(f"{name}-*.dist-info"))
+    version = dist.name.removeprefix(f"{name}-").removesuffix(".dist-info")
+    files = {f"lib/python{PY}/site-packages/{p.relative_to(site)}": p.read_bytes()
+             for root in (site / name, dist) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return Stub(name, version, files=files)
+
+
+@pytest.fixture(scope="module")
+def channels(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    shared = session_shared(tmp_path_factory) / "extension-channels"
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / ".complete").exists():
+            repack_stack([torch_wheel], shared / "torch", Runner())
+            site = ensure("torchcpu").parent / "lib" / f"python{PY}" / "site-packages"
+            specs = [s for s in stand_in_specs(shared / "torch") if s.split()[0] not in CARRIED]
+            make_stub_channel(shared / "stubs", sorted({*specs, "pip", "setuptools"}))
+            for name in CARRIED:
+                write_stub(_carried_stub(name, site), shared / "stubs" / "linux-64")
+            index(shared / "stubs")
+            (shared / ".complete").write_text("")
+    return shared / "torch", shared / "stubs"
+
+
+def build(engine: Engine, channels: tuple[Path, Path], out: Path, tmp_path: Path) -> StepResult:
+    torch_python = str(ensure("torchcpu") / "python")
+    archive = fetch(parse_spec(str(SCATTER)), tmp_path / "sdist", torch_python, Runner(), metadata_env())
+    inputs = ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), tmp_path),
+                             pytorch_in_channel(channels[0], "linux-64"), "",
+                             tuple(c.resolve().as_uri() for c in channels))
+    recipe = extension_recipe(inputs, engine.recipe_format.value)
+    settings = BuildSettings(out=out)
+    (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(Plan("extension", (recipe,)), settings))
+    return result
+
+
+def check_installed(result: StepResult, channels: tuple[Path, Path], out: Path, prefix: Path) -> None:
+    assert result.ok, result.error + (result.log.read_text()[-4000:] if result.log else "")
+    solve_and_install([out.resolve().as_uri(), *(c.resolve().as_uri() for c in channels)], ["torch-scatter"], prefix)
+    meta = json.loads(next((prefix / "conda-meta").glob("torch-scatter-*.json")).read_text())
+    (pin,) = [d for d in meta["depends"] if d.startswith("pytorch ")]
+    assert pin in ("pytorch ==2.13.0 whl_py3.11_cpu_0", "pytorch ==2.13.0 whl_py3*11_cpu_0")  # conda-build, rattler
+    assert meta["build"].startswith("pt2.13.0_cpu_") and meta["build"].endswith("_py311_0")
+    assert (prefix / "conda-meta" / "pytorch-2.13.0-whl_py3.11_cpu_0.json").is_file()
+    done = subprocess.run([str(prefix / "bin" / "python"), "-c", CHECK], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "torch_scatter 2.1.2 ok against torch 2.13.0" in done.stdout
+
+
+@pytest.mark.slow
+def test_torch_scatter_built_with_rattler_build_installs_and_runs(
+        channels: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = build(RattlerBuildEngine(), channels, out, tmp_path)
+    check_installed(result, channels, out, tmp_path / "prefix")
+
+
+@pytest.fixture()
+def conda_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
+
+    tool = find_conda_tool()
+    if tool is None:
+        pytest.skip(HOW_TO_GET_ONE)
+    env = tool.env(tmp_path / "conda")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+@pytest.mark.slow
+def test_torch_scatter_built_with_conda_build_installs_and_runs(
+        channels: tuple[Path, Path], conda_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = build(CondaBuildEngine(), channels, out, tmp_path)
+    check_installed(result, channels, out, tmp_path / "prefix")
+
+
+# A setup.py that, like causal-conv1d's and mamba-ssm's without their switch, fetches a prebuilt wheel when pip
+# builds it (and not while pip reads its metadata, which happens before the build, outside it).
+DOWNLOADER = """import sys, urllib.request
+from setuptools import setup
+if "bdist_wheel" in sys.argv:
+    urllib.request.urlretrieve("https://pypi.org/simple/ninja/", "prebuilt.html")
+setup(name="fetches-prebuilt", version="1.0", py_modules=["fetches_prebuilt"])
+"""
+
+
+def test_a_build_that_tries_the_network_fails_and_says_so(channels: tuple[Path, Path], tmp_path: Path) -> None:
+    source = tmp_path / "fetches_prebuilt-1.0"
+    source.mkdir()
+    (source / "setup.py").write_text(DOWNLOADER)
+    (source / "fetches_prebuilt.py").write_text("VALUE = 1\n")
+    torch_python = str(ensure("torchcpu") / "python")
+    archive = fetch(parse_spec(str(source)), tmp_path / "sdist", torch_python, Runner(), metadata_env())
+    inputs = ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), tmp_path),
+                             pytorch_in_channel(channels[0], "linux-64"), "",
+                             tuple(c.resolve().as_uri() for c in channels))
+    engine = RattlerBuildEngine()
+    settings = BuildSettings(out=tmp_path / "out")
+    (result,) = Pipeline(engine, Runner(), settings).run(
+        plan_steps(Plan("extension", (extension_recipe(inputs, engine.recipe_format.value),)), settings))
+    assert not result.ok and result.log is not None
+    log = result.log.read_text()
+    assert "urllib.error.URLError: <urlopen error" in log and "no-network-at-build-time.invalid" in log
+    # what `torchforge build` prints under a failed package: the diagnosis, with the fix
+    assert "extension-download-blocked" in [d.id for d in explain_log(result.log)]
+    assert not list((tmp_path / "out").glob("linux-64/fetches-prebuilt-*"))

@@ -1,0 +1,119 @@
+"""The extension recipe producer (torchforge/extensions/recipe.py): one PlannedRecipe per extension and pytorch
+build, in both engines' formats, from the real causal-conv1d 1.7.0 sdist's metadata and pytorch packages in a
+local channel (tests/pkgfactory.py, official-style dotted build strings)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+from tests.pkgfactory import make_package
+from torchforge.errors import UsageError
+from torchforge.extensions.metadata import SdistMetadata
+from torchforge.extensions.recipe import ExtensionInputs, PytorchBuild, build_string, extension_recipe, pytorch_in_channel
+from torchforge.localchannel import index
+from torchforge.flavours.base import Plan
+from torchforge.pipeline import BuildSettings, plan_steps
+
+CAUSAL = Path(__file__).parent / "fixtures" / "sdists" / "causal_conv1d-1.7.0.tar.gz"
+# What pip's report says of the real sdist (tests/test_extension_sdist.py reads it with pip).
+CAUSAL_META = SdistMetadata("causal_conv1d", "1.7.0", ("torch", "packaging", "ninja"), ("setuptools", "wheel", "torch"))
+CUDA_PYTORCH = PytorchBuild("2.13.0", "py3.12_cuda13.0_cudnn9.13.0_0", "linux-64", "3.12", "13.0")
+
+
+def inputs(pytorch: PytorchBuild = CUDA_PYTORCH, arch_list: str = "9.0") -> ExtensionInputs:
+    return ExtensionInputs(CAUSAL, CAUSAL_META, pytorch, arch_list, ("file:///channel",))
+
+
+def test_the_build_string_names_the_pytorch_build_and_no_two_share_one() -> None:
+    text = build_string(CUDA_PYTORCH, "9.0", 0)
+    assert text.startswith("pt2.13.0_cu130_") and text.endswith("_py312_0")
+    other_build = dataclasses.replace(CUDA_PYTORCH, build="py3.12_cuda13.0_cudnn9.13.0_1")
+    assert len({text, build_string(other_build, "9.0", 0), build_string(CUDA_PYTORCH, "8.0;9.0", 0)}) == 3
+
+
+@pytest.mark.parametrize(("fmt", "name", "pin"), [
+    ("conda-build", "meta.yaml", "pytorch ==2.13.0 py3.12_cuda13.0_cudnn9.13.0_0"),
+    ("rattler-build", "recipe.yaml", "pytorch ==2.13.0 py3*12_cuda13*0_cudnn9*13*0_0"),
+])
+def test_both_formats_pin_that_pytorch_build_in_host_and_run(fmt: str, name: str, pin: str) -> None:
+    recipe = extension_recipe(inputs(), fmt)
+    parsed = YAML(typ="safe").load(str(recipe.files[name]).replace("${{", "'${{").replace("}}", "}}'"))
+    assert parsed["package"] == {"name": "causal-conv1d", "version": "1.7.0"}
+    assert parsed["requirements"]["host"] == ["python 3.12.*", "setuptools", "wheel", "pip", pin]
+    assert parsed["requirements"]["run"] == ["python 3.12.*", pin, "packaging", "ninja"]
+    assert parsed["build"]["string"] == build_string(CUDA_PYTORCH, "9.0", 0)
+    assert recipe.stems == (f"causal-conv1d-1.7.0-{build_string(CUDA_PYTORCH, '9.0', 0)}",)
+    assert (recipe.accel, recipe.subdir) == ("13.0", "linux-64")
+    script = str(recipe.files["build.sh"])
+    # its own switch (no prebuilt wheel from GitHub), the arch list for the nvcc filter, no network, CUDA 13.0
+    for line in ("export CAUSAL_CONV1D_FORCE_BUILD=TRUE", "export TORCHFORGE_ARCH_LIST=9.0",
+                 "export https_proxy=http://no-network-at-build-time.invalid:9", "--no-index", '= 13.0 ] ||'):
+        assert line in script
+    assert "CUDA_HOME" in str(recipe.files[name]) and "TORCHFORGE_KEEP_GENCODE" in str(recipe.files[name])
+
+
+def test_a_cpu_build_sets_no_arch_list_and_keeps_cuda_out() -> None:
+    cpu = PytorchBuild("2.13.0", "whl_py3.11_cpu_0", "linux-64", "3.11", None)
+    recipe = extension_recipe(inputs(cpu, ""), "conda-build")
+    assert "TORCHFORGE_ARCH_LIST" not in str(recipe.files["build.sh"]) and recipe.accel == "cpu"
+    assert "CUDA_HOME" not in str(recipe.files["meta.yaml"])
+    assert build_string(cpu, "", 0).startswith("pt2.13.0_cpu_")
+
+
+def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settings(tmp_path: Path) -> None:
+    recipe = extension_recipe(inputs(), "rattler-build")
+    settings = BuildSettings(out=tmp_path / "out")
+    (step,) = plan_steps(Plan("extension", (recipe,)), settings)
+    assert (step.kind, step.stems, step.action.value, step.accel) == ("recipe", recipe.stems, "build", "13.0")
+    name, version, build = recipe.stems[0].rsplit("-", 2)
+    make_package(tmp_path / "out" / "linux-64", name, version, build, about_extra={"torchforge_settings": recipe.settings})
+    index(tmp_path / "out")
+    (again,) = plan_steps(Plan("extension", (recipe,)), settings)
+    assert again.action.value == "reuse"
+
+
+def test_the_pytorch_of_the_channel(tmp_path: Path) -> None:
+    channel = tmp_path / "chan"
+    make_package(channel / "linux-64", "pytorch", "2.13.0", "py3.12_cuda13.0_cudnn9.13.0_0",
+                 depends=["python >=3.12,<3.13.0a0", "pytorch-mutex 1.0 cuda"])
+    index(channel)
+    assert pytorch_in_channel(channel, "linux-64") == CUDA_PYTORCH
+    make_package(channel / "linux-64", "pytorch", "2.13.0", "py3.11_cpu_0", depends=["python >=3.11,<3.12.0a0"])
+    index(channel)
+    with pytest.raises(UsageError, match=r"2 pytorch packages .*py3.11_cpu_0, 2.13.0 py3.12_cuda13.0") as caught:
+        pytorch_in_channel(channel, "linux-64")
+    assert "an extension is built for exactly one" in str(caught.value)
+    with pytest.raises(UsageError, match="0 pytorch packages"):
+        pytorch_in_channel(tmp_path / "empty", "linux-64")
+
+
+def test_an_unknown_engine_format_is_refused() -> None:
+    with pytest.raises(UsageError, match="no extension recipe for the engine format 'pip'"):
+        extension_recipe(inputs(), "pip")
+
+
+def test_build_reads_every_extension_spec_before_building(tmp_path: Path) -> None:
+    """`torchforge build --extension` with a SPEC it cannot read: exit 2 and what would work, before any build."""
+    from tests.test_upload_helpers import cli
+
+    result = cli("build", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11", "--flavour", "official",
+                 "--skip-preflight", "--out", str(tmp_path / "out"), "--extension", "torch-scatter==2.1.2",
+                 "--extension", "torch-scatter")
+    assert result.returncode == 2, result.stderr
+    assert "--extension 'torch-scatter': not NAME==VERSION" in result.stderr and "NAME==VERSION" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_extensions_of_a_request_need_a_pytorch_in_the_output_channel(tmp_path: Path) -> None:
+    """`build --extension` after a plan that left no pytorch in --out: told so, nothing created for it."""
+    from torchforge.extensions.plan import ExtensionRequest, recipes_for_channel
+    from torchforge.proc import Runner
+
+    assert recipes_for_channel(ExtensionRequest(), tmp_path, "linux-64", "rattler-build", (), Runner()) == []
+    with pytest.raises(UsageError, match="0 pytorch packages"):
+        recipes_for_channel(ExtensionRequest((str(CAUSAL),)), tmp_path, "linux-64", "rattler-build", (), Runner())
+    assert not (tmp_path / ".cache").exists()

@@ -1,0 +1,174 @@
+"""An extension's recipe, for one exact pytorch build: one more PlannedRecipe producer.
+
+host: python, the sdist's build requirements in conda names, and `pytorch ==VERSION BUILD` (the output channel's
+package, exactly); run: the same pytorch build and the sdist's run requirements. The build string names what the
+package was built for: `pt<release>_<cpu|cuXYZ>_<digest>_py<XY>_<number>`, the digest over that pytorch's build
+string and the arch list, so two pytorch builds (or two arch lists) never share an extension package.
+The build compiles with the build machine's compilers and, for CUDA, the toolkit at $CUDA_HOME (the one the
+pytorch builds use), which must be the pytorch's CUDA release. It never reaches the network: the package's own
+switches (data/extensions.toml) turn off downloads of prebuilt binaries, pip runs with --no-index, and every
+proxy variable names an address that does not exist, so a download attempt fails and names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchforge.compilecache import ARCH_LIST_VARIABLE, BUILD_VARIABLES, KEEP_GENCODE_VARIABLE
+from torchforge.errors import UsageError
+from torchforge.extensions.metadata import SdistMetadata, switches, to_conda
+from torchforge.fileops import sha256_file
+from torchforge.flavours.base import PlannedRecipe
+
+PYTORCH = "pytorch"
+# Every proxy variable urllib, pip, git and curl read points here: an address that cannot resolve (.invalid,
+# RFC 2606), so a download attempt fails at once and the log names why.
+NO_NETWORK_PROXY = "http://no-network-at-build-time.invalid:9"
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
+FORMATS = {"conda-build": "meta.yaml", "rattler-build": "recipe.yaml"}
+
+
+@dataclass(frozen=True)
+class PytorchBuild:
+    """The exact pytorch package an extension is built for, as its channel's index records it."""
+
+    version: str
+    build: str
+    subdir: str
+    python: str  # X.Y
+    cuda: str | None  # X.Y, None for a CPU build
+
+    @property
+    def accel(self) -> str:
+        return f"cu{self.cuda.replace('.', '')}" if self.cuda else "cpu"
+
+
+_PYTHON_PIN = re.compile(r"^python\s+>=?\s*(\d+\.\d+)")
+_CUDA_IN_BUILD = re.compile(r"(?:cuda|cu)(\d+)\.?(\d)")
+
+
+def pytorch_in_channel(channel: Path, subdir: str, version: str | None = None) -> PytorchBuild:
+    """The channel's one pytorch package of `subdir` (of `version` when given); several is a choice to make."""
+    index = channel / subdir / "repodata.json"
+    data = json.loads(index.read_text()) if index.is_file() else {}
+    records = [*data.get("packages", {}).values(), *data.get("packages.conda", {}).values()]
+    found = [r for r in records if r.get("name") == PYTORCH and (version is None or r.get("version") == version)]
+    if len(found) != 1:
+        listed = ", ".join(sorted(f"{r['version']} {r['build']}" for r in found)) or "none"
+        raise UsageError(f"{channel}/{subdir}: {len(found)} pytorch packages{f' of {version}' if version else ''} "
+                         f"({listed}); an extension is built for exactly one",
+                         "build or repack that pytorch into the channel first, or name its version")
+    record = found[0]
+    python = next((m.group(1) for spec in record.get("depends", []) if (m := _PYTHON_PIN.match(spec))), None)
+    if python is None:
+        raise UsageError(f"pytorch {record['version']} {record['build']}: no python pin in its requirements",
+                         "rebuild it with torchforge")
+    cuda = _CUDA_IN_BUILD.search(str(record["build"]).replace("cpu", ""))
+    return PytorchBuild(str(record["version"]), str(record["build"]), subdir, python,
+                        f"{cuda.group(1)}.{cuda.group(2)}" if cuda else None)
+
+
+def build_string(pytorch: PytorchBuild, arch_list: str, number: int) -> str:
+    digest = hashlib.sha256(json.dumps([pytorch.build, arch_list]).encode()).hexdigest()[:8]
+    return f"pt{pytorch.version}_{pytorch.accel}_{digest}_py{pytorch.python.replace('.', '')}_{number}"
+
+
+@dataclass(frozen=True)
+class ExtensionInputs:
+    archive: Path
+    metadata: SdistMetadata
+    pytorch: PytorchBuild
+    arch_list: str  # TORCH_CUDA_ARCH_LIST's form; "" for CPU
+    channels: tuple[str, ...]
+    number: int = 0
+
+    @property
+    def stem(self) -> str:
+        return f"{self.metadata.conda_name}-{self.metadata.version}-{build_string(self.pytorch, self.arch_list, self.number)}"
+
+    def pytorch_pin(self, recipe_format: str) -> str:
+        """`pytorch ==VERSION BUILD`. rattler-build's strict match specs refuse a dot in a build string (the pytorch
+        channel's `py3.11_cpu_0`, a repacked wheel's `whl_py3.11_cpu_0`): there each run of other characters is
+        a `*`, which matches that build and no build of another Python, CUDA or number."""
+        build = self.pytorch.build
+        if recipe_format == "rattler-build":
+            build = re.sub(r"[^A-Za-z0-9_*]+", "*", build)
+        return f"{PYTORCH} =={self.pytorch.version} {build}"
+
+    def requirements(self, recipe_format: str) -> dict[str, tuple[str, ...]]:
+        python = self.pytorch.python
+        exact = self.pytorch_pin(recipe_format)
+        host = (f"python {python}.*", *to_conda(self.metadata.build_requires, python, drop=False), "pip", exact)
+        run = (f"python {python}.*", exact, *to_conda(self.metadata.requires, python, drop=True))
+        return {"host": tuple(dict.fromkeys(host)), "run": run}
+
+    def env(self) -> dict[str, str]:
+        """The build's own variables: the package's switches, the arch list, no network."""
+        arch = {ARCH_LIST_VARIABLE: self.arch_list, "TORCH_CUDA_ARCH_LIST": self.arch_list} if self.arch_list else {}
+        return {**dict(switches(self.metadata.name).build_env), **arch,
+                **dict.fromkeys(PROXY_VARIABLES, NO_NETWORK_PROXY), "PIP_NO_INDEX": "1"}
+
+
+def build_script(inputs: ExtensionInputs) -> str:
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(inputs.env().items()))
+    cuda = inputs.pytorch.cuda
+    toolkit = (f'release=$("$CUDA_HOME/bin/nvcc" --version | sed -n "s/.*release \\([0-9.]*\\),.*/\\1/p")\n'
+               f'[ "$release" = {cuda} ] || {{ echo "torchforge: pytorch {inputs.pytorch.build} needs CUDA {cuda}; '
+               f'\\$CUDA_HOME/bin/nvcc is ${{release:-missing}}: set CUDA_HOME to a CUDA {cuda} toolkit" >&2; exit 1; }}\n'
+               'export PATH="$CUDA_HOME/bin:$PATH"\n') if cuda else "export FORCE_ONLY_CPU=1 CUDA_HOME=\n"
+    return ("#!/bin/bash\n# Written by torchforge for an extension built from its sdist (torchforge/extensions).\n"
+            "set -euo pipefail\nunset no_proxy NO_PROXY\n" + exports + toolkit +
+            '[ -z "${TORCHFORGE_COMPILERS:-}" ] || source "$TORCHFORGE_COMPILERS/route.sh"\n'
+            '"$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -vv\n')
+
+
+def _settings(inputs: ExtensionInputs) -> str:
+    return json.dumps({"extension": inputs.metadata.conda_name, "version": inputs.metadata.version,
+                       "sha256": sha256_file(inputs.archive), "pytorch": f"{inputs.pytorch.version} {inputs.pytorch.build}",
+                       "arch_list": inputs.arch_list}, sort_keys=True)
+
+
+def _yaml_list(items: tuple[str, ...], indent: int) -> str:
+    return "".join(f"{' ' * indent}- {json.dumps(item)}\n" for item in items)
+
+
+def meta_yaml(inputs: ExtensionInputs, script_env: tuple[str, ...]) -> str:
+    meta, reqs = inputs.metadata, inputs.requirements("conda-build")
+    return (f"package:\n  name: {meta.conda_name}\n  version: {json.dumps(meta.version)}\n\n"
+            f"source:\n  url: {inputs.archive.resolve().as_uri()}\n  sha256: {sha256_file(inputs.archive)}\n\n"
+            f"build:\n  number: {inputs.number}\n  string: {build_string(inputs.pytorch, inputs.arch_list, inputs.number)}\n"
+            f"  script_env:\n{_yaml_list(script_env, 4)}\n"
+            f"requirements:\n  host:\n{_yaml_list(reqs['host'], 4)}  run:\n{_yaml_list(reqs['run'], 4)}\n"
+            f"about:\n  summary: {json.dumps(f'{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}')}\n"
+            f"extra:\n  torchforge_settings: {json.dumps(_settings(inputs))}\n")
+
+
+def recipe_yaml(inputs: ExtensionInputs, script_env: tuple[str, ...]) -> str:
+    meta, reqs = inputs.metadata, inputs.requirements("rattler-build")
+    env = "".join(f"      {name}: ${{{{ env.get({json.dumps(name)}, default='') }}}}\n" for name in script_env)
+    return (f"package:\n  name: {meta.conda_name}\n  version: {json.dumps(meta.version)}\n\n"
+            f"source:\n  url: {inputs.archive.resolve().as_uri()}\n  sha256: {sha256_file(inputs.archive)}\n\n"
+            f"build:\n  number: {inputs.number}\n  string: {build_string(inputs.pytorch, inputs.arch_list, inputs.number)}\n"
+            f"  script:\n    file: build.sh\n    env:\n{env}\n"
+            f"requirements:\n  host:\n{_yaml_list(reqs['host'], 4)}  run:\n{_yaml_list(reqs['run'], 4)}\n"
+            f"about:\n  summary: {json.dumps(f'{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}')}\n"
+            f"extra:\n  torchforge_settings: {json.dumps(_settings(inputs))}\n")
+
+
+def extension_recipe(inputs: ExtensionInputs, recipe_format: str) -> PlannedRecipe:
+    """The PlannedRecipe of one extension for one pytorch build, in the engine's format ("conda-build" or
+    "rattler-build")."""
+    if recipe_format not in FORMATS:
+        raise UsageError(f"no extension recipe for the engine format {recipe_format!r}", f"use one of {sorted(FORMATS)}")
+    script_env = (KEEP_GENCODE_VARIABLE, *BUILD_VARIABLES, *(("CUDA_HOME",) if inputs.pytorch.cuda else ()))
+    text = (meta_yaml if recipe_format == "conda-build" else recipe_yaml)(inputs, script_env)
+    files: Mapping[str, str | bytes] = {FORMATS[recipe_format]: text, "build.sh": build_script(inputs)}
+    return PlannedRecipe(id=inputs.stem, subdir=inputs.pytorch.subdir, stems=(inputs.stem,),
+                         settings=_settings(inputs), files=files, channels=inputs.channels,
+                         accel=inputs.pytorch.cuda or "cpu")
