@@ -279,8 +279,10 @@ class Staged:
     scripts: tuple[str, ...]
 
 
-# The step that follows a package's unpack (torchforge.binaries.stack starts the other builds on it).
+# The step that follows a package's unpack, and the first words of the steps that follow its RPATH fix
+# (torchforge.binaries.stack starts the other builds once the largest package reaches those).
 UNPACKED_STEP = "fixing RPATHs"
+PACKING_STEPS = ("compressing", "hashing")
 
 
 def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None]) -> Staged:
