@@ -15,7 +15,6 @@ is removed only once nothing writes into it.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -35,22 +34,6 @@ class Job(Generic[T]):
     item: T
     size: int  # order: the largest starts first
     memory: int  # bytes the job may hold at its peak
-
-
-def this_thread_nice() -> int:
-    """The calling thread's nice value (Linux gives each thread its own)."""
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if sys.platform == "linux" else 0
-
-
-def set_this_thread_nice(value: int) -> None:
-    """Set the calling thread's nice value; the threads and processes it starts from now on inherit it. Only on
-    Linux, where the value is the thread's own (elsewhere it would be the whole process's)."""
-    if sys.platform != "linux":
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, value))
-    except OSError:
-        pass  # a priority is a hint (raising one back needs privileges): a build runs the same without it
 
 
 def available_memory() -> int:

@@ -29,7 +29,7 @@ from torchforge.binaries import wheels as wheel_files
 from torchforge.binaries.plan import CudaLibs, PackagePlan, StackPlan, plan
 from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
-from torchforge.binaries.schedule import Job, available_memory, run_jobs, set_this_thread_nice, this_thread_nice
+from torchforge.binaries.schedule import Job, available_memory, run_jobs
 from torchforge.repack import (DEFAULT_ZSTD_LEVEL, DEFAULT_ZSTD_THREADS, PACKING_STEPS, SUBDIR, RepackResult,
                                build_archive, build_footprint, check_crcs, check_zstd_level, sha256_of, zstd_workers)
 from torchforge.rpath import AuditReport
@@ -93,27 +93,17 @@ def _existing(channel: Path, package: PackagePlan, wheel_sha: str, replace_: boo
 # The share of the memory available at the start that the builds running together may use: the rest is for
 # the page cache that holds the unpacked files between writing and compressing them, and for other programs.
 MEMORY_SHARE = 0.5
-# The largest package is the critical path; the others (its companions) run beside it on what it leaves: a
-# quarter of the cores each for their zstd streams (a score of streams with a worker per core each kept over
-# 300 threads runnable on 16 cores) and a lower CPU priority, so that the lead's zstd workers and patchelf get
-# the cores whenever they can use them. The bytes do not depend on the number of workers (condawriter).
-COMPANION_CORE_SHARE = 4
-COMPANION_NICE = 5
 Built = tuple[PackagePlan, Path, AuditReport, tuple[str, ...], float, repodata.Record]
 
 
 def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, specs: dict[str, str],
                    shas: dict[str, str], level: int, step: Step) -> list[Built]:
-    """Build every package into `work/out`, several at once (torchforge.binaries.schedule): the largest with
-    every core for its zstd stream, the others beside it, as many together as the memory allows."""
-    every_core = zstd_workers(DEFAULT_ZSTD_THREADS)
-    share = max(1, every_core // COMPANION_CORE_SHARE)
-    sizes = {p.filename: build_footprint(p.wheel.path, share, level)[0] for p in packages}
-    lead = max(packages, key=lambda p: sizes[p.filename]) if packages else None  # run_jobs starts it first
-    threads = {p.filename: every_core if p is lead else share for p in packages}
-    jobs = [Job(p, *build_footprint(p.wheel.path, threads[p.filename], level)) for p in packages]
+    """Build every package into `work/out`, several at once (torchforge.binaries.schedule): each uses every
+    core for its zstd stream, and as many run together as the memory allows."""
+    threads = zstd_workers(DEFAULT_ZSTD_THREADS)
+    jobs = [Job(p, *build_footprint(p.wheel.path, threads, level)) for p in packages]
+    lead = max(jobs, key=lambda j: j.size).item if jobs else None  # run_jobs starts it first
     lead_patched = threading.Event()
-    companion_nice = this_thread_nice() + COMPANION_NICE
 
     def on_step(package: PackagePlan, text: str) -> None:
         if package is lead and text.startswith(PACKING_STEPS):
@@ -124,16 +114,14 @@ def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, 
         # The others wait until the lead is unpacked and patched: on 16 cores a score of builds beside its
         # unpack slowed it threefold, and beside its RPATH step fourfold (8 s against 2 s alone); they run
         # beside its compression, which leaves cores free (one stream keeps about 8 of 16 busy).
-        if package is not lead:
-            set_this_thread_nice(companion_nice)
         while package is not lead and not lead_patched.wait(0.1):
             check()
         start = time.perf_counter()
         try:
             archive, report, depends = build_archive(
-                package, work / "out", runner, specs=specs, work=work, zstd_level=level,
-                zstd_threads=threads[package.filename], extra={"repack_plan": plan_digest(package)},
-                wheel_sha256=shas[package.filename], check=check, on_step=lambda s: on_step(package, s))
+                package, work / "out", runner, specs=specs, work=work, zstd_level=level, zstd_threads=threads,
+                extra={"repack_plan": plan_digest(package)}, wheel_sha256=shas[package.filename], check=check,
+                on_step=lambda s: on_step(package, s))
         finally:
             lead_patched.set()  # a failed or finished lead lets the others go (they stop at their check)
         if not report.ok:  # fix_and_audit raises first; kept as a guard for the publish step
