@@ -109,13 +109,13 @@ def test_record_and_paths_json_give_every_file_as_it_is_packed(tmp_path: Path) -
 
 def test_the_writer_hashes_each_file_from_the_bytes_it_packs(tmp_path: Path) -> None:
     """condawriter gives each packed file's sha256 and size (what RECORD and paths.json are written from) from
-    the bytes it hands to zstd: no second read, no hashing threads beside the stream. The real torch CPU
+    the bytes it hands to zstd (one hashing thread beside the stream, no second read of a file). The real torch CPU
     wheel's files would take minutes here; a small tree of real kinds (an ELF file, text, an empty file, a
     link) checks the same path."""
     import shutil
     import sys
 
-    from torchforge.condawriter import Options, write_conda
+    from torchforge.condawriter import FileDigests, Options, write_conda
 
     stage = tmp_path / "stage"
     (stage / "lib").mkdir(parents=True)
@@ -125,19 +125,20 @@ def test_the_writer_hashes_each_file_from_the_bytes_it_packs(tmp_path: Path) -> 
     (stage / "lib" / "link").symlink_to("notes.txt")
     (stage / "info").mkdir()
     (stage / "info" / "index.json").write_text('{"name": "x"}')
-    digests: dict[str, tuple[str, int]] = {}
+    digests = FileDigests()
     files = ["lib/empty", "lib/link", "lib/notes.txt", "lib/python-copy"]
     seen_at_finish: dict[str, tuple[str, int]] = {}
 
     def finish() -> list[str]:
-        seen_at_finish.update(digests)
+        seen_at_finish.update(digests.result())
         return ["info/index.json"]
 
     write_conda(stage, tmp_path / "x-1-0.conda", files, finish, Options(3, 2, 0), digests=digests)
+    packed = digests.result()
     for rel in ("lib/empty", "lib/notes.txt", "lib/python-copy", "info/index.json"):
         data = (stage / rel).read_bytes()
-        assert digests[rel] == (hashlib.sha256(data).hexdigest(), len(data)), rel
-    assert "lib/link" not in digests
+        assert packed[rel] == (hashlib.sha256(data).hexdigest(), len(data)), rel
+    assert "lib/link" not in packed
     assert set(seen_at_finish) == {"lib/empty", "lib/notes.txt", "lib/python-copy"}
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from torchforge import __version__, localchannel
 from torchforge.aio import run_async
-from torchforge.condawriter import Options, is_info, write_conda
+from torchforge.condawriter import FileDigests, Options, is_info, write_conda
 from torchforge.binaries.catalog import catalog, outside_libraries
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
@@ -387,14 +387,14 @@ def _write_conda(stage: Path, dest: Path, info: _InfoArgs, options: Options) -> 
     info.write_record(stage, {rel: (PLACEHOLDER_SHA256, os.lstat(stage / rel).st_size)
                               for rel in payload if rel != record})
     pkg_files = sorted(set(payload + links) - {record}) + [record]
-    digests: dict[str, tuple[str, int]] = {}
+    digests = FileDigests()
 
     def prepare(rel: str) -> None:
         if rel == record:
-            info.write_record(stage, digests)
+            info.write_record(stage, digests.result())
 
     def finish() -> list[str]:
-        return [rel for rel in info.write(stage, dict(digests)) if is_info(rel)]
+        return [rel for rel in info.write(stage, digests.result()) if is_info(rel)]
 
     write_conda(stage, dest, pkg_files, finish, options, prepare, digests)
 
