@@ -56,9 +56,10 @@ def test_the_stack_is_the_same_bytes_built_at_once_or_one_by_one(tmp_path: Path)
         assert _digest(archive) == _digest(tmp_path / "b" / "linux-64" / archive.name), archive.name
 
 
-def test_the_other_builds_start_unpacking_once_the_largest_package_has_unpacked(tmp_path: Path) -> None:
-    """The largest wheel (the stand-in torch) unpacks first, alone: every other package's unpack starts after
-    it reached its next step (on 16 cores a score of unpacks beside it made the whole repack wait on it)."""
+def test_the_other_builds_start_once_the_largest_package_is_unpacked_and_patched(tmp_path: Path) -> None:
+    """The largest wheel (the stand-in torch) unpacks and has its RPATHs fixed first, alone: every other
+    package's unpack starts once it is compressing (on 16 cores a score of builds beside its unpack or its
+    RPATH step made the whole repack wait on it)."""
     wheels = Factory(tmp_path / "wheels").stack("cu128")
     steps: list[tuple[str, str]] = []
     lock = threading.Lock()
@@ -70,10 +71,11 @@ def test_the_other_builds_start_unpacking_once_the_largest_package_has_unpacked(
     repack_stack(wheels, tmp_path / "channel", Runner(), mode=CudaLibs.WHEELS, on_step=record)
     largest = max(wheels, key=lambda w: w.stat().st_size)
     lead = next(n for n, _ in steps if n.startswith(largest.name.split("-")[0].replace("torch", "pytorch")))
-    lead_unpacked = steps.index((lead, UNPACKED_STEP))
+    lead_packing = next(n for n, (name, text) in enumerate(steps) if name == lead and text.startswith("compressing"))
+    assert steps.index((lead, UNPACKED_STEP)) < lead_packing
     others = [n for n, (name, text) in enumerate(steps) if text == "unpacking" and name != lead]
     assert len(others) >= 5
-    assert min(others) > lead_unpacked, steps[: lead_unpacked + 1]
+    assert min(others) > lead_packing, steps[: lead_packing + 1]
 
 
 def test_record_and_paths_json_give_every_file_as_it_is_packed(tmp_path: Path) -> None:
@@ -103,6 +105,41 @@ def test_record_and_paths_json_give_every_file_as_it_is_packed(tmp_path: Path) -
         assert digest == "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode(), rel
         assert int(size) == len(data), rel
     assert len(rows) - 1 == sum(1 for p in site.rglob("*") if p.is_file() and p != record)
+
+
+def test_the_writer_hashes_each_file_from_the_bytes_it_packs(tmp_path: Path) -> None:
+    """condawriter gives each packed file's sha256 and size (what RECORD and paths.json are written from) from
+    the bytes it hands to zstd (one hashing thread beside the stream, no second read of a file). The real torch CPU
+    wheel's files would take minutes here; a small tree of real kinds (an ELF file, text, an empty file, a
+    link) checks the same path."""
+    import shutil
+    import sys
+
+    from torchforge.condawriter import FileDigests, Options, write_conda
+
+    stage = tmp_path / "stage"
+    (stage / "lib").mkdir(parents=True)
+    shutil.copy(Path(sys.executable).resolve(), stage / "lib" / "python-copy")
+    (stage / "lib" / "notes.txt").write_text("real text\n" * 50_000)
+    (stage / "lib" / "empty").write_bytes(b"")
+    (stage / "lib" / "link").symlink_to("notes.txt")
+    (stage / "info").mkdir()
+    (stage / "info" / "index.json").write_text('{"name": "x"}')
+    digests = FileDigests()
+    files = ["lib/empty", "lib/link", "lib/notes.txt", "lib/python-copy"]
+    seen_at_finish: dict[str, tuple[str, int]] = {}
+
+    def finish() -> list[str]:
+        seen_at_finish.update(digests.result())
+        return ["info/index.json"]
+
+    write_conda(stage, tmp_path / "x-1-0.conda", files, finish, Options(3, 2, 0), digests=digests)
+    packed = digests.result()
+    for rel in ("lib/empty", "lib/notes.txt", "lib/python-copy", "info/index.json"):
+        data = (stage / rel).read_bytes()
+        assert packed[rel] == (hashlib.sha256(data).hexdigest(), len(data)), rel
+    assert "lib/link" not in packed
+    assert set(seen_at_finish) == {"lib/empty", "lib/notes.txt", "lib/python-copy"}
 
 
 def test_jobs_start_largest_first_and_never_exceed_the_memory_budget() -> None:

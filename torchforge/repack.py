@@ -28,7 +28,7 @@ from pathlib import Path
 
 from torchforge import __version__, localchannel
 from torchforge.aio import run_async
-from torchforge.condawriter import Options, is_info, write_conda
+from torchforge.condawriter import FileDigests, Options, is_info, write_conda
 from torchforge.binaries.catalog import catalog, outside_libraries
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
@@ -279,8 +279,10 @@ class Staged:
     scripts: tuple[str, ...]
 
 
-# The step that follows a package's unpack (torchforge.binaries.stack starts the other builds on it).
+# The step that follows a package's unpack, and the first words of the steps that follow its RPATH fix
+# (torchforge.binaries.stack starts the other builds once the largest package reaches those).
 UNPACKED_STEP = "fixing RPATHs"
+PACKING_STEPS = ("compressing", "hashing")
 
 
 def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None]) -> Staged:
@@ -377,29 +379,24 @@ class _InfoArgs:
 
 
 def _write_conda(stage: Path, dest: Path, info: _InfoArgs, options: Options) -> None:
-    """The .conda, its files hashed on every core while the pkg component is compressed (largest first: one
-    file's sha256 is one thread's work). RECORD goes last in the pkg component: first a placeholder of its
-    final size (the tar headers are made before any file is read), then, just before it is packed, the real one."""
+    """The .conda, each file hashed from the bytes as they are packed (torchforge.condawriter). RECORD goes last
+    in the pkg component: first a placeholder of its final size (the tar headers are made before any file is
+    read), then, just before it is packed, the real one from the digests of every file packed before it."""
     payload, links = payload_of(stage)
     record = info.record(stage)
-    sizes = {rel: os.lstat(stage / rel).st_size for rel in payload if rel != record}
-    info.write_record(stage, {rel: (PLACEHOLDER_SHA256, size) for rel, size in sizes.items()})
+    info.write_record(stage, {rel: (PLACEHOLDER_SHA256, os.lstat(stage / rel).st_size)
+                              for rel in payload if rel != record})
     pkg_files = sorted(set(payload + links) - {record}) + [record]
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    try:
-        hashing = {rel: pool.submit(_sha256, stage / rel) for rel in sorted(sizes, key=lambda r: -sizes[r])}
+    digests = FileDigests()
 
-        def prepare(rel: str) -> None:
-            if rel == record:
-                info.write_record(stage, {r: f.result() for r, f in hashing.items()})
+    def prepare(rel: str) -> None:
+        if rel == record:
+            info.write_record(stage, digests.result())
 
-        def finish() -> list[str]:
-            known = {**{r: f.result() for r, f in hashing.items()}, record: _sha256(stage / record)}
-            return [rel for rel in info.write(stage, known) if is_info(rel)]
+    def finish() -> list[str]:
+        return [rel for rel in info.write(stage, digests.result()) if is_info(rel)]
 
-        write_conda(stage, dest, pkg_files, finish, options, prepare)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # a stopped build leaves no hashing behind
+    write_conda(stage, dest, pkg_files, finish, options, prepare, digests)
 
 
 def _write_hashed(stage: Path, info: _InfoArgs) -> list[str]:
