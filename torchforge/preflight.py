@@ -677,22 +677,28 @@ def _check_driver(ctx: _Context) -> None:
 
 
 def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bool) -> None:
+    # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
+    targets = [(v.request.accel, "" if magma_only or v.status is VariantStatus.REFUSED else bundled_cudnn(v))
+               for v in ctx.variants]
+    _check_images(ctx, container, targets)
+
+
+def _check_images(ctx: _Context, container: ContainerSettings, targets: Sequence[tuple[str, str]]) -> None:
+    """The container tool answers, and each build's image, given as (accel, bundled cuDNN or ""), can build it."""
     if not container.tool:
         missing = no_tool()  # none on PATH, or TORCHFORGE_CONTAINER_TOOL names no docker or podman
         ctx.add("container tool", Level.FAIL, missing.message, missing.hint)
         answers = False
     else:
         answers = _container_engine_answers(ctx, container.tool)
-    for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
+    for accel in dict.fromkeys(accel for accel, _ in targets):
         name = f"image ({accel_name(accel)})"
         try:
             image = require_image(accel, container.images)
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
-        cudnns = [c for c in dict.fromkeys(bundled_cudnn(v) for v in ctx.variants if v.request.accel == accel
-                                           and v.status is not VariantStatus.REFUSED) if c and not magma_only] or [""]
+        cudnns = [c for c in dict.fromkeys(c for a, c in targets if a == accel) if c] or [""]
         try:
             warnings = [w for w in (check_cudnn(accel, image, c) for c in cudnns) if w]
         except ForgeError as exc:
@@ -713,6 +719,14 @@ def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bo
             ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}", "; ".join(fixes))
         else:
             ctx.add(name, Level.OK, detail)
+
+
+def container_report(container: ContainerSettings, targets: Sequence[tuple[str, str]], runner: Runner) -> PreflightReport:
+    """The container checks alone, for builds planned without the official flavour's variants (the conda-forge
+    flavour's recipes): `targets` are their (accel, bundled cuDNN or "") pairs."""
+    ctx = _Context((), runner, probe_machine())
+    _check_images(ctx, container, targets)
+    return PreflightReport(tuple(ctx.checks), 0, "conda-build")
 
 
 def _container_engine_answers(ctx: _Context, tool: str) -> bool:

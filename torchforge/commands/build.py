@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +25,7 @@ from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
 from torchforge.commands import flavour as flavour_commands
 from torchforge.flavours import MAGMA_ONLY, Flavour
-from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
+from torchforge.preflight import checked_jobs, container_report, report_table, run_plan_checks, run_preflight
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
@@ -104,6 +106,20 @@ def _container_engine(engine: str) -> tuple[Engine, str]:
     return chosen, "using conda-build inside the build image (--container)"
 
 
+def _in_images(steps: list[Step], images: Mapping[str, containers.Image], *, dry_run: bool,
+               skip_preflight: bool) -> containers.ContainerSettings:
+    """--container for planned steps of any flavour: each step's accel and cuDNN pick its image, refused before any
+    build as the official flavour's are; then preflight's container rows (the tool answers, the images are here)."""
+    targets = [(step.accel, step.cudnn) for step in steps]
+    settings = containers.for_build(targets, [step.subdir for step in steps], images, dry_run=dry_run,
+                                    check_cudnn_now=True)
+    if not dry_run and not skip_preflight:
+        report = container_report(settings, targets, Runner())
+        err.print(report_table(report))
+        report.raise_if_failed()
+    return settings
+
+
 def register(app: typer.Typer) -> None:
     @app.command("build")
     def build(
@@ -150,21 +166,28 @@ def register(app: typer.Typer) -> None:
             recipes = flavour_commands.recipes_from_flags(
                 pytorch, cuda, python, platform, arch_list, build_number,
                 {"--debug": debug, "--jetson": jetson, "--env": env, "--gcc": gcc, "--magma-source": magma_source,
-                 "--magma-patch": magma_patch, "--magma-only": magma_only, "--container": container,
+                 "--magma-patch": magma_patch, "--magma-only": magma_only,
                  "--format wheel": fmt == "wheel", "--jobs": jobs})
             flavour_commands.show_warnings(recipes, feedstock_patches)
             site = site_config.load(config)
-            # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
-            chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
-            if not skip_preflight and not dry_run:
-                flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine)
+            if container:  # the engine is the image's: this machine's is not looked at
+                chosen, why = _container_engine(engine)
+            else:
+                # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
+                chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
+                if not skip_preflight and not dry_run:
+                    flavour_commands.doctor(recipes, False, site.channels, console=err, engine=engine)
             err.print(why)
             settings = BuildSettings(out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going,
                                      test=not no_test, patches=tuple(patch or ()), site_channels=site.channels,
                                      use_cache=not no_cache, cache_root=cache, keep_work=keep_work)
             planned = flavour_commands.planned_recipes(recipes, chosen, source=source, patches=patch or [],
                                                        feedstock_patches=feedstock_patches)
-            _run_plan(plan_recipe_steps(planned, settings), chosen, settings, dry_run)
+            steps = plan_recipe_steps(planned, settings)
+            if container:
+                settings = dataclasses.replace(settings, container=_in_images(
+                    steps, site.images, dry_run=dry_run, skip_preflight=skip_preflight))
+            _run_plan(steps, chosen, settings, dry_run)
             return
         if feedstock_patches:
             raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
@@ -191,19 +214,12 @@ def register(app: typer.Typer) -> None:
         site = site_config.load(config)
         container_settings = None
         if container:
-            if selection.platform != "linux-64":
-                raise UsageError(f"--container builds linux-64 packages (the images are x86-64 Linux), not {selection.platform}",
-                                 "drop --container and build on a machine of that platform")
             chosen, why = _container_engine(engine)
-            # A dry run only prints the command, so it needs no client here (it then prints `docker run`).
-            tool = containers.find_tool(dry_run=dry_run)
-            container_settings = containers.ContainerSettings(tool, site.images)
-            containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
-            if (dry_run or skip_preflight) and not magma_only:
-                # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
-                # (build.sh stops after the whole compile), which is about the plan, not about this machine.
-                containers.check_cudnns([(v.request.accel, bundled_cudnn(v)) for v in render_plan.variants],
-                                        container_settings)
+            # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
+            # (build.sh stops after the whole compile), which is about the plan, not about this machine.
+            container_settings = containers.for_build(
+                [(v.request.accel, "" if magma_only else bundled_cudnn(v)) for v in render_plan.variants],
+                [selection.platform], site.images, dry_run=dry_run, check_cudnn_now=dry_run or skip_preflight)
         else:
             chosen, why = select_engine(engine, require_available=not dry_run)
         err.print(why)
