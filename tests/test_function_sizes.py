@@ -21,8 +21,8 @@ MODULE_NOTE = 400  # modules this long are named in a failure message, as a hint
 # size (or it leaves the list, once at LIMIT or under), so the numbers never rise again.
 LONG_FUNCTIONS: dict[str, int] = {
     "torchforge.resolve.classify": 197,  # issue 30 move 3: a short list of named rules
-    "torchforge.commands.build.register": 130,  # the `build` command's flags; move 6 takes out the sequence
-    "torchforge.commands.build.register.build": 128,
+    "torchforge.commands.build.register": 129,  # the `build` command's flags; move 6 takes out the sequence
+    "torchforge.commands.build.register.build": 127,
     "torchforge.data.check_invariants": 124,
     "torchforge.recipe.pytorch_context": 109,
     "torchforge.commands.ci.register": 102,

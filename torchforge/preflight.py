@@ -34,6 +34,8 @@ from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name,
                                    no_tool, reference, require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
+from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
+from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.recipe import resolve_source
@@ -318,6 +320,10 @@ def _rattler_build_version() -> str | None:
 
 def engine_check(engine: str) -> tuple[Check, str]:
     """The engine a build of `engine` (auto, conda-build, rattler-build) uses here, as a check, and its name."""
+    if engine == PIP_ENGINE:  # --format wheel: pip in this interpreter
+        if PipWheelEngine().available():
+            return Check("engine", Level.OK, f"pip wheel with {sys.executable}"), engine
+        return Check("engine", Level.FAIL, f"{sys.executable} has no pip", f"{sys.executable} -m ensurepip"), engine
     if engine not in ENGINES:
         return Check("engine", Level.FAIL, f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}"), engine
     found = conda_build_probe() if engine in ("auto", "conda-build") else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
@@ -22,7 +23,8 @@ from torchforge.console import err, note, out, warn
 from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.choice import select_engine
-from torchforge.errors import BuildFailedError, UsageError
+from torchforge.engines.pip_wheel import PipWheelEngine
+from torchforge.errors import BuildFailedError, ToolMissingError, UsageError
 from torchforge.commands import flavour as flavour_commands
 from torchforge.flavours import MAGMA_ONLY, Flavour
 from torchforge.preflight import checked_jobs, container_report, report_table, run_plan_checks, run_preflight
@@ -31,7 +33,7 @@ from torchforge.fileops import check_dir
 from torchforge.proc import Runner
 from torchforge.render import plan
 from torchforge.resolve import bundled_cudnn
-from torchforge.wheelbuild import build_wheels
+from torchforge.wheelbuild import plan_wheel_steps, wheel_settings
 
 
 def _cache_plan(step: Step) -> str:
@@ -104,6 +106,18 @@ def _container_engine(engine: str) -> tuple[Engine, str]:
                          "drop --engine rattler-build (auto and conda-build both work with --container)")
     chosen, _ = select_engine("conda-build", require_available=False)
     return chosen, "using conda-build inside the build image (--container)"
+
+
+def _wheel_engine(container: bool, magma_only: bool, *, require_available: bool) -> tuple[Engine, str]:
+    """--format wheel's engine: pip in this interpreter (no build image has it, and a wheel holds no magma)."""
+    if container or magma_only:
+        raise UsageError(f"{'--container' if container else '--magma-only'} applies to conda packages, not to "
+                         "--format wheel (pip builds the wheel in this interpreter)",
+                         "leave it out, or build conda packages (--format conda)")
+    chosen = PipWheelEngine()
+    if require_available and not chosen.available():
+        raise ToolMissingError(f"{sys.executable} has no pip to build wheels with", f"{sys.executable} -m ensurepip")
+    return chosen, f"using pip wheel with {sys.executable} (--format wheel)"
 
 
 def _in_images(steps: list[Step], images: Mapping[str, containers.Image], *, dry_run: bool,
@@ -195,12 +209,6 @@ def register(app: typer.Typer) -> None:
         selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
                                          env, gcc, source, magma_source, patch, magma_patch)
         jobs = checked_jobs(jobs, selection.options.extra_env)
-        if fmt == "wheel":
-            wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
-                                  jobs=jobs, force=force, on_event=note)
-            for wheel in wheels:
-                out.print(str(wheel))
-            return
         render_plan = plan(selection)
         # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
         # with or without --dry-run.
@@ -213,7 +221,9 @@ def register(app: typer.Typer) -> None:
                 warn(f"{magma.id}: {message}")
         site = site_config.load(config)
         container_settings = None
-        if container:
+        if fmt == "wheel":
+            chosen, why = _wheel_engine(container, magma_only, require_available=not dry_run)
+        elif container:
             chosen, why = _container_engine(engine)
             # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
             # (build.sh stops after the whole compile), which is about the plan, not about this machine.
@@ -236,7 +246,7 @@ def register(app: typer.Typer) -> None:
             # Check the machine before a multi-hour build: every problem at once, each with its fix.
             report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
                                    out=out_dir, site=site, extra_channels=tuple(channel or ()),
-                                   container=container_settings, check_channels=True, magma_only=magma_only)
+                                   container=container_settings, check_channels=fmt == "conda", magma_only=magma_only)
             err.print(report_table(report))
             report.raise_if_failed()
             if report.max_jobs:
@@ -249,7 +259,10 @@ def register(app: typer.Typer) -> None:
             extra_env=extra_env, site_channels=site.channels, container=container_settings,
             use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
         )
-        _run_plan(plan_steps(render_plan, chosen, settings), chosen, settings, dry_run)
+        if fmt == "wheel":
+            settings = wheel_settings(settings)
+        _run_plan(plan_wheel_steps(render_plan, settings, source, jobs=jobs) if fmt == "wheel"
+                  else plan_steps(render_plan, chosen, settings), chosen, settings, dry_run)
 
 
 def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool) -> None:
