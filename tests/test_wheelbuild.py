@@ -134,3 +134,11 @@ def test_the_machine_checks_refuse_a_missing_source_as_for_a_conda_build(
         rows.append(re.search(r"error: preflight: \d+ of \d+ checks failed \((\S+, )*source[,)]", err) is not None)
         assert not (tmp_path / fmt).exists()
     assert codes == [ExitCode.PREFLIGHT_FAILED] * 2 and rows == [True, True]
+
+
+@pytest.mark.parametrize("flag", ["--container", "--magma-only"])
+def test_conda_only_flags_are_refused_rather_than_ignored(
+        flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*REQUEST, flag, "--out", str(tmp_path / "out")]) == ExitCode.USAGE
+    assert f"{flag} applies to conda packages, not to --format wheel" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "out").exists()
