@@ -97,6 +97,13 @@ def _source(source: str | None) -> str:
     return str(Path(source).resolve()) if os.path.isdir(source) else source
 
 
+def check_wheel_request(render_plan: RenderPlan, source: str | None) -> None:
+    """What --format wheel cannot build, refused before the machine checks: another Python than this one, a
+    platform other than Linux, no --source."""
+    _check_interpreter(render_plan.variants)
+    _source(source)
+
+
 def wheel_stem(variant: Variant) -> str:
     """The start of the repaired wheel's name: torch-VERSION+LOCAL-cpXY-cpXY (its platform tag follows)."""
     tag = f"cp{variant.request.python.replace('.', '')}"
@@ -120,7 +127,7 @@ def plan_wheel_steps(render_plan: RenderPlan, settings: BuildSettings, source: s
     `settings.out` (see wheel_settings); a wheel already there (same torch version, local tag and Python) is
     reused unless --force. The variants of one release share a compile cache group as conda builds do."""
     render_plan.require_buildable()
-    _check_interpreter(render_plan.variants)
+    check_wheel_request(render_plan, source)
     where = _source(source)
     environ = {**os.environ, **settings.extra_env}  # preflight's MAX_JOBS among them
     steps: list[Step] = []

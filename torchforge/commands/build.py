@@ -31,9 +31,9 @@ from torchforge.preflight import checked_jobs, container_report, report_table, r
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_recipe_steps, plan_steps
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
-from torchforge.render import plan
+from torchforge.render import RenderPlan, plan
 from torchforge.resolve import bundled_cudnn
-from torchforge.wheelbuild import plan_wheel_steps, wheel_settings
+from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 
 
 def _cache_plan(step: Step) -> str:
@@ -108,12 +108,15 @@ def _container_engine(engine: str) -> tuple[Engine, str]:
     return chosen, "using conda-build inside the build image (--container)"
 
 
-def _wheel_engine(container: bool, magma_only: bool, *, require_available: bool) -> tuple[Engine, str]:
-    """--format wheel's engine: pip in this interpreter (no build image has it, and a wheel holds no magma)."""
+def _wheel_engine(container: bool, magma_only: bool, render_plan: RenderPlan, source: str | None, *,
+                  require_available: bool) -> tuple[Engine, str]:
+    """--format wheel's engine: pip in this interpreter (no build image has it, and a wheel holds no magma); a
+    request it cannot build is refused before the machine is looked at."""
     if container or magma_only:
         raise UsageError(f"{'--container' if container else '--magma-only'} applies to conda packages, not to "
                          "--format wheel (pip builds the wheel in this interpreter)",
                          "leave it out, or build conda packages (--format conda)")
+    check_wheel_request(render_plan, source)
     chosen = PipWheelEngine()
     if require_available and not chosen.available():
         raise ToolMissingError(f"{sys.executable} has no pip to build wheels with", f"{sys.executable} -m ensurepip")
@@ -222,7 +225,7 @@ def register(app: typer.Typer) -> None:
         site = site_config.load(config)
         container_settings = None
         if fmt == "wheel":
-            chosen, why = _wheel_engine(container, magma_only, require_available=not dry_run)
+            chosen, why = _wheel_engine(container, magma_only, render_plan, source, require_available=not dry_run)
         elif container:
             chosen, why = _container_engine(engine)
             # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
