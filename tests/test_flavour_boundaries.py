@@ -63,7 +63,7 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.preflight": frozenset({
         "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
-    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolve", "torchforge.variant"}),
+    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolve"}),
 }
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the

@@ -39,7 +39,7 @@ def matrix(flavour: str, request: Request) -> list[dict[str, object]]:
     return plugin(flavour).matrix(request)
 
 
-def machine_report(the_plan: Plan, *, engine: str, jobs: int | None, out: Path, site: SiteConfig,
+def machine_report(the_plan: Plan, *, engine: str | None, jobs: int | None, out: Path, site: SiteConfig,
                    extra_channels: tuple[str, ...] = (), runner: Runner | None = None) -> PreflightReport:
     """The flavour's own rows, then every machine check of what the plan needs (channels included: network)."""
     report = run_machine_checks(the_plan.needs, engine=engine, jobs=jobs, runner=runner or Runner(), out=out,
