@@ -70,9 +70,7 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
 # sequencer moves into the library).
 COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
     "torchforge.commands.binaries": frozenset({"torchforge.variant"}),
-    "torchforge.commands.build": frozenset({"torchforge.render", "torchforge.resolve"}),
     "torchforge.commands.ci": frozenset({"torchforge.render"}),
-    "torchforge.commands.doctor": frozenset({"torchforge.render"}),
     "torchforge.commands.options": frozenset({"torchforge.variant"}),
     "torchforge.commands.selection": frozenset({"torchforge.render", "torchforge.resolve"}),
 }
