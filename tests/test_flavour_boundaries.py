@@ -72,7 +72,7 @@ COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
     "torchforge.commands.binaries": frozenset({"torchforge.variant"}),
     "torchforge.commands.ci": frozenset({"torchforge.render"}),
     "torchforge.commands.options": frozenset({"torchforge.variant"}),
-    "torchforge.commands.selection": frozenset({"torchforge.render", "torchforge.resolve"}),
+    "torchforge.commands.selection": frozenset({"torchforge.render"}),
 }
 
 

@@ -17,7 +17,7 @@ from torchforge.console import err, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.flavours import JOBS_VARIABLE, plugin
-from torchforge.flavours.base import Plan, Request
+from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
@@ -42,8 +42,8 @@ def refuse_build(flavour: str, request: Request) -> None:
         raise UsageError(*refusal)
 
 
-def matrix(flavour: str, request: Request) -> list[dict[str, object]]:
-    """The flavour's `matrix --json` rows of `request`."""
+def matrix(flavour: str, request: Request) -> MatrixView:
+    """The flavour's `matrix` of `request`: its JSON rows and its table."""
     return plugin(flavour).matrix(request)
 
 

@@ -15,47 +15,22 @@ from torchforge.commands.options import (
 )
 from torchforge import sequence
 from torchforge.flavours import Plan as PlanOfRecipes
-from torchforge.flavours import Request
+from torchforge.flavours import MatrixView, Request
 from torchforge.console import err, out, warn
 from torchforge.errors import UsageError
 from torchforge.flavours import Flavour
 from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection, write_folders
-from torchforge.resolve import Status
 
-STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
-
-
-def print_table(render_plan: RenderPlan) -> None:
-    table = Table(title="torchforge variants (flavour official)")
-    for column in ("variant", "status", "build string", "magma package", "notes"):
-        table.add_column(column, overflow="fold")
-    for variant in render_plan.variants:
-        notes = "; ".join(variant.refusals) if variant.refusals else f"{len(variant.warnings)} warning(s)" if variant.warnings else ""
-        table.add_row(
-            variant.id,
-            f"[{STATUS_STYLE[variant.status]}]{variant.status.value}[/]",
-            variant.build_string or "-",
-            f"{variant.magma.name}-{variant.magma.version}-{variant.magma.build_string}" if variant.magma else "-",
-            notes,
-        )
-    out.print(table)
-
-
-def print_recipe_rows(rows: list[dict[str, object]], flavour: Flavour, as_json: bool) -> None:
-    """`matrix` of a flavour that plans recipe folders of several outputs: one row per folder."""
+def print_matrix(view: MatrixView, as_json: bool) -> None:
+    """`matrix`: the flavour's rows as JSON, or its table."""
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps(list(view.rows)))
         return
-    channels = ", ".join(dict.fromkeys(str(row["channel"]) for row in rows))
-    table = Table(title=f"torchforge recipes, flavour {flavour.value} (channel {channels})")
-    for column in ("recipe", "outputs", "build number", "pythons", f"magma ({flavour.value})", "notes"):
+    table = Table(title=view.title)
+    for column in view.columns:
         table.add_column(column, overflow="fold")
-    for row in rows:
-        outputs = dict(row["outputs"])  # type: ignore[call-overload]
-        warnings = list(row["warnings"])  # type: ignore[call-overload]
-        table.add_row(str(row["id"]), ", ".join(f"{name} ({build})" for name, build in outputs.items()),
-                      str(row["build_number"]), ",".join(row["pythons"]),  # type: ignore[arg-type]
-                      str(row["magma"] or "-"), f"{len(warnings)} warning(s)")
+    for cells in view.cells:
+        table.add_row(*cells)
     out.print(table)
 
 
@@ -82,18 +57,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
-        if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, flavour_flags=(
-                ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc)))
-            print_recipe_rows(sequence.matrix(flavour, request), flavour, as_json)
-            return
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
-        render_plan = plan(selection)
-        if as_json:
-            out.print_json(json.dumps(sequence.official_matrix_rows(render_plan)))
-        else:
-            print_table(render_plan)
-        if render_plan.refused:
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, flavour_flags=(
+            ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc)))
+        view = sequence.matrix(flavour, request)
+        print_matrix(view, as_json)
+        if view.refused:
             raise typer.Exit(code=4)
 
     @app.command("render")

@@ -24,7 +24,7 @@ from torchforge.engines.choice import container_engine, select_engine
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.console import err, note, warn
 from torchforge.errors import ToolMissingError, UsageError
-from torchforge.flavours.base import JOBS_VARIABLE
+from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
 from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
@@ -144,8 +144,11 @@ class OfficialFlavour:
     def build_refusal(self, request: Request) -> tuple[str, str] | None:
         return None  # a refused variant is refused by the plan itself (RenderPlan.require_buildable: exit 4)
 
-    def matrix(self, request: Request) -> list[dict[str, object]]:
-        return matrix_rows(plan(selection_of(request)))
+    def matrix(self, request: Request) -> MatrixView:
+        render_plan = plan(selection_of(request))
+        return MatrixView(tuple(matrix_rows(render_plan)), "torchforge variants (flavour official)",
+                          ("variant", "status", "build string", "magma package", "notes"),
+                          tuple(_variant_cells(v) for v in render_plan.variants), bool(render_plan.refused))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
@@ -159,6 +162,16 @@ class OfficialFlavour:
     def own_checks(self, request: Request, options: BuildOptions,
                    site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
         return machine_checks(request, options, site)
+
+
+STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
+
+
+def _variant_cells(variant: Variant) -> tuple[str, ...]:
+    notes = "; ".join(variant.refusals) if variant.refusals else f"{len(variant.warnings)} warning(s)" if variant.warnings else ""
+    return (variant.id, f"[{STATUS_STYLE[variant.status]}]{variant.status.value}[/]", variant.build_string or "-",
+            f"{variant.magma.name}-{variant.magma.version}-{variant.magma.build_string}" if variant.magma else "-",
+            notes)
 
 
 def matrix_rows(render_plan: RenderPlan) -> list[dict[str, object]]:

@@ -15,7 +15,8 @@ from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
 from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
 from torchforge.patchfile import digests
-from torchforge.flavours.base import JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, MatrixView, Plan, PlannedRecipe,
+                                     Request)
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files
 from torchforge.variant import check_build_number, check_shared_flags
@@ -130,6 +131,14 @@ def matrix_rows(request: Request) -> list[dict[str, object]]:
     } for r in recipes(request)]
 
 
+def _recipe_cells(row: dict[str, object]) -> tuple[str, ...]:
+    outputs = dict(row["outputs"])  # type: ignore[call-overload]
+    warnings = list(row["warnings"])  # type: ignore[call-overload]
+    return (str(row["id"]), ", ".join(f"{name} ({build})" for name, build in outputs.items()),
+            str(row["build_number"]), ",".join(row["pythons"]),  # type: ignore[arg-type]
+            str(row["magma"] or "-"), f"{len(warnings)} warning(s)")
+
+
 class CondaForgeFlavour:
     """conda-forge's shape of a 2.6+ release: one recipe folder per CUDA (and cpu) with libtorch, pytorch per
     Python and the metapackage as outputs of one engine run."""
@@ -139,8 +148,12 @@ class CondaForgeFlavour:
     def build_refusal(self, request: Request) -> tuple[str, str] | None:
         return WINDOWS_NOT_BUILT if request.platform == conda_forge.WINDOWS else None
 
-    def matrix(self, request: Request) -> list[dict[str, object]]:
-        return matrix_rows(request)
+    def matrix(self, request: Request) -> MatrixView:
+        rows = matrix_rows(request)
+        channels = ", ".join(dict.fromkeys(str(row["channel"]) for row in rows))
+        return MatrixView(tuple(rows), f"torchforge recipes, flavour {NAME} (channel {channels})",
+                          ("recipe", "outputs", "build number", "pythons", f"magma ({NAME})", "notes"),
+                          tuple(_recipe_cells(row) for row in rows))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         planned = with_inputs(recipes(request), request)
