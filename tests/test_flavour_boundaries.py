@@ -59,7 +59,7 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.engines": frozenset({"torchforge.render"}),
     "torchforge.engines.conda_build": frozenset({"torchforge.render"}),
     "torchforge.engines.rattler_build": frozenset({"torchforge.render"}),
-    "torchforge.pipeline": frozenset({"torchforge.render", "torchforge.resolve"}),
+    "torchforge.pipeline": frozenset({"torchforge.resolve"}),
     "torchforge.preflight": frozenset({
         "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),

@@ -66,3 +66,21 @@ class PreparesItsBuild(Protocol):
         """`doctor`: every check its build would run first, and the refusal of a plan it cannot build (run after
         the checks are shown)."""
         ...
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """`render`'s outcome: the recipe folders written (all or none), the plan's warnings, the closing line."""
+
+    written: tuple[Path, ...]
+    warnings: tuple[str, ...]
+    summary: str
+
+
+@runtime_checkable
+class RendersItsFolders(Protocol):
+    """A flavour plug-in that renders more than its build plan (the official flavour: --companions apart) writes
+    its recipe folders itself; the others' plans are written by the sequencer."""
+
+    def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
+        ...

@@ -26,7 +26,7 @@ from torchforge.engines import BuildJob, Engine, find_artifact, script_env_value
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.flavours.base import OVERRIDE_CUDA, Plan, PlannedRecipe  # noqa: F401 (PlannedRecipe: re-exported)
 from torchforge.proc import Runner
-from torchforge.render import write_folders
+from torchforge.fileops import write_folders
 from torchforge.resolve import describe_settings
 from torchforge.safeextract import extract_conda
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from torchforge import config as site_config
 from torchforge import containers
-from torchforge.buildoptions import BuildOptions, PreparedBuild, PreparesItsBuild
+from torchforge.buildoptions import BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders
 from torchforge.config import SiteConfig
 from torchforge.console import err, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
+from torchforge.fileops import write_folders
 from torchforge.flavours import JOBS_VARIABLE, plugin
 from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
@@ -27,7 +28,7 @@ from torchforge.preflight import (Check, Level, PreflightReport, checked_jobs, c
 from torchforge.proc import Runner
 
 
-__all__ = ["BuildOptions", "PreparedBuild", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build"]
+__all__ = ["BuildOptions", "PreparedBuild", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
@@ -139,3 +140,15 @@ def doctor(flavour: str, request: Request, options: BuildOptions) -> tuple[Prefl
     report = machine_report(the_plan, engine=options.engine, jobs=checked_jobs(options.jobs, ()), out=options.out,
                             site=site, extra_channels=options.channels)
     return report, lambda: None
+
+
+def render(flavour: str, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
+    """`render`: the flavour's recipe folders under `out_dir`, written all or none."""
+    chosen = plugin(flavour)
+    if isinstance(chosen, RendersItsFolders):
+        return chosen.own_render(request, recipe_format, out_dir, force=force)
+    the_plan = plan(flavour, request, recipe_format)
+    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes}, out_dir, force=force)
+    channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
+    return Rendered(tuple(written), the_plan.warnings, f"rendered {len(written)} {the_plan.flavour}-flavour recipe "
+                    f"folder(s) into {out_dir} (channel: {channels})")

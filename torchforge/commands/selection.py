@@ -11,15 +11,13 @@ from rich.table import Table
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, selection_from_flags,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path,
 )
 from torchforge import sequence
-from torchforge.flavours import Plan as PlanOfRecipes
-from torchforge.flavours import MatrixView, Request
 from torchforge.console import err, out, warn
-from torchforge.errors import UsageError
-from torchforge.flavours import Flavour
-from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection, write_folders
+from torchforge.flavours import MatrixView, Request
+from torchforge.render import RecipeFormat
+
 
 def print_matrix(view: MatrixView, as_json: bool) -> None:
     """`matrix`: the flavour's rows as JSON, or its table."""
@@ -32,18 +30,6 @@ def print_matrix(view: MatrixView, as_json: bool) -> None:
     for cells in view.cells:
         table.add_row(*cells)
     out.print(table)
-
-
-def render_plan_folders(the_plan: PlanOfRecipes, out_dir: Path, *, force: bool) -> None:
-    """`render` of a neutral plan: its recipe folders, written all or none, then what was written."""
-    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes}, out_dir, force=force)
-    for message in the_plan.warnings:
-        warn(message)
-    for path in written:
-        out.print(str(path))
-    channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
-    err.print(f"rendered {len(written)} {the_plan.flavour}-flavour recipe folder(s) into {out_dir} "
-              f"(channel: {channels})")
 
 
 def register(app: typer.Typer) -> None:
@@ -80,27 +66,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
-        if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
-            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
-                             "add --flavour conda-forge, or leave --feedstock-patches out")
-        if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                              feedstock_patches, flavour_flags=(
-                                  ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
-                                  ("--magma-source", magma_source), ("--magma-patch", magma_patch),
-                                  ("--companions", companions)))
-            render_plan_folders(sequence.plan(flavour, request, fmt.value), out_dir, force=force)
-            return
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         gcc, source, magma_source, patch, magma_patch)
-        render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],
-                                                magma_patches=magma_patch or [], companions=companions)
-        for variant in render_plan.variants:
-            for message in variant.warnings:
-                warn(f"{variant.id}: {message}")
-        for magma in render_plan.magma:
-            for message in magma.warnings:
-                warn(f"{magma.id}: {message}")
-        for path in written:
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
+                          feedstock_patches, flavour_flags=(
+                              ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
+                              ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
+                              ("--companions", companions)))
+        rendered = sequence.render(flavour, request, fmt.value, out_dir, force=force)
+        for message in rendered.warnings:
+            warn(message)
+        for path in rendered.written:
             out.print(str(path))
-        err.print(f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
+        err.print(rendered.summary)

@@ -16,7 +16,7 @@ from pathlib import Path
 from torchforge import channels as channel_data
 from torchforge import fileops
 from torchforge import containers
-from torchforge.buildoptions import BuildOptions, PreparedBuild
+from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
 from torchforge.compilecache import group_key, patch_digests
 from torchforge.config import SiteConfig
 from torchforge.engines import Engine
@@ -32,7 +32,7 @@ from torchforge.pipeline import BuildSettings, Step, plan_steps
 from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files
+from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
 from torchforge.resolve import Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
@@ -163,6 +163,9 @@ class OfficialFlavour:
                    site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
         return machine_checks(request, options, site)
 
+    def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
+        return render_folders(request, RecipeFormat(recipe_format), out_dir, force=force)
+
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
 
@@ -223,9 +226,7 @@ def _wheel_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPl
 def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
     """The official flavour's build from its RenderPlan: its preflight checks the variants (cuDNN, bundled
     libraries, requirement solves) besides the machine."""
-    if request.feedstock_patches:
-        raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
-                         "add --flavour conda-forge, or leave --feedstock-patches out")
+    _refuse_feedstock_patches(request)
     flags = dict(request.flavour_flags)
     magma_only = bool(flags.get("--magma-only"))
     selection = selection_of(request)
@@ -306,3 +307,23 @@ def machine_checks(request: Request, options: BuildOptions,
                            out=options.out, site=site, extra_channels=options.channels, container=in_images,
                            check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")))
     return report, render_plan.require_buildable
+
+
+def _refuse_feedstock_patches(request: Request) -> None:
+    if request.feedstock_patches:
+        raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
+                         "add --flavour conda-forge, or leave --feedstock-patches out")
+
+
+def render_folders(request: Request, fmt: RecipeFormat, out_dir: Path, *, force: bool) -> Rendered:
+    """`render` of the official flavour: magma and pytorch folders (and, with --companions, the companion
+    metapackages), with every variant's warnings."""
+    _refuse_feedstock_patches(request)
+    flags = dict(request.flavour_flags)
+    render_plan, written = render_selection(
+        selection_of(request), out_dir, fmt, force=force, patches=list(request.patches),
+        magma_patches=list(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
+        companions=bool(flags.get("--companions")))
+    warnings = [f"{v.id}: {message}" for v in render_plan.variants for message in v.warnings]
+    warnings += [f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings]
+    return Rendered(tuple(written), tuple(warnings), f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
