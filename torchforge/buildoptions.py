@@ -84,3 +84,13 @@ class RendersItsFolders(Protocol):
 
     def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
         ...
+
+
+@runtime_checkable
+class StandsInForItsRecipes(Protocol):
+    """A flavour plug-in whose stand-in channel follows its own recipes rather than its build plan's folders (the
+    official flavour: the pytorch recipes' requirements, with its own package shapes)."""
+
+    def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
+        """The recipe.yaml texts whose build, host and run requirements need stand-ins, and what they are."""
+        ...

@@ -7,11 +7,13 @@ The commands call these and print; the flavour's own model never reaches them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge import config as site_config
 from torchforge import containers
-from torchforge.buildoptions import BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders
+from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders,
+                                     StandsInForItsRecipes)
 from torchforge.config import SiteConfig
 from torchforge.console import err, warn
 from torchforge.engines.choice import container_engine, select_engine
@@ -26,9 +28,10 @@ from torchforge.pipeline import plan_steps
 from torchforge.preflight import (Check, Level, PreflightReport, checked_jobs, container_report, report_table,
                                   run_machine_checks, run_needs_checks)
 from torchforge.proc import Runner
+from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
 
-__all__ = ["BuildOptions", "PreparedBuild", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render"]
+__all__ = ["BuildOptions", "PreparedBuild", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
@@ -152,3 +155,29 @@ def render(flavour: str, request: Request, recipe_format: str, out_dir: Path, *,
     channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
     return Rendered(tuple(written), the_plan.warnings, f"rendered {len(written)} {the_plan.flavour}-flavour recipe "
                     f"folder(s) into {out_dir} (channel: {channels})")
+
+
+@dataclass(frozen=True)
+class StandIns:
+    """What `standin-channel` writes stand-ins for: the specs, what they come from, and whether the stand-ins take
+    conda-forge's package shapes (cuDNN, NCCL and MAGMA libraries with the real SONAMEs and run_exports)."""
+
+    specs: tuple[str, ...]
+    shape: str
+    conda_forge: bool
+
+
+def standins(flavour: str, request: Request) -> StandIns:
+    """The requirements of every recipe `build` would build for `request`, refused where build refuses it."""
+    chosen = plugin(flavour)
+    if isinstance(chosen, StandsInForItsRecipes):
+        recipes, shape = chosen.own_standin_recipes(request)
+        specs = dict.fromkeys(spec for recipe in recipes for spec in recipe_requirements(recipe))
+        return StandIns((*specs, *TEST_EXTRAS), shape, conda_forge=False)
+    refusal = chosen.build_refusal(request)
+    if refusal is not None:
+        raise UsageError(f"{refusal[0]}: there is no build to stand in for", refusal[1])
+    the_plan = plan(flavour, request, "rattler-build")
+    # a plan's own recipes read conda-forge's packages: their stand-ins take those shapes
+    return StandIns(tuple(plan_requirements(the_plan)), f"the {the_plan.flavour} flavour's recipes (recipe.yaml)",
+                    conda_forge=True)

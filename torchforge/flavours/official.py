@@ -166,6 +166,14 @@ class OfficialFlavour:
     def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
         return render_folders(request, RecipeFormat(recipe_format), out_dir, force=force)
 
+    def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
+        """Every pytorch recipe.yaml of the request (magma recipes need nothing); a plan upstream could not build
+        is refused first."""
+        render_plan = plan(selection_of(request))
+        render_plan.require_buildable()
+        return (tuple(render_files(pytorch_context(v), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]  # type: ignore[misc]
+                      for v in render_plan.variants), "the official flavour's recipes")
+
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
 
