@@ -86,8 +86,8 @@ bench-quick: $(STAMP)  ## every benchmark once at small sizes (CI: a broken benc
 container-image: $(STAMP)  ## make the local podman build images for --container (rebuilds only what changed; root, podman, runc, debootstrap)
 	$(BIN)/python -m tests.container_image
 
-container-check: container-image  ## the real `torchforge build --container` builds with podman (tests/test_container_build.py)
-	$(BIN)/python -m pytest -n 0 tests/test_container_build.py
+container-check: container-image  ## the real `torchforge build --container` builds with podman (both flavours)
+	$(BIN)/python -m pytest -n 0 tests/test_container_build.py tests/test_container_conda_forge.py
 
 ci-local: $(STAMP)  ## run `torchforge ci gitlab`'s pipelines here, twice each, with gitlab-ci-local + podman, and check their logs (.cache/ci-local): the official flavour's (torch_heavy) and the conda-forge flavour's 2.13.0 cpu one (torch_split); about 35 min
 	$(BIN)/python -m tests.ci_local --check-tools

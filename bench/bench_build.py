@@ -56,7 +56,7 @@ def _resume_rows(tmp: Path) -> list[Row]:
     site = tmp / "torchforge.toml"
     site.write_text(f'[channels]\nreplace = ["file://{stubs}"]\n')
     conda = [*request, "--out", str(tmp / "channel"), "--config", str(site), "--skip-preflight"]
-    wheel = [*request, "--format", "wheel", "--out", str(tmp / "wheel-out")]
+    wheel = [*request, "--format", "wheel", "--out", str(tmp / "wheel-out"), "--skip-preflight"]  # as the conda row
     rows = []
     for label, args in (("conda package (rattler-build)", conda), ("wheel (pip wheel + repair)", wheel)):
         first = _torchforge(args)

@@ -17,6 +17,7 @@ ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
 # the container benchmark may skip.
 if os.environ.get("TORCHFORGE_NO_CONTAINER"):
     ALLOWED_SKIPS += (("tests/test_container_build.py::", os.environ["TORCHFORGE_NO_CONTAINER"]),
+                      ("tests/test_container_conda_forge.py::", os.environ["TORCHFORGE_NO_CONTAINER"]),
                       ("tests/test_ci_local.py::", os.environ["TORCHFORGE_NO_CONTAINER"]),
                       ("bench/bench_container.py::", os.environ["TORCHFORGE_NO_CONTAINER"]))
 

@@ -17,6 +17,7 @@ from ruamel.yaml import YAML
 
 from tests.rattler_in_child import Unsolvable
 from tests.rattler_in_child import solve as solve_in_child
+from torchforge import containers
 from torchforge.cli import main
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
@@ -615,7 +616,9 @@ def test_build_dry_run_gives_the_recipe_one_compile_cache_that_a_build_number_do
 
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["--flavour", "conda-forge", "--magma-only"], 2, "--magma-only applies to --flavour official only"),
-    (["--container"], 2, "--container applies to --flavour official only"),
+    (["--container", "--engine", "rattler-build"], 2, "--container runs conda-build inside the build images"),
+    (["--container", "--platform", "linux-aarch64"], 2, "--container builds linux-64 packages (the images are x86-64"),
+    (["--container", "--cuda", "12.2", "--arch-list", "9.0"], 2, "no build image is known for CUDA 12.2"),
     (["--flavour", "official", "--feedstock-patches"], 2, "--feedstock-patches applies to --flavour conda-forge only"),
 ])
 def test_build_refuses_what_the_flavour_cannot_do_and_says_what_would_work(
@@ -777,3 +780,25 @@ def test_doctor_and_build_show_the_site_configs_channel_in_place_of_conda_forges
     printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[dry-run] conda build")]
     assert len(printed) == 1 and printed[0].endswith(
         f"-c file://{out.resolve()} -c file:///srv/conda-forge-mirror --override-channels --no-anaconda-upload")
+
+
+def test_container_dry_run_runs_the_recipes_one_conda_build_in_its_cudas_image(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--container with the flavour: the recipe step (libtorch, pytorch, the metapackage) is one `conda build` in
+    the image of its CUDA, with the output channel and compile cache writable and the source read-only, at the
+    same paths; a dry run needs no client (it prints docker)."""
+    from tests.test_conda_forge_split import copy_fixture
+
+    source, out = copy_fixture(tmp_path / "src"), tmp_path / "ch"  # a dry run checks that --source is a source
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # neither docker nor podman nor conda on PATH
+    monkeypatch.delenv("TORCHFORGE_CONTAINER_TOOL", raising=False)
+    assert main(["build", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12", "--container",
+                 "--source", str(source), "--out", str(out), "--dry-run"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    (line,) = [w for w in err.split("[dry-run] ") if w.startswith("docker run --rm")]
+    recipe = conda_forge.plan("2.13.0", "linux-64", "13.0", "9.0", ("3.12",))
+    image = containers.image_for("13.0")
+    assert image is not None and f" {containers.reference('13.0', image)} conda build {out}/recipes/{recipe.id} " in line
+    assert f"--volume {out}:{out} " in line and f"--volume {source}:{source}:ro " in line
+    assert f"--env CUDA_HOME={image.cuda_home} " in line and "--env CONDA_OVERRIDE_CUDA=13.0 " in line
+    assert not out.exists()

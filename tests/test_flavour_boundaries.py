@@ -59,22 +59,20 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.engines": frozenset({"torchforge.render"}),
     "torchforge.engines.conda_build": frozenset({"torchforge.render"}),
     "torchforge.engines.rattler_build": frozenset({"torchforge.render"}),
-    "torchforge.pipeline": frozenset({"torchforge.render", "torchforge.resolve"}),
+    "torchforge.pipeline": frozenset({"torchforge.resolve"}),
     "torchforge.preflight": frozenset({
         "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
-    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolve", "torchforge.variant"}),
+    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolve"}),
 }
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the
 # sequencer moves into the library).
 COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
     "torchforge.commands.binaries": frozenset({"torchforge.variant"}),
-    "torchforge.commands.build": frozenset({"torchforge.render", "torchforge.resolve"}),
     "torchforge.commands.ci": frozenset({"torchforge.render"}),
-    "torchforge.commands.doctor": frozenset({"torchforge.render"}),
     "torchforge.commands.options": frozenset({"torchforge.variant"}),
-    "torchforge.commands.selection": frozenset({"torchforge.render", "torchforge.resolve"}),
+    "torchforge.commands.selection": frozenset({"torchforge.render"}),
 }
 
 

@@ -4,6 +4,7 @@ the current interpreter, repair into OUT/wheels, pip install into a fresh venv, 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from torchforge.cli import main
+from torchforge.errors import ExitCode
 from torchforge.render import plan
 from torchforge.variant import Options, Selection
 from torchforge.wheelbuild import build_environment, expand
@@ -89,5 +91,56 @@ def test_another_python_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     args = [*REQUEST, "--out", str(tmp_path / "out")]
     args[args.index(PY)] = other
     assert main(args) == 2
-    assert "builds with the current interpreter" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "builds with the current interpreter" in err
+    assert "torchforge preflight" not in err  # refused before the machine is looked at
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_forced_rebuild_takes_every_object_from_the_compile_cache(tmp_path: Path) -> None:
+    """`--format wheel` twice with one --cache, --force on the second, each from a clean copy of the source (pip
+    builds in the tree): the pip engine's compiles go through ccache (setuptools' CC is the cache's wrapper), the
+    first fills the cache, the rebuild compiles nothing; as for a conda build of the same plan."""
+    source = Path(shutil.copytree(FIXTURE, tmp_path / "src", ignore=shutil.ignore_patterns("build", "*.egg-info")))
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = [*REQUEST[:-1], str(source), "--out", str(out), "--cache", str(cache)]
+    counts = []
+    for extra in ([], ["--force"]):
+        assert main([*args, *extra]) == 0
+        log = (out / "wheels" / "logs" / f"pytorch-2.9.0-cpu-py{CP[2:]}-linux_64.log").read_text()
+        found = re.search(rf"torchforge: compile cache {re.escape(str(cache))}/(wheel-\S+): host (\d+)/(\d+) reused; "
+                          r".*compiled: (.*)", log)
+        assert found, log[-3000:]
+        counts.append((found[1], int(found[2]), int(found[3]), found[4]))
+        assert "/ccache-compilers/CC/" in log  # setuptools compiled through route.sh's wrapper
+        shutil.rmtree(source / "build", ignore_errors=True)
+    (key, cold_hits, cold_calls, cold_compiled), (warm_key, warm_hits, warm_calls, warm_compiled) = counts
+    assert key == warm_key and [p.name for p in cache.iterdir()] == [key]
+    assert cold_hits == 0 < cold_calls and "csrc/torch_like.cpp" in cold_compiled and "csrc/module.cpp" in cold_compiled
+    assert warm_hits == warm_calls == cold_calls and warm_compiled == "nothing"
+    (wheel,) = (out / "wheels").glob("*.whl")
+    assert wheel.name.startswith(f"torch-2.9.0+cpu-{CP}-{CP}-manylinux_")
+
+
+def test_the_machine_checks_refuse_a_missing_source_as_for_a_conda_build(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Preflight runs before a wheel build as before a conda build: a --source that does not exist stops both
+    with the same exit (9) and the same failed check, before anything is written."""
+    missing = tmp_path / "nonexistent"
+    asked = ["--pytorch", "2.9.0", "--cuda", "cpu", "--py", PY, "--source", str(missing)]
+    codes, rows = [], []
+    for fmt, extra in (("wheel", ["--format", "wheel"]), ("conda", ["--flavour", "official"])):
+        codes.append(main(["build", *asked, *extra, "--out", str(tmp_path / fmt)]))
+        err = " ".join(capsys.readouterr().err.split())
+        rows.append(re.search(r"error: preflight: \d+ of \d+ checks failed \((\S+, )*source[,)]", err) is not None)
+        assert not (tmp_path / fmt).exists()
+    assert codes == [ExitCode.PREFLIGHT_FAILED] * 2 and rows == [True, True]
+
+
+@pytest.mark.parametrize("flag", ["--container", "--magma-only"])
+def test_conda_only_flags_are_refused_rather_than_ignored(
+        flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*REQUEST, flag, "--out", str(tmp_path / "out")]) == ExitCode.USAGE
+    assert f"{flag} applies to conda packages, not to --format wheel" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "out").exists()

@@ -435,6 +435,24 @@ def check_images(accels: Iterable[str], settings: ContainerSettings) -> None:
         require_image(accel, settings.images)
 
 
+def for_build(targets: Iterable[tuple[str, str]], platforms: Iterable[str], images: Mapping[str, Image], *,
+              dry_run: bool, check_cudnn_now: bool) -> ContainerSettings:
+    """--container's refusals before any build, for the builds of any flavour: `targets` are their (accel,
+    bundled cuDNN or "") pairs, `platforms` their subdirs. Every image must be known and carry conda-build;
+    `check_cudnn_now` (no preflight will run): an image that cannot give a build's cuDNN stops it here too.
+    A dry run only prints the commands, so it needs no client (it then prints `docker run`)."""
+    foreign = [p for p in dict.fromkeys(platforms) if p != "linux-64"]
+    if foreign:
+        raise UsageError(f"--container builds linux-64 packages (the images are x86-64 Linux), not {', '.join(foreign)}",
+                         "drop --container and build on a machine of that platform")
+    pairs = list(dict.fromkeys(targets))
+    settings = ContainerSettings(find_tool(dry_run=dry_run), images)
+    check_images((accel for accel, _ in pairs), settings)
+    if check_cudnn_now:
+        check_cudnns(pairs, settings)
+    return settings
+
+
 def check_cudnns(pairs: Iterable[tuple[str, str]], settings: ContainerSettings) -> None:
     """Preflight's cuDNN check for a run without preflight (--dry-run, --skip-preflight): (accel, bundled cuDNN)
     pairs whose image cannot give that cuDNN stop it as they stop the real build (PreflightError)."""

@@ -266,3 +266,42 @@ def read_utf8(path: Path) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         raise UsageError(f"{path} is not UTF-8 text: byte {exc.start} (line {line}) is 0x{data[exc.start]:02x}",
                          "save it as UTF-8 (TOML files are UTF-8), e.g. `iconv -f latin1 -t utf-8`") from None
+
+
+def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, force: bool = False) -> list[Path]:
+    """Write every folder under `out`, all or nothing: render into a temporary folder, then move into place."""
+    out = out.resolve()
+    existing = [name for name in folders if (out / name).exists()]
+    if existing and not force:
+        raise UsageError(
+            f"{len(existing)} recipe folder(s) already exist in {out}: {', '.join(existing[:3])}"
+            + (" ..." if len(existing) > 3 else ""),
+            "pass --force to replace them, or choose another --out",
+        )
+    # Staged inside `out` itself: the final renames never cross file systems (`out` may be a mount point),
+    # and a killed run's staging is removed by the next one.
+    ensure_dir(out, "--out")
+    clean_stale(out)
+    with scratch(out, "render") as staging:
+        for name, files in folders.items():
+            folder = staging / name
+            folder.mkdir()
+            for filename, content in files.items():
+                target = folder / filename
+                target.parent.mkdir(parents=True, exist_ok=True)  # a recipe's subfolder (a test's project)
+                with writing(out / name / filename):  # the file the user asked for, not its staged copy
+                    if isinstance(content, bytes):
+                        target.write_bytes(content)
+                    else:
+                        target.write_text(content, encoding="utf-8")
+                if filename.endswith((".sh", ".py")):
+                    target.chmod(0o755)
+        written = []
+        for name in folders:
+            final = out / name
+            if final.exists():
+                trash = staging / f".old-{name}"
+                os.replace(final, trash)
+            os.replace(staging / name, final)
+            written.append(final)
+        return written

@@ -26,7 +26,7 @@ from torchforge.engines import BuildJob, Engine, find_artifact, script_env_value
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
 from torchforge.flavours.base import OVERRIDE_CUDA, Plan, PlannedRecipe  # noqa: F401 (PlannedRecipe: re-exported)
 from torchforge.proc import Runner
-from torchforge.render import write_folders
+from torchforge.fileops import write_folders
 from torchforge.resolve import describe_settings
 from torchforge.safeextract import extract_conda
 
@@ -42,7 +42,7 @@ class Step:
     a `recipe` step (the conda-forge flavour: libtorch, pytorch per Python, the metapackage) yields several, built
     by one engine run, checked, audited and published together, and reused only all together."""
 
-    kind: str  # "companion", "magma", "pytorch" or "recipe" (several outputs)
+    kind: str  # "companion", "magma", "pytorch", "recipe" (several outputs) or "wheel" (a pip wheel, no package)
     id: str
     stem: str  # name-version-build, exactly the file name the engine must produce (a recipe step: its first output)
     subdir: str
@@ -66,6 +66,9 @@ class Step:
     outputs: tuple[str, ...] = ()  # a recipe step: every package's name-version-build, in build order
     output_index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # a recipe step's, per stem
     arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
+    # A `wheel` step (--format wheel) has no recipe: the variables its build sets and the source it builds
+    source: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def stems(self) -> tuple[str, ...]:
@@ -100,6 +103,7 @@ class BuildSettings:
         return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
 
 
+WHEEL = "wheel"  # the kind of a --format wheel step: repaired into the output folder, not a channel
 KEPT_WORK = ".torchforge-kept"  # under --out: failed builds' work folders, kept by --keep-work
 
 
@@ -215,6 +219,26 @@ def _built_artifacts(step: Step, staging: Path, log: Path) -> list[Path]:
             f"see the log {log}",
         )
     return [artifact for artifact in found.values() if artifact is not None]
+
+
+def _repaired_wheel(step: Step, staging: Path, out: Path, log: Path, runner: Runner) -> Path:
+    """The one wheel pip wrote, repaired (RPATH fix and audit, manylinux tag, local version, RECORD) into `out`
+    under the planned name (`step.stem`: torch-VERSION+LOCAL-cpXY-cpXY)."""
+    from torchforge.rpath import Layout
+    from torchforge.wheel import repair
+
+    produced = sorted(staging.glob("*.whl"))
+    if len(produced) != 1:
+        raise BuildFailedError(f"{step.id}: pip wheel produced {len(produced)} wheels "
+                               f"({', '.join(p.name for p in produced) or 'none'})",
+                               f"--format wheel expects one wheel from the source; see {log}")
+    local = step.stem.split("-")[1].partition("+")[2]  # the version's local part: cpu, cu128
+    repaired = repair(produced[0], out, runner, local=local, layout=Layout.WHEEL_BUNDLED)
+    if not repaired.name.startswith(f"{step.stem}-"):
+        repaired.unlink()
+        raise BuildFailedError(f"{step.id}: the source built {repaired.name}, not the planned {step.stem}-*.whl",
+                               f"is --source a PyTorch tree of that version? see {log}")
+    return repaired
 
 
 def _checked(step: Step, artifacts: list[Path], runner: Runner) -> list[Path]:
@@ -397,8 +421,9 @@ class Pipeline:
             fileops.ensure_dir(out, "--out")
             self.logs_dir.mkdir(parents=True, exist_ok=True)
             log.write_text("")
-            write_folders({step.id: dict(step.files)}, out / "recipes", force=True)
-            if not (out / "noarch" / "repodata.json").is_file():
+            if step.kind != WHEEL:  # a wheel has no recipe folder
+                write_folders({step.id: dict(step.files)}, out / "recipes", force=True)
+            if step.kind != WHEEL and not (out / "noarch" / "repodata.json").is_file():
                 # The output channel is the first -c of every build: an unindexed (new) one makes the
                 # engine's solver fail ("Failed to resolve dependencies") for any recipe with requirements.
                 with localchannel.locked(out):
@@ -426,8 +451,9 @@ class Pipeline:
                 cache_env.pop(NVCC_VARIABLE)
             environ.update(cache_env)
         job = BuildJob(recipe_dir, staging, channels, step.python,
-                       script_env_values(step.script_env, environ), self.settings.test,
-                       work_dir=staging / "work" if cache is not None else None, outputs=step.stems)
+                       {**dict(step.env), **script_env_values(step.script_env, environ)}, self.settings.test,
+                       work_dir=staging / "work" if cache is not None else None, outputs=step.stems,
+                       source=step.source)
         self.on_event(f"build {', '.join(step.stems)} ({self.engine.name}); log: {log}")
         try:
             command = self.engine.command(job)
@@ -444,9 +470,7 @@ class Pipeline:
             self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)
-            artifacts = _checked(step, _built_artifacts(step, staging, log), self.runner)
-            # all of a step's packages together, under one lock and one re-index: never some outputs of a recipe
-            published = tuple(p.path for p in localchannel.publish_many(artifacts, out, step.subdir, replace=True))
+            published = self._publish(step, staging, log)
             seconds = time.monotonic() - started
             if cache is None:
                 return StepResult(step, True, published[0], seconds, log=log, artifacts=published)
@@ -461,6 +485,14 @@ class Pipeline:
                               error=f"{exc}{self._work_left(step, staging)}", log=log)
         finally:
             scratch.close()
+
+    def _publish(self, step: Step, staging: Path, log: Path) -> tuple[Path, ...]:
+        """The build's checked outputs, published: a wheel repaired into the output folder; packages into the
+        channel, all of a step's together under one lock and one re-index (never some outputs of a recipe)."""
+        if step.kind == WHEEL:
+            return (_repaired_wheel(step, staging, self.settings.out, log, self.runner),)
+        artifacts = _checked(step, _built_artifacts(step, staging, log), self.runner)
+        return tuple(p.path for p in localchannel.publish_many(artifacts, self.settings.out, step.subdir, replace=True))
 
     def _work_left(self, step: Step, staging: Path) -> str:
         """After a failure: keep the work folder the log names (--keep-work), or say that it is removed."""

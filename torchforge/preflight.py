@@ -34,6 +34,8 @@ from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name,
                                    no_tool, reference, require_image)
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
+from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
+from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import DataError, ForgeError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.recipe import resolve_source
@@ -330,6 +332,10 @@ def _rattler_build_version() -> str | None:
 
 def engine_check(engine: str) -> tuple[Check, str]:
     """The engine a build of `engine` (auto, conda-build, rattler-build) uses here, as a check, and its name."""
+    if engine == PIP_ENGINE:  # --format wheel: pip in this interpreter
+        if PipWheelEngine().available():
+            return Check("engine", Level.OK, f"pip wheel with {sys.executable}"), engine
+        return Check("engine", Level.FAIL, f"{sys.executable} has no pip", f"{sys.executable} -m ensurepip"), engine
     if engine not in ENGINES:
         return Check("engine", Level.FAIL, f"unknown engine {engine!r}", f"use one of {', '.join(ENGINES)}"), engine
     found = conda_build_probe() if engine in ("auto", "conda-build") else None
@@ -689,22 +695,28 @@ def _check_driver(ctx: _Context) -> None:
 
 
 def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bool) -> None:
+    # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
+    targets = [(v.request.accel, "" if magma_only or v.status is VariantStatus.REFUSED else bundled_cudnn(v))
+               for v in ctx.variants]
+    _check_images(ctx, container, targets)
+
+
+def _check_images(ctx: _Context, container: ContainerSettings, targets: Sequence[tuple[str, str]]) -> None:
+    """The container tool answers, and each build's image, given as (accel, bundled cuDNN or ""), can build it."""
     if not container.tool:
         missing = no_tool()  # none on PATH, or TORCHFORGE_CONTAINER_TOOL names no docker or podman
         ctx.add("container tool", Level.FAIL, missing.message, missing.hint)
         answers = False
     else:
         answers = _container_engine_answers(ctx, container.tool)
-    for accel in dict.fromkeys(v.request.accel for v in ctx.variants):
+    for accel in dict.fromkeys(accel for accel, _ in targets):
         name = f"image ({accel_name(accel)})"
         try:
             image = require_image(accel, container.images)
         except ForgeError as exc:
             ctx.add(name, Level.FAIL, exc.message, exc.hint)
             continue
-        # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
-        cudnns = [c for c in dict.fromkeys(bundled_cudnn(v) for v in ctx.variants if v.request.accel == accel
-                                           and v.status is not VariantStatus.REFUSED) if c and not magma_only] or [""]
+        cudnns = [c for c in dict.fromkeys(c for a, c in targets if a == accel) if c] or [""]
         try:
             warnings = [w for w in (check_cudnn(accel, image, c) for c in cudnns) if w]
         except ForgeError as exc:
@@ -725,6 +737,14 @@ def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bo
             ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}", "; ".join(fixes))
         else:
             ctx.add(name, Level.OK, detail)
+
+
+def container_report(container: ContainerSettings, targets: Sequence[tuple[str, str]], runner: Runner) -> PreflightReport:
+    """The container checks alone, for builds planned without the official flavour's variants (the conda-forge
+    flavour's recipes): `targets` are their (accel, bundled cuDNN or "") pairs."""
+    ctx = _Context((), runner, probe_machine())
+    _check_images(ctx, container, targets)
+    return PreflightReport(tuple(ctx.checks), 0, "conda-build")
 
 
 def _container_engine_answers(ctx: _Context, tool: str) -> bool:
@@ -870,7 +890,7 @@ def _check_cuobjdump(ctx: _Context) -> None:
 def run_machine_checks(
     needs: MachineNeeds,
     *,
-    engine: str,
+    engine: str | None,
     jobs: int | None,
     runner: Runner,
     out: Path,
@@ -885,7 +905,8 @@ def run_machine_checks(
     table = load_table()
     ctx = _Context((), runner, machine or probe_machine(), needs=needs)
     _check_platform(ctx)
-    resolved = _check_engine(ctx, engine)
+    # with --container (engine None) the engine is the image's: container_report checks it, not this machine
+    resolved = _check_engine(ctx, engine) if engine is not None else "conda-build"
     if needs.toolkit_on_host:
         _check_nvcc(ctx)
     _check_out(ctx, out)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import jinja2
 
-from torchforge import __version__, fileops, platforms
+from torchforge import __version__, platforms
+from torchforge.fileops import write_folders  # noqa: F401 (moved to fileops: every flavour writes folders)
 from torchforge.companions import CompanionPlan, companions_for
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
@@ -188,45 +188,6 @@ def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat, patches: Sequence
 
 def patch_files(patches: Sequence[Path]) -> dict[str, str | bytes]:
     return {p.name: p.read_bytes() for p in patches}
-
-
-def write_folders(folders: dict[str, dict[str, str | bytes]], out: Path, *, force: bool = False) -> list[Path]:
-    """Write every folder under `out`, all or nothing: render into a temporary folder, then move into place."""
-    out = out.resolve()
-    existing = [name for name in folders if (out / name).exists()]
-    if existing and not force:
-        raise UsageError(
-            f"{len(existing)} recipe folder(s) already exist in {out}: {', '.join(existing[:3])}"
-            + (" ..." if len(existing) > 3 else ""),
-            "pass --force to replace them, or choose another --out",
-        )
-    # Staged inside `out` itself: the final renames never cross file systems (`out` may be a mount point),
-    # and a killed run's staging is removed by the next one.
-    fileops.ensure_dir(out, "--out")
-    fileops.clean_stale(out)
-    with fileops.scratch(out, "render") as staging:
-        for name, files in folders.items():
-            folder = staging / name
-            folder.mkdir()
-            for filename, content in files.items():
-                target = folder / filename
-                target.parent.mkdir(parents=True, exist_ok=True)  # a recipe's subfolder (a test's project)
-                with fileops.writing(out / name / filename):  # the file the user asked for, not its staged copy
-                    if isinstance(content, bytes):
-                        target.write_bytes(content)
-                    else:
-                        target.write_text(content, encoding="utf-8")
-                if filename.endswith((".sh", ".py")):
-                    target.chmod(0o755)
-        written = []
-        for name in folders:
-            final = out / name
-            if final.exists():
-                trash = staging / f".old-{name}"
-                os.replace(final, trash)
-            os.replace(staging / name, final)
-            written.append(final)
-        return written
 
 
 def render_selection(selection: Selection, out: Path, fmt: RecipeFormat, *, force: bool = False,

@@ -1,5 +1,7 @@
-"""`torchforge build --format wheel`: the pip path. Each variant is built with `pip wheel` in the current
-interpreter, then repaired (RPATH fix + audit, manylinux tag, local version, RECORD) into `OUT/wheels/`.
+"""`torchforge build --format wheel`: the plan of pip wheels. Each variant is one `wheel` step of the pipeline,
+as a conda build is: the machine checks run first, the pip engine (torchforge/engines/pip_wheel.py) runs `pip
+wheel` in the current interpreter through the compile cache, and the pipeline repairs the wheel (RPATH fix +
+audit, manylinux tag, local version, RECORD) into `OUT/wheels/`.
 
 The build environment is the variant's own (`Variant.env`, the one the conda recipe exports), evaluated for a
 build outside conda:
@@ -17,20 +19,18 @@ build outside conda:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-from torchforge import fileops
-from torchforge.errors import BuildFailedError, ToolFailedError, UsageError
-from torchforge.proc import Command, Runner
-from torchforge.render import plan
+from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
+from torchforge.errors import UsageError
+from torchforge.pipeline import WHEEL, Action, BuildSettings, Step
+from torchforge.render import RenderPlan
 from torchforge.resolve import Variant
-from torchforge.rpath import Layout
-from torchforge.variant import Selection
-from torchforge.wheel import repair
 
 # Only a conda build has a meaning for these (see the module docstring).
 CONDA_ONLY = frozenset({"PACKAGE_TYPE", "CMAKE_LIBRARY_PATH"})
@@ -90,70 +90,55 @@ def _check_interpreter(variants: tuple[Variant, ...]) -> None:
                          "select a linux-* --platform, or build conda packages for that platform")
 
 
-def _source(selection: Selection) -> str:
-    source = selection.options.source
+def _source(source: str | None) -> str:
     if not source:
         raise UsageError("--format wheel needs --source (a PyTorch checkout with its submodules)",
                          "pass --source PATH_TO_CHECKOUT (or a URL pip can build from)")
     return str(Path(source).resolve()) if os.path.isdir(source) else source
 
 
+def check_wheel_request(render_plan: RenderPlan, source: str | None) -> None:
+    """What --format wheel cannot build, refused before the machine checks: another Python than this one, a
+    platform other than Linux, no --source."""
+    _check_interpreter(render_plan.variants)
+    _source(source)
+
+
+def wheel_stem(variant: Variant) -> str:
+    """The start of the repaired wheel's name: torch-VERSION+LOCAL-cpXY-cpXY (its platform tag follows)."""
+    tag = f"cp{variant.request.python.replace('.', '')}"
+    return f"torch-{wheel_version(variant)}-{tag}-{tag}"
+
+
 def existing_wheel(wheels_dir: Path, variant: Variant) -> Path | None:
     """A repaired wheel of this variant already in `wheels_dir` (name torch, same version and Python)."""
-    tag = f"cp{variant.request.python.replace('.', '')}"
-    found = sorted(wheels_dir.glob(f"torch-{wheel_version(variant)}-{tag}-{tag}*-manylinux*.whl"))
+    found = sorted(wheels_dir.glob(f"{wheel_stem(variant)}-manylinux*.whl"))
     return found[0] if found else None
 
 
-def build_wheels(selection: Selection, out_dir: Path, runner: Runner, *, jobs: int | None = None,
-                 force: bool = False, on_event: Callable[[str], None] | None = None) -> list[Path]:
-    """Build, repair and publish one wheel per variant into `out_dir/wheels`; returns the wheel paths.
+def wheel_settings(settings: BuildSettings) -> BuildSettings:
+    """A wheel plan's settings: the wheels (and their logs) go to OUT/wheels, the compile cache stays OUT's."""
+    return dataclasses.replace(settings, out=settings.out / "wheels", cache_root=settings.compile_cache_root)
 
-    A wheel already there (same torch version, local tag and Python) is reused unless `force`. A failed build
-    leaves nothing in `out_dir/wheels` but its log.
-    """
-    render_plan = plan(selection)
+
+def plan_wheel_steps(render_plan: RenderPlan, settings: BuildSettings, source: str | None, *,
+                     jobs: int | None = None) -> list[Step]:
+    """One `wheel` step per variant, built by the pip engine in this interpreter and repaired into
+    `settings.out` (see wheel_settings); a wheel already there (same torch version, local tag and Python) is
+    reused unless --force. The variants of one release share a compile cache group as conda builds do."""
     render_plan.require_buildable()
-    _check_interpreter(render_plan.variants)
-    source = _source(selection)
-    wheels_dir = out_dir / "wheels"
-    logs_dir = wheels_dir / "logs"
-    say = on_event or (lambda _message: None)
-    built: list[Path] = []
+    check_wheel_request(render_plan, source)
+    where = _source(source)
+    environ = {**os.environ, **settings.extra_env}  # preflight's MAX_JOBS among them
+    steps: list[Step] = []
     for variant in render_plan.variants:
-        existing = None if force else existing_wheel(wheels_dir, variant)
-        if existing is not None:
-            say(f"reuse {existing.name}: already in {wheels_dir}")
-            built.append(existing)
-            continue
-        env = build_environment(variant, os.environ, jobs=jobs)
-        log = logs_dir / f"{variant.id}.log"
-        if runner.dry_run:
-            runner.run(Command((sys.executable, "-m", "pip", "wheel", source, "--no-deps", "--no-build-isolation",
-                                "-w", str(wheels_dir / f"{fileops.SCRATCH_PREFIX}staging-{variant.id}")), env=env))
-            continue
-        wheels_dir.mkdir(parents=True, exist_ok=True)
-        logs_dir.mkdir(parents=True, exist_ok=True)
-        log.write_text("")
-        # Staging inside OUT/wheels: the repaired wheel is renamed into place, never copied across devices;
-        # a killed build's staging is removed by the next run.
-        fileops.clean_stale(wheels_dir)
-        with fileops.scratch(wheels_dir, f"staging-{variant.id}") as staging:
-            say(f"build {variant.id} (pip wheel, {sys.executable}); log: {log}")
-            try:
-                runner.run(Command((sys.executable, "-m", "pip", "wheel", source, "--no-deps",
-                                    "--no-build-isolation", "-w", str(staging)), env=env), log_file=log)
-            except ToolFailedError as exc:
-                raise BuildFailedError(f"{variant.id}: pip wheel failed\n{exc.tail}",
-                                       f"read the log {log}; nothing was written to {wheels_dir}") from exc
-            produced = sorted(staging.glob("*.whl"))
-            if len(produced) != 1:
-                raise BuildFailedError(
-                    f"{variant.id}: pip wheel produced {len(produced)} wheels ({', '.join(p.name for p in produced)})",
-                    f"--format wheel expects one wheel from the source; see {log}",
-                )
-            repaired = repair(produced[0], wheels_dir, runner, local=variant.request.accel_tag,
-                              layout=Layout.WHEEL_BUNDLED)
-            say(f"wrote {repaired}")
-            built.append(repaired)
-    return built
+        existing = None if settings.force else existing_wheel(settings.out, variant)
+        key = None
+        if settings.caching and existing is None:
+            key = recipe_group_key(f"wheel-{variant.id}", variant.settings)
+        env = build_environment(variant, environ, jobs=jobs)
+        steps.append(Step(WHEEL, variant.id, wheel_stem(variant), variant.request.platform, variant.request.python,
+                          {}, BUILD_VARIABLES if key else (), Action.REUSE if existing else Action.BUILD,
+                          f"{existing.name} already in {settings.out}" if existing else "",
+                          accel=variant.request.accel, cache_key=key, source=where, env=tuple(env.items())))
+    return steps

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -13,26 +12,18 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, selection_from_flags, with_names,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
-from torchforge import config as site_config
-from torchforge import containers
-from torchforge.console import err, note, out, warn
+from torchforge import sequence
+from torchforge.console import err, note, out
 from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
-from torchforge.engines.choice import select_engine
 from torchforge.errors import BuildFailedError, UsageError
-from torchforge import sequence
-from torchforge.flavours import JOBS_VARIABLE, Request
-from torchforge.flavours import Plan as PlanOfRecipes
-from torchforge.flavours import MAGMA_ONLY, Flavour
-from torchforge.preflight import checked_jobs, report_table, run_plan_checks, run_preflight
-from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult, plan_steps
+from torchforge.extensions.sdist import parse_spec
 from torchforge.fileops import check_dir
+from torchforge.flavours import MAGMA_ONLY, Request
+from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult
 from torchforge.proc import Runner
-from torchforge.render import plan
-from torchforge.resolve import bundled_cudnn
-from torchforge.wheelbuild import build_wheels
 
 
 def _cache_plan(step: Step) -> str:
@@ -97,14 +88,17 @@ def _explain(result: StepResult) -> None:
         err.print(f"  fix: {diagnosis.fix}", markup=False)
 
 
-def _container_engine(engine: str) -> tuple[Engine, str]:
-    """The engine inside the images: conda-build, which they carry, as the official builds used it there."""
-    if engine == "rattler-build":
-        raise UsageError("--container runs conda-build inside the build images; the embedded rattler-build engine lives "
-                         "in torchforge's own Python, which the images do not have",
-                         "drop --engine rattler-build (auto and conda-build both work with --container)")
-    chosen, _ = select_engine("conda-build", require_available=False)
-    return chosen, "using conda-build inside the build image (--container)"
+def _checked_specs(specs: list[str] | None) -> list[str] | None:
+    """Each --extension SPEC read before anything is built: a typo must not wait for the pytorch build."""
+    for spec in specs or ():
+        parse_spec(spec)
+    return specs
+
+
+ExtensionOpt = Annotated[list[str] | None, typer.Option(
+    "--extension", metavar="SPEC", callback=_checked_specs,
+    help="Also build this PyTorch extension from its sdist for the channel's pytorch (repeatable): NAME==VERSION, "
+         "a local sdist or folder, or git+URL@REV (docs/extensions.md).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -129,7 +123,7 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         cache: Annotated[Path | None, typer.Option("--cache", help="Compile cache folder shared by the Pythons of a plan (default: OUT/.cache/compile).")] = None,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
-        flavour: FlavourOpt = None, with_: WithOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
     ) -> None:
@@ -144,120 +138,20 @@ def register(app: typer.Typer) -> None:
         flavour_chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number,
                                         "--format wheel builds pip wheels" if fmt == "wheel"
                                         else MAGMA_ONLY if magma_only else "")
-        if flavour_chosen is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                              feedstock_patches, with_packages=with_names(with_), flavour_flags=(
-                                  ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
-                                  ("--magma-source", magma_source), ("--magma-patch", magma_patch),
-                                  ("--magma-only", magma_only), ("--container", container),
-                                  ("--format wheel", fmt == "wheel")))
-            settings = BuildSettings(out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going,
-                                     test=not no_test, patches=tuple(patch or ()), use_cache=not no_cache,
-                                     cache_root=cache, keep_work=keep_work)
-            _build_plan(flavour_chosen, request, engine, checked_jobs(jobs, ()), settings, site_config.load(config),
-                        dry_run=dry_run, skip_preflight=skip_preflight)
-            return
-        if feedstock_patches or with_:
-            flag = "--feedstock-patches" if feedstock_patches else "--with"
-            raise UsageError(f"{flag} applies to --flavour conda-forge only", f"add --flavour conda-forge, or leave {flag} out")
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson,
-                                         env, gcc, source, magma_source, patch, magma_patch)
-        jobs = checked_jobs(jobs, selection.options.extra_env)
-        if fmt == "wheel":
-            wheels = build_wheels(selection, out_dir, Runner(dry_run=dry_run, echo=note if dry_run else None),
-                                  jobs=jobs, force=force, on_event=note)
-            for wheel in wheels:
-                out.print(str(wheel))
-            return
-        render_plan = plan(selection)
-        # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
-        # with or without --dry-run.
-        render_plan.require_buildable()
-        for variant in () if magma_only else render_plan.variants:  # --magma-only builds no pytorch
-            for message in variant.warnings:
-                warn(f"{variant.id}: {message}")
-        for magma in render_plan.magma:
-            for message in magma.warnings:
-                warn(f"{magma.id}: {message}")
-        site = site_config.load(config)
-        container_settings = None
-        if container:
-            if selection.platform != "linux-64":
-                raise UsageError(f"--container builds linux-64 packages (the images are x86-64 Linux), not {selection.platform}",
-                                 "drop --container and build on a machine of that platform")
-            chosen, why = _container_engine(engine)
-            # A dry run only prints the command, so it needs no client here (it then prints `docker run`).
-            tool = containers.find_tool(dry_run=dry_run)
-            container_settings = containers.ContainerSettings(tool, site.images)
-            containers.check_images([v.request.accel for v in render_plan.variants], container_settings)
-            if (dry_run or skip_preflight) and not magma_only:
-                # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
-                # (build.sh stops after the whole compile), which is about the plan, not about this machine.
-                containers.check_cudnns([(v.request.accel, bundled_cudnn(v)) for v in render_plan.variants],
-                                        container_settings)
-        else:
-            chosen, why = select_engine(engine, require_available=not dry_run)
-        err.print(why)
-        if site.path is not None:
-            err.print(f"channels and images from {site.path}")
-        extra_env: dict[str, str] = {}
-        if dry_run and not skip_preflight:
-            # No tool is looked at, but what a dry run can know already fails it as the real build would.
-            plan_report = run_plan_checks(render_plan, source=source, out=out_dir, magma_only=magma_only)
-            if not plan_report.ok:
-                err.print(report_table(plan_report))
-            plan_report.raise_if_failed()
-        if not skip_preflight and not dry_run:
-            # Check the machine before a multi-hour build: every problem at once, each with its fix.
-            report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
-                                   out=out_dir, site=site, extra_channels=tuple(channel or ()),
-                                   container=container_settings, check_channels=True, magma_only=magma_only)
-            err.print(report_table(report))
-            report.raise_if_failed()
-            if report.max_jobs:
-                extra_env["MAX_JOBS"] = str(report.max_jobs)
-        if jobs:
-            extra_env["MAX_JOBS"] = str(jobs)
-        settings = BuildSettings(
-            out=out_dir, channels=tuple(channel or ()), force=force, keep_going=keep_going, test=not no_test,
-            magma_only=magma_only, patches=tuple(patch or ()), magma_patches=tuple(magma_patch or ()),
-            extra_env=extra_env, site_channels=site.channels, container=container_settings,
-            use_cache=not no_cache, cache_root=cache, keep_work=keep_work,
-        )
-        _run_plan(sequence.official_steps(render_plan, chosen, settings), chosen, settings, dry_run)
-
-
-def _build_plan(flavour: Flavour, request: Request, engine: str, jobs: int | None, settings: BuildSettings,
-                site: site_config.SiteConfig, *, dry_run: bool, skip_preflight: bool) -> None:
-    """A flavour's plan: refused or warned about, the machine checked, then its steps run (or printed)."""
-    sequence.refuse_build(flavour, request)
-    # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
-    chosen, why = select_engine(engine, require_available=skip_preflight and not dry_run)
-    the_plan = sequence.plan(flavour, request, chosen.recipe_format)
-    for message in the_plan.warnings:
-        warn(message)
-    extra_env = _checked_machine(the_plan, engine, jobs, settings.out, site, settings.channels, dry_run=dry_run,
-                                 skip_preflight=skip_preflight)
-    err.print(why)
-    settings = dataclasses.replace(settings, site_channels=site.channels, extra_env=extra_env)
-    _run_plan(plan_steps(the_plan, settings), chosen, settings, dry_run)
-
-
-def _checked_machine(the_plan: PlanOfRecipes, engine: str, jobs: int | None, out: Path, site: site_config.SiteConfig,
-                     channels: tuple[str, ...], *, dry_run: bool, skip_preflight: bool) -> dict[str, str]:
-    """The machine checks of a plan before its build (a dry run: those that need no tool); the build's MAX_JOBS."""
-    if skip_preflight:
-        return {JOBS_VARIABLE: str(jobs)} if jobs else {}
-    if dry_run:
-        plan_report = sequence.dry_run_report(the_plan, out=out)
-        if not plan_report.ok:
-            err.print(report_table(plan_report))
-        plan_report.raise_if_failed()
-        return {JOBS_VARIABLE: str(jobs)} if jobs else {}
-    report = sequence.machine_report(the_plan, engine=engine, jobs=jobs, out=out, site=site, extra_channels=channels)
-    err.print(report_table(report))
-    report.raise_if_failed()
-    return {JOBS_VARIABLE: str(jobs or report.max_jobs)} if jobs or report.max_jobs else {}
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
+                          feedstock_patches, with_packages=with_names(with_), flavour_flags=(
+                              ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
+                              ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
+                              ("--magma-only", magma_only), ("--format wheel", fmt == "wheel")))
+        options = sequence.BuildOptions(
+            engine=engine, fmt=fmt, channels=tuple(channel or ()), out=out_dir, jobs=jobs, force=force,
+            keep_going=keep_going, dry_run=dry_run, test=not no_test, skip_preflight=skip_preflight,
+            container=container, config=config, cache_root=cache, use_cache=not no_cache, keep_work=keep_work)
+        prepared = sequence.prepare_build(flavour_chosen, request, options)
+        _run_plan(list(prepared.steps), prepared.engine, prepared.settings, dry_run)
+        if extension and not dry_run:  # planned for the pytorch now in the channel (a dry run has none yet)
+            _run_plan(sequence.extension_steps(tuple(extension), arch_list or "", prepared.steps, prepared.engine,
+                                               prepared.settings), prepared.engine, prepared.settings, dry_run)
 
 
 def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool) -> None:

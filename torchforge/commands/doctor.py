@@ -11,18 +11,13 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, refuse_with, selection_from_flags, with_names,
+    SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
-from torchforge import config as site_config
-from torchforge.flavours import MAGMA_ONLY, Flavour
-from torchforge import containers
-from torchforge.console import out
 from torchforge import sequence
-from torchforge.flavours import Request
-from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_preflight
+from torchforge.console import out
 from torchforge.fileops import check_dir
-from torchforge.proc import Runner
-from torchforge.render import RecipeFormat, plan
+from torchforge.flavours import MAGMA_ONLY, Request
+from torchforge.preflight import PreflightReport, report_table
 
 
 def register(app: typer.Typer) -> None:
@@ -51,25 +46,13 @@ def register(app: typer.Typer) -> None:
                                  MAGMA_ONLY if magma_only else "")
         check_dir(out_dir, "--out")
         channels = check_channel_args(channel)
-        site = site_config.load(config)
-        if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_), flavour_flags=(
-                ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc), ("--container", container),
-                ("--magma-only", magma_only)))
-            # the folders are not looked at here: rendered for conda-build, which renders every platform's
-            the_plan = sequence.plan(flavour, request, RecipeFormat.CONDA_BUILD)
-            _show(sequence.machine_report(the_plan, engine=engine, jobs=checked_jobs(jobs, ()), out=out_dir,
-                                          site=site, extra_channels=channels), as_json)
-            return
-        refuse_with(with_)
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc, source)
-        jobs = checked_jobs(jobs, selection.options.extra_env)
-        render_plan = plan(selection)
-        settings = containers.ContainerSettings(containers.probe_tool() or "", site.images) if container else None
-        report = run_preflight(render_plan, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out_dir,
-                               site=site, extra_channels=channels, container=settings, check_channels=True,
-                               magma_only=magma_only)
-        _show(report, as_json, render_plan.require_buildable)
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_), flavour_flags=(
+            ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
+            ("--container", container), ("--magma-only", magma_only)))
+        options = sequence.BuildOptions(engine=engine, channels=channels, out=out_dir, jobs=jobs, container=container,
+                                        config=config)
+        report, refuse = sequence.doctor(flavour, request, options)
+        _show(report, as_json, refuse)
 
 
 def _show(report: PreflightReport, as_json: bool, refuse: Callable[[], None] = lambda: None) -> None:

@@ -66,12 +66,6 @@ def with_names(companions: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name.strip() for name in (companions or "").split(",") if name.strip()))
 
 
-def refuse_with(companions: str | None) -> None:
-    """--with outside the conda-forge flavour: a usage error (the official flavour plans no companions yet)."""
-    if companions:
-        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
-
-
 ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", exists=True, dir_okay=False,
     help="Site config with [channels] and [images] (default: ./torchforge.toml if present).")]

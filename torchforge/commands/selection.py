@@ -11,64 +11,25 @@ from rich.table import Table
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, refuse_with, selection_from_flags, with_names,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
-from torchforge.flavours import Plan as PlanOfRecipes
-from torchforge.flavours import Request
 from torchforge.console import err, out, warn
-from torchforge.errors import UsageError
-from torchforge.flavours import Flavour
-from torchforge.render import RecipeFormat, RenderPlan, plan, render_selection, write_folders
-from torchforge.resolve import Status
-
-STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
+from torchforge.flavours import MatrixView, Request
+from torchforge.render import RecipeFormat
 
 
-def print_table(render_plan: RenderPlan) -> None:
-    table = Table(title="torchforge variants (flavour official)")
-    for column in ("variant", "status", "build string", "magma package", "notes"):
-        table.add_column(column, overflow="fold")
-    for variant in render_plan.variants:
-        notes = "; ".join(variant.refusals) if variant.refusals else f"{len(variant.warnings)} warning(s)" if variant.warnings else ""
-        table.add_row(
-            variant.id,
-            f"[{STATUS_STYLE[variant.status]}]{variant.status.value}[/]",
-            variant.build_string or "-",
-            f"{variant.magma.name}-{variant.magma.version}-{variant.magma.build_string}" if variant.magma else "-",
-            notes,
-        )
-    out.print(table)
-
-
-def print_recipe_rows(rows: list[dict[str, object]], flavour: Flavour, as_json: bool) -> None:
-    """`matrix` of a flavour that plans recipe folders of several outputs: one row per folder."""
+def print_matrix(view: MatrixView, as_json: bool) -> None:
+    """`matrix`: the flavour's rows as JSON, or its table."""
     if as_json:
-        out.print_json(json.dumps(rows))
+        out.print_json(json.dumps(list(view.rows)))
         return
-    channels = ", ".join(dict.fromkeys(str(row["channel"]) for row in rows))
-    table = Table(title=f"torchforge recipes, flavour {flavour.value} (channel {channels})")
-    for column in ("recipe", "outputs", "build number", "pythons", f"magma ({flavour.value})", "notes"):
+    table = Table(title=view.title)
+    for column in view.columns:
         table.add_column(column, overflow="fold")
-    for row in rows:
-        outputs = dict(row["outputs"])  # type: ignore[call-overload]
-        warnings = list(row["warnings"])  # type: ignore[call-overload]
-        table.add_row(str(row["id"]), ", ".join(f"{name} ({build})" for name, build in outputs.items()),
-                      str(row["build_number"]), ",".join(row["pythons"]),  # type: ignore[arg-type]
-                      str(row["magma"] or "-"), f"{len(warnings)} warning(s)")
+    for cells in view.cells:
+        table.add_row(*cells)
     out.print(table)
-
-
-def render_plan_folders(the_plan: PlanOfRecipes, out_dir: Path, *, force: bool) -> None:
-    """`render` of a neutral plan: its recipe folders, written all or none, then what was written."""
-    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes}, out_dir, force=force)
-    for message in the_plan.warnings:
-        warn(message)
-    for path in written:
-        out.print(str(path))
-    channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
-    err.print(f"rendered {len(written)} {the_plan.flavour}-flavour recipe folder(s) into {out_dir} "
-              f"(channel: {channels})")
 
 
 def register(app: typer.Typer) -> None:
@@ -82,19 +43,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
-        if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, with_packages=with_names(with_), flavour_flags=(
-                ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc)))
-            print_recipe_rows(sequence.matrix(flavour, request), flavour, as_json)
-            return
-        refuse_with(with_)
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env, gcc)
-        render_plan = plan(selection)
-        if as_json:
-            out.print_json(json.dumps(sequence.official_matrix_rows(render_plan)))
-        else:
-            print_table(render_plan)
-        if render_plan.refused:
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, with_packages=with_names(with_), flavour_flags=(
+            ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc)))
+        view = sequence.matrix(flavour, request)
+        print_matrix(view, as_json)
+        if view.refused:
             raise typer.Exit(code=4)
 
     @app.command("render")
@@ -113,28 +66,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
-        if feedstock_patches and flavour is not Flavour.CONDA_FORGE:
-            raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
-                             "add --flavour conda-forge, or leave --feedstock-patches out")
-        if flavour is not Flavour.OFFICIAL:
-            request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                              feedstock_patches, with_packages=with_names(with_), flavour_flags=(
-                                  ("--debug", debug), ("--jetson", jetson), ("--env", env), ("--gcc", gcc),
-                                  ("--magma-source", magma_source), ("--magma-patch", magma_patch),
-                                  ("--companions", companions)))
-            render_plan_folders(sequence.plan(flavour, request, fmt.value), out_dir, force=force)
-            return
-        refuse_with(with_)
-        selection = selection_from_flags(pytorch, cuda, python, platform, arch_list, build_number, debug, jetson, env,
-                                         gcc, source, magma_source, patch, magma_patch)
-        render_plan, written = render_selection(selection, out_dir, fmt, force=force, patches=patch or [],
-                                                magma_patches=magma_patch or [], companions=companions)
-        for variant in render_plan.variants:
-            for message in variant.warnings:
-                warn(f"{variant.id}: {message}")
-        for magma in render_plan.magma:
-            for message in magma.warnings:
-                warn(f"{magma.id}: {message}")
-        for path in written:
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
+                          feedstock_patches, with_packages=with_names(with_), flavour_flags=(
+                              ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
+                              ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
+                              ("--companions", companions)))
+        rendered = sequence.render(flavour, request, fmt.value, out_dir, force=force)
+        for message in rendered.warnings:
+            warn(message)
+        for path in rendered.written:
             out.print(str(path))
-        err.print(f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
+        err.print(rendered.summary)

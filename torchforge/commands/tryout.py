@@ -8,20 +8,15 @@ from typing import Annotated
 
 import typer
 
-from torchforge.flavours import Request
 from torchforge import sequence
 from torchforge.commands.options import (
     ArchListOpt, CudaOpt, FlavourOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path,
-    selection_from_flags,
 )
 from torchforge.console import err, out
-from torchforge.errors import UsageError
-from torchforge.flavours import Flavour
+from torchforge.flavours import Request
 from torchforge.prefix import install as install_into
 from torchforge.prefix import resuming
-from torchforge.standin import (
-    SUBDIR, plan_requirements, selection_requirements, write_standin_channel,
-)
+from torchforge.standin import SUBDIR, write_standin_channel
 
 
 def register(app: typer.Typer) -> None:
@@ -38,22 +33,12 @@ def register(app: typer.Typer) -> None:
         OUT/torchforge.toml, which makes `torchforge build --config OUT/torchforge.toml` use it instead of every
         real channel. Packages built against it are for trying torchforge only."""
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list)
-        if chosen is Flavour.CONDA_FORGE:
-            if platform == "win-64":  # as `build` refuses it
-                raise UsageError("torchforge builds the conda-forge flavour on linux only, so there is no win-64 "
-                                 "build to stand in for",
-                                 "leave out --platform win-64 (or give linux-64 or linux-aarch64)")
-            the_plan = sequence.plan(chosen, Request(pytorch, cuda, python, platform, arch_list), "rattler-build")
-            specs, shape = plan_requirements(the_plan), "the conda-forge flavour's recipes (recipe.yaml)"
-        else:
-            specs = selection_requirements(selection_from_flags(pytorch, cuda, python, platform, arch_list,
-                                                                source=source))
-            shape = "the official flavour's recipes"
-        written, config = write_standin_channel(specs, out_dir, conda_forge=chosen is Flavour.CONDA_FORGE,
+        needed = sequence.standins(chosen, Request(pytorch, cuda, python, platform, arch_list, source=source))
+        written, config = write_standin_channel(list(needed.specs), out_dir, conda_forge=needed.conda_forge,
                                                 subdir=platform or SUBDIR)
         for path in written:
             out.print(str(path))
-        err.print(f"stand-in channel: {len(written)} STAND-IN package(s) in {out_dir} for the requirements of {shape}: "
+        err.print(f"stand-in channel: {len(written)} STAND-IN package(s) in {out_dir} for the requirements of {needed.shape}: "
                   f"tiny packages for trying torchforge offline, NOT the real ones; build with --config {config}")
 
     @app.command("install")

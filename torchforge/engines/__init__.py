@@ -32,6 +32,8 @@ class BuildJob:
     # Every package file stem (name-version-build) the job writes: the engine makes sure the packages its test
     # installs are these builds, not same-named ones from a shared package cache (engines.package_cache).
     outputs: tuple[str, ...] = ()
+    # What an engine without a recipe (pip wheel) builds from: a source folder or a URL; None for the others.
+    source: str | None = None
 
 
 class Engine(Protocol):

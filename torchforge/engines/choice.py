@@ -31,3 +31,13 @@ def select_engine(name: str, *, require_available: bool = True) -> tuple[Engine,
             "install conda-build into a conda base environment, or use --engine rattler-build (embedded)",
         )
     return engine, f"using {name} (--engine)"
+
+
+def container_engine(engine: str) -> tuple[Engine, str]:
+    """The engine inside the images: conda-build, which they carry, as the official builds used it there."""
+    if engine == "rattler-build":
+        raise UsageError("--container runs conda-build inside the build images; the embedded rattler-build engine lives "
+                         "in torchforge's own Python, which the images do not have",
+                         "drop --engine rattler-build (auto and conda-build both work with --container)")
+    chosen, _ = select_engine("conda-build", require_available=False)
+    return chosen, "using conda-build inside the build image (--container)"

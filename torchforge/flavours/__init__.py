@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 from torchforge import data as tables
 from torchforge import versions
 from torchforge.errors import UsageError
-from torchforge.flavours.base import JOBS_VARIABLE, MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import JOBS_VARIABLE, MachineNeeds, MatrixView, Plan, PlannedRecipe, Request
 
-__all__ = ["FLAVOURS", "JOBS_VARIABLE", "MAGMA_ONLY", "Flavour", "MachineNeeds", "Plan", "PlannedRecipe", "Request",
+__all__ = ["FLAVOURS", "JOBS_VARIABLE", "MAGMA_ONLY", "Flavour", "MachineNeeds", "MatrixView", "Plan", "PlannedRecipe", "Request",
            "check", "choose", "official_selection", "plugin"]
 
 if TYPE_CHECKING:

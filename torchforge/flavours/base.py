@@ -111,6 +111,18 @@ class Plan:
     facts: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class MatrixView:
+    """`matrix` of a request: the JSON rows, the table people read (cells may carry rich markup), and whether a
+    variant is refused (exit 4)."""
+
+    rows: tuple[dict[str, object], ...]
+    title: str
+    columns: tuple[str, ...]
+    cells: tuple[tuple[str, ...], ...]
+    refused: bool = False
+
+
 class Flavour(Protocol):
     """A recipe flavour: the package shape it reproduces, and how it turns a request into a plan."""
 
@@ -120,8 +132,8 @@ class Flavour(Protocol):
         """Why torchforge renders `request` but does not build it here, and what would work (None: it builds it)."""
         ...
 
-    def matrix(self, request: Request) -> list[dict[str, object]]:
-        """`matrix --json`: one row per recipe (or variant) of `request`, in the flavour's own words."""
+    def matrix(self, request: Request) -> MatrixView:
+        """`matrix`: one row per recipe (or variant) of `request`, in the flavour's own words, and its table."""
         ...
 
     def plan(self, request: Request, recipe_format: RecipeFormatName) -> Plan:

@@ -9,22 +9,33 @@ cache warm); each pytorch recipe needs its magma.
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from torchforge import channels as channel_data
 from torchforge import fileops
+from torchforge import containers
+from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
 from torchforge.compilecache import group_key, patch_digests
+from torchforge.config import SiteConfig
 from torchforge.engines import Engine
-from torchforge.console import note
-from torchforge.errors import UsageError
+from torchforge.engines.choice import container_engine, select_engine
+from torchforge.engines.pip_wheel import PipWheelEngine
+from torchforge.console import err, note, warn
+from torchforge.errors import ToolMissingError, UsageError
+from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
 from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
+from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
+from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files
+from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
 from torchforge.resolve import Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
+from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 
 NAME = "official"
 
@@ -99,6 +110,8 @@ def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSetti
 def selection_of(request: Request) -> Selection:
     """The Selection of a request: the shared flags and the official flavour's own (--debug, --jetson, --env,
     --gcc, --magma-source, --magma-patch); without --pytorch, the release is chosen and the reason noted."""
+    if request.with_packages:  # its torchvision/torchaudio recipes are not planned yet
+        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
     flags = dict(request.flavour_flags)
     magma_source = flags.get("--magma-source")
     if magma_source is not None and not str(magma_source).strip():  # '' would otherwise mean "the release tarball"
@@ -133,14 +146,45 @@ class OfficialFlavour:
     def build_refusal(self, request: Request) -> tuple[str, str] | None:
         return None  # a refused variant is refused by the plan itself (RenderPlan.require_buildable: exit 4)
 
-    def matrix(self, request: Request) -> list[dict[str, object]]:
-        return matrix_rows(plan(selection_of(request)))
+    def matrix(self, request: Request) -> MatrixView:
+        render_plan = plan(selection_of(request))
+        return MatrixView(tuple(matrix_rows(render_plan)), "torchforge variants (flavour official)",
+                          ("variant", "status", "build string", "magma package", "notes"),
+                          tuple(_variant_cells(v) for v in render_plan.variants), bool(render_plan.refused))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
         return plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
                        magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
                        magma_only=bool(flags.get("--magma-only")))
+
+    def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
+        return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
+
+    def own_checks(self, request: Request, options: BuildOptions,
+                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
+        return machine_checks(request, options, site)
+
+    def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
+        return render_folders(request, RecipeFormat(recipe_format), out_dir, force=force)
+
+    def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
+        """Every pytorch recipe.yaml of the request (magma recipes need nothing); a plan upstream could not build
+        is refused first."""
+        render_plan = plan(selection_of(request))
+        render_plan.require_buildable()
+        return (tuple(render_files(pytorch_context(v), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]  # type: ignore[misc]
+                      for v in render_plan.variants), "the official flavour's recipes")
+
+
+STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
+
+
+def _variant_cells(variant: Variant) -> tuple[str, ...]:
+    notes = "; ".join(variant.refusals) if variant.refusals else f"{len(variant.warnings)} warning(s)" if variant.warnings else ""
+    return (variant.id, f"[{STATUS_STYLE[variant.status]}]{variant.status.value}[/]", variant.build_string or "-",
+            f"{variant.magma.name}-{variant.magma.version}-{variant.magma.build_string}" if variant.magma else "-",
+            notes)
 
 
 def matrix_rows(render_plan: RenderPlan) -> list[dict[str, object]]:
@@ -172,3 +216,124 @@ def matrix_rows(render_plan: RenderPlan) -> list[dict[str, object]]:
 
 
 FLAVOUR = OfficialFlavour()
+
+
+def _wheel_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan,
+                  source: str | None) -> tuple[Engine, str]:
+    """--format wheel's engine: pip in this interpreter (no build image has it, and a wheel holds no magma); a
+    request it cannot build is refused before the machine is looked at."""
+    if options.container or magma_only:
+        raise UsageError(f"{'--container' if options.container else '--magma-only'} applies to conda packages, not to "
+                         "--format wheel (pip builds the wheel in this interpreter)",
+                         "leave it out, or build conda packages (--format conda)")
+    check_wheel_request(render_plan, source)
+    chosen = PipWheelEngine()
+    if not options.dry_run and not chosen.available():
+        raise ToolMissingError(f"{sys.executable} has no pip to build wheels with", f"{sys.executable} -m ensurepip")
+    return chosen, f"using pip wheel with {sys.executable} (--format wheel)"
+
+
+def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
+    """The official flavour's build from its RenderPlan: its preflight checks the variants (cuDNN, bundled
+    libraries, requirement solves) besides the machine."""
+    _refuse_feedstock_patches(request)
+    flags = dict(request.flavour_flags)
+    magma_only = bool(flags.get("--magma-only"))
+    selection = selection_of(request)
+    jobs = checked_jobs(options.jobs, selection.options.extra_env)
+    render_plan = plan(selection)
+    # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
+    # with or without --dry-run.
+    render_plan.require_buildable()
+    for variant in () if magma_only else render_plan.variants:  # --magma-only builds no pytorch
+        for message in variant.warnings:
+            warn(f"{variant.id}: {message}")
+    for magma in render_plan.magma:
+        for message in magma.warnings:
+            warn(f"{magma.id}: {message}")
+    chosen, why, in_images = _official_engine(options, magma_only, render_plan, request.source, site, selection.platform)
+    err.print(why)
+    if site.path is not None:
+        err.print(f"channels and images from {site.path}")
+    extra_env = _official_checks(render_plan, options, site, chosen, jobs, in_images, request.source, magma_only)
+    settings = options.settings(request, site.channels, magma_only=magma_only, extra_env=extra_env, container=in_images,
+                         magma_patches=tuple(flags.get("--magma-patch") or ()))  # type: ignore[call-overload]
+    if options.fmt == "wheel":
+        settings = wheel_settings(settings)
+        return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
+    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings)), chosen, settings)
+
+
+def _official_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan, source: str | None,
+                     site: SiteConfig, platform: str) -> tuple[Engine, str, containers.ContainerSettings | None]:
+    if options.fmt == "wheel":
+        return (*_wheel_engine(options, magma_only, render_plan, source), None)
+    if options.container:
+        chosen, why = container_engine(options.engine)
+        # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
+        # (build.sh stops after the whole compile), which is about the plan, not about this machine.
+        in_images = containers.for_build(
+            [(v.request.accel, "" if magma_only else bundled_cudnn(v)) for v in render_plan.variants],
+            [platform], site.images, dry_run=options.dry_run,
+            check_cudnn_now=options.dry_run or options.skip_preflight)
+        return chosen, why, in_images
+    return (*select_engine(options.engine, require_available=not options.dry_run), None)
+
+
+def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteConfig, chosen: Engine,
+                     jobs: int | None, in_images: containers.ContainerSettings | None, source: str | None,
+                     magma_only: bool) -> dict[str, str]:
+    """The official preflight (a dry run: what it can know without a tool); the build's MAX_JOBS."""
+    extra_env: dict[str, str] = {}
+    if options.dry_run and not options.skip_preflight:
+        # No tool is looked at, but what a dry run can know already fails it as the real build would.
+        plan_report = run_plan_checks(render_plan, source=source, out=options.out, magma_only=magma_only)
+        if not plan_report.ok:
+            err.print(report_table(plan_report))
+        plan_report.raise_if_failed()
+    if not options.skip_preflight and not options.dry_run:
+        # Check the machine before a multi-hour build: every problem at once, each with its fix.
+        report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
+                               out=options.out, site=site, extra_channels=options.channels, container=in_images,
+                               check_channels=options.fmt == "conda", magma_only=magma_only)
+        err.print(report_table(report))
+        report.raise_if_failed()
+        if report.max_jobs:
+            extra_env[JOBS_VARIABLE] = str(report.max_jobs)
+    if jobs:
+        extra_env[JOBS_VARIABLE] = str(jobs)
+    return extra_env
+
+
+def machine_checks(request: Request, options: BuildOptions,
+                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
+    """`doctor` of the official flavour: its whole preflight (variants, cuDNN, bundled libraries, requirement
+    solves, or the images with --container), and the refusal of a variant it cannot build."""
+    selection = selection_of(request)
+    jobs = checked_jobs(options.jobs, selection.options.extra_env)
+    render_plan = plan(selection)
+    in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
+    report = run_preflight(render_plan, engine=options.engine, source=request.source, jobs=jobs, runner=Runner(),
+                           out=options.out, site=site, extra_channels=options.channels, container=in_images,
+                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")))
+    return report, render_plan.require_buildable
+
+
+def _refuse_feedstock_patches(request: Request) -> None:
+    if request.feedstock_patches:
+        raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
+                         "add --flavour conda-forge, or leave --feedstock-patches out")
+
+
+def render_folders(request: Request, fmt: RecipeFormat, out_dir: Path, *, force: bool) -> Rendered:
+    """`render` of the official flavour: magma and pytorch folders (and, with --companions, the companion
+    metapackages), with every variant's warnings."""
+    _refuse_feedstock_patches(request)
+    flags = dict(request.flavour_flags)
+    render_plan, written = render_selection(
+        selection_of(request), out_dir, fmt, force=force, patches=list(request.patches),
+        magma_patches=list(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
+        companions=bool(flags.get("--companions")))
+    warnings = [f"{v.id}: {message}" for v in render_plan.variants for message in v.warnings]
+    warnings += [f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings]
+    return Rendered(tuple(written), tuple(warnings), f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")

@@ -16,7 +16,8 @@ from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
 from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
 from torchforge.patchfile import digests
-from torchforge.flavours.base import JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, MatrixView, Plan, PlannedRecipe,
+                                     Request)
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files
 from torchforge.variant import check_build_number, check_shared_flags
@@ -153,7 +154,9 @@ def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request
 def companion_rows(planned: tuple[PlannedRecipe, ...]) -> list[dict[str, object]]:
     """`matrix --json` rows of the --with recipes."""
     return [{"id": p.id, "flavour": NAME, "platform": p.subdir, "cuda": p.accel, "arch_list": p.arch_list,
-             "packages": list(p.stems), "pytorch": json.loads(p.settings)["pytorch"]} for p in planned]
+             "packages": list(p.stems), "pytorch": json.loads(p.settings)["pytorch"],
+             "outputs": {p.kind: p.stems[0].rsplit("-", 1)[-1]}, "build_number": "-", "pythons": [],
+             "magma": None, "channel": p.channels[0], "warnings": []} for p in planned]
 
 
 def matrix_rows(request: Request) -> list[dict[str, object]]:
@@ -170,6 +173,14 @@ def matrix_rows(request: Request) -> list[dict[str, object]]:
         companion_recipes(with_inputs(recipes(request), request), request, RecipeFormat.RATTLER_BUILD))
 
 
+def _recipe_cells(row: dict[str, object]) -> tuple[str, ...]:
+    outputs = dict(row["outputs"])  # type: ignore[call-overload]
+    warnings = list(row["warnings"])  # type: ignore[call-overload]
+    return (str(row["id"]), ", ".join(f"{name} ({build})" for name, build in outputs.items()),
+            str(row["build_number"]), ",".join(row["pythons"]),  # type: ignore[arg-type]
+            str(row["magma"] or "-"), f"{len(warnings)} warning(s)")
+
+
 class CondaForgeFlavour:
     """conda-forge's shape of a 2.6+ release: one recipe folder per CUDA (and cpu) with libtorch, pytorch per
     Python and the metapackage as outputs of one engine run."""
@@ -179,8 +190,12 @@ class CondaForgeFlavour:
     def build_refusal(self, request: Request) -> tuple[str, str] | None:
         return WINDOWS_NOT_BUILT if request.platform == conda_forge.WINDOWS else None
 
-    def matrix(self, request: Request) -> list[dict[str, object]]:
-        return matrix_rows(request)
+    def matrix(self, request: Request) -> MatrixView:
+        rows = matrix_rows(request)
+        channels = ", ".join(dict.fromkeys(str(row["channel"]) for row in rows))
+        return MatrixView(tuple(rows), f"torchforge recipes, flavour {NAME} (channel {channels})",
+                          ("recipe", "outputs", "build number", "pythons", f"magma ({NAME})", "notes"),
+                          tuple(_recipe_cells(row) for row in rows))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         planned = with_inputs(recipes(request), request)

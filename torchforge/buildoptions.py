@@ -1,0 +1,96 @@
+"""What a build asks for beyond its Request (engine, format, output, checks, cache), and a build ready to run:
+shared by the sequencer and the flavours that prepare their own builds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from torchforge.channels import SiteChannels
+from torchforge.config import SiteConfig
+from torchforge.engines import Engine
+from torchforge.flavours.base import Request
+from torchforge.pipeline import BuildSettings, Step
+from torchforge.preflight import PreflightReport
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How `build` builds a request: engine, format, output, checks and cache (the flags beyond the Request)."""
+
+    engine: str = "auto"
+    fmt: str = "conda"  # conda (packages in a channel) or wheel
+    channels: tuple[str, ...] = ()
+    out: Path = Path("forge-channel")
+    jobs: int | None = None
+    force: bool = False
+    keep_going: bool = False
+    dry_run: bool = False
+    test: bool = True
+    skip_preflight: bool = False
+    container: bool = False
+    config: Path | None = None
+    cache_root: Path | None = None
+    use_cache: bool = True
+    keep_work: bool = False
+
+    def settings(self, request: Request, site_channels: SiteChannels, **more: object) -> BuildSettings:
+        """The pipeline's settings of a build of `request` with these options (`more`: the flavour's own)."""
+        return BuildSettings(out=self.out, channels=self.channels, force=self.force, keep_going=self.keep_going,
+                             test=self.test, patches=request.patches, site_channels=site_channels,
+                             use_cache=self.use_cache, cache_root=self.cache_root, keep_work=self.keep_work,
+                             **more)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PreparedBuild:
+    """A build ready to run: its steps in order, the engine that runs them and the settings they run with."""
+
+    steps: tuple[Step, ...]
+    engine: Engine
+    settings: BuildSettings
+
+
+@runtime_checkable
+class PreparesItsBuild(Protocol):
+    """A flavour plug-in whose build checks read more than its plan (the official flavour's variants: cuDNN,
+    bundled libraries, requirement solves) prepares its build itself; the others are prepared by the sequencer."""
+
+    def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
+        ...
+
+    def own_checks(self, request: Request, options: BuildOptions,
+                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
+        """`doctor`: every check its build would run first, and the refusal of a plan it cannot build (run after
+        the checks are shown)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """`render`'s outcome: the recipe folders written (all or none), the plan's warnings, the closing line."""
+
+    written: tuple[Path, ...]
+    warnings: tuple[str, ...]
+    summary: str
+
+
+@runtime_checkable
+class RendersItsFolders(Protocol):
+    """A flavour plug-in that renders more than its build plan (the official flavour: --companions apart) writes
+    its recipe folders itself; the others' plans are written by the sequencer."""
+
+    def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
+        ...
+
+
+@runtime_checkable
+class StandsInForItsRecipes(Protocol):
+    """A flavour plug-in whose stand-in channel follows its own recipes rather than its build plan's folders (the
+    official flavour: the pytorch recipes' requirements, with its own package shapes)."""
+
+    def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
+        """The recipe.yaml texts whose build, host and run requirements need stand-ins, and what they are."""
+        ...
