@@ -68,7 +68,7 @@ live-index-check: $(STAMP)  ## not in `make test` (asks PyPI): the stack's resol
 
 TESTS ?= tests
 test: $(STAMP)  ## run the whole test suite (TESTS=tests/test_x.py: only those)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(TESTS)
+	$(BIN)/python -m pytest -n 2 $(TESTS)
 
 goldens: $(STAMP)  ## regenerate the golden recipes, CI workflows and dry runs (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate

@@ -229,13 +229,6 @@ def _bundled_cudnn_loads(prefix: Path) -> None:
     assert result.stdout.split() == ["92000", "0"]
 
 
-# Never beside the conda-forge flavour's forced conda-build rebuild (tests/test_conda_forge_split.py): twice in CI,
-# with the two conda-build runs overlapping on another worker, this build's conda-build skipped copying the
-# `path:` source (its log lacks "Copying ...") and pip found an empty work folder; never seen with the two apart.
-# The cause is not found yet (docs/troubleshooting-build.md, "An empty work folder with conda-build");
-# --dist loadgroup keeps the group on one worker.
-SERIAL_CONDA_BUILD = pytest.mark.xdist_group("conda-build-path-source")
-
 
 needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE,
                                 reason=f"needs nvcc {NVCC_RELEASE} on PATH (magma_like is compiled for sm_80 and sm_90)")
@@ -243,7 +236,6 @@ needs_nvcc = pytest.mark.skipif(nvcc_release() != NVCC_RELEASE,
 
 @needs_nvcc
 @pytest.mark.slow
-@SERIAL_CONDA_BUILD
 def test_cuda_magma_like_then_torch_like_against_it_built_published_installed_and_run(
         conda_tool: CondaTool, tmp_path: Path) -> None:
     forge = _forge(conda_tool, tmp_path / "forge", CUDA_ARGS)
@@ -271,7 +263,6 @@ def test_cuda_magma_like_then_torch_like_against_it_built_published_installed_an
 
 
 @pytest.mark.slow
-@SERIAL_CONDA_BUILD
 def test_cpu_torch_like_built_published_installed_and_run_then_a_rerun_reuses_it(
         conda_tool: CondaTool, conda_env: dict[str, str], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -601,7 +601,6 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("conda-build-path-source")  # see tests/test_conda_build.py SERIAL_CONDA_BUILD
 @pytest.mark.parametrize("engine", ["rattler-build", "conda-build"])
 def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cache(
         engine: str, flavour_builds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -316,6 +316,25 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     return artifact
 
 
+# What a conda-build run that skipped copying a local source folder leaves in its log: no "Copying FOLDER" line,
+# and pip's refusal of the empty work folder (docs/troubleshooting-build.md, "An empty work folder with conda-build").
+_EMPTY_WORK_FOLDER = "Directory '.' is not installable"
+
+
+def _source_not_copied(step: Step, result: StepResult, engine: str) -> bool:
+    """A conda-build failure that is that known flake, for a source folder that is installable."""
+    if result.ok or engine != "conda-build" or result.log is None or not step.local_source:
+        return False
+    folder = Path(step.local_source)
+    if not any((folder / name).is_file() for name in ("setup.py", "pyproject.toml")):
+        return False
+    try:
+        text = result.log.read_text(errors="replace")
+    except OSError:
+        return False
+    return _EMPTY_WORK_FOLDER in text and f"Copying {folder}" not in text
+
+
 class Pipeline:
     def __init__(self, engine: Engine, runner: Runner, settings: BuildSettings,
                  on_event: Callable[[str], None] = lambda _: None,
@@ -389,6 +408,10 @@ class Pipeline:
 
     def _build(self, step: Step) -> StepResult:
         result = self._build_once(step)
+        if _source_not_copied(step, result, self.engine.name):
+            self.on_event(f"{step.id}: conda-build did not copy {step.local_source} into its work folder "
+                          "(docs/troubleshooting-build.md, \"An empty work folder with conda-build\"): building once more")
+            result = self._build_once(step)
         if result.ok and step.cache_key is not None and not self.runner.dry_run:
             if step.cache_first is None:
                 self._first_seconds.setdefault(step.cache_key, result.seconds)
