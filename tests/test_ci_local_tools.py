@@ -67,7 +67,8 @@ def test_ci_without_podman_ends_with_the_skip_and_its_reason_not_a_pass(tmp_path
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     reason = "podman or its images could not be set up on this CI machine (see the output above)"
     assert done.stderr.splitlines()[-2:] == [
-        "ci: SKIPPED, not run: tests/test_container_build.py, tests/test_ci_local.py and the container benchmark: "
+        "ci: SKIPPED, not run: tests/test_container_build.py, tests/test_container_conda_forge.py, tests/test_ci_local.py "
+        "and the container benchmark: "
         + reason, "ci: not a pass: everything else passed; exit 3 (skipped)"]
     assert "SKIPPED, not run: container: torch_like cpu in podman / on this machine: podman is not on PATH" \
         in done.stdout and "(allowed (tests/skips_allowed.py))" in done.stdout

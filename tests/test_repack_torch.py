@@ -42,9 +42,9 @@ def import_python() -> Path:
     return cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
 
 
-def signal_repack_mid_unpack(wheel: Path, chan: Path, signum: int) -> tuple[int, int, str]:
+def signal_repack_mid_unpack(wheel: Path, chan: Path, signum: int, held_bytes: float = 100e6) -> tuple[int, int, str]:
     """`torchforge repack` sent `signum` (to its whole process group, as a terminal's Ctrl-C or a CI job's
-    cancel does) once it has unpacked 100 MB of the wheel; returns the bytes its scratch folder held then, its
+    cancel does) once its scratch folder in the channel holds `held_bytes`; returns the bytes it held then, its
     exit status and its output."""
     from tests.test_upload_helpers import ROOT, cli_env
 
@@ -56,7 +56,7 @@ def signal_repack_mid_unpack(wheel: Path, chan: Path, signum: int) -> tuple[int,
         return sum(f.stat().st_size for f in chan.glob(".torchforge-tmp-repack-*/**/*") if f.is_file())
 
     try:
-        while proc.poll() is None and (held := left()) < 100e6:
+        while proc.poll() is None and (held := left()) < held_bytes:
             time.sleep(0.05)
         assert proc.poll() is None, "the repack ended before the signal"
         os.killpg(proc.pid, signum)
