@@ -42,21 +42,28 @@ def import_python() -> Path:
     return cached(f"import-venv-py{PY}", make) / "venv" / "bin" / "python"
 
 
-def signal_repack_mid_unpack(wheel: Path, chan: Path, signum: int, held_bytes: float = 100e6) -> tuple[int, int, str]:
+def _terminal_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal's program has it. SIG_IGN is inherited through exec, and a
+    suite started as a background job (`bash .ci/run &`) has SIGINT ignored, so Python then leaves Ctrl-C
+    ignored too: the repack ran to the end, exit 0, in three whole-suite runs (never in a foreground one)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def signal_repack_mid_unpack(wheel: Path, chan: Path, signum: int) -> tuple[int, int, str]:
     """`torchforge repack` sent `signum` (to its whole process group, as a terminal's Ctrl-C or a CI job's
-    cancel does) once its scratch folder in the channel holds `held_bytes`; returns the bytes it held then, its
+    cancel does) once it has unpacked 100 MB of the wheel; returns the bytes its scratch folder held then, its
     exit status and its output."""
     from tests.test_upload_helpers import ROOT, cli_env
 
     proc = subprocess.Popen([sys.executable, "-m", "torchforge.cli", "repack", str(wheel), "--out", str(chan)],
                             env=cli_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_terminal_sigint)
 
     def left() -> int:
         return sum(f.stat().st_size for f in chan.glob(".torchforge-tmp-repack-*/**/*") if f.is_file())
 
     try:
-        while proc.poll() is None and (held := left()) < held_bytes:
+        while proc.poll() is None and (held := left()) < 100e6:
             time.sleep(0.05)
         assert proc.poll() is None, "the repack ended before the signal"
         os.killpg(proc.pid, signum)
