@@ -316,9 +316,10 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     return artifact
 
 
-# What a conda-build run that skipped copying a local source folder leaves in its log: no "Copying FOLDER" line,
-# and pip's refusal of the empty work folder (docs/troubleshooting-build.md, "An empty work folder with conda-build").
-_EMPTY_WORK_FOLDER = "Directory '.' is not installable"
+# What a conda-build run that skipped copying a local source folder leaves in its log: it reached its source step
+# ("source tree in: WORK") without a "Copying FOLDER" line, and the build script then failed on the empty work
+# folder (docs/troubleshooting-build.md, "An empty work folder with conda-build").
+_SOURCE_STEP = "source tree in: "
 
 
 def _source_not_copied(step: Step, result: StepResult, engine: str) -> bool:
@@ -332,7 +333,12 @@ def _source_not_copied(step: Step, result: StepResult, engine: str) -> bool:
         text = result.log.read_text(errors="replace")
     except OSError:
         return False
-    return _EMPTY_WORK_FOLDER in text and f"Copying {folder}" not in text
+    return source_copy_skipped(text, folder)
+
+
+def source_copy_skipped(conda_build_log: str, folder: Path) -> bool:
+    """conda-build reached its source step without copying the `path:` source `folder`."""
+    return _SOURCE_STEP in conda_build_log and f"Copying {folder}" not in conda_build_log
 
 
 class Pipeline:
