@@ -1,6 +1,6 @@
 """`torchforge build`: the planning cost for the full default matrix, and what a resumed build saves.
 
-- plan: classify + render + plan_steps (every recipe rendered for the engine) for
+- plan: classify + render + the official flavour's steps (every recipe rendered for the engine) for
   `Selection.from_flags(None, None, None, None, Options())`, in-process, no build;
 - resume: the torch_like fixture (PyTorch's layout, not PyTorch) built twice with the same request, as a
   conda package (embedded rattler-build engine, stand-in channel from tests/stubchannel.py) and as a wheel;
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from bench import Row, timed
 from torchforge.engines.rattler_build import RattlerBuildEngine
-from torchforge.pipeline import BuildSettings, plan_steps
+from torchforge.pipeline import BuildSettings
+from torchforge.sequence import official_steps
 from torchforge.render import plan
 from torchforge.variant import Options, Selection
 
@@ -30,7 +31,7 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 def _plan_default_matrix(out: Path) -> int:
     render_plan = plan(Selection.from_flags(None, None, None, None, Options()))
-    return len(plan_steps(render_plan, RattlerBuildEngine(), BuildSettings(out=out)))
+    return len(official_steps(render_plan, RattlerBuildEngine(), BuildSettings(out=out)))
 
 
 def _torchforge(args: list[str]) -> float:
@@ -72,6 +73,6 @@ def run(quick: bool = False) -> list[Row]:
         tmp = Path(tmp_name)
         steps = _plan_default_matrix(tmp / "plan-out")  # warm: data tables and templates loaded once
         seconds = timed(lambda: _plan_default_matrix(tmp / "plan-out"), repeat=repeat)
-        rows = [Row("build", f"plan the full default matrix ({steps} steps: classify + render + plan_steps)",
+        rows = [Row("build", f"plan the full default matrix ({steps} steps: classify + render + steps)",
                     f"{seconds * 1000:.1f} ms", f"best of {repeat}, in-process, rattler-build recipes")]
         return rows + _resume_rows(tmp)

@@ -53,7 +53,8 @@ def _pythons(quick: bool) -> str:
 def _engine_rows(engine_name: str, stubs: Path, tmp: Path, quick: bool) -> list[Row]:
     from torchforge.channels import SiteChannels
     from torchforge.engines.choice import select_engine
-    from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+    from torchforge.pipeline import BuildSettings, Pipeline
+    from torchforge.sequence import official_steps
     from torchforge.proc import Runner
     from torchforge.render import plan
     from torchforge.variant import Options, Selection
@@ -65,7 +66,7 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path, quick: bool) -> list[
                                      Options(source=str(FIXTURE), extra_env=_env(quick)))
     site = SiteChannels(replace=(f"file://{stubs}",))  # the stand-in channel instead of every data channel
     settings = BuildSettings(out=out, site_channels=site, cache_root=cache, extra_env={"MAX_JOBS": "2"})
-    results = [r for r in Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection), engine, settings))
+    results = [r for r in Pipeline(engine, Runner(), settings).run(official_steps(plan(selection), engine, settings))
                if r.step.kind == "pytorch"]  # companion metapackages, if planned, are not compiled
     failed = [r for r in results if not r.ok]
     if failed:
@@ -76,7 +77,7 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path, quick: bool) -> list[
                                  Options(source=str(FIXTURE), extra_env=_env(quick)))
     settings_again = BuildSettings(out=tmp / engine_name / "again", site_channels=site, cache_root=cache,
                                    extra_env={"MAX_JOBS": "2"})
-    (overhead,) = [r for r in Pipeline(engine, Runner(), settings_again).run(plan_steps(plan(again), engine, settings_again))
+    (overhead,) = [r for r in Pipeline(engine, Runner(), settings_again).run(official_steps(plan(again), engine, settings_again))
                    if r.step.kind == "pytorch"]
     rows = [Row("compile cache", f"{engine_name}, {NATIVE}: 1st Python (py{first.step.python}, cold cache)",
                 f"{first.seconds:.0f} s", first.cache.summary() if first.cache else "no cache")]
@@ -99,7 +100,8 @@ def _findcuda_rows(tmp: Path, quick: bool) -> list[Row]:
     from tests.test_compile_cache import findcuda_tree
     from torchforge.engines.rattler_build import RattlerBuildEngine
     from torchforge.magmasource import inspect
-    from torchforge.pipeline import BuildSettings, Pipeline, StepResult, plan_steps
+    from torchforge.pipeline import BuildSettings, Pipeline, StepResult
+    from torchforge.sequence import official_steps
     from torchforge.proc import Runner
     from torchforge.render import plan
     from torchforge.variant import Options, Selection
@@ -114,7 +116,7 @@ def _findcuda_rows(tmp: Path, quick: bool) -> list[Row]:
     def build(use_cache: bool) -> tuple[StepResult, str]:
         settings = BuildSettings(out=tmp / "findcuda" / "channel", magma_only=True, force=True, use_cache=use_cache,
                                  extra_env={"MAX_JOBS": "2"})
-        (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(plan(selection), engine, settings))
+        (result,) = Pipeline(engine, Runner(), settings).run(official_steps(plan(selection), engine, settings))
         return result, _load()
 
     saved = os.environ.get("CUDA_HOME")
