@@ -166,3 +166,23 @@ def test_a_build_that_tries_the_network_fails_and_says_so(channels: tuple[Path, 
     # what `torchforge build` prints under a failed package: the diagnosis, with the fix
     assert "extension-download-blocked" in [d.id for d in explain_log(result.log)]
     assert not list((tmp_path / "out").glob("linux-64/fetches-prebuilt-*"))
+
+
+@pytest.mark.slow
+def test_a_torchvision_like_kernel_miniature_built_for_the_repacked_torch_installs_and_runs(
+        channels: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/fixtures/vision_kernels (a real cpp_extension with a CPU op and a CUDA kernel) through the same
+    recipe, here as a CPU build; tests/gpu/kernel_stack.sh runs the same tests/kernel_stack.py for CUDA on the
+    GPU machine. Its requirements come from the torchcpu venv's real packages where it has them."""
+    from tests import kernel_stack
+
+    site = ensure("torchcpu").parent / "lib" / f"python{PY}" / "site-packages"
+    assert kernel_stack.main([str(channels[0]), str(tmp_path / "k"), "--site", str(site),
+                              "--torch-python", str(ensure("torchcpu") / "python")]) == 0
+    printed = capsys.readouterr().out
+    assert "pytorch in the channel: 2.13.0 whl_py3.11_cpu_0 (python 3.11, cuda None)" in printed
+    assert "carried with their real files:" in printed and "setuptools" in printed and "typing_extensions" in printed
+    assert "vision-kernels 0.1.0 pt2.13.0_cpu_" in printed and ", pytorch 2.13.0 whl_py3.11_cpu_0" in printed
+    assert f"torch 2.13.0+cpu from {tmp_path / 'k' / 'prefix'}" in printed
+    assert "vision_kernels built with torch 2.13.0 cuda None kernel False" in printed
+    assert "cpu box_area ok: [6.0, 12.0, 1.0]" in printed

@@ -15,6 +15,7 @@ from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata
 from torchforge.extensions.recipe import ExtensionInputs, PytorchBuild, build_string, extension_recipe, pytorch_in_channel
 from torchforge.localchannel import index
+from tests.test_repack_stack import cuda13_wheels  # noqa: F401  (a fixture: torch 2.11-shaped CUDA 13 wheels)
 from torchforge.flavours.base import Plan
 from torchforge.pipeline import BuildSettings, plan_steps
 
@@ -117,3 +118,26 @@ def test_extensions_of_a_request_need_a_pytorch_in_the_output_channel(tmp_path: 
     with pytest.raises(UsageError, match="0 pytorch packages"):
         recipes_for_channel(ExtensionRequest((str(CAUSAL),)), tmp_path, "linux-64", "rattler-build", (), Runner())
     assert not (tmp_path / ".cache").exists()
+
+
+def test_a_cuda_extension_requires_the_package_that_holds_libcudart_as_its_pytorch_names_it(
+        cuda13_wheels: list[Path], tmp_path: Path) -> None:  # noqa: F811  (the imported fixture)
+    """cpp_extension links libcudart into every CUDA extension; the RPATH audit accepts a library only from a
+    declared requirement, so the extension requires pytorch's own libcudart package, in either repack mode."""
+    from torchforge.binaries.plan import CudaLibs
+    from torchforge.binaries.stack import repack_stack
+    from torchforge.proc import Runner
+
+    wanted = {CudaLibs.WHEELS: "nvidia-cuda-runtime ==13.0.96", CudaLibs.CONDA_FORGE: "cuda-cudart 13.0.96.*"}
+    for mode, spec in wanted.items():
+        repack_stack([w for w in cuda13_wheels if not w.name.startswith("torchvision")], tmp_path / mode.value,
+                     Runner(), mode=mode)
+        pytorch = pytorch_in_channel(tmp_path / mode.value, "linux-64")
+        assert (pytorch.cuda, pytorch.cuda_runtime) == ("13.0", spec)
+        for fmt, name in (("conda-build", "meta.yaml"), ("rattler-build", "recipe.yaml")):
+            recipe = extension_recipe(inputs(pytorch), fmt)
+            run = YAML(typ="safe").load(str(recipe.files[name]).replace("${{", "'${{").replace("}}", "}}'"))
+            assert spec in run["requirements"]["run"] and spec not in run["requirements"]["host"]
+            assert recipe.arch_list == "9.0"  # the pipeline checks the built package's device code for it
+    cpu = dataclasses.replace(CUDA_PYTORCH, cuda=None, cuda_runtime="nvidia-cuda-runtime ==13.0.96")
+    assert not any("cuda-runtime" in s for s in inputs(cpu, "").requirements("conda-build")["run"])

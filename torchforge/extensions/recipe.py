@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchforge.binaries.catalog import catalog
 from torchforge.compilecache import ARCH_LIST_VARIABLE, BUILD_VARIABLES, KEEP_GENCODE_VARIABLE
 from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata, switches, to_conda
@@ -43,6 +44,10 @@ class PytorchBuild:
     subdir: str
     python: str  # X.Y
     cuda: str | None  # X.Y, None for a CPU build
+    # pytorch's own requirement on the package that holds libcudart (nvidia-cuda-runtime for a repacked wheel,
+    # cuda-cudart on conda-forge): a CUDA extension links libcudart too (cpp_extension adds it), so it requires
+    # that package itself rather than reach it through pytorch (the RPATH audit accepts only declared ones).
+    cuda_runtime: str | None = None
 
     @property
     def accel(self) -> str:
@@ -71,7 +76,15 @@ def pytorch_in_channel(channel: Path, subdir: str, version: str | None = None) -
                          "rebuild it with torchforge")
     cuda = _CUDA_IN_BUILD.search(str(record["build"]).replace("cpu", ""))
     return PytorchBuild(str(record["version"]), str(record["build"]), subdir, python,
-                        f"{cuda.group(1)}.{cuda.group(2)}" if cuda else None)
+                        f"{cuda.group(1)}.{cuda.group(2)}" if cuda else None,
+                        _cuda_runtime(record.get("depends", [])) if cuda else None)
+
+
+def _cuda_runtime(depends: list[str]) -> str | None:
+    """The one of pytorch's requirements whose package holds libcudart, by its component name or conda-forge's."""
+    holders = {name for key, c in catalog().components.items() if any(lib.startswith("libcudart") for lib in c.libraries)
+               for name in (key, c.conda_forge)}
+    return next((spec for spec in depends if spec.split()[0] in holders), None)
 
 
 def build_string(pytorch: PytorchBuild, arch_list: str, number: int) -> str:
@@ -105,7 +118,8 @@ class ExtensionInputs:
         python = self.pytorch.python
         exact = self.pytorch_pin(recipe_format)
         host = (f"python {python}.*", *to_conda(self.metadata.build_requires, python, drop=False), "pip", exact)
-        run = (f"python {python}.*", exact, *to_conda(self.metadata.requires, python, drop=True))
+        runtime = (self.pytorch.cuda_runtime,) if self.pytorch.cuda and self.pytorch.cuda_runtime else ()
+        run = (f"python {python}.*", exact, *runtime, *to_conda(self.metadata.requires, python, drop=True))
         return {"host": tuple(dict.fromkeys(host)), "run": run}
 
     def env(self) -> dict[str, str]:
@@ -171,4 +185,4 @@ def extension_recipe(inputs: ExtensionInputs, recipe_format: str) -> PlannedReci
     files: Mapping[str, str | bytes] = {FORMATS[recipe_format]: text, "build.sh": build_script(inputs)}
     return PlannedRecipe(id=inputs.stem, subdir=inputs.pytorch.subdir, stems=(inputs.stem,),
                          settings=_settings(inputs), files=files, channels=inputs.channels,
-                         accel=inputs.pytorch.cuda or "cpu")
+                         accel=inputs.pytorch.cuda or "cpu", arch_list=inputs.arch_list or None)
