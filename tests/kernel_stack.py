@@ -109,7 +109,8 @@ def carried_stub(name: str, site: Path, series: str) -> Stub | None:
 def stub_channel(torch_channel: Path, recipe_specs: list[str], site: Path, series: str, out: Path) -> list[str]:
     """Every requirement the torch channel's packages and the recipe name, beside the torch channel's own: real
     from `site` where it has them, else a stand-in. Returns the names carried with their real files."""
-    own = {p.name.split("-")[0] for p in (torch_channel / "linux-64").glob("*.conda")}
+    data = json.loads((torch_channel / "linux-64" / "repodata.json").read_text())
+    own = {r["name"] for r in (*data.get("packages", {}).values(), *data.get("packages.conda", {}).values())}
     specs = [s for s in dict.fromkeys([*stand_in_specs(torch_channel), *recipe_specs, *BUILD_TOOLS])
              if s.split()[0] not in own and s.split()[0] != "pytorch"]
     carried: dict[str, Stub] = {}
