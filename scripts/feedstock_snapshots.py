@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from feedstock_git import copy_files, git, not_a_git_dir, remove_stale, replace_file, replace_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "torchforge" / "data" / "conda_forge.toml"
@@ -33,10 +33,6 @@ CI_PREFIXES = (".ci_support/linux_", ".ci_support/win_")
 SUMS = "recipe/SHA256SUMS"
 
 
-def git(git_dir: Path, *args: str) -> bytes:
-    return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, check=True).stdout
-
-
 def kept(path: str) -> bool:
     if path.startswith(".ci_support/"):
         return path.startswith(CI_PREFIXES) and path.endswith(".yaml")
@@ -44,16 +40,9 @@ def kept(path: str) -> bool:
 
 
 def snapshot(git_dir: Path, commit: str, target: Path) -> None:
-    """Write one commit's snapshot to `target` (a fresh folder)."""
-    paths = git(git_dir, "ls-tree", "-r", "--name-only", commit, "recipe", ".ci_support").decode().split("\n")
-    sums = []
-    for path in filter(None, paths):
-        blob = git(git_dir, "show", f"{commit}:{path}")
-        if kept(path):
-            (target / path).parent.mkdir(parents=True, exist_ok=True)
-            (target / path).write_bytes(blob)
-        elif path.startswith("recipe/"):
-            sums.append(f"{hashlib.sha256(blob).hexdigest()}  {path}")
+    """Write one commit's snapshot to `target` (a fresh folder): the kept files, and the checksums of the rest."""
+    left_out = copy_files(git_dir, commit, target, kept)
+    sums = [f"{hashlib.sha256(blob).hexdigest()}  {path}" for path, blob in left_out.items()]
     (target / SUMS).write_text("\n".join(sorted(sums, key=lambda line: line.split("  ", 1)[1])) + "\n")
 
 
@@ -74,29 +63,16 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     git_dir = Path(argv[0])
-    if subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "--git-dir"], capture_output=True).returncode:
-        print(f"{git_dir} is not a git directory: give a clone of conda-forge/pytorch-cpu-feedstock (a bare one "
-              "will do, or the .git folder of a checkout)", file=sys.stderr)
+    if message := not_a_git_dir(git_dir, "pytorch-cpu-feedstock"):
+        print(message, file=sys.stderr)
         return 2
     releases = tomllib.loads(TABLE.read_text(encoding="utf-8"))["releases"].values()
     commits = {c for r in releases for c in (r["commit"], *r.get("earlier_builds", ()))}
     SNAPSHOTS.mkdir(parents=True, exist_ok=True)
     for commit in sorted(commits):
-        partial = SNAPSHOTS / f".{commit}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        snapshot(git_dir, commit, partial)
-        final = SNAPSHOTS / commit
-        old = SNAPSHOTS / f".{commit}.old"
-        if final.exists():
-            final.rename(old)
-        partial.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    branches = SNAPSHOTS / "BRANCHES.toml"
-    branches.with_suffix(".partial").write_text(branch_tips(git_dir))
-    branches.with_suffix(".partial").replace(branches)
-    for stale in (p for p in SNAPSHOTS.iterdir() if p.is_dir() and p.name not in commits):
-        shutil.rmtree(stale)
+        replace_folder(SNAPSHOTS, commit, lambda target, c=commit: snapshot(git_dir, c, target))
+    replace_file(SNAPSHOTS / "BRANCHES.toml", branch_tips(git_dir))
+    remove_stale(SNAPSHOTS, commits)
     print(f"{len(commits)} snapshots in {SNAPSHOTS.relative_to(ROOT)}")
     return 0
 

@@ -18,11 +18,11 @@ interrupted run leaves the old snapshot or the new one, never half; folders of c
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from feedstock_git import copy_files, git, not_a_git_dir, remove_stale, replace_file, replace_folder, show
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = ROOT / "tests" / "data" / "stack_feedstock"
@@ -35,22 +35,16 @@ VERSION = re.compile(r'^\s*version:\s*"?([0-9][0-9.]*)"?\s*$', re.MULTILINE)
 PYTORCH_PIN = re.compile(r"^pytorch:\n- '?([0-9.]+)'?", re.MULTILINE)
 
 
-def git(git_dir: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, check=True,
-                          text=True).stdout
-
-
-def show(git_dir: Path, commit: str, path: str) -> str | None:
-    done = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], capture_output=True,
-                          text=True)
-    return done.stdout if done.returncode == 0 else None
+def text(git_dir: Path, commit: str, path: str) -> str | None:
+    blob = show(git_dir, commit, path)
+    return blob.decode() if blob is not None else None
 
 
 def pytorch_pin(git_dir: Path, commit: str) -> str | None:
-    names = git(git_dir, "ls-tree", "--name-only", commit, ".ci_support/").split()
+    names = git(git_dir, "ls-tree", "--name-only", commit, ".ci_support/").decode().split()
     cpu = sorted(n for n in names if n.startswith(".ci_support/linux_64_") and "versionNone" in n)
-    text = show(git_dir, commit, cpu[0]) if cpu else None
-    match = PYTORCH_PIN.search(text or "")
+    job = text(git_dir, commit, cpu[0]) if cpu else None
+    match = PYTORCH_PIN.search(job or "")
     return match.group(1) if match else None
 
 
@@ -66,10 +60,10 @@ def releases(git_dir: Path, package: str) -> dict[str, tuple[str, str, str | Non
     newest: dict[str, tuple[str, str, str | None]] = {}
     paired: dict[str, tuple[str, str, str | None]] = {}
     wanted = paired_pytorch(package)
-    log = git(git_dir, "log", "--format=%H %ad", "--date=short", "HEAD", "--", "recipe", ".ci_support")
+    log = git(git_dir, "log", "--format=%H %ad", "--date=short", "HEAD", "--", "recipe", ".ci_support").decode()
     for line in log.splitlines():
         commit, date = line.split()
-        match = VERSION.search(show(git_dir, commit, "recipe/recipe.yaml") or "")
+        match = VERSION.search(text(git_dir, commit, "recipe/recipe.yaml") or "")
         if not match:
             continue
         version, pin = match.group(1), pytorch_pin(git_dir, commit)
@@ -79,25 +73,10 @@ def releases(git_dir: Path, package: str) -> dict[str, tuple[str, str, str | Non
     return {version: paired.get(version, first) for version, first in newest.items()}
 
 
-def snapshot(git_dir: Path, commit: str, target: Path) -> None:
-    paths = git(git_dir, "ls-tree", "-r", "--name-only", commit, "recipe", ".ci_support").split("\n")
-    for path in filter(None, paths):
-        if path.startswith(".ci_support/") and not (path.startswith(CI_PREFIXES) and CI_PYTHON in path and path.endswith(".yaml")):
-            continue
-        (target / path).parent.mkdir(parents=True, exist_ok=True)
-        (target / path).write_bytes(subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"],
-                                                   capture_output=True, check=True).stdout)
-
-
-def write_atomically(folder: Path, name: str, fill: object) -> None:
-    partial, old, final = folder / f".{name}.partial", folder / f".{name}.old", folder / name
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    fill(partial)  # type: ignore[operator]
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+def kept(path: str) -> bool:
+    """recipe/ whole; of .ci_support/, the linux and win jobs of one Python."""
+    return not path.startswith(".ci_support/") or (path.startswith(CI_PREFIXES) and CI_PYTHON in path
+                                                       and path.endswith(".yaml"))
 
 
 def main(argv: list[str]) -> int:
@@ -105,24 +84,21 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     package, git_dir = argv[0], Path(argv[1])
-    if subprocess.run(["git", "--git-dir", str(git_dir), "rev-parse", "--git-dir"], capture_output=True).returncode:
-        print(f"{git_dir} is not a git directory: give a clone of conda-forge/{package}-feedstock (a bare one will "
-              "do)", file=sys.stderr)
+    if message := not_a_git_dir(git_dir, f"{package}-feedstock"):
+        print(message, file=sys.stderr)
         return 2
     folder = SNAPSHOTS / package
     folder.mkdir(parents=True, exist_ok=True)
     table = releases(git_dir, package)
     for commit, _, _ in table.values():
-        write_atomically(folder, commit, lambda target, c=commit: snapshot(git_dir, c, target))
+        replace_folder(folder, commit, lambda target, c=commit: copy_files(git_dir, c, target, kept) and None)
     lines = [f"# conda-forge/{package}-feedstock: per release, the newest commit building it, its date and the",
              "# pytorch pin of its linux-64 CPU jobs (scripts/stack_feedstock_snapshots.py; do not edit)."]
     lines += [f'"{version}" = {{ commit = "{commit}", date = "{date}", pytorch = "{pin}" }}'
               for version, (commit, date, pin) in table.items()]
-    (folder / "RELEASES.toml.partial").write_text("\n".join(lines) + "\n")
-    (folder / "RELEASES.toml.partial").replace(folder / "RELEASES.toml")
+    replace_file(folder / "RELEASES.toml", "\n".join(lines) + "\n")
     commits = {commit for commit, _, _ in table.values()}
-    for stale in (p for p in folder.iterdir() if p.is_dir() and p.name not in commits):
-        shutil.rmtree(stale)
+    remove_stale(folder, commits)
     print(f"{len(commits)} snapshots in {folder.relative_to(ROOT)}")
     return 0
 
