@@ -9,12 +9,14 @@ cache warm); each pytorch recipe needs its magma.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import fileops
+from torchforge import fileops, officialstack
+from torchforge.fileops import write_folders
 from torchforge import containers
 from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
 from torchforge.compilecache import group_key, patch_digests
@@ -32,7 +34,7 @@ from torchforge.pipeline import BuildSettings, Step, plan_steps
 from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
+from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, recipe_folders, render_files
 from torchforge.resolve import Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
@@ -75,9 +77,23 @@ def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecip
     return planned
 
 
+def _stack_recipes(render_plan: RenderPlan, with_packages: tuple[str, ...]) -> list[officialstack.StackRecipe]:
+    """--with: one torchvision / torchaudio recipe per pytorch variant (a variant the plan refuses has none)."""
+    officialstack.check_names(with_packages)
+    return [officialstack.plan(name, variant) for variant in render_plan.variants
+            if variant.status is not Status.REFUSED for name in with_packages]
+
+
+def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str, ...]) -> list[PlannedRecipe]:
+    """--with's recipes, each built after the recipe of its pytorch variant, in that variant's channels."""
+    return [officialstack.planned_recipe(recipe, fmt, channel_data.for_variant(recipe.pytorch))
+            for recipe in _stack_recipes(render_plan, with_packages)]
+
+
 def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, ...] = (),
-            magma_patches: tuple[Path, ...] = (), magma_only: bool = False) -> Plan:
-    """The official flavour's recipes of a (buildable) RenderPlan, in build order."""
+            magma_patches: tuple[Path, ...] = (), magma_only: bool = False,
+            with_packages: tuple[str, ...] = ()) -> Plan:
+    """The official flavour's recipes of a (buildable) RenderPlan, in build order (--with's after pytorch's)."""
     render_plan.require_buildable()
     recipes = [] if magma_only else _companions(render_plan, fmt)
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
@@ -95,23 +111,27 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
             recipes.append(_from_context(
                 "pytorch", variant.id, variant.filename_stem, context, channel_data.for_variant(variant), fmt, patches,
                 variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)))
+    stack = [] if magma_only else _stack(render_plan, fmt, with_packages)
     needs = MachineNeeds(
         cuda_versions=tuple(dict.fromkeys(v.request.accel for v in render_plan.variants if v.request.is_cuda)),
-        platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)))
-    return Plan(NAME, tuple(recipes), needs=needs)
+        platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)),
+        arch_checked=any(s.arch_list for s in stack))
+    facts = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
+        if stack else ()
+    return Plan(NAME, (*recipes, *stack), needs=needs, facts=facts)
 
 
-def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
+def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings,
+                   with_packages: tuple[str, ...] = ()) -> list[Step]:
     """The official flavour's steps of a RenderPlan, with the patches and --magma-only of `settings`."""
     return plan_steps(plan_of(render_plan, engine.recipe_format, patches=settings.patches,
-                              magma_patches=settings.magma_patches, magma_only=settings.magma_only), settings)
+                              magma_patches=settings.magma_patches, magma_only=settings.magma_only,
+                              with_packages=with_packages), settings)
 
 
 def selection_of(request: Request) -> Selection:
     """The Selection of a request: the shared flags and the official flavour's own (--debug, --jetson, --env,
     --gcc, --magma-source, --magma-patch); without --pytorch, the release is chosen and the reason noted."""
-    if request.with_packages:  # its torchvision/torchaudio recipes are not planned yet
-        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
     flags = dict(request.flavour_flags)
     magma_source = flags.get("--magma-source")
     if magma_source is not None and not str(magma_source).strip():  # '' would otherwise mean "the release tarball"
@@ -148,15 +168,17 @@ class OfficialFlavour:
 
     def matrix(self, request: Request) -> MatrixView:
         render_plan = plan(selection_of(request))
-        return MatrixView(tuple(matrix_rows(render_plan)), "torchforge variants (flavour official)",
+        stack = _stack_recipes(render_plan, request.with_packages)
+        return MatrixView(tuple(matrix_rows(render_plan) + stack_rows(stack)), "torchforge variants (flavour official)",
                           ("variant", "status", "build string", "magma package", "notes"),
-                          tuple(_variant_cells(v) for v in render_plan.variants), bool(render_plan.refused))
+                          (*(_variant_cells(v) for v in render_plan.variants), *(_stack_cells(r) for r in stack)),
+                          bool(render_plan.refused))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
         return plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
                        magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-                       magma_only=bool(flags.get("--magma-only")))
+                       magma_only=bool(flags.get("--magma-only")), with_packages=request.with_packages)
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
@@ -215,6 +237,19 @@ def matrix_rows(render_plan: RenderPlan) -> list[dict[str, object]]:
     return rows
 
 
+def stack_rows(stack: list[officialstack.StackRecipe]) -> list[dict[str, object]]:
+    """`matrix --json` rows of --with: each package file and the pytorch file it is built against."""
+    return [{"id": r.id, "package": r.package, "status": Status.BUILDABLE.value, "version": r.version,
+             "build_string": r.build_string, "file": r.stem, "pytorch": r.pytorch.filename_stem,
+             "cuda": r.pytorch.request.accel, "python": r.python, "platform": r.pytorch.request.platform,
+             "arch_list": r.pytorch.arch_list if r.cuda else None} for r in stack]
+
+
+def _stack_cells(recipe: officialstack.StackRecipe) -> tuple[str, ...]:
+    return (recipe.id, f"[{STATUS_STYLE[Status.BUILDABLE]}]{Status.BUILDABLE.value}[/]", recipe.build_string, "-",
+            f"built against {recipe.pytorch.filename_stem}")
+
+
 FLAVOUR = OfficialFlavour()
 
 
@@ -259,9 +294,11 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     settings = options.settings(request, site.channels, magma_only=magma_only, extra_env=extra_env, container=in_images,
                          magma_patches=tuple(flags.get("--magma-patch") or ()))  # type: ignore[call-overload]
     if options.fmt == "wheel":
+        if request.with_packages:
+            raise UsageError("--with builds conda packages, not --format wheel", "leave --with out, or use --format conda")
         settings = wheel_settings(settings)
         return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
-    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings)), chosen, settings)
+    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request.with_packages)), chosen, settings)
 
 
 def _official_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan, source: str | None,
@@ -330,10 +367,13 @@ def render_folders(request: Request, fmt: RecipeFormat, out_dir: Path, *, force:
     metapackages), with every variant's warnings."""
     _refuse_feedstock_patches(request)
     flags = dict(request.flavour_flags)
-    render_plan, written = render_selection(
-        selection_of(request), out_dir, fmt, force=force, patches=list(request.patches),
-        magma_patches=list(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-        companions=bool(flags.get("--companions")))
+    render_plan = plan(selection_of(request))
+    folders = recipe_folders(render_plan, fmt, tuple(request.patches),
+                             tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
+                             companions=bool(flags.get("--companions")))
+    folders.update({r.id: dict(officialstack.recipe_files(r, fmt))
+                    for r in _stack_recipes(render_plan, request.with_packages)})
+    written = write_folders(folders, out_dir, force=force)
     warnings = [f"{v.id}: {message}" for v in render_plan.variants for message in v.warnings]
     warnings += [f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings]
     return Rendered(tuple(written), tuple(warnings), f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
