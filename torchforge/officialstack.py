@@ -133,14 +133,18 @@ def plan(package: str, variant: Variant) -> StackRecipe:
 def requirements(recipe: StackRecipe, fmt: RecipeFormat) -> dict[str, list[str]]:
     """host, run and run_constrained, upstream's pins with the exact pytorch file in host."""
     variant = "cuda" if recipe.cuda else "cpu"
-    exact = "==" if fmt is RecipeFormat.RATTLER_BUILD else ""  # conda-build reads `V BUILD` as exact
+    rattler = fmt is RecipeFormat.RATTLER_BUILD
+    exact = "==" if rattler else ""  # conda-build reads `V BUILD` as exact
     pytorch = recipe.pytorch
-    toolkit = [f"pytorch-cuda {recipe.cuda}.*"] if recipe.cuda else []
+    # rattler-build's recipe parser takes a dotted build string (py3.12_cuda12.4_...) in the bracket form only
+    pinned = f'pytorch[version="=={pytorch.request.pytorch}", build="{pytorch.build_string}"]' if rattler \
+        else f"pytorch {pytorch.request.pytorch} {pytorch.build_string}"
+    toolkit = [f"pytorch-cuda {recipe.cuda}.*"] if recipe.cuda else []  # upstream's `pytorch-cuda=X.Y`
+    mutex = f"pytorch-mutex {exact}1.0 {variant}"
     return {
-        "host": [f"python {recipe.python}.*", "setuptools", "pip", f"pytorch-mutex 1.0 {variant}",
-                 f"pytorch {exact}{pytorch.request.pytorch} {pytorch.build_string}", *toolkit],
-        "run": [f"python {recipe.python}.*", *recipe.requires, f"pytorch-mutex 1.0 {variant}",
-                f"pytorch =={pytorch.request.pytorch}", *toolkit],
+        "host": [f"python {recipe.python}.*", "setuptools", "pip", mutex,
+                 pinned, *toolkit],
+        "run": [f"python {recipe.python}.*", *recipe.requires, mutex, f"pytorch =={pytorch.request.pytorch}", *toolkit],
         "run_constrained": ["cpuonly <0"] if recipe.cuda else ["cpuonly"],
     }
 
