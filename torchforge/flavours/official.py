@@ -272,6 +272,8 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     """The official flavour's build from its RenderPlan: its preflight checks the variants (cuDNN, bundled
     libraries, requirement solves) besides the machine."""
     _refuse_feedstock_patches(request)
+    if options.fmt == "wheel" and request.with_packages:
+        raise UsageError("--with builds conda packages, not --format wheel", "leave --with out, or use --format conda")
     flags = dict(request.flavour_flags)
     magma_only = bool(flags.get("--magma-only"))
     selection = selection_of(request)
@@ -294,8 +296,6 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     settings = options.settings(request, site.channels, magma_only=magma_only, extra_env=extra_env, container=in_images,
                          magma_patches=tuple(flags.get("--magma-patch") or ()))  # type: ignore[call-overload]
     if options.fmt == "wheel":
-        if request.with_packages:
-            raise UsageError("--with builds conda packages, not --format wheel", "leave --with out, or use --format conda")
         settings = wheel_settings(settings)
         return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
     return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request.with_packages)), chosen, settings)

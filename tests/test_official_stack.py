@@ -1,0 +1,123 @@
+"""The official flavour's `--with torchvision,torchaudio` (PyTorch 2.4-2.5, issue 32): the pytorch channel's
+package names, pinned to the planned pytorch file, checked against published names; the recipes rendered in the
+official layout and read by the real rattler-build."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from torchforge.cli import main
+from torchforge.errors import ExitCode
+
+FIXTURE = Path(__file__).parent / "fixtures" / "official_stack_names.toml"
+PUBLISHED = tomllib.loads(FIXTURE.read_text())["installed"]
+
+
+def matrix_json(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, object]]:
+    assert main(["matrix", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p["pytorch"])
+def test_matrix_names_the_published_files_pinned_to_the_planned_pytorch(
+        published: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    # pytorch-2.5.1-py3.12_cuda12.4_cudnn9.1.0_0 -> --pytorch 2.5.1 --cuda 12.4 --py 3.12
+    version, build = published["pytorch"].removeprefix("pytorch-").split("-")
+    python, cuda = build.split("_")[0].removeprefix("py"), build.split("_")[1].removeprefix("cuda")
+    rows = matrix_json(capsys, "--pytorch", version, "--cuda", cuda, "--py", python,
+                       "--with", "torchvision,torchaudio")
+    (pytorch,) = [r for r in rows if r["package"] == "pytorch"]
+    assert f"pytorch-{version}-{pytorch['build_string']}" == published["pytorch"]
+    stack = {r["package"]: r for r in rows if r.get("file")}
+    assert {name: row["file"] for name, row in stack.items()} == {
+        "torchvision": published["torchvision"], "torchaudio": published["torchaudio"]}
+    assert {row["pytorch"] for row in stack.values()} == {published["pytorch"]}
+
+
+def test_the_cpu_build_string_is_upstreams_cpu_form(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = matrix_json(capsys, "--pytorch", "2.4.1", "--cuda", "cpu", "--py", "3.11", "--with", "torchaudio")
+    (audio,) = [r for r in rows if r.get("file")]
+    # the form of the published torchaudio=2.0.2=py311_cpu (tests/fixtures/official_stack_names.toml)
+    assert audio["file"] == "torchaudio-2.4.1-py311_cpu" and audio["pytorch"] == "pytorch-2.4.1-py3.11_cpu_0"
+
+
+def rendered(folder: Path) -> dict[str, object]:
+    """rattler-build's own render of a recipe folder (py-rattler-build)."""
+    from rattler_build import Stage0Recipe, VariantConfig
+
+    (variant,) = Stage0Recipe.from_file(folder / "recipe.yaml").render(VariantConfig())
+    recipe = variant.recipe
+    return {"name": recipe.package.name, "version": str(recipe.package.version), "string": recipe.build.string,
+            **recipe.requirements.to_dict()}
+
+
+def test_render_writes_both_recipes_in_the_official_layout_and_rattler_build_reads_them(tmp_path: Path) -> None:
+    assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--with", "torchvision,torchaudio",
+                 "--format", "rattler-build", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "magma-cuda124-2.6.1-linux_64", "pytorch-2.5.1-cu124-py312-linux_64",
+        "torchaudio-2.5.1-cu124-py312-linux_64", "torchvision-0.20.1-cu124-py312-linux_64"]
+    vision = rendered(tmp_path / "torchvision-0.20.1-cu124-py312-linux_64")
+    assert (vision["name"], vision["version"], vision["string"]) == ("torchvision", "0.20.1", "py312_cu124")
+    assert "pytorch ==2.5.1 py3.12_cuda12.4_cudnn9.1.0_0" in vision["host"]  # the planned file
+    for spec in ("pytorch ==2.5.1", "pytorch-mutex ==1.0 cuda", "pytorch-cuda 12.4.*", "pillow !=8.3.*,>=5.3.0"):
+        assert spec in vision["run"], vision["run"]
+    assert vision["run_constraints"] == ["cpuonly <0"]
+    audio = rendered(tmp_path / "torchaudio-2.5.1-cu124-py312-linux_64")
+    assert audio["string"] == "py312_cu124" and "numpy" not in audio["run"]  # torchaudio 2.5.1's wheel needs torch only
+    script = (tmp_path / "torchaudio-2.5.1-cu124-py312-linux_64" / "build.sh").read_text()
+    assert "export USE_CUDA=1" in script and "export TORCH_CUDA_ARCH_LIST='5.0;6.0;6.1;7.0;7.5;8.0;8.6;9.0'" in script
+
+
+def test_the_cpu_recipe_selects_the_cpu_mutex_and_constrains_cpuonly(tmp_path: Path) -> None:
+    assert main(["render", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
+                 "--format", "rattler-build", "--out", str(tmp_path)]) == 0
+    vision = rendered(tmp_path / "torchvision-0.20.1-cpu-py312-linux_64")
+    assert vision["string"] == "py312_cpu" and vision["run_constraints"] == ["cpuonly"]
+    assert "pytorch-mutex ==1.0 cpu" in vision["run"] and not any("pytorch-cuda" in s for s in vision["run"])
+    assert "FORCE_CUDA" not in (tmp_path / "torchvision-0.20.1-cpu-py312-linux_64" / "build.sh").read_text()
+
+
+def test_the_meta_yaml_pins_the_same_file_in_conda_builds_words(tmp_path: Path) -> None:
+    assert main(["render", "--pytorch", "2.4.0", "--cuda", "12.1", "--py", "3.11", "--with", "torchvision",
+                 "--format", "conda-build", "--out", str(tmp_path)]) == 0
+    meta = (tmp_path / "torchvision-0.19.0-cu121-py311-linux_64" / "meta.yaml").read_text()
+    assert "string: py311_cu121" in meta and "- pytorch 2.4.0 py3.11_cuda12.1_cudnn9.1.0_0" in meta
+    assert "- pytorch-mutex 1.0 cuda" in meta and "- pytorch ==2.4.0" in meta and "- cpuonly <0" in meta
+
+
+def test_build_plans_them_after_their_pytorch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision,torchaudio",
+                 "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().err
+    order = [printed.index(f"build {stem} ") for stem in (
+        "pytorch-2.5.1-py3.12_cpu_0", "torchvision-0.20.1-py312_cpu", "torchaudio-2.5.1-py312_cpu")]
+    assert order == sorted(order), printed
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), [
+    (["--pytorch", "2.3.1", "--with", "torchvision"], ExitCode.REFUSED,
+     "--with has no facts for PyTorch 2.3.1's torchvision and torchaudio in the official flavour"),
+    (["--pytorch", "2.5.1", "--with", "torchtext"], ExitCode.USAGE, "--with names 'torchtext'"),
+    (["--pytorch", "2.5.1", "--platform", "win-64", "--with", "torchvision"], ExitCode.REFUSED,
+     "--with renders torchvision for linux-64, linux-aarch64, not win-64"),
+])
+@pytest.mark.parametrize("command", ["matrix", "render"])
+def test_what_the_official_flavour_cannot_plan_is_refused_with_what_would_work(
+        command: str, argv: list[str], code: int, message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = ["--out", str(tmp_path / "r")] if command == "render" else []
+    assert main([command, *argv, "--cuda", "cpu", "--py", "3.12", *out]) == code
+    text = " ".join(capsys.readouterr().err.split())
+    assert message in text and "what would work" in text and "Traceback" not in text
+    assert not (tmp_path / "r").exists()  # nothing half-written
+
+
+def test_with_and_format_wheel_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
+                 "--format", "wheel", "--dry-run", "--out", str(tmp_path / "out")]) == ExitCode.USAGE
+    assert "--with builds conda packages, not --format wheel" in capsys.readouterr().err
