@@ -121,3 +121,50 @@ def test_with_and_format_wheel_is_a_usage_error(tmp_path: Path, capsys: pytest.C
     assert main(["build", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
                  "--format", "wheel", "--dry-run", "--out", str(tmp_path / "out")]) == ExitCode.USAGE
     assert "--with builds conda packages, not --format wheel" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_path: Path) -> None:
+    """The torchvision recipe of the plan, built by the embedded rattler-build through the pipeline from a
+    pure-Python source tree laid out as a release is (setup.py reads BUILD_VERSION; not torchvision), against a
+    stand-in channel whose pytorch is the planned file pytorch-2.5.1-py3.11_cpu_0 (a build of the real pytorch
+    2.5.1 is hours): the package is torchvision-0.20.1-py311_cpu and records upstream's pins."""
+    import sys
+
+    from tests.test_conda_forge_split import package_index
+    from torchforge import officialstack, standin
+    from torchforge.channels import SiteChannels
+    from torchforge.engines.choice import select_engine
+    from torchforge.flavours.base import Plan
+    from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+    from torchforge.proc import Runner
+    from torchforge.render import RecipeFormat, plan
+    from torchforge.variant import Options, Selection
+
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    source = tmp_path / "src"
+    (source / "torchvision").mkdir(parents=True)
+    (source / "torchvision" / "__init__.py").write_text("__version__ = '0.20.1'\n")
+    (source / "setup.py").write_text("import os\nfrom setuptools import setup\n"
+                                     "setup(name='torchvision', version=os.environ['BUILD_VERSION'], packages=['torchvision'])\n")
+    (variant,) = plan(Selection.from_flags("2.5.1", "cpu", python, "linux-64", Options())).variants
+    recipe = officialstack.plan("torchvision", variant)
+    stubs = tmp_path / "stubs"
+    planned = officialstack.planned_recipe(recipe, RecipeFormat.RATTLER_BUILD, (stubs.as_uri(),), str(source))
+    folder = tmp_path / "recipe"
+    folder.mkdir()
+    for name, text in planned.files.items():
+        (folder / name).write_text(str(text))
+    (folder / "variants.yaml").write_text("{}\n")
+    specs = standin.rendered_recipe_requirements(folder, {"torchvision"})
+    assert f"pytorch ==2.5.1 {variant.build_string}" in specs  # the stand-in is the planned pytorch file
+    standin.make_stub_channel(stubs, specs)
+    settings = BuildSettings(out=tmp_path / "out", site_channels=SiteChannels())
+    engine, _ = select_engine("rattler-build")
+    (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(Plan("official", (planned,)), settings))
+    assert result.ok, [log.read_text()[-3000:] for log in (tmp_path / "out" / "logs").glob("*")]
+    index = package_index(tmp_path / "out" / "linux-64" / f"torchvision-0.20.1-py{python.replace('.', '')}_cpu.conda")
+    assert index["build"] == f"py{python.replace('.', '')}_cpu"
+    for spec in ("pytorch ==2.5.1", "pytorch-mutex ==1.0 cpu", "pillow !=8.3.*,>=5.3.0", "numpy"):
+        assert spec in index["depends"], index["depends"]
+    assert index["constrains"] == ["cpuonly"]

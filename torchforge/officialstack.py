@@ -142,7 +142,7 @@ def requirements(recipe: StackRecipe, fmt: RecipeFormat) -> dict[str, list[str]]
     toolkit = [f"pytorch-cuda {recipe.cuda}.*"] if recipe.cuda else []  # upstream's `pytorch-cuda=X.Y`
     mutex = f"pytorch-mutex {exact}1.0 {variant}"
     return {
-        "host": [f"python {recipe.python}.*", "setuptools", "pip", mutex,
+        "host": [f"python {recipe.python}.*", "setuptools", mutex,
                  pinned, *toolkit],
         "run": [f"python {recipe.python}.*", *recipe.requires, mutex, f"pytorch =={pytorch.request.pytorch}", *toolkit],
         "run_constrained": ["cpuonly <0"] if recipe.cuda else ["cpuonly"],
@@ -168,10 +168,12 @@ def recipe_files(recipe: StackRecipe, fmt: RecipeFormat, local_source: str | Non
             "build.sh": environment.get_template("stack/build.sh.j2").render(**fields)}
 
 
-def planned_recipe(recipe: StackRecipe, fmt: RecipeFormat, channels: tuple[str, ...]) -> PlannedRecipe:
+def planned_recipe(recipe: StackRecipe, fmt: RecipeFormat, channels: tuple[str, ...],
+                   local_source: str | None = None) -> PlannedRecipe:
     """What the pipeline builds: after the recipe of its pytorch variant, in that variant's channels (the output
     channel, where the pinned pytorch file is, comes first through the pipeline)."""
     return PlannedRecipe(recipe.id, recipe.pytorch.request.platform, (recipe.stem,), recipe.settings,
-                         recipe_files(recipe, fmt), channels, recipe.cuda or "cpu", kind=recipe.package,
+                         recipe_files(recipe, fmt, local_source), channels, recipe.cuda or "cpu", local_source,
+                         kind=recipe.package,
                          needs=(recipe.pytorch.id,), python=recipe.python, script_env=(JOBS_VARIABLE,),
                          pythons=((recipe.stem, recipe.python),), arch_list=recipe.pytorch.arch_list if recipe.cuda else None)
