@@ -168,3 +168,13 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     for spec in ("pytorch ==2.5.1", "pytorch-mutex ==1.0 cpu", "pillow !=8.3.*,>=5.3.0", "numpy"):
         assert spec in index["depends"], index["depends"]
     assert index["constrains"] == ["cpuonly"]
+
+
+@pytest.mark.parametrize("with_", [["--with", "torchvision"], []])
+def test_doctor_checks_cuobjdump_for_a_cuda_plan_with_companions(with_: list[str], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The arch check lists a CUDA companion's libraries after its build: doctor (and build's preflight) look for
+    cuobjdump first; without --with nothing in the plan needs it."""
+    main(["doctor", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", *with_, "--out", str(tmp_path)])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ cuobjdump ")]
+    assert (len(rows) == 1 and "│ ok" in rows[0]) if with_ else rows == [], rows

@@ -292,7 +292,8 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     err.print(why)
     if site.path is not None:
         err.print(f"channels and images from {site.path}")
-    extra_env = _official_checks(render_plan, options, site, chosen, jobs, in_images, request.source, magma_only)
+    extra_env = _official_checks(render_plan, options, site, chosen, jobs, in_images, request.source, magma_only,
+                                 _arch_checked(render_plan, request))
     settings = options.settings(request, site.channels, magma_only=magma_only, extra_env=extra_env, container=in_images,
                          magma_patches=tuple(flags.get("--magma-patch") or ()))  # type: ignore[call-overload]
     if options.fmt == "wheel":
@@ -317,9 +318,14 @@ def _official_engine(options: BuildOptions, magma_only: bool, render_plan: Rende
     return (*select_engine(options.engine, require_available=not options.dry_run), None)
 
 
+def _arch_checked(render_plan: RenderPlan, request: Request) -> bool:
+    """--with of a CUDA variant: its packages' libraries are listed with cuobjdump after the build."""
+    return bool(request.with_packages) and any(v.request.is_cuda for v in render_plan.variants)
+
+
 def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteConfig, chosen: Engine,
                      jobs: int | None, in_images: containers.ContainerSettings | None, source: str | None,
-                     magma_only: bool) -> dict[str, str]:
+                     magma_only: bool, arch_checked: bool = False) -> dict[str, str]:
     """The official preflight (a dry run: what it can know without a tool); the build's MAX_JOBS."""
     extra_env: dict[str, str] = {}
     if options.dry_run and not options.skip_preflight:
@@ -332,7 +338,8 @@ def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteC
         # Check the machine before a multi-hour build: every problem at once, each with its fix.
         report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
                                out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                               check_channels=options.fmt == "conda", magma_only=magma_only)
+                               check_channels=options.fmt == "conda", magma_only=magma_only,
+                               arch_checked=arch_checked and not magma_only)
         err.print(report_table(report))
         report.raise_if_failed()
         if report.max_jobs:
@@ -352,7 +359,8 @@ def machine_checks(request: Request, options: BuildOptions,
     in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
     report = run_preflight(render_plan, engine=options.engine, source=request.source, jobs=jobs, runner=Runner(),
                            out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")))
+                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")),
+                           arch_checked=_arch_checked(render_plan, request))
     return report, render_plan.require_buildable
 
 
