@@ -100,10 +100,10 @@ def test_build_plans_them_after_their_pytorch(tmp_path: Path, capsys: pytest.Cap
 
 
 @pytest.mark.parametrize(("argv", "code", "message"), [
-    (["--pytorch", "2.3.1", "--with", "torchvision"], ExitCode.REFUSED,
-     "--with has no facts for PyTorch 2.3.1's torchvision and torchaudio in the official flavour"),
-    (["--pytorch", "2.5.1", "--with", "torchtext"], ExitCode.USAGE, "--with names 'torchtext'"),
-    (["--pytorch", "2.5.1", "--platform", "win-64", "--with", "torchvision"], ExitCode.REFUSED,
+    (["--pytorch", "2.0.1", "--py", "3.11", "--with", "torchvision"], ExitCode.REFUSED,
+     "--with has no facts for PyTorch 2.0.1's torchvision and torchaudio in the official flavour"),
+    (["--pytorch", "2.5.1", "--py", "3.12", "--with", "torchtext"], ExitCode.USAGE, "--with names 'torchtext'"),
+    (["--pytorch", "2.5.1", "--py", "3.12", "--platform", "win-64", "--with", "torchvision"], ExitCode.REFUSED,
      "--with renders torchvision for linux-64, linux-aarch64, not win-64"),
 ])
 @pytest.mark.parametrize("command", ["matrix", "render"])
@@ -111,7 +111,7 @@ def test_what_the_official_flavour_cannot_plan_is_refused_with_what_would_work(
         command: str, argv: list[str], code: int, message: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     out = ["--out", str(tmp_path / "r")] if command == "render" else []
-    assert main([command, *argv, "--cuda", "cpu", "--py", "3.12", *out]) == code
+    assert main([command, *argv, "--cuda", "cpu", *out]) == code
     text = " ".join(capsys.readouterr().err.split())
     assert message in text and "what would work" in text and "Traceback" not in text
     assert not (tmp_path / "r").exists()  # nothing half-written
@@ -178,3 +178,24 @@ def test_doctor_checks_cuobjdump_for_a_cuda_plan_with_companions(with_: list[str
     main(["doctor", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", *with_, "--out", str(tmp_path)])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ cuobjdump ")]
     assert (len(rows) == 1 and "│ ok" in rows[0]) if with_ else rows == [], rows
+
+
+def test_every_row_is_the_pairing_its_wheels_pin() -> None:
+    """Each release's companion wheels (cited with file and sha256) require exactly that pytorch: the pairing of
+    test-infra's release matrix, confirmed by the packages themselves."""
+    from torchforge import officialstack
+
+    rows = officialstack.load().release
+    assert [r.pytorch for r in rows][0] == "2.1.0" and [r.pytorch for r in rows][-1] == "2.5.1"
+    for row in rows:
+        for package in ("torchvision", "torchaudio"):
+            cited = getattr(row, f"{package}_wheel")
+            assert cited.startswith(f"{package}-{getattr(row, package)}-") and f"torch=={row.pytorch}" in cited, cited
+
+
+def test_the_2_1_recipes_carry_that_releases_own_requirements(tmp_path: Path) -> None:
+    assert main(["render", "--pytorch", "2.1.2", "--cuda", "11.8", "--py", "3.11", "--with", "torchvision",
+                 "--format", "rattler-build", "--out", str(tmp_path)]) == 0
+    vision = rendered(tmp_path / "torchvision-0.16.2-cu118-py311-linux_64")
+    assert vision["string"] == "py311_cu118" and "pytorch-cuda 11.8.*" in vision["run"]
+    assert "requests" in vision["run"]  # torchvision 0.16's wheels require it; 0.20's do not

@@ -178,10 +178,10 @@ def test_render_with_torchvision_writes_its_folder_beside_libtorchs(tmp_path: Pa
 @pytest.mark.parametrize("command", ["matrix", "render"])
 def test_matrix_and_render_refuse_with_where_the_official_flavour_has_no_facts(
         command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The official flavour plans --with for 2.4-2.5 (tests/test_official_stack.py); an older release is refused."""
+    """The official flavour plans --with for 2.1-2.5 (tests/test_official_stack.py); an older release is refused."""
     extra = ["--out", str(tmp_path / "r")] if command == "render" else []
-    assert main([command, "--pytorch", "2.3.1", "--cuda", "12.1", "--py", "3.12", "--with", "torchvision", *extra]) == 4
-    assert "--with has no facts for PyTorch 2.3.1" in capsys.readouterr().err
+    assert main([command, "--pytorch", "2.0.1", "--cuda", "11.8", "--py", "3.11", "--with", "torchvision", *extra]) == 4
+    assert "--with has no facts for PyTorch 2.0.1" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

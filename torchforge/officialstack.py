@@ -1,5 +1,5 @@
 """The official flavour's torchvision and torchaudio (`--with`, issue 32): the pytorch channel's packages of
-PyTorch 2.4 and 2.5 as upstream's conda build made them (data/official_stack.toml, with sources).
+PyTorch 2.1 to 2.5 as upstream's conda build made them (data/official_stack.toml, with sources).
 
 Upstream's: the build string `py<XY>_<cpu|cuXYZ>`; host and run name `pytorch ==<version>`, `pytorch-mutex 1.0
 <cpu|cuda>` and, for a CUDA build, `pytorch-cuda <X.Y>`; run_constrained `cpuonly` (cpu) or `cpuonly <0` (CUDA);

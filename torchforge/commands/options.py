@@ -58,7 +58,7 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
                                 "at build time (pinned commit, sha256) and apply them.")]
 WithOpt = Annotated[str | None, typer.Option(
     "--with", help="Also build these for each pytorch package, pinned to it and after it: "
-                   "torchvision,torchaudio (comma-separated; the official flavour: PyTorch 2.4-2.5).")]
+                   "torchvision,torchaudio (comma-separated; the official flavour: PyTorch 2.1-2.5).")]
 
 
 def with_names(companions: str | None) -> tuple[str, ...]:
