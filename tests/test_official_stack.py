@@ -199,3 +199,37 @@ def test_the_2_1_recipes_carry_that_releases_own_requirements(tmp_path: Path) ->
     vision = rendered(tmp_path / "torchvision-0.16.2-cu118-py311-linux_64")
     assert vision["string"] == "py311_cu118" and "pytorch-cuda 11.8.*" in vision["run"]
     assert "requests" in vision["run"]  # torchvision 0.16's wheels require it; 0.20's do not
+
+
+@pytest.fixture(scope="module")
+def conda_build_python() -> Path:
+    from tests import tool_venvs
+
+    if not tool_venvs.vendored_conda_present():
+        pytest.skip(f"no conda wheels in {tool_venvs.VENDOR}: the meta.yaml check renders with the real conda-build")
+    return tool_venvs.ensure("conda") / "python"
+
+
+@pytest.mark.parametrize("cuda", ["12.4", "cpu"])
+def test_conda_builds_render_of_the_meta_yaml_says_what_rattler_builds_render_of_the_recipe_yaml_says(
+        cuda: str, tmp_path: Path, conda_build_python: Path) -> None:
+    """The same package in either engine's format: the real conda-build's render of meta.yaml and the real
+    rattler-build's of recipe.yaml give the same build string and requirements (rattler-build's exact
+    `==V` and `==V BUILD` are conda-build's `V` and `V BUILD`)."""
+    from tests.feedstock_oracle import render as conda_build_render
+
+    folder = f"torchvision-0.20.1-{'cu124' if cuda != 'cpu' else 'cpu'}-py312-linux_64"
+    for fmt in ("conda-build", "rattler-build"):
+        assert main(["render", "--pytorch", "2.5.1", "--cuda", cuda, "--py", "3.12", "--with", "torchvision",
+                     "--format", fmt, "--out", str(tmp_path / fmt)]) == 0
+    theirs = conda_build_render(tmp_path / "conda-build" / folder, "linux-64", None)["torchvision"]["fields"]
+    ours = rendered(tmp_path / "rattler-build" / folder)
+
+    def conda_words(specs: list[str]) -> list[str]:
+        return [spec.replace("pytorch-mutex ==1.0", "pytorch-mutex 1.0").replace("pytorch ==2.5.1 py", "pytorch 2.5.1 py")
+                for spec in specs]
+
+    assert theirs["build.string"] == ours["string"]
+    assert theirs["requirements.host"] == conda_words(ours["host"])
+    assert theirs["requirements.run"] == conda_words(ours["run"])
+    assert theirs["requirements.run_constrained"] == ours["run_constraints"]
