@@ -176,8 +176,12 @@ def test_doctor_checks_cuobjdump_for_a_cuda_plan_with_companions(with_: list[str
     """The arch check lists a CUDA companion's libraries after its build: doctor (and build's preflight) look for
     cuobjdump first; without --with nothing in the plan needs it."""
     main(["doctor", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", *with_, "--out", str(tmp_path)])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ cuobjdump ")]
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("│ cuobjdump ")]
     assert (len(rows) == 1 and "│ ok" in rows[0]) if with_ else rows == [], rows
+    # the plan's --with packages are named first, each with the pytorch file it is built against
+    named = "torchvision-0.20.1-py312_cu124 (pytorch pytorch-2.5.1-py3.12_cuda12.4_cudnn9.1.0_0)"
+    assert (named in " ".join(printed.replace("│", " ").split())) == bool(with_), printed
 
 
 def test_every_row_is_the_pairing_its_wheels_pin() -> None:

@@ -31,7 +31,7 @@ from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
+from torchforge.preflight import Check, Level, PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, recipe_folders, render_files
@@ -361,6 +361,10 @@ def machine_checks(request: Request, options: BuildOptions,
                            out=options.out, site=site, extra_channels=options.channels, container=in_images,
                            check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")),
                            arch_checked=_arch_checked(render_plan, request))
+    stack = _stack_recipes(render_plan, request.with_packages)
+    if stack:  # what --with adds to the plan, first, as the other flavour's doctor shows it
+        listed = ", ".join(f"{r.stem} (pytorch {r.pytorch.filename_stem})" for r in stack)
+        report = PreflightReport((Check("--with", Level.OK, listed), *report.checks), report.max_jobs, report.engine)
     return report, render_plan.require_buildable
 
 
