@@ -26,10 +26,10 @@ def matrix_json(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str
 def test_matrix_names_the_published_files_pinned_to_the_planned_pytorch(
         published: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     # pytorch-2.5.1-py3.12_cuda12.4_cudnn9.1.0_0 -> --pytorch 2.5.1 --cuda 12.4 --py 3.12
-    version, build = published["pytorch"].removeprefix("pytorch-").split("-")
+    version, build = published["pytorch"].removeprefix("pytorch-").split("-")  # also py3.10_cuda12.1_cudnn9_0
     python, cuda = build.split("_")[0].removeprefix("py"), build.split("_")[1].removeprefix("cuda")
     rows = matrix_json(capsys, "--pytorch", version, "--cuda", cuda, "--py", python,
-                       "--with", "torchvision,torchaudio")
+                       "--platform", published.get("platform", "linux-64"), "--with", "torchvision,torchaudio")
     (pytorch,) = [r for r in rows if r["package"] == "pytorch"]
     assert f"pytorch-{version}-{pytorch['build_string']}" == published["pytorch"]
     stack = {r["package"]: r for r in rows if r.get("file")}
@@ -103,8 +103,8 @@ def test_build_plans_them_after_their_pytorch(tmp_path: Path, capsys: pytest.Cap
     (["--pytorch", "2.0.1", "--py", "3.11", "--with", "torchvision"], ExitCode.REFUSED,
      "--with has no facts for PyTorch 2.0.1's torchvision and torchaudio in the official flavour"),
     (["--pytorch", "2.5.1", "--py", "3.12", "--with", "torchtext"], ExitCode.USAGE, "--with names 'torchtext'"),
-    (["--pytorch", "2.5.1", "--py", "3.12", "--platform", "win-64", "--with", "torchvision"], ExitCode.REFUSED,
-     "--with renders torchvision for linux-64, linux-aarch64, not win-64"),
+    (["--pytorch", "2.5.1", "--py", "3.12", "--platform", "osx-arm64", "--with", "torchvision"], ExitCode.REFUSED,
+     "--with renders torchvision for linux-64, linux-aarch64, win-64, not osx-arm64"),
 ])
 @pytest.mark.parametrize("command", ["matrix", "render"])
 def test_what_the_official_flavour_cannot_plan_is_refused_with_what_would_work(
@@ -237,3 +237,14 @@ def test_conda_builds_render_of_the_meta_yaml_says_what_rattler_builds_render_of
     assert theirs["requirements.host"] == conda_words(ours["host"])
     assert theirs["requirements.run"] == conda_words(ours["run"])
     assert theirs["requirements.run_constrained"] == ours["run_constraints"]
+
+
+def test_the_windows_recipe_has_a_bld_bat_and_the_same_pins(tmp_path: Path) -> None:
+    assert main(["render", "--pytorch", "2.5.1", "--cuda", "12.1", "--py", "3.10", "--platform", "win-64",
+                 "--with", "torchaudio", "--format", "rattler-build", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "torchaudio-2.5.1-cu121-py310-win_64"
+    assert sorted(p.name for p in folder.iterdir()) == ["bld.bat", "recipe.yaml"]
+    audio = rendered(folder)
+    assert audio["string"] == "py310_cu121" and "pytorch ==2.5.1 py3.10_cuda12.1_cudnn9_0" in audio["host"]
+    assert "file: bld.bat" in (folder / "recipe.yaml").read_text()
+    assert 'set "USE_CUDA=1"' in (folder / "bld.bat").read_text()

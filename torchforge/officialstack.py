@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 
-from torchforge import __version__
+from torchforge import __version__, platforms
 from torchforge.data import FrozenModel, data_text, parse_table_as
 from torchforge.errors import RefusedError, UsageError
 from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe
@@ -24,8 +24,9 @@ from torchforge.versions import nodot
 
 WHERE = "torchforge/data/official_stack.toml"
 COMPANIONS = ("torchvision", "torchaudio")
-# The platforms upstream's build.sh-shaped recipe is rendered for here (a bld.bat is not written yet).
-PLATFORMS = ("linux-64", "linux-aarch64")
+# The platforms the recipe is rendered for (build.sh, or bld.bat on Windows); upstream's were not osx-shaped
+# (no pytorch-mutex there), which this recipe does not reproduce.
+PLATFORMS = ("linux-64", "linux-aarch64", "win-64")
 # The variables each project's setup.py reads to build its CUDA code (meta.yaml script_env names them).
 CUDA_SWITCH = {"torchvision": "FORCE_CUDA", "torchaudio": "USE_CUDA"}
 
@@ -164,8 +165,9 @@ def recipe_files(recipe: StackRecipe, fmt: RecipeFormat, local_source: str | Non
     }
     environment = _environment()
     name = "meta.yaml" if fmt is RecipeFormat.CONDA_BUILD else "recipe.yaml"
-    return {name: environment.get_template(f"stack/{name}.j2").render(**fields),
-            "build.sh": environment.get_template("stack/build.sh.j2").render(**fields)}
+    script = platforms.get(recipe.pytorch.request.platform).script  # build.sh, bld.bat
+    return {name: environment.get_template(f"stack/{name}.j2").render(**fields, script_file=script),
+            script: environment.get_template(f"stack/{script}.j2").render(**fields)}
 
 
 def planned_recipe(recipe: StackRecipe, fmt: RecipeFormat, channels: tuple[str, ...],
