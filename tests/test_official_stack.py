@@ -129,6 +129,7 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     pure-Python source tree laid out as a release is (setup.py reads BUILD_VERSION; not torchvision), against a
     stand-in channel whose pytorch is the planned file pytorch-2.5.1-py3.11_cpu_0 (a build of the real pytorch
     2.5.1 is hours): the package is torchvision-0.20.1-py311_cpu and records upstream's pins."""
+    import dataclasses
     import sys
 
     from tests.test_conda_forge_split import package_index
@@ -168,6 +169,15 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     for spec in ("pytorch ==2.5.1", "pytorch-mutex ==1.0 cpu", "pillow !=8.3.*,>=5.3.0", "numpy"):
         assert spec in index["depends"], index["depends"]
     assert index["constrains"] == ["cpuonly"]
+    from torchforge.pipeline import Action
+
+    (again,) = plan_steps(Plan("official", (planned,)), settings)
+    assert again.action is Action.REUSE  # the same settings (the same pytorch file): not built twice
+    other = officialstack.planned_recipe(officialstack.plan("torchvision", dataclasses.replace(
+        variant, build_string=variant.build_string.replace("_0", "_1"))), RecipeFormat.RATTLER_BUILD,
+        (stubs.as_uri(),), str(source))
+    (rebuilt,) = plan_steps(Plan("official", (other,)), settings)
+    assert rebuilt.action is Action.BUILD  # against another pytorch file: built again
 
 
 @pytest.mark.parametrize("with_", [["--with", "torchvision"], []])
