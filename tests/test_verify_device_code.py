@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_archcheck import nvcc_library, needs_nvcc
-from tests.test_verify_python import environment, forge
+from tests.test_verify_python import HERE, environment, forge
 from torchforge.binaries.devicecode import GpuArch, runs_on
 from torchforge.errors import ExitCode
 
@@ -151,3 +151,33 @@ def test_arch_specific_sass_runs_only_on_its_own_arch_and_ptx_only_upwards() -> 
     assert runs_on(GpuArch(12, 1, "test"), {"sm_120"}, set()) and not runs_on(blackwell, {"sm_120"}, set())
     assert runs_on(blackwell, set(), {"sm_90"}) and not runs_on(hopper, set(), {"sm_100"})
     assert not runs_on(blackwell, set(), {"sm_90a"}) and runs_on(hopper, set(), {"sm_90a"})
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_verify_reads_the_records_the_installer_wrote(tmp_path: Path) -> None:
+    """A CUDA package built through the pipeline (the nvcc libraries of tests/test_archcheck.py: sm_90 SASS, and
+    sm_90 SASS + compute_90 PTX), installed by py-rattler, which writes its conda-meta record: verify finds both
+    libraries from that record; on a 10.0 GPU only the one without PTX is named."""
+    from tests.rattler_in_child import install_without_dependencies
+    from tests.test_archcheck import built_through_the_pipeline
+
+    tree = tmp_path / "tree"
+    (tree / "lib").mkdir(parents=True)
+    nvcc_library(tree / "lib", "sass90", ["arch=compute_90,code=sm_90"])
+    nvcc_library(tree / "lib", "ptx90", ["arch=compute_90,code=[sm_90,compute_90]"])
+    for source in (tree / "lib").glob("*.cu"):
+        source.unlink()
+    assert built_through_the_pipeline(tree, tmp_path / "built", "9.0").ok
+    prefix = tmp_path / "env"
+    install_without_dependencies(tmp_path / "built" / "out", "vision-like", "cuda130_0", prefix, tmp_path / "cache")
+    assert (prefix / "conda-meta" / "vision-like-1.0-cuda130_0.json").is_file()
+    torch = prefix / "lib" / HERE / "site-packages" / "torch"  # the probe's stand-in torch, outside any record
+    torch.mkdir(parents=True)
+    (torch / "__init__.py").write_text(TORCH)
+    (torch / "version.py").write_text("__version__ = '2.9.0+cpu'\ncuda = None\n")
+    code, out, err = verify(prefix, "--gpu-arch", "9.0")
+    assert code == 0 and "vision-like-1.0-cuda130_0: CUDA code for the GPU (sm_90, from --gpu-arch) │ ok │ 2 libraries" in out, out + err
+    code, out, err = verify(prefix, "--gpu-arch", "10.0")
+    assert code == ExitCode.AUDIT_FAILED, out + err
+    assert "│ FAILED │ no SASS or PTX for sm_100 in lib/libsass90.so │" in out, out
