@@ -102,6 +102,9 @@ def test_build_plans_them_after_their_pytorch(tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.parametrize(("argv", "code", "message"), [
     (["--pytorch", "2.0.1", "--py", "3.11", "--with", "torchvision"], ExitCode.REFUSED,
      "--with has no facts for PyTorch 2.0.1's torchvision and torchaudio in the official flavour"),
+    (["--pytorch", "2.7.0", "--flavour", "official", "--py", "3.12", "--with", "torchvision"], ExitCode.REFUSED,
+     "holds 2.1.0, 2.1.1, 2.1.2, 2.2.0, 2.2.1, 2.2.2, 2.3.0, 2.3.1, 2.4.0, 2.4.1, 2.5.0, 2.5.1) what would work: use "
+     "--flavour conda-forge, whose --with builds them for 2.6 and newer"),
     (["--pytorch", "2.5.1", "--py", "3.12", "--with", "torchtext"], ExitCode.USAGE, "--with names 'torchtext'"),
     (["--pytorch", "2.5.1", "--py", "3.12", "--platform", "osx-arm64", "--with", "torchvision"], ExitCode.REFUSED,
      "--with renders torchvision for linux-64, linux-aarch64, win-64, not osx-arm64"),

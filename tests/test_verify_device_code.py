@@ -181,3 +181,21 @@ def test_verify_reads_the_records_the_installer_wrote(tmp_path: Path) -> None:
     code, out, err = verify(prefix, "--gpu-arch", "10.0")
     assert code == ExitCode.AUDIT_FAILED, out + err
     assert "│ FAILED │ no SASS or PTX for sm_100 in lib/libsass90.so │" in out, out
+
+
+@needs_nvcc
+def test_without_cuobjdump_a_prefix_with_device_code_is_a_missing_tool(libraries: Path, tmp_path: Path) -> None:
+    """No cuobjdump on PATH and no nvidia-cuda-cuobjdump wheel (a regular `nvidia` package first on the path hides
+    the wheels' namespace package): exit 5 with what would work, not a pass."""
+    prefix = prefix_with(tmp_path, libraries, ["torchvision-0.20.1-py312_cu124"])
+    hiding = tmp_path / "hide"
+    (hiding / "nvidia").mkdir(parents=True)
+    (hiding / "nvidia" / "__init__.py").write_text("")
+    empty = tmp_path / "no-tools"
+    empty.mkdir()
+    env = {"COLUMNS": "400", "PATH": str(empty), "PYTHONPATH": str(hiding)}
+    result = forge("verify", str(prefix), "--python", sys.executable, "--want", "cpu", "--gpu-arch", "9.0",
+                   cwd=tmp_path, env=env)
+    text = " ".join(result.stderr.split())
+    assert result.returncode == ExitCode.TOOL_MISSING, text
+    assert "cuobjdump was not found" in text and "pip install nvidia-cuda-cuobjdump" in text and "Traceback" not in text

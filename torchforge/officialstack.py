@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 
-from torchforge import __version__, platforms
+from torchforge import __version__, platforms, versions
 from torchforge.data import FrozenModel, data_text, parse_table_as
 from torchforge.errors import RefusedError, UsageError
 from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe
@@ -112,8 +112,10 @@ def release_for(pytorch: str) -> Release:
         if release.pytorch == pytorch:
             return release
     known = ", ".join(r.pytorch for r in load().release)
+    newer = versions.parse(pytorch) > versions.parse(load().release[-1].pytorch)  # no official conda packages
     raise RefusedError(f"--with has no facts for PyTorch {pytorch}'s torchvision and torchaudio in the official "
                        f"flavour ({WHERE} holds {known})",
+                       "use --flavour conda-forge, whose --with builds them for 2.6 and newer" if newer else
                        f"pick one of {known}, or leave --with out")
 
 
