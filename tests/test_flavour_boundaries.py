@@ -30,11 +30,11 @@ COMMANDS = "torchforge.commands"
 
 # The official flavour: the modules that turn a selection into the pytorch channel's shape of packages (the
 # request, the classification rules, the template context, the companion metapackages, the magma source and
-# the recipe files). Flat at the top of the package today; move 3 of issue 30 moves them into
+# the recipe files, the --with torchvision and torchaudio recipes). Flat at the top of the package today; move 3 of issue 30 moves them into
 # torchforge/flavours/official/, and then this tuple gives way to that package (the lists below are renamed,
 # not grown).
 OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "torchforge.companions",
-            "torchforge.render", "torchforge.magmasource")
+            "torchforge.render", "torchforge.magmasource", "torchforge.officialstack")
 
 # ---- ratchets (issue 30): may only shrink ---------------------------------------------------------------------
 

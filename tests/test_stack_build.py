@@ -143,7 +143,7 @@ def test_build_with_torchvision_and_torchaudio_plans_them_after_pytorch_pinned_t
 
 @pytest.mark.parametrize(("arguments", "message"), [
     (["--pytorch", "2.13.0", "--with", "torchtext"], "--with names 'torchtext', which torchforge does not build"),
-    (["--pytorch", "2.5.1", "--with", "torchvision"], "--with applies to --flavour conda-forge only"),
+    (["--pytorch", "2.5.1", "--with", "torchvision,torchtext"], "--with names 'torchtext', which torchforge does not build"),
 ])
 def test_build_with_what_it_cannot_build_is_a_usage_error(arguments: list[str], message: str, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -176,11 +176,12 @@ def test_render_with_torchvision_writes_its_folder_beside_libtorchs(tmp_path: Pa
 
 
 @pytest.mark.parametrize("command", ["matrix", "render"])
-def test_matrix_and_render_refuse_with_for_the_official_flavour(command: str, tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_matrix_and_render_refuse_with_where_the_official_flavour_has_no_facts(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The official flavour plans --with for 2.1-2.5 (tests/test_official_stack.py); an older release is refused."""
     extra = ["--out", str(tmp_path / "r")] if command == "render" else []
-    assert main([command, "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--with", "torchvision", *extra]) == 2
-    assert "--with applies to --flavour conda-forge only" in capsys.readouterr().err
+    assert main([command, "--pytorch", "2.0.1", "--cuda", "11.8", "--py", "3.11", "--with", "torchvision", *extra]) == 4
+    assert "--with has no facts for PyTorch 2.0.1" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

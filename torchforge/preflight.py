@@ -826,6 +826,7 @@ def run_preflight(
     container: ContainerSettings | None = None,
     check_channels: bool = False,
     magma_only: bool = False,
+    arch_checked: bool = False,
 ) -> PreflightReport:
     """Run every check and return them all; `report.raise_if_failed()` turns failures into a PreflightError.
 
@@ -834,6 +835,7 @@ def run_preflight(
     `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
     `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
     `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN, no bundled libraries, no channels).
+    `arch_checked`: CUDA packages whose libraries the arch check lists after the build (cuobjdump must be here).
     """
     table = load_table()
     ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
@@ -858,6 +860,8 @@ def run_preflight(
         if container is None:  # in a container the bundled libraries are the image's (its cuDNN: _check_container)
             _check_bundled(ctx)
     _check_driver(ctx)
+    if arch_checked:
+        _check_cuobjdump(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
         buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]

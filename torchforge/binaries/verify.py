@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.binaries.catalog import catalog
+from torchforge.binaries.devicecode import GpuArch, coverage
 from torchforge.errors import AuditFailedError, ToolTimeoutError, UsageError
 from torchforge.proc import Command, Runner
 
@@ -127,7 +128,9 @@ def _cuda_library(name: str) -> bool:
     return name.startswith(prefixes) and not DRIVER.match(name)
 
 
-def checks(prefix: Path, report: dict[str, object], want: str) -> list[Check]:
+def checks(prefix: Path, report: dict[str, object], want: str, gpu_arch: GpuArch | None = None,
+           runner: Runner | None = None) -> list[Check]:
+    """`gpu_arch`: the arch every installed package's CUDA code must run on (none checked without one)."""
     real = os.path.realpath(prefix) + os.sep
     present = installed(prefix)
     found: list[Check] = []
@@ -157,8 +160,22 @@ def checks(prefix: Path, report: dict[str, object], want: str) -> list[Check]:
     outside = [p for p in loaded if not os.path.realpath(p).startswith(real)]
     found.append(Check("every CUDA library loaded comes from the prefix", not outside,
                        "; ".join(outside) if outside else f"{len(loaded)} loaded, all inside"))
+    if gpu_arch is not None:
+        found.extend(device_code_checks(prefix, gpu_arch, runner or Runner()))
     if "error" in report:
         found.append(Check("the probe ran without an error", False, str(report["error"])))
+    return found
+
+
+def device_code_checks(prefix: Path, gpu: GpuArch, runner: Runner) -> list[Check]:
+    """One check per installed package with CUDA device code: each of its libraries holds code for the GPU."""
+    found = []
+    for package in coverage(prefix, gpu, runner):
+        detail = (f"no SASS or PTX for {gpu.name} in " + ", ".join(package.lacking) if package.lacking else
+                  f"{package.libraries} {'library' if package.libraries == 1 else 'libraries'} with device code, "
+                  f"each runs on {gpu.name}")
+        found.append(Check(f"{package.package}: CUDA code for the GPU ({gpu.name}, from {gpu.source})",
+                           not package.lacking, detail))
     return found
 
 

@@ -127,13 +127,18 @@ def register(app: typer.Typer) -> None:
         python: Path | None = typer.Option(None, "--python", help="Interpreter to probe with (default: PREFIX/bin/python); the prefix's site-packages go first on its path."),
         want: str = typer.Option("auto", "--want", help="cuda, cpu or auto (cuda where an NVIDIA driver is present)."),
         timeout: float = typer.Option(PROBE_TIMEOUT_S, "--timeout", min=1, help="Seconds the probe may take before it is stopped."),
+        gpu_arch: str | None = typer.Option(None, "--gpu-arch", help="The GPU's compute capability (e.g. 9.0) every installed package's CUDA code must run on (default: torch's GPU 0, else nvidia-smi's; none checked without a GPU)."),
     ) -> None:
         """Check an installed PyTorch environment: loads from the prefix, CUDA agrees and works, no foreign CUDA library."""
+        from torchforge.binaries.devicecode import detected_gpu_arch, parse_gpu_arch
         from torchforge.binaries.verify import checks, probe
 
         if want not in ("cuda", "cpu", "auto"):
             raise UsageError(f"--want {want} is not cuda, cpu or auto", "use --want cuda where a GPU build is required")
-        found = checks(prefix, probe(prefix, python, Runner(), timeout), want)
+        given = parse_gpu_arch(gpu_arch, "--gpu-arch") if gpu_arch is not None else None
+        runner = Runner()
+        report = probe(prefix, python, runner, timeout)
+        found = checks(prefix, report, want, given or detected_gpu_arch(report, runner), runner)
         table = Table(title=f"torchforge verify {prefix}")
         for column in ("check", "result", "detail"):
             table.add_column(column, overflow="fold")

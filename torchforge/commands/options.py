@@ -57,8 +57,8 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
     "--feedstock-patches", help="--flavour conda-forge: download conda-forge's source patches of the release "
                                 "at build time (pinned commit, sha256) and apply them.")]
 WithOpt = Annotated[str | None, typer.Option(
-    "--with", help="--flavour conda-forge: also build these for each pytorch package, pinned to it and after it: "
-                   "torchvision,torchaudio (comma-separated).")]
+    "--with", help="Also build these for each pytorch package, pinned to it and after it: "
+                   "torchvision,torchaudio (comma-separated; the official flavour: PyTorch 2.1-2.5).")]
 
 
 def with_names(companions: str | None) -> tuple[str, ...]:

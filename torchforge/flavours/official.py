@@ -9,12 +9,14 @@ cache warm); each pytorch recipe needs its magma.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import fileops
+from torchforge import fileops, officialstack
+from torchforge.fileops import write_folders
 from torchforge import containers
 from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
 from torchforge.compilecache import group_key, patch_digests
@@ -29,10 +31,10 @@ from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
+from torchforge.preflight import Check, Level, PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
+from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, recipe_folders, render_files
 from torchforge.resolve import Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
@@ -75,9 +77,23 @@ def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecip
     return planned
 
 
+def _stack_recipes(render_plan: RenderPlan, with_packages: tuple[str, ...]) -> list[officialstack.StackRecipe]:
+    """--with: one torchvision / torchaudio recipe per pytorch variant (a variant the plan refuses has none)."""
+    officialstack.check_names(with_packages)
+    return [officialstack.plan(name, variant) for variant in render_plan.variants
+            if variant.status is not Status.REFUSED for name in with_packages]
+
+
+def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str, ...]) -> list[PlannedRecipe]:
+    """--with's recipes, each built after the recipe of its pytorch variant, in that variant's channels."""
+    return [officialstack.planned_recipe(recipe, fmt, channel_data.for_variant(recipe.pytorch))
+            for recipe in _stack_recipes(render_plan, with_packages)]
+
+
 def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, ...] = (),
-            magma_patches: tuple[Path, ...] = (), magma_only: bool = False) -> Plan:
-    """The official flavour's recipes of a (buildable) RenderPlan, in build order."""
+            magma_patches: tuple[Path, ...] = (), magma_only: bool = False,
+            with_packages: tuple[str, ...] = ()) -> Plan:
+    """The official flavour's recipes of a (buildable) RenderPlan, in build order (--with's after pytorch's)."""
     render_plan.require_buildable()
     recipes = [] if magma_only else _companions(render_plan, fmt)
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
@@ -95,23 +111,27 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
             recipes.append(_from_context(
                 "pytorch", variant.id, variant.filename_stem, context, channel_data.for_variant(variant), fmt, patches,
                 variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)))
+    stack = [] if magma_only else _stack(render_plan, fmt, with_packages)
     needs = MachineNeeds(
         cuda_versions=tuple(dict.fromkeys(v.request.accel for v in render_plan.variants if v.request.is_cuda)),
-        platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)))
-    return Plan(NAME, tuple(recipes), needs=needs)
+        platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)),
+        arch_checked=any(s.arch_list for s in stack))
+    facts = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
+        if stack else ()
+    return Plan(NAME, (*recipes, *stack), needs=needs, facts=facts)
 
 
-def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
+def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings,
+                   with_packages: tuple[str, ...] = ()) -> list[Step]:
     """The official flavour's steps of a RenderPlan, with the patches and --magma-only of `settings`."""
     return plan_steps(plan_of(render_plan, engine.recipe_format, patches=settings.patches,
-                              magma_patches=settings.magma_patches, magma_only=settings.magma_only), settings)
+                              magma_patches=settings.magma_patches, magma_only=settings.magma_only,
+                              with_packages=with_packages), settings)
 
 
 def selection_of(request: Request) -> Selection:
     """The Selection of a request: the shared flags and the official flavour's own (--debug, --jetson, --env,
     --gcc, --magma-source, --magma-patch); without --pytorch, the release is chosen and the reason noted."""
-    if request.with_packages:  # its torchvision/torchaudio recipes are not planned yet
-        raise UsageError("--with applies to --flavour conda-forge only", "add --flavour conda-forge, or leave --with out")
     flags = dict(request.flavour_flags)
     magma_source = flags.get("--magma-source")
     if magma_source is not None and not str(magma_source).strip():  # '' would otherwise mean "the release tarball"
@@ -148,15 +168,17 @@ class OfficialFlavour:
 
     def matrix(self, request: Request) -> MatrixView:
         render_plan = plan(selection_of(request))
-        return MatrixView(tuple(matrix_rows(render_plan)), "torchforge variants (flavour official)",
+        stack = _stack_recipes(render_plan, request.with_packages)
+        return MatrixView(tuple(matrix_rows(render_plan) + stack_rows(stack)), "torchforge variants (flavour official)",
                           ("variant", "status", "build string", "magma package", "notes"),
-                          tuple(_variant_cells(v) for v in render_plan.variants), bool(render_plan.refused))
+                          (*(_variant_cells(v) for v in render_plan.variants), *(_stack_cells(r) for r in stack)),
+                          bool(render_plan.refused))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
         return plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
                        magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-                       magma_only=bool(flags.get("--magma-only")))
+                       magma_only=bool(flags.get("--magma-only")), with_packages=request.with_packages)
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
@@ -215,6 +237,19 @@ def matrix_rows(render_plan: RenderPlan) -> list[dict[str, object]]:
     return rows
 
 
+def stack_rows(stack: list[officialstack.StackRecipe]) -> list[dict[str, object]]:
+    """`matrix --json` rows of --with: each package file and the pytorch file it is built against."""
+    return [{"id": r.id, "package": r.package, "status": Status.BUILDABLE.value, "version": r.version,
+             "build_string": r.build_string, "file": r.stem, "pytorch": r.pytorch.filename_stem,
+             "cuda": r.pytorch.request.accel, "python": r.python, "platform": r.pytorch.request.platform,
+             "arch_list": r.pytorch.arch_list if r.cuda else None} for r in stack]
+
+
+def _stack_cells(recipe: officialstack.StackRecipe) -> tuple[str, ...]:
+    return (recipe.id, f"[{STATUS_STYLE[Status.BUILDABLE]}]{Status.BUILDABLE.value}[/]", recipe.build_string, "-",
+            f"built against {recipe.pytorch.filename_stem}")
+
+
 FLAVOUR = OfficialFlavour()
 
 
@@ -237,6 +272,8 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     """The official flavour's build from its RenderPlan: its preflight checks the variants (cuDNN, bundled
     libraries, requirement solves) besides the machine."""
     _refuse_feedstock_patches(request)
+    if options.fmt == "wheel" and request.with_packages:
+        raise UsageError("--with builds conda packages, not --format wheel", "leave --with out, or use --format conda")
     flags = dict(request.flavour_flags)
     magma_only = bool(flags.get("--magma-only"))
     selection = selection_of(request)
@@ -255,13 +292,14 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     err.print(why)
     if site.path is not None:
         err.print(f"channels and images from {site.path}")
-    extra_env = _official_checks(render_plan, options, site, chosen, jobs, in_images, request.source, magma_only)
+    extra_env = _official_checks(render_plan, options, site, chosen, jobs, in_images, request.source, magma_only,
+                                 _arch_checked(render_plan, request))
     settings = options.settings(request, site.channels, magma_only=magma_only, extra_env=extra_env, container=in_images,
                          magma_patches=tuple(flags.get("--magma-patch") or ()))  # type: ignore[call-overload]
     if options.fmt == "wheel":
         settings = wheel_settings(settings)
         return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
-    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings)), chosen, settings)
+    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request.with_packages)), chosen, settings)
 
 
 def _official_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan, source: str | None,
@@ -280,9 +318,14 @@ def _official_engine(options: BuildOptions, magma_only: bool, render_plan: Rende
     return (*select_engine(options.engine, require_available=not options.dry_run), None)
 
 
+def _arch_checked(render_plan: RenderPlan, request: Request) -> bool:
+    """--with of a CUDA variant: its packages' libraries are listed with cuobjdump after the build."""
+    return bool(request.with_packages) and any(v.request.is_cuda for v in render_plan.variants)
+
+
 def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteConfig, chosen: Engine,
                      jobs: int | None, in_images: containers.ContainerSettings | None, source: str | None,
-                     magma_only: bool) -> dict[str, str]:
+                     magma_only: bool, arch_checked: bool = False) -> dict[str, str]:
     """The official preflight (a dry run: what it can know without a tool); the build's MAX_JOBS."""
     extra_env: dict[str, str] = {}
     if options.dry_run and not options.skip_preflight:
@@ -295,7 +338,8 @@ def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteC
         # Check the machine before a multi-hour build: every problem at once, each with its fix.
         report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
                                out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                               check_channels=options.fmt == "conda", magma_only=magma_only)
+                               check_channels=options.fmt == "conda", magma_only=magma_only,
+                               arch_checked=arch_checked and not magma_only)
         err.print(report_table(report))
         report.raise_if_failed()
         if report.max_jobs:
@@ -315,7 +359,12 @@ def machine_checks(request: Request, options: BuildOptions,
     in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
     report = run_preflight(render_plan, engine=options.engine, source=request.source, jobs=jobs, runner=Runner(),
                            out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")))
+                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")),
+                           arch_checked=_arch_checked(render_plan, request))
+    stack = _stack_recipes(render_plan, request.with_packages)
+    if stack:  # what --with adds to the plan, first, as the other flavour's doctor shows it
+        listed = ", ".join(f"{r.stem} (pytorch {r.pytorch.filename_stem})" for r in stack)
+        report = PreflightReport((Check("--with", Level.OK, listed), *report.checks), report.max_jobs, report.engine)
     return report, render_plan.require_buildable
 
 
@@ -330,10 +379,13 @@ def render_folders(request: Request, fmt: RecipeFormat, out_dir: Path, *, force:
     metapackages), with every variant's warnings."""
     _refuse_feedstock_patches(request)
     flags = dict(request.flavour_flags)
-    render_plan, written = render_selection(
-        selection_of(request), out_dir, fmt, force=force, patches=list(request.patches),
-        magma_patches=list(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-        companions=bool(flags.get("--companions")))
+    render_plan = plan(selection_of(request))
+    folders = recipe_folders(render_plan, fmt, tuple(request.patches),
+                             tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
+                             companions=bool(flags.get("--companions")))
+    folders.update({r.id: dict(officialstack.recipe_files(r, fmt))
+                    for r in _stack_recipes(render_plan, request.with_packages)})
+    written = write_folders(folders, out_dir, force=force)
     warnings = [f"{v.id}: {message}" for v in render_plan.variants for message in v.warnings]
     warnings += [f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings]
     return Rendered(tuple(written), tuple(warnings), f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
