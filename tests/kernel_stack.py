@@ -43,7 +43,6 @@ from torchforge.safeextract import extract_conda
 from torchforge.standin import Stub, make_stub_channel, write_stub
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vision_kernels"
-NAME = "vision-kernels"
 # What the build itself runs from the host prefix (pip install . under setuptools, wheel and ninja).
 BUILD_TOOLS = ("pip", "setuptools", "wheel", "ninja")
 CHECK = """
@@ -127,10 +126,11 @@ def stub_channel(torch_channel: Path, recipe_specs: list[str], site: Path, serie
     return sorted(stub.name for stub in carried.values())
 
 
-def inputs_for(torch_channel: Path, arch_list: str, torch_python: str, work: Path) -> ExtensionInputs:
-    """The fixture packed as an sdist, its metadata read with `torch_python`, for the channel's one pytorch
-    (channels are filled in once the stand-ins exist)."""
-    archive = fetch(parse_spec(str(FIXTURE)), work / "sdist", torch_python, Runner(), metadata_env())
+def inputs_for(torch_channel: Path, arch_list: str, torch_python: str, work: Path,
+               source: str = str(FIXTURE)) -> ExtensionInputs:
+    """The source (the fixture, another folder, an sdist) as an sdist, its metadata read with `torch_python`, for
+    the channel's one pytorch (channels are filled in once the stand-ins exist)."""
+    archive = fetch(parse_spec(source), work / "sdist", torch_python, Runner(), metadata_env())
     return ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), work),
                            pytorch_in_channel(torch_channel, "linux-64"), arch_list, ())
 
@@ -143,10 +143,11 @@ def build(inputs: ExtensionInputs, out: Path) -> StepResult:
     return result
 
 
-def run_check(prefix: Path, cuda: bool, cwd: Path) -> str:
-    """CHECK in the prefix's python, LD_LIBRARY_PATH and PYTHONPATH empty: every library from the prefix."""
+def run_check(prefix: Path, cuda: bool, cwd: Path, code: str = CHECK) -> str:
+    """`code` (CHECK: the fixture's) in the prefix's python, LD_LIBRARY_PATH and PYTHONPATH empty: every library
+    from the prefix."""
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "", "HOME": str(cwd)}
-    done = subprocess.run([str(prefix / "bin" / "python"), "-c", CHECK, *(["--cuda"] if cuda else [])],
+    done = subprocess.run([str(prefix / "bin" / "python"), "-c", code, *(["--cuda"] if cuda else [])],
                           capture_output=True, text=True, env=env, cwd=cwd)
     if done.returncode != 0:
         raise RuntimeError(f"the check failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}")
@@ -173,7 +174,7 @@ def arch_report(package: Path, arch_lists: list[str]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("channel", type=Path)
     parser.add_argument("work", type=Path)
@@ -181,32 +182,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-python", required=True, help="a python with torch importable (the sdist's metadata)")
     parser.add_argument("--arch-list", default="")
     parser.add_argument("--also-check", action="append", default=[], help="another arch list to check the package for")
-    args = parser.parse_args(argv)
-    work = args.work.resolve()
-    inputs = inputs_for(args.channel, args.arch_list, args.torch_python, work)
-    pytorch = inputs.pytorch
+    parser.add_argument("--source", action="append", default=[],
+                        help="an extension's source (sdist, folder), built in order; default: the fixture")
+    parser.add_argument("--check", action="append", default=[], type=Path,
+                        help="a Python file run in the prefix after the install (default: the fixture's check)")
+    return parser.parse_args(argv)
+
+
+def build_all(args: argparse.Namespace, work: Path) -> list[tuple[ExtensionInputs, Path]] | None:
+    """Every source built, in order, for the channel's pytorch; None (and the log said) at the first failure."""
+    sources = args.source or [str(FIXTURE)]
+    planned = [inputs_for(args.channel, args.arch_list, args.torch_python, work / f"src{i}", source)
+               for i, source in enumerate(sources)]
+    pytorch = planned[0].pytorch
     print(f"pytorch in the channel: {pytorch.version} {pytorch.build} (python {pytorch.python}, cuda {pytorch.cuda})")
-    requirements = inputs.requirements("rattler-build")
-    carried = stub_channel(args.channel, [s for s in (*requirements["host"], *requirements["run"])
-                                          if not s.startswith("pytorch ")], args.site, pytorch.python, work / "stubs")
+    specs = [s for inputs in planned for part in inputs.requirements("rattler-build").values() for s in part]
+    carried = stub_channel(args.channel, [s for s in specs if not s.startswith("pytorch ")], args.site,
+                           pytorch.python, work / "stubs")
     print("carried with their real files:", ", ".join(carried))
-    inputs = dataclasses.replace(inputs, channels=tuple(c.resolve().as_uri() for c in (args.channel, work / "stubs")))
-    result = build(inputs, work / "out")
-    log_tail = result.log.read_text()[-20000:] if result.log else ""
-    if not result.ok:
-        print(f"build failed: {result.error}\n{log_tail[-6000:]}")
+    built = []
+    for inputs in planned:
+        inputs = dataclasses.replace(inputs, channels=tuple(c.resolve().as_uri() for c in (args.channel, work / "stubs")))
+        result = build(inputs, work / "out")
+        log_tail = result.log.read_text()[-20000:] if result.log else ""
+        if not result.ok:
+            print(f"build of {inputs.stem} failed: {result.error}\n{log_tail[-6000:]}")
+            return None
+        package = work / "out" / "linux-64" / f"{inputs.stem}.conda"
+        print(f"built {package.name} in {result.seconds:.0f} s (rattler-build, arch list {args.arch_list or 'none'})")
+        print("\n".join(line for line in log_tail.splitlines() if "gencode" in line.lower() or "torchforge" in line)[-3000:])
+        built.append((inputs, package))
+    return built
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    work = args.work.resolve()
+    built = build_all(args, work)
+    if built is None:
         return 1
-    package = work / "out" / "linux-64" / f"{inputs.stem}.conda"
-    print(f"built {package.name} in {result.seconds:.0f} s (rattler-build, arch list {args.arch_list or 'none'})")
-    print("\n".join(line for line in log_tail.splitlines() if "gencode" in line.lower() or "torchforge" in line)[-3000:])
+    pytorch, names = built[0][0].pytorch, [inputs.metadata.conda_name for inputs, _ in built]
     virtual = {"__glibc": "2.28", "__unix": "0", "__linux": "6.0", **({"__cuda": pytorch.cuda} if pytorch.cuda else {})}
-    records = solve_and_install([work / "out", args.channel, work / "stubs"], [NAME], work / "prefix", virtual=virtual)
+    records = solve_and_install([work / "out", args.channel, work / "stubs"], names, work / "prefix", virtual=virtual)
     chosen = {r.name: f"{r.version} {r.build}" for r in records}
-    print(f"installed {len(records)} packages: {NAME} {chosen[NAME]}, pytorch {chosen['pytorch']}")
-    print(json.dumps([d for r in records if r.name == NAME for d in r.depends]))
-    print(run_check(work / "prefix", bool(pytorch.cuda) and bool(os.environ.get("KERNEL_STACK_GPU")), work), end="")
+    print(f"installed {len(records)} packages: {', '.join(f'{n} {chosen[n]}' for n in names)}, pytorch {chosen['pytorch']}")
+    print(json.dumps({r.name: list(r.depends) for r in records if r.name in names}))
+    gpu = bool(pytorch.cuda) and bool(os.environ.get("KERNEL_STACK_GPU"))
+    for code in [p.read_text() for p in args.check] or [CHECK]:
+        print(run_check(work / "prefix", gpu, work, code), end="")
     if pytorch.cuda:
-        print("\n".join(arch_report(package, [args.arch_list, *args.also_check])))
+        for _, package in built:
+            print("\n".join(arch_report(package, [args.arch_list, *args.also_check])))
     return 0
 
 
