@@ -64,6 +64,16 @@ def test_a_cpu_build_sets_no_arch_list_and_keeps_cuda_out() -> None:
     assert build_string(cpu, "", 0).startswith("pt2.13.0_cpu_")
 
 
+def test_a_cuda_build_of_torch_scatter_sets_its_cuda_switch_and_a_cpu_build_does_not() -> None:
+    """FORCE_CUDA=1 (torch-scatter 2.1.2 setup.py:21) in the CUDA build only: without it a build machine whose torch
+    sees no GPU makes a package without kernels; in a CPU build it would ask for nvcc."""
+    scatter = SdistMetadata("torch_scatter", "2.1.2", (), ("setuptools", "wheel"))
+    cpu = PytorchBuild("2.13.0", "whl_py3.11_cpu_0", "linux-64", "3.11", None)
+    for pytorch, arch_list, expected in ((CUDA_PYTORCH, "9.0", True), (cpu, "", False)):
+        recipe = extension_recipe(dataclasses.replace(inputs(pytorch, arch_list), metadata=scatter), "conda-build")
+        assert ("export FORCE_CUDA=1\n" in str(recipe.files["build.sh"])) is expected
+
+
 def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settings(tmp_path: Path) -> None:
     recipe = extension_recipe(inputs(), "rattler-build")
     settings = BuildSettings(out=tmp_path / "out")

@@ -33,10 +33,12 @@ TORCH = "torch"
 
 @dataclass(frozen=True)
 class Switches:
-    """torchforge/data/extensions.toml: a package's own variables for its build and for its metadata."""
+    """torchforge/data/extensions.toml: a package's own variables for its build, for a CUDA build only, and
+    for its metadata."""
 
     build_env: tuple[tuple[str, str], ...] = ()
     metadata_env: tuple[tuple[str, str], ...] = ()
+    cuda_env: tuple[tuple[str, str], ...] = ()
 
 
 @cache
@@ -45,9 +47,10 @@ def _switch_table() -> dict[str, Switches]:
     packages = parse_toml(data_text("extensions"), where).get("packages", {})
     table = {}
     for name, entry in dict(packages).items():  # type: ignore[call-overload]
-        envs = [entry.get(key, {}) for key in ("build_env", "metadata_env")]
+        envs = [entry.get(key, {}) for key in ("build_env", "metadata_env", "cuda_env")]
         if not all(isinstance(env, dict) and all(isinstance(v, str) for v in env.values()) for env in envs):
-            raise DataError(f"{where}: [packages.{name}] build_env and metadata_env map variables to strings",
+            raise DataError(f"{where}: [packages.{name}] build_env, metadata_env and cuda_env map variables to "
+                            "strings",
                             "fix the table")
         table[canonicalize_name(name)] = Switches(*(tuple(sorted(env.items())) for env in envs))
     return table

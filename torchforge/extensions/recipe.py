@@ -109,9 +109,11 @@ class ExtensionInputs:
         return {"host": tuple(dict.fromkeys(host)), "run": run}
 
     def env(self) -> dict[str, str]:
-        """The build's own variables: the package's switches, the arch list, no network."""
+        """The build's own variables: the package's switches (its CUDA ones for a CUDA pytorch), the arch list, no
+        network."""
         arch = {ARCH_LIST_VARIABLE: self.arch_list, "TORCH_CUDA_ARCH_LIST": self.arch_list} if self.arch_list else {}
-        return {**dict(switches(self.metadata.name).build_env), **arch,
+        own = switches(self.metadata.name)
+        return {**dict(own.build_env), **(dict(own.cuda_env) if self.pytorch.cuda else {}), **arch,
                 **dict.fromkeys(PROXY_VARIABLES, NO_NETWORK_PROXY), "PIP_NO_INDEX": "1"}
 
 
