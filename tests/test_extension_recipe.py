@@ -5,12 +5,15 @@ local channel (tests/pkgfactory.py, official-style dotted build strings)."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
 
 from tests.pkgfactory import make_package
+from tests.test_build import needs_nvcc
 from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata
 from torchforge.extensions.recipe import ExtensionInputs, PytorchBuild, build_string, extension_recipe, pytorch_in_channel
@@ -43,7 +46,8 @@ def test_both_formats_pin_that_pytorch_build_in_host_and_run(fmt: str, name: str
     recipe = extension_recipe(inputs(), fmt)
     parsed = YAML(typ="safe").load(str(recipe.files[name]).replace("${{", "'${{").replace("}}", "}}'"))
     assert parsed["package"] == {"name": "causal-conv1d", "version": "1.7.0"}
-    assert parsed["requirements"]["host"] == ["python 3.12.*", "setuptools", "wheel", "pip", pin]
+    # CUDA: ninja too (torch's cpp_extension goes through $PYTORCH_NVCC, the compile cache's arch filter, only then)
+    assert parsed["requirements"]["host"] == ["python 3.12.*", "setuptools", "wheel", "ninja", "pip", pin]
     assert parsed["requirements"]["run"] == ["python 3.12.*", pin, "packaging", "ninja"]
     assert parsed["build"]["string"] == build_string(CUDA_PYTORCH, "9.0", 0)
     assert recipe.stems == (f"causal-conv1d-1.7.0-{build_string(CUDA_PYTORCH, '9.0', 0)}",)
@@ -72,6 +76,27 @@ def test_a_cuda_build_of_torch_scatter_sets_its_cuda_switch_and_a_cpu_build_does
     for pytorch, arch_list, expected in ((CUDA_PYTORCH, "9.0", True), (cpu, "", False)):
         recipe = extension_recipe(dataclasses.replace(inputs(pytorch, arch_list), metadata=scatter), "conda-build")
         assert ("export FORCE_CUDA=1\n" in str(recipe.files["build.sh"])) is expected
+
+
+@needs_nvcc
+def test_a_cuda_build_script_stops_without_ninja_and_says_why(tmp_path: Path) -> None:
+    """The real build.sh with the real nvcc 13.0: where no ninja is on PATH it stops before pip (cpp_extension would
+    run $CUDA_HOME/bin/nvcc past the compile cache's arch filter); with ninja it goes on to pip ($PYTHON)."""
+    script = tmp_path / "build.sh"
+    script.write_text(str(extension_recipe(inputs(), "conda-build").files["build.sh"]))
+    nvcc = Path(shutil.which("nvcc") or "")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sed", "env", "cat"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    env = {"CUDA_HOME": str(nvcc.parent.parent), "PYTHON": "echo", "PATH": str(tools)}
+    stopped = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env)
+    assert stopped.returncode == 1 and "torchforge: no ninja in the build environment" in stopped.stderr
+    assert "-m pip install" not in stopped.stdout
+    (tools / "ninja").symlink_to(shutil.which("ninja") or "ninja")
+    went_on = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env)
+    assert went_on.returncode == 0, went_on.stderr
+    assert "-m pip install . --no-deps --no-build-isolation --no-index" in went_on.stdout
 
 
 def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settings(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ PYTORCH = "pytorch"
 NO_NETWORK_PROXY = "http://no-network-at-build-time.invalid:9"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 FORMATS = {"conda-build": "meta.yaml", "rattler-build": "recipe.yaml"}
+NINJA = "ninja"
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,11 @@ class ExtensionInputs:
     def requirements(self, recipe_format: str) -> dict[str, tuple[str, ...]]:
         python = self.pytorch.python
         exact = self.pytorch_pin(recipe_format)
-        host = (f"python {python}.*", *to_conda(self.metadata.build_requires, python, drop=False), "pip", exact)
+        # CUDA: torch's cpp_extension runs nvcc through $PYTORCH_NVCC (the compile cache's route and its arch
+        # filter) only under ninja; without ninja it falls back to $CUDA_HOME/bin/nvcc, past both.
+        ninja = (NINJA,) if self.pytorch.cuda else ()
+        host = (f"python {python}.*", *to_conda(self.metadata.build_requires, python, drop=False), *ninja, "pip",
+                exact)
         run = (f"python {python}.*", exact, *to_conda(self.metadata.requires, python, drop=True))
         return {"host": tuple(dict.fromkeys(host)), "run": run}
 
@@ -123,7 +128,10 @@ def build_script(inputs: ExtensionInputs) -> str:
     toolkit = (f'release=$("$CUDA_HOME/bin/nvcc" --version | sed -n "s/.*release \\([0-9.]*\\),.*/\\1/p")\n'
                f'[ "$release" = {cuda} ] || {{ echo "torchforge: pytorch {inputs.pytorch.build} needs CUDA {cuda}; '
                f'\\$CUDA_HOME/bin/nvcc is ${{release:-missing}}: set CUDA_HOME to a CUDA {cuda} toolkit" >&2; exit 1; }}\n'
-               'export PATH="$CUDA_HOME/bin:$PATH"\n') if cuda else "export FORCE_ONLY_CPU=1 CUDA_HOME=\n"
+               'export PATH="$CUDA_HOME/bin:$PATH"\n'
+               'command -v ninja >/dev/null || { echo "torchforge: no ninja in the build environment: torch\'s '
+               'cpp_extension would run $CUDA_HOME/bin/nvcc past the compile cache and its arch filter" >&2; exit 1; }\n'
+               ) if cuda else "export FORCE_ONLY_CPU=1 CUDA_HOME=\n"
     return ("#!/bin/bash\n# Written by torchforge for an extension built from its sdist (torchforge/extensions).\n"
             "set -euo pipefail\nunset no_proxy NO_PROXY\n" + exports + toolkit +
             '[ -z "${TORCHFORGE_COMPILERS:-}" ] || source "$TORCHFORGE_COMPILERS/route.sh"\n'
