@@ -103,7 +103,11 @@ def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settin
     recipe = extension_recipe(inputs(), "rattler-build")
     settings = BuildSettings(out=tmp_path / "out")
     (step,) = plan_steps(Plan("extension", (recipe,)), settings)
-    assert (step.kind, step.stems, step.action.value, step.accel) == ("recipe", recipe.stems, "build", "13.0")
+    assert (step.kind, step.stems, step.action.value, step.accel) == ("extension", recipe.stems, "build", "13.0")
+    # through the compile cache (its nvcc route keeps only the arch list), and the arch check of its libraries
+    assert step.cache_key and "TORCHFORGE_COMPILERS" in step.script_env and step.arch_list == "9.0"
+    (uncached,) = plan_steps(Plan("extension", (recipe,)), dataclasses.replace(settings, use_cache=False))
+    assert uncached.cache_key is None and "TORCHFORGE_COMPILERS" not in uncached.script_env
     name, version, build = recipe.stems[0].rsplit("-", 2)
     make_package(tmp_path / "out" / "linux-64", name, version, build, about_extra={"torchforge_settings": recipe.settings})
     index(tmp_path / "out")
