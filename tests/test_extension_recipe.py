@@ -145,14 +145,3 @@ def test_build_reads_every_extension_spec_before_building(tmp_path: Path) -> Non
     assert result.returncode == 2, result.stderr
     assert "--extension 'torch-scatter': not NAME==VERSION" in result.stderr and "NAME==VERSION" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
-
-
-def test_extensions_of_a_request_need_a_pytorch_in_the_output_channel(tmp_path: Path) -> None:
-    """`build --extension` after a plan that left no pytorch in --out: told so, nothing created for it."""
-    from torchforge.extensions.plan import ExtensionRequest, recipes_for_channel
-    from torchforge.proc import Runner
-
-    assert recipes_for_channel(ExtensionRequest(), tmp_path, "linux-64", "rattler-build", (), Runner()) == []
-    with pytest.raises(UsageError, match="0 pytorch packages"):
-        recipes_for_channel(ExtensionRequest((str(CAUSAL),)), tmp_path, "linux-64", "rattler-build", (), Runner())
-    assert not (tmp_path / ".cache").exists()

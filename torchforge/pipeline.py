@@ -185,7 +185,7 @@ def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
         per_stem = dict(recipe.index_fields)
         steps.append(Step(recipe.kind, recipe.id, stems[0], recipe.subdir, recipe.python, recipe.files,
                           (*recipe.script_env, *(recipe.cache_script_env if key else ())),
-                          Action.REUSE if found else Action.BUILD, found or stale, recipe.needs,
+                          Action.REUSE if found else Action.BUILD, found or stale or recipe.note, recipe.needs,
                           settings.site_channels.apply(recipe.channels), recipe.accel, recipe.local_source,
                           () if several else per_stem.get(stems[0], ()), key, first if first != recipe.id else None,
                           recipe.cudnn, stems if several else (), recipe.index_fields if several else (),

@@ -24,6 +24,7 @@ from torchforge.engines.choice import container_engine, select_engine
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.console import err, note, warn
 from torchforge.errors import ToolMissingError, UsageError
+from torchforge.extensions.plan import with_extensions
 from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
 from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
@@ -101,10 +102,15 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
     return Plan(NAME, tuple(recipes), needs=needs)
 
 
-def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
-    """The official flavour's steps of a RenderPlan, with the patches and --magma-only of `settings`."""
-    return plan_steps(plan_of(render_plan, engine.recipe_format, patches=settings.patches,
-                              magma_patches=settings.magma_patches, magma_only=settings.magma_only), settings)
+def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings,
+                   request: Request | None = None) -> list[Step]:
+    """The official flavour's steps of a RenderPlan, with the patches and --magma-only of `settings` (and the
+    extensions of `request`, for the plan's pytorch packages or, where it has none, the output channel's)."""
+    the_plan = plan_of(render_plan, engine.recipe_format, patches=settings.patches,
+                       magma_patches=settings.magma_patches, magma_only=settings.magma_only)
+    if request is not None:
+        the_plan = with_extensions(the_plan, request, engine.recipe_format.value, channel=settings.out)
+    return plan_steps(the_plan, settings)
 
 
 def selection_of(request: Request) -> Selection:
@@ -237,6 +243,9 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     """The official flavour's build from its RenderPlan: its preflight checks the variants (cuDNN, bundled
     libraries, requirement solves) besides the machine."""
     _refuse_feedstock_patches(request)
+    if request.extensions and options.fmt == "wheel":
+        raise UsageError("--extension builds conda packages, not --format wheel",
+                         "leave --extension out, or build conda packages (--format conda)")
     flags = dict(request.flavour_flags)
     magma_only = bool(flags.get("--magma-only"))
     selection = selection_of(request)
@@ -261,7 +270,7 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     if options.fmt == "wheel":
         settings = wheel_settings(settings)
         return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
-    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings)), chosen, settings)
+    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request)), chosen, settings)
 
 
 def _official_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan, source: str | None,
