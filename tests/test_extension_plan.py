@@ -5,6 +5,7 @@ Real sdists (tests/fixtures/sdists), the official and conda-forge flavours' real
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -84,6 +85,27 @@ def test_the_planned_recipe_resolves_when_built_and_pins_the_planned_pytorch(
     assert recipe["build"]["string"] == stem.rsplit("-", 1)[-1]
     assert recipe["extra"]["torchforge_settings"] == extension.settings
     assert json.loads(extension.settings)["sdist"].startswith("sha256:")
+
+
+def test_an_extension_that_cannot_resolve_stops_the_build_before_the_first_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolved late, checked early: a build whose extension cannot resolve (here its local sdist changed after the
+    plan named it) fails before the pytorch step it follows is built: no log, nothing in the channel."""
+    from torchforge.engines.rattler_build import RattlerBuildEngine
+    from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
+    from torchforge.proc import Runner
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sdist = tmp_path / SCATTER.name
+    sdist.write_bytes(SCATTER.read_bytes())
+    the_plan = sequence.plan("official", Request("2.13.0", "cpu", "3.11", extensions=(str(sdist),)), "rattler-build")
+    sdist.write_bytes(gzip.compress(gzip.decompress(SCATTER.read_bytes()), mtime=1))  # same files, other bytes
+    settings = BuildSettings(out=tmp_path / "out")
+    steps = plan_steps(the_plan, settings)
+    assert [s.kind for s in steps][-2:] == ["pytorch", "extension"]
+    with pytest.raises(UsageError, match="the source changed after it was planned"):
+        Pipeline(RattlerBuildEngine(), Runner(), settings).run(steps)
+    assert not (tmp_path / "out" / "logs").exists() and not (tmp_path / "out" / "linux-64").exists()
 
 
 def test_a_plan_without_pytorch_takes_the_output_channels_or_says_what_is_missing(tmp_path: Path) -> None:

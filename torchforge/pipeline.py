@@ -372,6 +372,9 @@ class Pipeline:
             # that are not listed yet (a killed publish, or CI artifacts copied in from elsewhere).
             with localchannel.locked(self.settings.out):
                 pass
+        for step in steps if not self.runner.dry_run else ():
+            if step.action is Action.BUILD:  # every recipe folder complete before the first build: one resolved
+                dict(step.files)  # late (an extension's sdist and metadata) fails before hours of building
         for step in steps:
             if step.action is Action.REUSE:
                 self.on_event(f"reuse {', '.join(step.stems)}: {step.reason}")

@@ -112,13 +112,14 @@ class DeferredRecipe(Mapping[str, "str | bytes"]):
 @cache
 def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
     source, runner, root = recipe.source, Runner(), cache_root()
-    python = metadata_python(root, recipe.pytorch.version, runner)
+    index = source.spec.kind == "index"  # only pip's download needs torch importable (setup.py imports it)
     work = root / "sources" / hashlib.sha256(source.spec.text.encode()).hexdigest()[:16]
-    archive = fetch(source.spec, work, python, runner, metadata_env())
-    if source.spec.kind != "index" and f"sha256:{sha256_file(archive)}" != source.sdist:
+    archive = fetch(source.spec, work, metadata_python(root, recipe.pytorch.version, runner) if index else
+                    sys.executable, runner, metadata_env())
+    if not index and f"sha256:{sha256_file(archive)}" != source.sdist:
         raise UsageError(f"--extension {source.spec.text!r}: the source changed after it was planned",
                          "run the command again")
-    meta = read_metadata(archive, python, runner, work)
+    meta = read_metadata(archive, metadata_python(root, recipe.pytorch.version, runner), runner, work)
     if _normalised(source.spec, meta.name, meta.version) != (source.name, source.version):
         raise UsageError(f"--extension {source.spec.text!r}: the sdist says it is {meta.name} {meta.version}",
                          f"give {meta.name}=={meta.version}")
