@@ -5,6 +5,7 @@ Real sdists (tests/fixtures/sdists), the official and conda-forge flavours' real
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -60,6 +61,13 @@ def test_matrix_lists_an_extension_per_pytorch_package_pinned_to_its_file() -> N
         assert row["build_string"] == build_string(pytorch, "9.0", 0)
         assert row["build_string"].startswith(f"pt2.7.1_cu128_") and row["sdist"] == "torch-scatter==2.1.2"
     assert rows[0]["build_string"] != rows[1]["build_string"]
+    # conda-forge's recipes take nvcc from its packages; a CUDA extension takes this machine's: preflight checks it
+    without = sequence.plan("conda-forge", request, "rattler-build")
+    assert not without.needs.toolkit_on_host
+    with_scatter = sequence.plan("conda-forge", dataclasses.replace(request, extensions=("torch-scatter==2.1.2",)),
+                                 "rattler-build")
+    assert with_scatter.needs.toolkit_on_host and with_scatter.needs.cuda_versions == ("12.8",)
+    assert with_scatter.needs.arch_checked
 
 
 def test_the_planned_recipe_resolves_when_built_and_pins_the_planned_pytorch(

@@ -30,7 +30,7 @@ from torchforge.extensions.recipe import (KIND, PYTORCH, ExtensionInputs, Pytorc
                                           planned_recipe, pytorch_in_channel, settings_of, stem_of)
 from torchforge.extensions.sdist import SPEC_HINT, SdistSpec, fetch, parse_spec
 from torchforge.fileops import atomic_write, sha256_file
-from torchforge.flavours.base import MatrixView, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import MachineNeeds, MatrixView, Plan, PlannedRecipe, Request
 from torchforge.proc import Command, Runner
 
 # What a setup.py imports while pip reads its metadata, besides torch (the packages' build-system requirements).
@@ -173,9 +173,18 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
                                pytorch, arch_list, channels, files, (maker.id,) if maker else ()),
                 note=f"after {maker.id if maker else f'pytorch {pytorch.version} {pytorch.build}'}; "
                      + RESOLVED_LATER.format(version=pytorch.version)))
-    needs = dataclasses.replace(the_plan.needs, arch_checked=the_plan.needs.arch_checked
-                                or any(e.arch_list for e in extensions))
-    return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions), needs=needs)
+    return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
+                               needs=_machine_needs(the_plan.needs, extensions))
+
+
+def _machine_needs(needs: MachineNeeds, extensions: list[PlannedRecipe]) -> MachineNeeds:
+    """A CUDA extension compiles with this machine's toolkit ($CUDA_HOME, its pytorch's CUDA) and compilers,
+    whatever the flavour's own recipes use; its libraries are arch-checked."""
+    cuda = tuple(e.accel for e in extensions if e.accel != "cpu")
+    if not cuda:
+        return needs
+    return dataclasses.replace(needs, toolkit_on_host=True, cuda_versions=tuple(dict.fromkeys((*needs.cuda_versions,
+                               *cuda))), arch_checked=needs.arch_checked or any(e.arch_list for e in extensions))
 
 
 def matrix_rows(the_plan: Plan) -> list[dict[str, object]]:
