@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -75,12 +77,7 @@ def test_the_planned_recipe_resolves_when_built_and_pins_the_planned_pytorch(
     """The official plan of a CPU request with a local sdist: named from its PKG-INFO when planned; its files,
     read as the pipeline reads them before the build, pin that pytorch file in host and run and record the settings
     the reuse check compared (pip reads the metadata in the cached venv with torch 2.13.0)."""
-    from tests.tool_venvs import ensure
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    venvs = tmp_path / "cache" / "torchforge" / "extensions"
-    venvs.mkdir(parents=True)
-    (venvs / "metadata-torch-2.13.0").symlink_to(ensure("torchcpu").parent)  # the same packages, already there
+    _metadata_venv(tmp_path, monkeypatch)
     the_plan = sequence.plan("official", Request("2.13.0", "cpu", "3.11", extensions=(str(SCATTER),)), "rattler-build")
     pytorch_recipe, extension = the_plan.recipes[-2:]
     stem = f"torch-scatter-2.1.2-{build_string(CPU_PYTORCH, '', 0)}"
@@ -114,6 +111,46 @@ def test_an_extension_that_cannot_resolve_stops_the_build_before_the_first_step(
     with pytest.raises(UsageError, match="the source changed after it was planned"):
         Pipeline(RattlerBuildEngine(), Runner(), settings).run(steps)
     assert not (tmp_path / "out" / "logs").exists() and not (tmp_path / "out" / "linux-64").exists()
+
+
+def _metadata_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user cache under tmp_path, its torch 2.13.0 metadata venv the suite's (the same packages)."""
+    from tests.tool_venvs import ensure
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    venvs = tmp_path / "cache" / "torchforge" / "extensions"
+    venvs.mkdir(parents=True)
+    (venvs / "metadata-torch-2.13.0").symlink_to(ensure("torchcpu").parent)
+
+
+def test_a_git_tag_that_moved_is_planned_and_resolved_from_its_new_tree(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git+URL@TAG is named from the tree's PKG-INFO when planned; once the tag moves to another commit, the next
+    plan resolves it from a fresh clone of the new tree, not from the clone the last build left in the cache."""
+    _metadata_venv(tmp_path, monkeypatch)
+    channel = tmp_path / "chan"
+    make_package(channel / "linux-64", "pytorch", "2.13.0", "whl_py3.11_cpu_0", depends=["python >=3.11,<3.12.0a0"])
+    index(channel)
+    with tarfile.open(SCATTER) as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    tree = tmp_path / "src" / "torch_scatter-2.1.2"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(tree)]
+    request = Request(extensions=(f"git+file://{tree}@v2.1.2",))
+    planned = []
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "import"], ["tag", "v2.1.2"]):
+        subprocess.run([*git, *argv], check=True)
+    for change in ("first", "second"):
+        if change == "second":  # the tag moves: another tree of the same name and version
+            (tree / "README.md").write_text("moved\n")
+            for argv in (["commit", "-qam", "moved"], ["tag", "-f", "v2.1.2"]):
+                subprocess.run([*git, *argv], check=True, capture_output=True)
+        (extension,) = with_extensions(Plan("official", ()), request, "conda-build", channel=channel).recipes
+        recipe = YAML(typ="safe").load(str(extension.files["meta.yaml"]))
+        assert extension.stems[0].startswith("torch-scatter-2.1.2-pt2.13.0_cpu_")
+        assert recipe["extra"]["torchforge_settings"] == extension.settings
+        planned.append((extension.settings, recipe["source"]["sha256"]))
+    assert planned[0][0] != planned[1][0] and planned[0][1] != planned[1][1]
+    assert json.loads(planned[1][0])["sdist"] == f"sha256:{planned[1][1]}"
 
 
 def test_a_plan_without_pytorch_takes_the_output_channels_or_says_what_is_missing(tmp_path: Path) -> None:

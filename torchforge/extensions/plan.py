@@ -113,7 +113,8 @@ class DeferredRecipe(Mapping[str, "str | bytes"]):
 def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
     source, runner, root = recipe.source, Runner(), cache_root()
     index = source.spec.kind == "index"  # only pip's download needs torch importable (setup.py imports it)
-    work = root / "sources" / hashlib.sha256(source.spec.text.encode()).hexdigest()[:16]
+    # one folder per SPEC and planned source: a git tag that moved since gets a fresh clone, not the old one
+    work = root / "sources" / hashlib.sha256(f"{source.spec.text}\n{source.sdist}".encode()).hexdigest()[:16]
     archive = fetch(source.spec, work, metadata_python(root, recipe.pytorch.version, runner) if index else
                     sys.executable, runner, metadata_env())
     if not index and f"sha256:{sha256_file(archive)}" != source.sdist:
