@@ -61,7 +61,7 @@ def test_matrix_lists_an_extension_per_pytorch_package_pinned_to_its_file() -> N
         assert (row["python"], row["cuda"], row["arch_list"], row["needs"]) == (pytorch.python, "12.8", "9.0",
                                                                                 [recipe.id])
         assert row["build_string"] == build_string(pytorch, "9.0", 0)
-        assert row["build_string"].startswith(f"pt2.7.1_cu128_") and row["sdist"] == "torch-scatter==2.1.2"
+        assert row["build_string"].startswith("pt2.7.1_cu128_") and row["sdist"] == "torch-scatter==2.1.2"
     assert rows[0]["build_string"] != rows[1]["build_string"]
     # conda-forge's recipes take nvcc from its packages; a CUDA extension takes this machine's: preflight checks it
     without = sequence.plan("conda-forge", request, "rattler-build")
