@@ -167,3 +167,12 @@ def test_a_plan_without_pytorch_takes_the_output_channels_or_says_what_is_missin
     in_channel = PytorchBuild("2.13.0", "whl_py3.11_cpu_0", "linux-64", "3.11", None)
     assert extension.stems == (f"torch-scatter-2.1.2-{build_string(in_channel, '', 0)}",)
     assert extension.needs == () and extension.channels == (tmp_path.resolve().as_uri(),)
+
+
+def test_a_wheel_build_refuses_extensions(tmp_path: Path) -> None:
+    """--format wheel builds pip wheels, not the conda packages an extension pins: exit 2 and what works, first."""
+    result = cli("build", "--dry-run", *CPU_REQUEST, "--format", "wheel", "--out", str(tmp_path / "out"),
+                 "--extension", "torch-scatter==2.1.2")
+    assert result.returncode == 2, result.stderr
+    assert "--extension builds conda packages, not --format wheel" in result.stderr and "--format conda" in result.stderr
+    assert "Traceback" not in result.stderr and "build plan" not in result.stderr and not (tmp_path / "out").exists()
