@@ -42,6 +42,7 @@ def test_a_dry_run_shows_the_extension_after_its_pytorch_pinned_to_that_build(tm
     text = result.stderr
     assert text.index("pytorch-2.13.0-py3.11_cpu_0 ") < text.index(f"{stem} ") < text.index(f"build {stem} (")
     assert "sdist and" in text and "requirements resolved when it is built" in text  # the table folds the column
+    assert "for pytorch 2.13.0 py3.11_cpu_0, after recipe" in " ".join(text.split())
     assert f"--recipe {tmp_path / 'out'}/recipes/{stem} " in text  # the engine's command for it, after pytorch's
     assert not cache.exists() and not (tmp_path / "out").exists()
 

@@ -172,7 +172,8 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
             extensions.append(dataclasses.replace(
                 planned_recipe(stem, settings_of(source.name, source.version, source.sdist, pytorch, arch_list),
                                pytorch, arch_list, channels, files, (maker.id,) if maker else ()),
-                note=f"after {maker.id if maker else f'pytorch {pytorch.version} {pytorch.build}'}; "
+                note=f"for pytorch {pytorch.version} {pytorch.build}"
+                     + (f", after recipe {maker.id}; " if maker else " of the channel; ")
                      + RESOLVED_LATER.format(version=pytorch.version)))
     return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
                                needs=_machine_needs(the_plan.needs, extensions))
