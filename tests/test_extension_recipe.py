@@ -5,12 +5,15 @@ local channel (tests/pkgfactory.py, official-style dotted build strings)."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
 
 from tests.pkgfactory import make_package
+from tests.test_build import needs_nvcc
 from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata
 from torchforge.extensions.recipe import ExtensionInputs, PytorchBuild, build_string, extension_recipe, pytorch_in_channel
@@ -44,7 +47,8 @@ def test_both_formats_pin_that_pytorch_build_in_host_and_run(fmt: str, name: str
     recipe = extension_recipe(inputs(), fmt)
     parsed = YAML(typ="safe").load(str(recipe.files[name]).replace("${{", "'${{").replace("}}", "}}'"))
     assert parsed["package"] == {"name": "causal-conv1d", "version": "1.7.0"}
-    assert parsed["requirements"]["host"] == ["python 3.12.*", "setuptools", "wheel", "pip", pin]
+    # CUDA: ninja too (torch's cpp_extension goes through $PYTORCH_NVCC, the compile cache's arch filter, only then)
+    assert parsed["requirements"]["host"] == ["python 3.12.*", "setuptools", "wheel", "ninja", "pip", pin]
     assert parsed["requirements"]["run"] == ["python 3.12.*", pin, "packaging", "ninja"]
     assert parsed["build"]["string"] == build_string(CUDA_PYTORCH, "9.0", 0)
     assert recipe.stems == (f"causal-conv1d-1.7.0-{build_string(CUDA_PYTORCH, '9.0', 0)}",)
@@ -65,11 +69,46 @@ def test_a_cpu_build_sets_no_arch_list_and_keeps_cuda_out() -> None:
     assert build_string(cpu, "", 0).startswith("pt2.13.0_cpu_")
 
 
+def test_a_cuda_build_of_torch_scatter_sets_its_cuda_switch_and_a_cpu_build_does_not() -> None:
+    """FORCE_CUDA=1 (torch-scatter 2.1.2 setup.py:21) in the CUDA build only: without it a build machine whose torch
+    sees no GPU makes a package without kernels; in a CPU build it would ask for nvcc."""
+    scatter = SdistMetadata("torch_scatter", "2.1.2", (), ("setuptools", "wheel"))
+    cpu = PytorchBuild("2.13.0", "whl_py3.11_cpu_0", "linux-64", "3.11", None)
+    for pytorch, arch_list, expected in ((CUDA_PYTORCH, "9.0", True), (cpu, "", False)):
+        recipe = extension_recipe(dataclasses.replace(inputs(pytorch, arch_list), metadata=scatter), "conda-build")
+        assert ("export FORCE_CUDA=1\n" in str(recipe.files["build.sh"])) is expected
+
+
+@needs_nvcc
+def test_a_cuda_build_script_stops_without_ninja_and_says_why(tmp_path: Path) -> None:
+    """The real build.sh with the real nvcc 13.0: where no ninja is on PATH it stops before pip (cpp_extension would
+    run $CUDA_HOME/bin/nvcc past the compile cache's arch filter); with ninja it goes on to pip ($PYTHON)."""
+    script = tmp_path / "build.sh"
+    script.write_text(str(extension_recipe(inputs(), "conda-build").files["build.sh"]))
+    nvcc = Path(shutil.which("nvcc") or "")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sed", "env", "cat"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    env = {"CUDA_HOME": str(nvcc.parent.parent), "PYTHON": "echo", "PATH": str(tools)}
+    stopped = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env)
+    assert stopped.returncode == 1 and "torchforge: no ninja in the build environment" in stopped.stderr
+    assert "-m pip install" not in stopped.stdout
+    (tools / "ninja").symlink_to(shutil.which("ninja") or "ninja")
+    went_on = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env)
+    assert went_on.returncode == 0, went_on.stderr
+    assert "-m pip install . --no-deps --no-build-isolation --no-index" in went_on.stdout
+
+
 def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settings(tmp_path: Path) -> None:
     recipe = extension_recipe(inputs(), "rattler-build")
     settings = BuildSettings(out=tmp_path / "out")
     (step,) = plan_steps(Plan("extension", (recipe,)), settings)
-    assert (step.kind, step.stems, step.action.value, step.accel) == ("recipe", recipe.stems, "build", "13.0")
+    assert (step.kind, step.stems, step.action.value, step.accel) == ("extension", recipe.stems, "build", "13.0")
+    # through the compile cache (its nvcc route keeps only the arch list), and the arch check of its libraries
+    assert step.cache_key and "TORCHFORGE_COMPILERS" in step.script_env and step.arch_list == "9.0"
+    (uncached,) = plan_steps(Plan("extension", (recipe,)), dataclasses.replace(settings, use_cache=False))
+    assert uncached.cache_key is None and "TORCHFORGE_COMPILERS" not in uncached.script_env
     name, version, build = recipe.stems[0].rsplit("-", 2)
     make_package(tmp_path / "out" / "linux-64", name, version, build, about_extra={"torchforge_settings": recipe.settings})
     index(tmp_path / "out")
@@ -107,17 +146,6 @@ def test_build_reads_every_extension_spec_before_building(tmp_path: Path) -> Non
     assert result.returncode == 2, result.stderr
     assert "--extension 'torch-scatter': not NAME==VERSION" in result.stderr and "NAME==VERSION" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
-
-
-def test_extensions_of_a_request_need_a_pytorch_in_the_output_channel(tmp_path: Path) -> None:
-    """`build --extension` after a plan that left no pytorch in --out: told so, nothing created for it."""
-    from torchforge.extensions.plan import ExtensionRequest, recipes_for_channel
-    from torchforge.proc import Runner
-
-    assert recipes_for_channel(ExtensionRequest(), tmp_path, "linux-64", "rattler-build", (), Runner()) == []
-    with pytest.raises(UsageError, match="0 pytorch packages"):
-        recipes_for_channel(ExtensionRequest((str(CAUSAL),)), tmp_path, "linux-64", "rattler-build", (), Runner())
-    assert not (tmp_path / ".cache").exists()
 
 
 def test_a_cuda_extension_requires_the_package_that_holds_libcudart_as_its_pytorch_names_it(

@@ -113,3 +113,14 @@ def test_the_packages_own_switches_come_from_the_data() -> None:
             text = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
         assert f'os.getenv("{variable}", "FALSE") == "TRUE"' in text
     assert shutil.which("git")
+
+
+def test_torch_scatter_builds_its_cuda_kernels_in_a_cuda_build_only() -> None:
+    """torch-scatter 2.1.2 compiles its CUDA kernels only where torch sees a GPU, unless FORCE_CUDA is '1'
+    (setup.py:21 of the real sdist): set for CUDA builds, never for CPU ones."""
+    assert switches("torch-scatter").cuda_env == (("FORCE_CUDA", "1"),)
+    assert switches("torch-scatter").build_env == () and switches("causal-conv1d").cuda_env == ()
+    with tarfile.open(SCATTER) as tar:
+        text = tar.extractfile("torch_scatter-2.1.2/setup.py").read().decode()  # type: ignore[union-attr]
+    lines = text.splitlines()
+    assert lines[20] == "if os.getenv('FORCE_CUDA', '0') == '1':" and lines[21].strip() == "suffices = ['cuda', 'cpu']"

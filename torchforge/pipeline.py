@@ -185,7 +185,7 @@ def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
         per_stem = dict(recipe.index_fields)
         steps.append(Step(recipe.kind, recipe.id, stems[0], recipe.subdir, recipe.python, recipe.files,
                           (*recipe.script_env, *(recipe.cache_script_env if key else ())),
-                          Action.REUSE if found else Action.BUILD, found or stale, recipe.needs,
+                          Action.REUSE if found else Action.BUILD, found or stale or recipe.note, recipe.needs,
                           settings.site_channels.apply(recipe.channels), recipe.accel, recipe.local_source,
                           () if several else per_stem.get(stems[0], ()), key, first if first != recipe.id else None,
                           recipe.cudnn, stems if several else (), recipe.index_fields if several else (),
@@ -372,6 +372,9 @@ class Pipeline:
             # that are not listed yet (a killed publish, or CI artifacts copied in from elsewhere).
             with localchannel.locked(self.settings.out):
                 pass
+        for step in steps if not self.runner.dry_run else ():
+            if step.action is Action.BUILD:  # every recipe folder complete before the first build: one resolved
+                dict(step.files)  # late (an extension's sdist and metadata) fails before hours of building
         for step in steps:
             if step.action is Action.REUSE:
                 self.on_event(f"reuse {', '.join(step.stems)}: {step.reason}")

@@ -6,7 +6,7 @@ The commands call these and print; the flavour's own model never reaches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,24 +20,25 @@ from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
 from torchforge.flavours import JOBS_VARIABLE, plugin
+from torchforge.extensions.plan import with_extension_rows, with_extensions
 from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
-from torchforge.engines import Engine
-from torchforge.pipeline import BuildSettings, Step, plan_steps
+from torchforge.pipeline import plan_steps
 from torchforge.preflight import (Check, Level, PreflightReport, checked_jobs, container_report, report_table,
                                   run_machine_checks, run_needs_checks)
 from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
 
-__all__ = ["BuildOptions", "PreparedBuild", "doctor", "extension_steps", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
+__all__ = ["BuildOptions", "PreparedBuild", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
-    """The flavour's plan of `request`, its recipe folders rendered for an engine reading `recipe_format`."""
-    return plugin(flavour).plan(request, recipe_format)
+    """The flavour's plan of `request`, its recipe folders rendered for an engine reading `recipe_format`, with
+    the request's extensions after the pytorch recipes they are built for."""
+    return with_extensions(plugin(flavour).plan(request, recipe_format), request, recipe_format)
 
 
 def refuse_build(flavour: str, request: Request) -> None:
@@ -48,8 +49,9 @@ def refuse_build(flavour: str, request: Request) -> None:
 
 
 def matrix(flavour: str, request: Request) -> MatrixView:
-    """The flavour's `matrix` of `request`: its JSON rows and its table."""
-    return plugin(flavour).matrix(request)
+    """The flavour's `matrix` of `request`: its JSON rows and its table (and the rows of its extensions)."""
+    view = plugin(flavour).matrix(request)
+    return with_extension_rows(view, plan(flavour, request, "rattler-build")) if request.extensions else view
 
 
 def machine_report(the_plan: Plan, *, engine: str | None, jobs: int | None, out: Path, site: SiteConfig,
@@ -182,17 +184,3 @@ def standins(flavour: str, request: Request) -> StandIns:
     # a plan's own recipes read conda-forge's packages: their stand-ins take those shapes
     return StandIns(tuple(plan_requirements(the_plan)), f"the {the_plan.flavour} flavour's recipes (recipe.yaml)",
                     conda_forge=True)
-
-
-def extension_steps(specs: tuple[str, ...], arch_list: str, built: Sequence[Step], engine: Engine,
-                    settings: BuildSettings) -> list[Step]:
-    """--extension: one recipe per SPEC for the pytorch the output channel holds once `built` ran (its exact
-    build string is read from the channel, so it is planned after that build), as steps of the one pipeline."""
-    from torchforge.extensions.plan import ExtensionRequest, recipes_for_channel
-
-    if not specs or not built:
-        return []
-    channels = tuple(dict.fromkeys(c for step in built for c in step.channels))
-    planned = recipes_for_channel(ExtensionRequest(specs, arch_list), settings.out, built[-1].subdir,
-                                  engine.recipe_format.value, channels, Runner())
-    return plan_steps(Plan("extensions", tuple(planned)), settings)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
     ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
@@ -19,7 +19,6 @@ from torchforge.console import err, note, out
 from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.errors import BuildFailedError, UsageError
-from torchforge.extensions.sdist import parse_spec
 from torchforge.fileops import check_dir
 from torchforge.flavours import MAGMA_ONLY, Request
 from torchforge.pipeline import Action, BuildSettings, Pipeline, Step, StepResult
@@ -88,19 +87,6 @@ def _explain(result: StepResult) -> None:
         err.print(f"  fix: {diagnosis.fix}", markup=False)
 
 
-def _checked_specs(specs: list[str] | None) -> list[str] | None:
-    """Each --extension SPEC read before anything is built: a typo must not wait for the pytorch build."""
-    for spec in specs or ():
-        parse_spec(spec)
-    return specs
-
-
-ExtensionOpt = Annotated[list[str] | None, typer.Option(
-    "--extension", metavar="SPEC", callback=_checked_specs,
-    help="Also build this PyTorch extension from its sdist for the channel's pytorch (repeatable): NAME==VERSION, "
-         "a local sdist or folder, or git+URL@REV (docs/extensions.md).")]
-
-
 def register(app: typer.Typer) -> None:
     @app.command("build")
     def build(
@@ -139,7 +125,8 @@ def register(app: typer.Typer) -> None:
                                         "--format wheel builds pip wheels" if fmt == "wheel"
                                         else MAGMA_ONLY if magma_only else "")
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                          feedstock_patches, with_packages=with_names(with_), flavour_flags=(
+                          feedstock_patches, with_packages=with_names(with_), extensions=tuple(extension or ()),
+                          flavour_flags=(
                               ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
                               ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
                               ("--magma-only", magma_only), ("--format wheel", fmt == "wheel")))
@@ -149,9 +136,6 @@ def register(app: typer.Typer) -> None:
             container=container, config=config, cache_root=cache, use_cache=not no_cache, keep_work=keep_work)
         prepared = sequence.prepare_build(flavour_chosen, request, options)
         _run_plan(list(prepared.steps), prepared.engine, prepared.settings, dry_run)
-        if extension and not dry_run:  # planned for the pytorch now in the channel (a dry run has none yet)
-            _run_plan(sequence.extension_steps(tuple(extension), arch_list or "", prepared.steps, prepared.engine,
-                                               prepared.settings), prepared.engine, prepared.settings, dry_run)
 
 
 def _run_plan(steps: list[Step], chosen: Engine, settings: BuildSettings, dry_run: bool) -> None:

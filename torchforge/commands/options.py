@@ -11,6 +11,7 @@ import typer
 from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
+from torchforge.extensions.sdist import parse_spec
 from torchforge.flavours import Flavour, Request, choose, official_selection
 from torchforge.fileops import path_of_file_url
 from torchforge.patchfile import check_patches
@@ -59,6 +60,19 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
 WithOpt = Annotated[str | None, typer.Option(
     "--with", help="Also build these for each pytorch package, pinned to it and after it: "
                    "torchvision,torchaudio (comma-separated; the official flavour: PyTorch 2.1-2.5).")]
+
+
+def _checked_specs(specs: list[str] | None) -> list[str] | None:
+    """Each --extension SPEC read before anything is planned: a typo must not wait for the pytorch build."""
+    for spec in specs or ():
+        parse_spec(spec)
+    return specs
+
+
+ExtensionOpt = Annotated[list[str] | None, typer.Option(
+    "--extension", metavar="SPEC", callback=_checked_specs,
+    help="Also build this PyTorch extension from its sdist for each pytorch package of the plan, pinned to it and "
+         "after it (repeatable): NAME==VERSION, a local sdist or folder, or git+URL@REV (docs/extensions.md).")]
 
 
 def with_names(companions: str | None) -> tuple[str, ...]:

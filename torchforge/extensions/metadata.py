@@ -14,6 +14,7 @@ import tomllib
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from functools import cache
 from pathlib import Path
 
@@ -33,10 +34,12 @@ TORCH = "torch"
 
 @dataclass(frozen=True)
 class Switches:
-    """torchforge/data/extensions.toml: a package's own variables for its build and for its metadata."""
+    """torchforge/data/extensions.toml: a package's own variables for its build, for a CUDA build only, and
+    for its metadata."""
 
     build_env: tuple[tuple[str, str], ...] = ()
     metadata_env: tuple[tuple[str, str], ...] = ()
+    cuda_env: tuple[tuple[str, str], ...] = ()
 
 
 @cache
@@ -45,9 +48,10 @@ def _switch_table() -> dict[str, Switches]:
     packages = parse_toml(data_text("extensions"), where).get("packages", {})
     table = {}
     for name, entry in dict(packages).items():  # type: ignore[call-overload]
-        envs = [entry.get(key, {}) for key in ("build_env", "metadata_env")]
+        envs = [entry.get(key, {}) for key in ("build_env", "metadata_env", "cuda_env")]
         if not all(isinstance(env, dict) and all(isinstance(v, str) for v in env.values()) for env in envs):
-            raise DataError(f"{where}: [packages.{name}] build_env and metadata_env map variables to strings",
+            raise DataError(f"{where}: [packages.{name}] build_env, metadata_env and cuda_env map variables to "
+                            "strings",
                             "fix the table")
         table[canonicalize_name(name)] = Switches(*(tuple(sorted(env.items())) for env in envs))
     return table
@@ -90,27 +94,49 @@ def read_metadata(archive: Path, python: str, runner: Runner, scratch: Path) -> 
                          build_requirements(archive))
 
 
-def _pyproject_text(archive: Path) -> str | None:
-    """The sdist's top-level pyproject.toml (NAME-VERSION/pyproject.toml), read through the archive rule."""
+def _top_level_text(archive: Path, filename: str) -> str | None:
+    """The sdist's top-level `filename` (NAME-VERSION/FILENAME), read through the archive rule."""
     if archive.name.endswith(".zip"):
         with zipfile.ZipFile(archive) as zf:
-            name = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith("/pyproject.toml")), None)
+            name = next((n for n in zf.namelist() if n.count("/") == 1 and n.endswith(f"/{filename}")), None)
             return zf.read(name).decode() if name else None
     for tar, member in tar_members(archive):
-        if member.isfile() and member.name.count("/") == 1 and member.name.endswith("/pyproject.toml"):
+        if member.isfile() and member.name.count("/") == 1 and member.name.endswith(f"/{filename}"):
             handle = tar.extractfile(member)
             return handle.read().decode() if handle else None
     return None
 
 
-def build_requirements(archive: Path) -> tuple[str, ...]:
-    text = _pyproject_text(archive)
+def _pyproject(archive: Path) -> dict[str, object] | None:
+    text = _top_level_text(archive, "pyproject.toml")
     if text is None:
-        return SETUPTOOLS_FALLBACK
+        return None
     try:
-        requires = tomllib.loads(text).get("build-system", {}).get("requires")
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{archive}: its pyproject.toml cannot be read ({exc})", "fix the sdist") from exc
+
+
+def sdist_identity(archive: Path) -> tuple[str, str]:
+    """(name, version) a source archive says of itself without running anything: its PKG-INFO (every sdist has
+    one), else the static [project] name and version of its pyproject.toml."""
+    pkg_info = _top_level_text(archive, "PKG-INFO")
+    if pkg_info is not None:
+        headers = HeaderParser().parsestr(pkg_info)
+        if headers["Name"] and headers["Version"]:
+            return str(headers["Name"]), str(headers["Version"])
+    project = (_pyproject(archive) or {}).get("project")
+    if isinstance(project, dict) and isinstance(project.get("name"), str) and isinstance(project.get("version"), str):
+        return project["name"], project["version"]
+    raise UsageError(f"{archive.name}: no PKG-INFO and no static [project] name and version in pyproject.toml, so "
+                     "the package cannot be named before it is built",
+                     "give an sdist (`python -m build --sdist` writes its PKG-INFO), or NAME==VERSION from an index")
+
+
+def build_requirements(archive: Path) -> tuple[str, ...]:
+    pyproject = _pyproject(archive)
+    system = (pyproject or {}).get("build-system")
+    requires = system.get("requires") if isinstance(system, dict) else None
     return tuple(requires) if isinstance(requires, list) else SETUPTOOLS_FALLBACK
 
 

@@ -1,23 +1,48 @@
-"""The extensions of one request, as PlannedRecipes: each SPEC resolved, read and planned for the one pytorch
-package of the output channel (the sequencer puts them after the pytorch steps)."""
+"""The extensions of a request (`--extension SPEC`) as recipes of the request's own plan (issue 33): one per SPEC
+and pytorch package of the plan (built or reused), pinned to that package's file (version and build string) and
+built after its recipe; where the plan has no pytorch (--magma-only), for the one pytorch of the output channel.
+
+Planning stays cheap, so that `build --dry-run` and `matrix` show them: the name and version come from the SPEC
+(NAME==VERSION) or from the archive's PKG-INFO or pyproject.toml (a local sdist, a folder, a git revision). The
+sdist download (pip), its requirements (pip, where torch of the pytorch's release is importable: a venv kept in
+the user cache) and so the recipe files are resolved when the recipe is first read: when it is built.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
-from torchforge.extensions.metadata import metadata_env, read_metadata
-from torchforge.extensions.recipe import ExtensionInputs, extension_recipe, pytorch_in_channel
-from torchforge.extensions.sdist import fetch, parse_spec
-from torchforge.fileops import atomic_write
-from torchforge.flavours.base import PlannedRecipe
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from torchforge.errors import UsageError
+from torchforge.extensions.metadata import metadata_env, read_metadata, sdist_identity
+from torchforge.extensions.recipe import (KIND, PYTORCH, ExtensionInputs, PytorchBuild, extension_recipe,
+                                          planned_recipe, pytorch_in_channel, settings_of, stem_of)
+from torchforge.extensions.sdist import SPEC_HINT, SdistSpec, fetch, parse_spec
+from torchforge.fileops import atomic_write, sha256_file
+from torchforge.flavours.base import MachineNeeds, MatrixView, Plan, PlannedRecipe, Request
 from torchforge.proc import Command, Runner
 
 # What a setup.py imports while pip reads its metadata, besides torch (the packages' build-system requirements).
 METADATA_TOOLS = ("setuptools", "wheel", "packaging", "ninja")
 READY = ".torchforge-ready"
+RESOLVED_LATER = "sdist and requirements resolved when it is built (pip, with torch {version} importable)"
+
+
+def cache_root() -> Path:
+    """Where the metadata venvs and downloaded sdists are kept: the user cache ($XDG_CACHE_HOME or ~/.cache)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "torchforge" / "extensions"
 
 
 def metadata_python(root: Path, torch_version: str, runner: Runner) -> str:
@@ -35,37 +60,155 @@ def metadata_python(root: Path, torch_version: str, runner: Runner) -> str:
     return str(python)
 
 
-def planned_extensions(specs: Sequence[str], channel: Path, subdir: str, arch_list: str, recipe_format: str,
-                       channels: tuple[str, ...], scratch: Path, runner: Runner, python: str) -> list[PlannedRecipe]:
-    """One recipe per SPEC, for the channel's pytorch of `subdir`; `python` has torch importable (metadata)."""
-    pytorch = pytorch_in_channel(channel, subdir)
-    planned = []
-    for number, text in enumerate(specs):
-        work = scratch / f"extension-{number}"
-        archive = fetch(parse_spec(text), work, python, runner, metadata_env())
-        inputs = ExtensionInputs(archive, read_metadata(archive, python, runner, work), pytorch,
-                                 arch_list if pytorch.cuda else "", channels)
-        planned.append(extension_recipe(inputs, recipe_format))
-    return planned
+@dataclass(frozen=True)
+class PlannedSource:
+    """What the plan knows of a SPEC before anything is downloaded or run."""
+
+    spec: SdistSpec
+    name: str  # conda's form (PEP 503)
+    version: str  # normalised (PEP 440)
+    sdist: str  # its identity in the settings: NAME==VERSION (an index) or sha256:HEX of the archive
+
+
+def _normalised(spec: SdistSpec, name: str, version: str) -> tuple[str, str]:
+    try:
+        return canonicalize_name(name), str(Version(version))
+    except InvalidVersion as exc:
+        raise UsageError(f"--extension {spec.text!r}: {version!r} is not a version (PEP 440)", SPEC_HINT) from exc
+
+
+def planned_source(spec: SdistSpec, runner: Runner) -> PlannedSource:
+    """NAME==VERSION is read as it is; a local archive, folder or git revision is packed (a temporary copy) and
+    named by its PKG-INFO or pyproject.toml, and identified by its sha256."""
+    if spec.kind == "index":
+        name, _, version = spec.location.partition("==")
+        return PlannedSource(spec, *_normalised(spec, name, version), spec.location)
+    with tempfile.TemporaryDirectory(prefix="torchforge-extension-") as tmp:
+        archive = fetch(spec, Path(tmp), sys.executable, runner, {})  # no pip: only an index SPEC runs it
+        return PlannedSource(spec, *_normalised(spec, *sdist_identity(archive)), f"sha256:{sha256_file(archive)}")
 
 
 @dataclass(frozen=True)
-class ExtensionRequest:
-    """`torchforge build --extension SPEC ...` with the request's arch list."""
+class DeferredRecipe(Mapping[str, "str | bytes"]):
+    """An extension's recipe folder, resolved when first read (the pipeline writes it just before the build):
+    the sdist fetched, its metadata read with pip, the files rendered. A dry run or `matrix` never reads it."""
 
-    specs: tuple[str, ...] = ()
-    arch_list: str = ""
+    source: PlannedSource
+    pytorch: PytorchBuild
+    arch_list: str
+    channels: tuple[str, ...]
+    recipe_format: str
+
+    def __getitem__(self, key: str) -> str | bytes:
+        return _resolved(self)[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_resolved(self))
+
+    def __len__(self) -> int:
+        return len(_resolved(self))
 
 
-def recipes_for_channel(request: ExtensionRequest, channel: Path, subdir: str, recipe_format: str,
-                        channels: tuple[str, ...], runner: Runner) -> list[PlannedRecipe]:
-    """The request's extensions for the pytorch that `channel` (the output channel) now holds; pip reads their
-    metadata in a venv with the CPU torch of that release, kept under CHANNEL/.cache/extensions."""
-    if not request.specs:
-        return []
-    pytorch = pytorch_in_channel(channel, subdir)
-    python = metadata_python(channel / ".cache" / "extensions", pytorch.version, runner)
-    own = channel.resolve().as_uri()
-    return planned_extensions(request.specs, channel, subdir, request.arch_list, recipe_format,
-                              (own, *(c for c in channels if c != own)), channel / ".cache" / "extensions", runner,
-                              python)
+@cache
+def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
+    source, runner, root = recipe.source, Runner(), cache_root()
+    index = source.spec.kind == "index"  # only pip's download needs torch importable (setup.py imports it)
+    # one folder per SPEC and planned source: a git tag that moved since gets a fresh clone, not the old one
+    work = root / "sources" / hashlib.sha256(f"{source.spec.text}\n{source.sdist}".encode()).hexdigest()[:16]
+    archive = fetch(source.spec, work, metadata_python(root, recipe.pytorch.version, runner) if index else
+                    sys.executable, runner, metadata_env())
+    if not index and f"sha256:{sha256_file(archive)}" != source.sdist:
+        raise UsageError(f"--extension {source.spec.text!r}: the source changed after it was planned",
+                         "run the command again")
+    meta = read_metadata(archive, metadata_python(root, recipe.pytorch.version, runner), runner, work)
+    if _normalised(source.spec, meta.name, meta.version) != (source.name, source.version):
+        raise UsageError(f"--extension {source.spec.text!r}: the sdist says it is {meta.name} {meta.version}",
+                         f"give {meta.name}=={meta.version}")
+    inputs = ExtensionInputs(archive, dataclasses.replace(meta, version=source.version), recipe.pytorch,
+                             recipe.arch_list, recipe.channels, sdist=source.sdist)
+    return dict(extension_recipe(inputs, recipe.recipe_format).files)
+
+
+def planned_pytorch(the_plan: Plan) -> list[tuple[PlannedRecipe, PytorchBuild]]:
+    """Every pytorch package of a plan (any flavour: a recipe's single output, or one output per Python), with
+    the recipe that makes it."""
+    found = []
+    for recipe in the_plan.recipes:
+        pythons = dict(recipe.pythons)
+        for stem in recipe.stems:
+            name, version, build = stem.rsplit("-", 2)
+            python = pythons.get(stem) or recipe.python
+            if name == PYTORCH and python:
+                found.append((recipe, PytorchBuild(version, build, recipe.subdir, python,
+                                                   None if recipe.accel == "cpu" else recipe.accel)))
+    return found
+
+
+def _targets(the_plan: Plan, channel: Path | None) -> list[tuple[PlannedRecipe | None, PytorchBuild]]:
+    """The pytorch packages extensions are built for: the plan's, else the output channel's one."""
+    planned: list[tuple[PlannedRecipe | None, PytorchBuild]] = [*planned_pytorch(the_plan)]
+    if planned:
+        return planned
+    if channel is None:
+        raise UsageError("--extension: the request plans no pytorch package to build an extension for",
+                         "ask for a pytorch build (--pytorch, --cuda, --py) with it")
+    subdir = the_plan.recipes[0].subdir if the_plan.recipes else "linux-64"
+    return [(None, pytorch_in_channel(channel, subdir))]
+
+
+def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channel: Path | None = None) -> Plan:
+    """The plan with one recipe per --extension SPEC and pytorch package after its recipes (`channel`: the output
+    channel, whose pytorch is used where the plan has none)."""
+    if not request.extensions:
+        return the_plan
+    sources = [planned_source(parse_spec(text), Runner()) for text in request.extensions]
+    extensions = []
+    for maker, pytorch in _targets(the_plan, channel):
+        arch_list = ((maker.arch_list if maker else None) or request.arch_list or "") if pytorch.cuda else ""
+        channels = maker.channels if maker else (channel.resolve().as_uri(),) if channel else ()
+        for source in sources:
+            stem = stem_of(source.name, source.version, pytorch, arch_list)
+            files = DeferredRecipe(source, pytorch, arch_list, channels, recipe_format)
+            extensions.append(dataclasses.replace(
+                planned_recipe(stem, settings_of(source.name, source.version, source.sdist, pytorch, arch_list),
+                               pytorch, arch_list, channels, files, (maker.id,) if maker else ()),
+                note=f"for pytorch {pytorch.version} {pytorch.build}"
+                     + (f", after recipe {maker.id}; " if maker else " of the channel; ")
+                     + RESOLVED_LATER.format(version=pytorch.version)))
+    return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
+                               needs=_machine_needs(the_plan.needs, extensions))
+
+
+def _machine_needs(needs: MachineNeeds, extensions: list[PlannedRecipe]) -> MachineNeeds:
+    """A CUDA extension compiles with this machine's toolkit ($CUDA_HOME, its pytorch's CUDA) and compilers,
+    whatever the flavour's own recipes use; its libraries are arch-checked."""
+    cuda = tuple(e.accel for e in extensions if e.accel != "cpu")
+    if not cuda:
+        return needs
+    return dataclasses.replace(needs, toolkit_on_host=True, cuda_versions=tuple(dict.fromkeys((*needs.cuda_versions,
+                               *cuda))), arch_checked=needs.arch_checked or any(e.arch_list for e in extensions))
+
+
+def matrix_rows(the_plan: Plan) -> list[dict[str, object]]:
+    """`matrix --json` rows of a plan's extension recipes."""
+    rows: list[dict[str, object]] = []
+    for recipe in (r for r in the_plan.recipes if r.kind == KIND):
+        settings = json.loads(recipe.settings)
+        rows.append({"id": recipe.id, "kind": KIND, "package": settings["extension"], "version": settings["version"],
+                     "build_string": recipe.stems[0].rsplit("-", 1)[-1], "subdir": recipe.subdir,
+                     "python": recipe.python, "cuda": recipe.accel, "arch_list": settings["arch_list"],
+                     "pytorch": settings["pytorch"], "sdist": settings["sdist"], "needs": list(recipe.needs)})
+    return rows
+
+
+def matrix_cells(rows: list[dict[str, object]], width: int) -> tuple[tuple[str, ...], ...]:
+    """The table cells of those rows for a flavour's table of `width` (at least 4) columns."""
+    return tuple((str(row["id"]), f"{KIND} {row['package']}", str(row["build_string"]), *([""] * (width - 4)),
+                  f"for pytorch {row['pytorch']}; after {', '.join(map(str, row['needs'])) or 'the channel'}")
+                 for row in rows)
+
+
+def with_extension_rows(view: MatrixView, the_plan: Plan) -> MatrixView:
+    """`matrix` of a request with --extension: the flavour's rows, then one per extension recipe of its plan."""
+    rows = matrix_rows(the_plan)
+    return dataclasses.replace(view, rows=(*view.rows, *rows), cells=(*view.cells, *matrix_cells(rows, len(view.columns))))

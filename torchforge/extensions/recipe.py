@@ -21,18 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.binaries.catalog import catalog
-from torchforge.compilecache import ARCH_LIST_VARIABLE, BUILD_VARIABLES, KEEP_GENCODE_VARIABLE
+from torchforge.compilecache import ARCH_LIST_VARIABLE, BUILD_VARIABLES, KEEP_GENCODE_VARIABLE, recipe_group_key
 from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata, switches, to_conda
 from torchforge.fileops import sha256_file
 from torchforge.flavours.base import PlannedRecipe
 
 PYTORCH = "pytorch"
+KIND = "extension"  # PlannedRecipe.kind of an extension's recipe
 # Every proxy variable urllib, pip, git and curl read points here: an address that cannot resolve (.invalid,
 # RFC 2606), so a download attempt fails at once and the log names why.
 NO_NETWORK_PROXY = "http://no-network-at-build-time.invalid:9"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 FORMATS = {"conda-build": "meta.yaml", "rattler-build": "recipe.yaml"}
+NINJA = "ninja"
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,18 @@ def build_string(pytorch: PytorchBuild, arch_list: str, number: int) -> str:
     return f"pt{pytorch.version}_{pytorch.accel}_{digest}_py{pytorch.python.replace('.', '')}_{number}"
 
 
+def stem_of(name: str, version: str, pytorch: PytorchBuild, arch_list: str, number: int = 0) -> str:
+    """The planned package: name-version-build (the name in conda's form)."""
+    return f"{name}-{version}-{build_string(pytorch, arch_list, number)}"
+
+
+def settings_of(name: str, version: str, sdist: str, pytorch: PytorchBuild, arch_list: str) -> str:
+    """What the package records and the reuse check compares: `sdist` is the SPEC `NAME==VERSION` for an index (a
+    package index keeps one file per name and version) or `sha256:HEX` of a local, folder or git archive."""
+    return json.dumps({"extension": name, "version": version, "sdist": sdist,
+                       "pytorch": f"{pytorch.version} {pytorch.build}", "arch_list": arch_list}, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class ExtensionInputs:
     archive: Path
@@ -100,10 +114,11 @@ class ExtensionInputs:
     arch_list: str  # TORCH_CUDA_ARCH_LIST's form; "" for CPU
     channels: tuple[str, ...]
     number: int = 0
+    sdist: str = ""  # the source's identity in the settings (settings_of); "": the archive's sha256
 
     @property
     def stem(self) -> str:
-        return f"{self.metadata.conda_name}-{self.metadata.version}-{build_string(self.pytorch, self.arch_list, self.number)}"
+        return stem_of(self.metadata.conda_name, self.metadata.version, self.pytorch, self.arch_list, self.number)
 
     def pytorch_pin(self, recipe_format: str) -> str:
         """`pytorch ==VERSION BUILD`. rattler-build's strict match specs refuse a dot in a build string (the pytorch
@@ -117,15 +132,21 @@ class ExtensionInputs:
     def requirements(self, recipe_format: str) -> dict[str, tuple[str, ...]]:
         python = self.pytorch.python
         exact = self.pytorch_pin(recipe_format)
-        host = (f"python {python}.*", *to_conda(self.metadata.build_requires, python, drop=False), "pip", exact)
+        # CUDA: torch's cpp_extension runs nvcc through $PYTORCH_NVCC (the compile cache's route and its arch
+        # filter) only under ninja; without ninja it falls back to $CUDA_HOME/bin/nvcc, past both.
+        ninja = (NINJA,) if self.pytorch.cuda else ()
+        host = (f"python {python}.*", *to_conda(self.metadata.build_requires, python, drop=False), *ninja, "pip",
+                exact)
         runtime = (self.pytorch.cuda_runtime,) if self.pytorch.cuda and self.pytorch.cuda_runtime else ()
         run = (f"python {python}.*", exact, *runtime, *to_conda(self.metadata.requires, python, drop=True))
         return {"host": tuple(dict.fromkeys(host)), "run": run}
 
     def env(self) -> dict[str, str]:
-        """The build's own variables: the package's switches, the arch list, no network."""
+        """The build's own variables: the package's switches (its CUDA ones for a CUDA pytorch), the arch list, no
+        network."""
         arch = {ARCH_LIST_VARIABLE: self.arch_list, "TORCH_CUDA_ARCH_LIST": self.arch_list} if self.arch_list else {}
-        return {**dict(switches(self.metadata.name).build_env), **arch,
+        own = switches(self.metadata.name)
+        return {**dict(own.build_env), **(dict(own.cuda_env) if self.pytorch.cuda else {}), **arch,
                 **dict.fromkeys(PROXY_VARIABLES, NO_NETWORK_PROXY), "PIP_NO_INDEX": "1"}
 
 
@@ -135,7 +156,10 @@ def build_script(inputs: ExtensionInputs) -> str:
     toolkit = (f'release=$("$CUDA_HOME/bin/nvcc" --version | sed -n "s/.*release \\([0-9.]*\\),.*/\\1/p")\n'
                f'[ "$release" = {cuda} ] || {{ echo "torchforge: pytorch {inputs.pytorch.build} needs CUDA {cuda}; '
                f'\\$CUDA_HOME/bin/nvcc is ${{release:-missing}}: set CUDA_HOME to a CUDA {cuda} toolkit" >&2; exit 1; }}\n'
-               'export PATH="$CUDA_HOME/bin:$PATH"\n') if cuda else "export FORCE_ONLY_CPU=1 CUDA_HOME=\n"
+               'export PATH="$CUDA_HOME/bin:$PATH"\n'
+               'command -v ninja >/dev/null || { echo "torchforge: no ninja in the build environment: torch\'s '
+               'cpp_extension would run $CUDA_HOME/bin/nvcc past the compile cache and its arch filter" >&2; exit 1; }\n'
+               ) if cuda else "export FORCE_ONLY_CPU=1 CUDA_HOME=\n"
     return ("#!/bin/bash\n# Written by torchforge for an extension built from its sdist (torchforge/extensions).\n"
             "set -euo pipefail\nunset no_proxy NO_PROXY\n" + exports + toolkit +
             '[ -z "${TORCHFORGE_COMPILERS:-}" ] || source "$TORCHFORGE_COMPILERS/route.sh"\n'
@@ -143,9 +167,8 @@ def build_script(inputs: ExtensionInputs) -> str:
 
 
 def _settings(inputs: ExtensionInputs) -> str:
-    return json.dumps({"extension": inputs.metadata.conda_name, "version": inputs.metadata.version,
-                       "sha256": sha256_file(inputs.archive), "pytorch": f"{inputs.pytorch.version} {inputs.pytorch.build}",
-                       "arch_list": inputs.arch_list}, sort_keys=True)
+    return settings_of(inputs.metadata.conda_name, inputs.metadata.version,
+                       inputs.sdist or f"sha256:{sha256_file(inputs.archive)}", inputs.pytorch, inputs.arch_list)
 
 
 def _yaml_list(items: tuple[str, ...], indent: int) -> str:
@@ -180,9 +203,24 @@ def extension_recipe(inputs: ExtensionInputs, recipe_format: str) -> PlannedReci
     "rattler-build")."""
     if recipe_format not in FORMATS:
         raise UsageError(f"no extension recipe for the engine format {recipe_format!r}", f"use one of {sorted(FORMATS)}")
-    script_env = (KEEP_GENCODE_VARIABLE, *BUILD_VARIABLES, *(("CUDA_HOME",) if inputs.pytorch.cuda else ()))
-    text = (meta_yaml if recipe_format == "conda-build" else recipe_yaml)(inputs, script_env)
+    text = (meta_yaml if recipe_format == "conda-build" else recipe_yaml)(inputs, (*_own_env(inputs.pytorch),
+                                                                               *BUILD_VARIABLES))
     files: Mapping[str, str | bytes] = {FORMATS[recipe_format]: text, "build.sh": build_script(inputs)}
-    return PlannedRecipe(id=inputs.stem, subdir=inputs.pytorch.subdir, stems=(inputs.stem,),
-                         settings=_settings(inputs), files=files, channels=inputs.channels,
-                         accel=inputs.pytorch.cuda or "cpu", arch_list=inputs.arch_list or None)
+    return planned_recipe(inputs.stem, _settings(inputs), inputs.pytorch, inputs.arch_list, inputs.channels, files)
+
+
+def _own_env(pytorch: PytorchBuild) -> tuple[str, ...]:
+    """The caller's variables the build reads: the filter's switch, and the toolkit of a CUDA build."""
+    return (KEEP_GENCODE_VARIABLE, *(("CUDA_HOME",) if pytorch.cuda else ()))
+
+
+def planned_recipe(stem: str, settings: str, pytorch: PytorchBuild, arch_list: str, channels: tuple[str, ...],
+                   files: Mapping[str, str | bytes], needs: tuple[str, ...] = ()) -> PlannedRecipe:
+    """The recipe of one extension package in the plan: built for `pytorch` (after the recipes of `needs`), with the
+    compile cache (its own group: the nvcc route that keeps only `arch_list`), and the arch check of its CUDA
+    libraries."""
+    return PlannedRecipe(id=stem, subdir=pytorch.subdir, stems=(stem,), settings=settings, files=files,
+                         channels=channels, accel=pytorch.cuda or "cpu", kind=KIND, needs=needs,
+                         python=pytorch.python, script_env=_own_env(pytorch), cache_script_env=BUILD_VARIABLES,
+                         cache_group=recipe_group_key(stem, settings),
+                         arch_list=arch_list if pytorch.cuda and arch_list else None)

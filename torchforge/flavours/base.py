@@ -42,6 +42,8 @@ class Request:
     flavour_flags: tuple[tuple[str, object], ...] = ()
     # --with: packages built after each pytorch package, pinned to it (torchvision, torchaudio)
     with_packages: tuple[str, ...] = ()
+    # --extension: SPECs of extensions built from their sdist for each pytorch package (torchforge/extensions)
+    extensions: tuple[str, ...] = ()
 
     def given(self, *flags: str) -> tuple[str, ...]:
         """The flavour-specific flags among `flags` that the command line set."""
@@ -81,6 +83,7 @@ class PlannedRecipe:
     cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one
     pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
     arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
+    note: str = ""  # what the plan says of a recipe to build (a dry run shows it): what it waits for, what it resolves
 
 
 @dataclass(frozen=True)

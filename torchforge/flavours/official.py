@@ -26,6 +26,7 @@ from torchforge.engines.choice import container_engine, select_engine
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.console import err, note, warn
 from torchforge.errors import ToolMissingError, UsageError
+from torchforge.extensions.plan import with_extensions
 from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
 from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
@@ -122,11 +123,16 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
 
 
 def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings,
-                   with_packages: tuple[str, ...] = ()) -> list[Step]:
-    """The official flavour's steps of a RenderPlan, with the patches and --magma-only of `settings`."""
-    return plan_steps(plan_of(render_plan, engine.recipe_format, patches=settings.patches,
-                              magma_patches=settings.magma_patches, magma_only=settings.magma_only,
-                              with_packages=with_packages), settings)
+                   request: Request | None = None) -> list[Step]:
+    """The official flavour's steps of a RenderPlan, with the patches and --magma-only of `settings` (and the
+    companions and extensions of `request`: --with, for the plan's pytorch packages; --extension, for those or,
+    where it has none, the output channel's)."""
+    the_plan = plan_of(render_plan, engine.recipe_format, patches=settings.patches,
+                       magma_patches=settings.magma_patches, magma_only=settings.magma_only,
+                       with_packages=request.with_packages if request is not None else ())
+    if request is not None:
+        the_plan = with_extensions(the_plan, request, engine.recipe_format.value, channel=settings.out)
+    return plan_steps(the_plan, settings)
 
 
 def selection_of(request: Request) -> Selection:
@@ -274,6 +280,9 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     _refuse_feedstock_patches(request)
     if options.fmt == "wheel" and request.with_packages:
         raise UsageError("--with builds conda packages, not --format wheel", "leave --with out, or use --format conda")
+    if request.extensions and options.fmt == "wheel":
+        raise UsageError("--extension builds conda packages, not --format wheel",
+                         "leave --extension out, or build conda packages (--format conda)")
     flags = dict(request.flavour_flags)
     magma_only = bool(flags.get("--magma-only"))
     selection = selection_of(request)
@@ -299,7 +308,7 @@ def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> 
     if options.fmt == "wheel":
         settings = wheel_settings(settings)
         return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
-    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request.with_packages)), chosen, settings)
+    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request)), chosen, settings)
 
 
 def _official_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan, source: str | None,
