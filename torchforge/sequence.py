@@ -6,10 +6,12 @@ The commands call these and print; the flavour's own model never reaches them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchforge import ci_recipes as ci_jobs
 from torchforge import config as site_config
 from torchforge import containers
 from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders,
@@ -19,7 +21,9 @@ from torchforge.console import err, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
-from torchforge.flavours import JOBS_VARIABLE, plugin
+from torchforge.ci import CiPlan
+from torchforge.ci_recipes import JobSettings
+from torchforge.flavours import JOBS_VARIABLE, choose, plugin
 from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
@@ -32,7 +36,7 @@ from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
 
-__all__ = ["BuildOptions", "PreparedBuild", "doctor", "extension_steps", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
+__all__ = ["BuildOptions", "JobSettings", "PreparedBuild", "ci", "doctor", "extension_steps", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
@@ -182,6 +186,16 @@ def standins(flavour: str, request: Request) -> StandIns:
     # a plan's own recipes read conda-forge's packages: their stand-ins take those shapes
     return StandIns(tuple(plan_requirements(the_plan)), f"the {the_plan.flavour} flavour's recipes (recipe.yaml)",
                     conda_forge=True)
+
+
+def ci(flavour: str, request: Request, settings: JobSettings, *, flavour_given: bool) -> CiPlan:
+    """`ci`: the jobs that build the flavour's plan of `request`, refused where build refuses it. The folders are
+    rendered for conda-build (the jobs read only the packages' names and build flags, the same for every engine).
+    The jobs pin the flavour where it was given or `torchforge build` would choose another for the release."""
+    refuse_build(flavour, request)
+    the_plan = plan(flavour, request, "conda-build")
+    pinned = flavour_given or choose(None, ci_jobs.resolved(the_plan).release)[0].value != flavour
+    return ci_jobs.ci_plan(the_plan, dataclasses.replace(settings, flavour_flags=("--flavour", flavour) if pinned else ()))
 
 
 def extension_steps(specs: tuple[str, ...], arch_list: str, built: Sequence[Step], engine: Engine,

@@ -81,6 +81,9 @@ class PlannedRecipe:
     cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one
     pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
     arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
+    # The `torchforge build` flags that build exactly this recipe (a CI job runs them; recipes with the same flags
+    # are one job). () where the jobs of the recipes beside it build it too (the official companions).
+    build_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from torchforge.preflight import PreflightReport, checked_jobs, report_table, ru
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
-from torchforge.resolve import Status, Variant, bundled_cudnn, default_release
+from torchforge.resolve import MagmaPlan, Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 
@@ -75,16 +75,44 @@ def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecip
     return planned
 
 
+def _magma_flags(magma: MagmaPlan, variant: Variant, magma_source: str | None) -> tuple[str, ...]:
+    """`torchforge build` of exactly this magma package: --pytorch picks the MAGMA release the PyTorch release was
+    built with; --arch-list changes its gencode and build string, and the pytorch jobs need exactly this package."""
+    request = variant.request
+    return ("--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda, "--platform", request.platform,
+            *(("--arch-list", request.options.arch_list) if request.options.arch_list else ()),
+            *(("--magma-source", magma_source) if magma_source else ()))
+
+
+def _pytorch_flags(variant: Variant, magma_source: str | None) -> tuple[str, ...]:
+    """`torchforge build` of exactly this variant: the selection flags that made it, one value each (a source
+    path as given: relative to the repository root, a CI job reads it from its checkout)."""
+    request = variant.request
+    options = request.options
+    return ("--pytorch", request.pytorch, "--cuda", request.accel, "--py", request.python,
+            "--platform", request.platform,
+            *(("--arch-list", options.arch_list) if options.arch_list else ()),
+            *(("--build-number", str(options.build_number)) if options.build_number else ()),
+            *(("--debug",) if options.debug else ()), *(("--jetson", options.jetson) if options.jetson else ()),
+            *(arg for name, value in options.extra_env for arg in ("--env", f"{name}={value}")),
+            *(("--source", options.source) if options.source else ()),
+            *(("--magma-source", magma_source) if magma_source and variant.magma is not None else ()))
+
+
 def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, ...] = (),
-            magma_patches: tuple[Path, ...] = (), magma_only: bool = False) -> Plan:
-    """The official flavour's recipes of a (buildable) RenderPlan, in build order."""
+            magma_patches: tuple[Path, ...] = (), magma_only: bool = False, magma_source: str | None = None) -> Plan:
+    """The official flavour's recipes of a (buildable) RenderPlan, in build order (`magma_source`: the
+    --magma-source as given, which the recipes' build flags repeat)."""
     render_plan.require_buildable()
     recipes = [] if magma_only else _companions(render_plan, fmt)
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
         context = magma_context(magma, tuple(p.name for p in magma_patches))
-        recipes.append(_from_context("magma", magma.id, magma.filename_stem, context,
-                                     channel_data.for_magma(magma, pytorch_version), fmt, magma_patches, magma.settings))
+        first = next(v for v in render_plan.variants if v.magma is not None and v.magma.id == magma.id)
+        recipes.append(dataclasses.replace(
+            _from_context("magma", magma.id, magma.filename_stem, context,
+                          channel_data.for_magma(magma, pytorch_version), fmt, magma_patches, magma.settings),
+            build_flags=_magma_flags(magma, first, magma_source)))
     if not magma_only:
         groups: dict[str, list[tuple[Variant, RecipeContext]]] = {}
         digests = patch_digests(patches)
@@ -92,9 +120,11 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
             context = pytorch_context(variant, tuple(p.name for p in patches))
             groups.setdefault(group_key(context, digests), []).append((variant, context))
         for variant, context in (pair for members in groups.values() for pair in members):
-            recipes.append(_from_context(
+            recipes.append(dataclasses.replace(_from_context(
                 "pytorch", variant.id, variant.filename_stem, context, channel_data.for_variant(variant), fmt, patches,
-                variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)))
+                variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)),
+                pythons=((variant.filename_stem, variant.request.python),),
+                build_flags=_pytorch_flags(variant, magma_source)))
     needs = MachineNeeds(
         cuda_versions=tuple(dict.fromkeys(v.request.accel for v in render_plan.variants if v.request.is_cuda)),
         platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)))
@@ -154,9 +184,10 @@ class OfficialFlavour:
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
+        magma_source = flags.get("--magma-source")
         return plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
                        magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-                       magma_only=bool(flags.get("--magma-only")))
+                       magma_only=bool(flags.get("--magma-only")), magma_source=str(magma_source) if magma_source else None)
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)

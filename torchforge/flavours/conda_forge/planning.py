@@ -105,6 +105,22 @@ def facts(planned: tuple[conda_forge.CondaForgeRecipe, ...]) -> tuple[tuple[str,
     return tuple(rows)
 
 
+# The engine that comes with torchforge: a CI job builds the same way whether its image has conda-build or not
+# (`--engine auto` would take an image's conda-build, which reads the other recipe format).
+BUILT_WITH = ("--engine", "rattler-build")
+
+
+def build_flags(recipe: conda_forge.CondaForgeRecipe, request: Request) -> tuple[str, ...]:
+    """`torchforge build` of exactly this recipe folder: its CUDA, all its Pythons, one engine run (the request's
+    --arch-list, --build-number and --source as given)."""
+    pythons = dict.fromkeys(p.python for p in recipe.planned_outputs() if p.python)
+    return ("--pytorch", recipe.version, "--cuda", recipe.cuda or "cpu", "--py", ",".join(pythons),
+            "--platform", recipe.platform, *BUILT_WITH,
+            *(("--arch-list", request.arch_list) if request.arch_list else ()),
+            *(("--build-number", str(request.build_number)) if request.build_number else ()),
+            *(("--source", request.source) if request.source else ()))
+
+
 def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: RecipeFormat) -> PlannedRecipe:
     where = source_of(recipe, request)
     # Their run requirements name __cuda: the engine's test environment must solve on a build machine without a
@@ -117,7 +133,8 @@ def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: 
         where.location if where.kind == "path" else None, recipe.index_fields(),
         script_env=(OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.cuda else (JOBS_VARIABLE,),
         cache_script_env=BUILD_VARIABLES, cache_group=recipe_group_key(recipe.id, recipe.settings),
-        pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python))
+        pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python),
+        build_flags=build_flags(recipe, request))
 
 
 # `--with`: the packages built after pytorch, for the exact pytorch packages of the plan (issue 32).
@@ -145,9 +162,13 @@ def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request
         for output in (o for o in recipe.planned_outputs() if o.name == "pytorch" and o.python):
             build = stack.PytorchBuild(output.version, output.build_string, output.subdir, output.python,
                                        recipe.cuda, recipe.arch_list if recipe.cuda else None)
-            found += [dataclasses.replace(stack.planned_recipe(stack.plan(name, build), fmt, channel), kind=name,
-                                          needs=(recipe.id,))
-                      for name in request.with_packages]
+            for name in request.with_packages:
+                companion = stack.plan(name, build)
+                # one CI job per package and folder: the folder's build with --with NAME builds it for every Python
+                found.append(dataclasses.replace(
+                    stack.planned_recipe(companion, fmt, channel), kind=name, needs=(recipe.id,),
+                    pythons=((companion.stem, output.python),),
+                    build_flags=(*build_flags(recipe, request), "--with", name)))
     return tuple(found)
 
 
