@@ -17,6 +17,9 @@ from typing import Protocol
 # The variable every plan's build scripts read for the number of compile jobs (--jobs, or preflight's choice).
 JOBS_VARIABLE = "MAX_JOBS"
 OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"  # the __cuda virtual package conda and rattler solve with
+# --with: the packages of a PyTorch stack built from source after pytorch, each pinned to the exact pytorch package
+# (issue 32); `repack --with` takes them and triton, whose wheels it repacks.
+STACK_PACKAGES = ("torchvision", "torchaudio")
 # The engines' two recipe formats ("conda-build": meta.yaml, "rattler-build": recipe.yaml): a plain string here
 # so that this module depends on nothing (torchforge.render.RecipeFormat has the same values).
 RecipeFormatName = str

@@ -16,8 +16,8 @@ from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
 from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
 from torchforge.patchfile import digests
-from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, MatrixView, Plan, PlannedRecipe,
-                                     Request)
+from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, STACK_PACKAGES, MachineNeeds, MatrixView, Plan,
+                                     PlannedRecipe, Request)
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files
 from torchforge.variant import check_build_number, check_shared_flags
@@ -137,16 +137,13 @@ def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: 
         build_flags=build_flags(recipe, request))
 
 
-# `--with`: the packages built after pytorch, for the exact pytorch packages of the plan (issue 32).
-COMPANIONS = ("torchvision", "torchaudio")
-
 
 def check_companions(names: tuple[str, ...]) -> None:
     """--with names only what this flavour builds after pytorch; an unknown name is a usage error."""
-    unknown = [name for name in names if name not in COMPANIONS]
+    unknown = [name for name in names if name not in STACK_PACKAGES]
     if unknown:
         raise UsageError(f"--with names {', '.join(map(repr, unknown))}, which torchforge does not build",
-                         f"--with takes {', '.join(COMPANIONS)} (comma-separated)")
+                         f"--with takes {', '.join(STACK_PACKAGES)} (comma-separated)")
 
 
 def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request: Request,
