@@ -39,7 +39,7 @@ from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import DataError, ForgeError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.recipe import resolve_source
-from torchforge.flavours.base import MachineNeeds
+from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
 from torchforge.resolve import Variant, bundled_cudnn, bundled_files
@@ -262,10 +262,24 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 # ---- the checks ------------------------------------------------------------------------------------------
 
 
-def official_needs(variants: Sequence[Variant]) -> MachineNeeds:
-    """What the official flavour's variants need of the machine (the neutral form the shared checks read)."""
-    return MachineNeeds(cuda_versions=tuple(dict.fromkeys(v.request.accel for v in variants if v.request.is_cuda)),
-                        platforms=tuple(dict.fromkeys(v.request.platform for v in variants)))
+def official_needs(variants: Sequence[Variant], *, magma_only: bool = False) -> MachineNeeds:
+    """What the official flavour's variants need of the machine (the neutral form the shared checks read): the
+    CUDA libraries each CUDA's magma and pytorch recipes link, and the files the pytorch recipes bundle."""
+    cudas = tuple(dict.fromkeys(v.request.accel for v in variants if v.request.is_cuda))
+    uses = []
+    for cuda in cudas:
+        of_cuda = [v for v in variants if v.request.accel == cuda]
+        kinds = ("magma",) * any(v.magma for v in of_cuda) + ("pytorch",) * (not magma_only)
+        uses.append(CudaUse(cuda, kinds, next((v.cudnn for v in of_cuda if v.cudnn), "")))
+    data = tables.load()
+    bundled = [] if magma_only else [
+        HostLibrary(variant.id, file.name, file.dir_var, file.dir_default) for variant in variants
+        if variant.status is not VariantStatus.REFUSED and data.platform(variant.request.platform).family == "linux"
+        for file in bundled_files(data, variant.request, variant.request.accel
+                                  if variant.request.is_cuda and variant.jetson is None else None)
+        if not file.optional]
+    return MachineNeeds(cuda_versions=cudas, platforms=tuple(dict.fromkeys(v.request.platform for v in variants)),
+                        cuda_uses=tuple(uses), host_libraries=tuple(bundled))
 
 
 @dataclass
@@ -436,16 +450,12 @@ def _found(folders: Sequence[Path], names: Sequence[str], *, prefix: bool) -> li
     return missing
 
 
-def _check_cuda_libraries(ctx: _Context, table: PreflightTable, magma_only: bool) -> None:
+def _check_cuda_libraries(ctx: _Context, table: PreflightTable) -> None:
     """cuBLAS, cuSPARSE (MAGMA and PyTorch) and cuDNN (PyTorch) of each requested CUDA: nvcc alone builds nothing."""
     if not any(p.startswith("linux") for p in ctx.platforms):
         return
-    for cuda in ctx.cuda_versions:
-        variants = [v for v in ctx.variants if v.request.accel == cuda]
-        packages = {"magma"} if any(v.magma for v in variants) else set()
-        if not magma_only:
-            packages.add("pytorch")
-        cudnn = next((v.cudnn for v in variants if v.cudnn), None)
+    for use in ctx._needs.cuda_uses:
+        cuda, packages, cudnn = use.cuda, set(use.kinds), use.cudnn or None
         root = cuda_root(cuda)
         arch_dirs = [root / "targets" / t for t in ("x86_64-linux", "sbsa-linux", "aarch64-linux")]
         for name, library in table.cuda_libraries.items():
@@ -614,26 +624,20 @@ def _cuda_home() -> str:
 def _check_bundled(ctx: _Context) -> None:
     """The libraries the recipes bundle (bundle.toml) must be where build.sh looks, or the build fails after
     the whole compile, at the copy step."""
-    data = tables.load()
     seen: set[tuple[str, str]] = set()
-    for variant in ctx.variants:
-        request = variant.request
-        if variant.status is VariantStatus.REFUSED or data.platform(request.platform).family != "linux":
+    for file in ctx._needs.host_libraries:
+        folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
+        if (folder, file.name) in seen:
             continue
-        cuda = request.accel if request.is_cuda and variant.jetson is None else None
-        for file in bundled_files(data, request, cuda):
-            folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
-            if (folder, file.name) in seen or file.optional:
-                continue
-            seen.add((folder, file.name))
-            name = f"bundled {file.name}"
-            found = sorted(Path(folder).glob(file.name)) if Path(folder).is_dir() else []
-            if found:
-                ctx.add(name, Level.OK, f"{', '.join(p.name for p in found)} in {folder}")
-            else:
-                ctx.add(name, Level.FAIL,
-                        f"no {file.name} in {folder}: {variant.id} copies it into torch/lib as the official package did",
-                        f"set {file.dir_var} to the folder that holds it (e.g. the lib/ folder of NVIDIA's pip wheel)")
+        seen.add((folder, file.name))
+        name = f"bundled {file.name}"
+        found = sorted(Path(folder).glob(file.name)) if Path(folder).is_dir() else []
+        if found:
+            ctx.add(name, Level.OK, f"{', '.join(p.name for p in found)} in {folder}")
+        else:
+            ctx.add(name, Level.FAIL,
+                    f"no {file.name} in {folder}: {file.recipe} copies it into torch/lib as the official package did",
+                    f"set {file.dir_var} to the folder that holds it (e.g. the lib/ folder of NVIDIA's pip wheel)")
 
 
 def _compat_dirs() -> list[str]:
@@ -836,7 +840,8 @@ def run_preflight(
     `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN, no bundled libraries, no channels).
     """
     table = load_table()
-    ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
+    variants = _variants(selection_or_variants)
+    ctx = _Context(variants, runner, machine or probe_machine(), needs=official_needs(variants, magma_only=magma_only))
     _check_variants(ctx)
     _check_platform(ctx)
     if container is not None:
@@ -847,7 +852,7 @@ def run_preflight(
         resolved = _check_engine(ctx, engine)
         _check_nvcc(ctx)
         _check_host_compiler(ctx)
-        _check_cuda_libraries(ctx, table, magma_only)
+        _check_cuda_libraries(ctx, table)
         _suggest_images(ctx, site)
     _check_tools(ctx, table, clones=not magma_only and resolve_source(source, "", "").kind == "git")
     _check_out(ctx, out or Path.cwd())
@@ -907,13 +912,19 @@ def run_machine_checks(
     _check_platform(ctx)
     # with --container (engine None) the engine is the image's: container_report checks it, not this machine
     resolved = _check_engine(ctx, engine) if engine is not None else "conda-build"
+    on_host = needs.toolkit_on_host and engine is not None  # with --container the toolkit is the image's
     if needs.toolkit_on_host:
         _check_nvcc(ctx)
+    if on_host:
+        _check_host_compiler(ctx)
+        _check_cuda_libraries(ctx, table)
     _check_out(ctx, out)
     _check_disk(ctx, out, table)
     max_jobs = _check_jobs(ctx, jobs, table)
     for source in needs.sources or (None,):
         _check_source(ctx, source)
+    if on_host:
+        _check_bundled(ctx)
     _check_driver(ctx)
     if needs.arch_checked:
         _check_cuobjdump(ctx)

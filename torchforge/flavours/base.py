@@ -90,6 +90,27 @@ class PlannedRecipe:
 
 
 @dataclass(frozen=True)
+class CudaUse:
+    """A CUDA version whose libraries the plan's recipes link from this machine's toolkit: the kinds of recipe
+    that link them (preflight.toml's `needed_by`: magma, pytorch) and the cuDNN they name (said in the fix)."""
+
+    cuda: str
+    kinds: tuple[str, ...]
+    cudnn: str = ""
+
+
+@dataclass(frozen=True)
+class HostLibrary:
+    """A library file a recipe copies from this machine into its package (the official flavour's cuDNN, NCCL ...):
+    it must be where the build script looks, or the build fails after the whole compile, at the copy step."""
+
+    recipe: str  # the recipe's id, named in the failure
+    name: str  # a file name or glob
+    dir_var: str  # the variable that says where it is
+    dir_default: str  # where it is without that variable ($CUDA_HOME is filled in at check time)
+
+
+@dataclass(frozen=True)
 class MachineNeeds:
     """What the machine checks read from a plan: what must be on this machine and reachable from it."""
 
@@ -103,6 +124,9 @@ class MachineNeeds:
     toolkit_on_host: bool = True
     # CUDA packages whose libraries the arch check lists after the build (cuobjdump must be here)
     arch_checked: bool = False
+    # Where the toolkit is this machine's: the CUDA libraries each CUDA's recipes link, the files they bundle
+    cuda_uses: tuple[CudaUse, ...] = ()
+    host_libraries: tuple[HostLibrary, ...] = ()
 
 
 @dataclass(frozen=True)

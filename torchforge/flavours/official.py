@@ -25,11 +25,12 @@ from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.console import err, note, warn
 from torchforge.errors import ToolMissingError, UsageError
 from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
-from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
+from torchforge.preflight import (PreflightReport, checked_jobs, official_needs, report_table, run_plan_checks,
+                                  run_preflight)
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
@@ -125,10 +126,7 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
                 variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)),
                 pythons=((variant.filename_stem, variant.request.python),),
                 build_flags=_pytorch_flags(variant, magma_source)))
-    needs = MachineNeeds(
-        cuda_versions=tuple(dict.fromkeys(v.request.accel for v in render_plan.variants if v.request.is_cuda)),
-        platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)))
-    return Plan(NAME, tuple(recipes), needs=needs)
+    return Plan(NAME, tuple(recipes), needs=official_needs(render_plan.variants, magma_only=magma_only))
 
 
 def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
