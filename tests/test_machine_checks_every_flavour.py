@@ -94,7 +94,9 @@ def test_jobs_sets_max_jobs_of_a_conda_forge_build(tmp_path: Path) -> None:
 
 
 def _toolkit_rows(report: PreflightReport) -> list[tuple[str, str, str, str | None]]:
-    prefixes = ("host compiler", "cuBLAS", "cuSPARSE", "cuDNN", "bundled ")
+    """The rows of the checks of what the official flavour's build.sh takes from this machine."""
+    prefixes = ("host compiler", "cuBLAS", "cuSPARSE", "cuDNN", "bundled ", "image (CUDA", "source",
+                *load_table().tools)
     return [(c.name, c.status.value, c.detail, c.fix) for c in report.checks if c.name.startswith(prefixes)]
 
 
@@ -117,16 +119,20 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
     monkeypatch.setenv("CUDNN_INCLUDE_DIR", str(cudnn / "include"))
     monkeypatch.setenv("CUDNN_LIB_DIR", str(cudnn / "lib"))
-    request = Request("2.5.1", "12.4", "3.12")
-    the_plan = sequence.plan("official", request, "conda-build")
     machine = Machine(cores=32, mem_available_gib=128.0, platform="linux-64")
-    neutral = run_machine_checks(the_plan.needs, engine="auto", jobs=4, runner=Runner(), out=tmp_path / "o",
-                                 machine=machine)
-    official = run_preflight(official_selection(request), engine="auto", source=None, jobs=4, runner=Runner(),
-                             out=tmp_path / "o", machine=machine)
-    rows = _toolkit_rows(neutral)
-    assert rows == _toolkit_rows(official)
-    found = {name: (status, detail) for name, status, detail, _ in rows}
+    source = str(Path(__file__).parent / "fixtures" / "torch_like")
+    for given in (None, source):  # the upstream git tree (git is needed) or a local one (it is not)
+        request = Request("2.5.1", "12.4", "3.12", source=given)
+        the_plan = sequence.plan("official", request, "conda-build")
+        neutral = run_machine_checks(the_plan.needs, engine="auto", jobs=4, runner=Runner(), out=tmp_path / "o",
+                                     machine=machine)
+        official = run_preflight(official_selection(request), engine="auto", source=given, jobs=4, runner=Runner(),
+                                 out=tmp_path / "o", machine=machine)
+        rows = _toolkit_rows(neutral)
+        assert rows == _toolkit_rows(official)
+        found = {name: (status, detail) for name, status, detail, _ in rows}
+        assert ("git" in found) and found["git"][1].startswith("not needed") is (given is not None), found
+        assert found["source"][0] == "ok" and "cmake" in found, found
     assert found["cuBLAS (CUDA 12.4)"] == (
         "fail", f"cublas_v2.h, libcublas.so, libcublasLt.so not found in the toolkit at {toolkit} "
                 "(needed by magma and pytorch)")
@@ -134,7 +140,8 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
     assert "host compiler (CUDA 12.4)" in found
     bundled = [name for name in found if name.startswith("bundled ")]
     assert bundled and found[next(n for n in bundled if "cudnn" in n)][0] == "ok", found
-    # the conda-forge flavour's toolkit is a package of its build environment: none of these rows
+    # the conda-forge flavour's toolkit and tools are packages of its build environment: none of these rows
     conda_forge = sequence.plan("conda-forge", Request("2.13.0", "13.0", "3.12", arch_list="9.0"), "conda-build")
-    assert not _toolkit_rows(run_machine_checks(conda_forge.needs, engine="auto", jobs=4, runner=Runner(),
-                                                out=tmp_path / "o", machine=machine))
+    assert [row[0] for row in _toolkit_rows(run_machine_checks(conda_forge.needs, engine="auto", jobs=4,
+                                                               runner=Runner(), out=tmp_path / "o",
+                                                               machine=machine))] == ["source"]

@@ -481,9 +481,14 @@ def _check_cuda_libraries(ctx: _Context, table: PreflightTable) -> None:
                         + (" (or the system folders)" if library.system_include else ""))
 
 
-def _check_tools(ctx: _Context, table: PreflightTable, clones: bool) -> None:
+def host_tools(table: PreflightTable, *, clones: bool) -> tuple[str, ...]:
+    """The tools a build with this machine's tools uses: all of them, those that only clone where it clones."""
+    return tuple(tool for tool, info in table.tools.items() if clones or not info.clone_only)
+
+
+def _check_tools(ctx: _Context, table: PreflightTable, used: Sequence[str]) -> None:
     for tool, info in table.tools.items():
-        if info.clone_only and not clones:
+        if tool not in used:
             ctx.add(tool, Level.OK, "not needed: no source is cloned (a local --source, or MAGMA's tarball)")
             continue
         try:
@@ -854,7 +859,7 @@ def run_preflight(
         _check_host_compiler(ctx)
         _check_cuda_libraries(ctx, table)
         _suggest_images(ctx, site)
-    _check_tools(ctx, table, clones=not magma_only and resolve_source(source, "", "").kind == "git")
+    _check_tools(ctx, table, host_tools(table, clones=not magma_only and resolve_source(source, "", "").kind == "git"))
     _check_out(ctx, out or Path.cwd())
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
@@ -918,6 +923,9 @@ def run_machine_checks(
     if on_host:
         _check_host_compiler(ctx)
         _check_cuda_libraries(ctx, table)
+        _suggest_images(ctx, site)
+    if needs.host_tools:
+        _check_tools(ctx, table, needs.host_tools)
     _check_out(ctx, out)
     _check_disk(ctx, out, table)
     max_jobs = _check_jobs(ctx, jobs, table)

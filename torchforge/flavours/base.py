@@ -127,6 +127,9 @@ class MachineNeeds:
     # Where the toolkit is this machine's: the CUDA libraries each CUDA's recipes link, the files they bundle
     cuda_uses: tuple[CudaUse, ...] = ()
     host_libraries: tuple[HostLibrary, ...] = ()
+    # The tools of preflight.toml [tools] the recipes take from this machine (the official flavour's build.sh:
+    # cmake, patchelf ..., git where a source is cloned); () where the build environment has its own.
+    host_tools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

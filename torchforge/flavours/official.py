@@ -29,10 +29,10 @@ from torchforge.flavours.base import Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import (PreflightReport, checked_jobs, official_needs, report_table, run_plan_checks,
-                                  run_preflight)
+from torchforge.preflight import (PreflightReport, checked_jobs, host_tools, load_table, official_needs, report_table,
+                                  run_plan_checks, run_preflight)
 from torchforge.proc import Runner
-from torchforge.recipe import RecipeContext, magma_context, pytorch_context
+from torchforge.recipe import RecipeContext, magma_context, pytorch_context, resolve_source
 from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, render_files, render_selection
 from torchforge.resolve import MagmaPlan, Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
@@ -182,10 +182,15 @@ class OfficialFlavour:
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
-        magma_source = flags.get("--magma-source")
-        return plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
-                       magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-                       magma_only=bool(flags.get("--magma-only")), magma_source=str(magma_source) if magma_source else None)
+        magma_source, magma_only = flags.get("--magma-source"), bool(flags.get("--magma-only"))
+        planned = plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
+                          magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
+                          magma_only=magma_only, magma_source=str(magma_source) if magma_source else None)
+        # build.sh takes this machine's tools; the pytorch source is cloned unless --source names a local one
+        clones = not magma_only and resolve_source(request.source, "", "").kind == "git"
+        return dataclasses.replace(planned, needs=dataclasses.replace(
+            planned.needs, sources=(request.source,) if request.source and not magma_only else (),
+            host_tools=host_tools(load_table(), clones=clones)))
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
