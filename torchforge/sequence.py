@@ -10,8 +10,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torchforge import ci_recipes as ci_jobs
 from torchforge import config as site_config
 from torchforge import containers
 from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders,
@@ -21,8 +21,6 @@ from torchforge.console import err, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
-from torchforge.ci import CiPlan
-from torchforge.ci_recipes import JobSettings
 from torchforge.flavours import JOBS_VARIABLE, choose, plugin
 from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
@@ -36,7 +34,11 @@ from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
 
-__all__ = ["BuildOptions", "JobSettings", "PreparedBuild", "ci", "doctor", "extension_steps", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
+if TYPE_CHECKING:
+    from torchforge.ci import CiPlan
+    from torchforge.ci_recipes import JobSettings
+
+__all__ = ["BuildOptions", "PreparedBuild", "ci", "doctor", "extension_steps", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
@@ -192,6 +194,8 @@ def ci(flavour: str, request: Request, settings: JobSettings, *, flavour_given: 
     """`ci`: the jobs that build the flavour's plan of `request`, refused where build refuses it. The folders are
     rendered for conda-build (the jobs read only the packages' names and build flags, the same for every engine).
     The jobs pin the flavour where it was given or `torchforge build` would choose another for the release."""
+    from torchforge import ci_recipes as ci_jobs  # the CI file's modules load only for `ci`
+
     refuse_build(flavour, request)
     the_plan = plan(flavour, request, "conda-build")
     pinned = flavour_given or choose(None, ci_jobs.resolved(the_plan).release)[0].value != flavour

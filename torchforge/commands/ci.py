@@ -15,6 +15,7 @@ from torchforge.commands.options import (
     PythonOpt, PytorchOpt, SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
+from torchforge.ci_recipes import JobSettings
 from torchforge.console import err, note, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
@@ -139,7 +140,7 @@ def register(app: typer.Typer) -> None:
                        *((("--config", str(config)),) if config is not None else ()), ("--out", "."))
         site_flags = site_args(channel or (), str(config) if config else None) + \
             (("--skip-preflight",) if skip_preflight else ())
-        ci = sequence.ci(chosen.value, request, sequence.JobSettings(
+        ci = sequence.ci(chosen.value, request, JobSettings(
             provider, (), site_flags, runner, runner_map, gpu_runner, target, requirement,
             site_config.load(config and out_dir / config), test_script, given, given_after),
             flavour_given=flavour is not None)
