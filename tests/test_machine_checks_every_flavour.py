@@ -11,6 +11,7 @@ import pytest
 
 from tests.test_upload_helpers import cli
 from torchforge import localchannel, sequence
+from torchforge.config import load as load_site
 from torchforge.flavours import Request, official_selection
 from torchforge.preflight import Machine, PreflightReport, load_table, run_machine_checks, run_preflight
 from torchforge.proc import Runner
@@ -145,3 +146,29 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
     assert [row[0] for row in _toolkit_rows(run_machine_checks(conda_forge.needs, engine="auto", jobs=4,
                                                                runner=Runner(), out=tmp_path / "o",
                                                                machine=machine))] == ["source"]
+
+
+def test_the_official_plan_carries_its_requirement_solves_as_neutral_needs(tmp_path: Path) -> None:
+    """The official flavour's check that each pytorch recipe's build and host requirements solve from its channels
+    reads the neutral plan (MachineNeeds.solves), not its variants (issue 30): the shared machine checks of the
+    official plan give the official preflight's channel and requirement rows. A site config replacing every channel
+    with an empty local one: the channel answers, and each requirement that no package meets is named."""
+    site = load_site(air_gapped(tmp_path))
+    request = Request("2.5.1", "cpu", "3.11,3.12")
+    the_plan = sequence.plan("official", request, "conda-build")
+    machine = Machine(cores=32, mem_available_gib=128.0, platform="linux-64")
+    neutral = run_machine_checks(the_plan.needs, engine="auto", jobs=4, runner=Runner(), out=tmp_path / "o",
+                                 machine=machine, site=site, check_channels=True)
+    official = run_preflight(official_selection(request), engine="auto", source=None, jobs=4, runner=Runner(),
+                             out=tmp_path / "o", machine=machine, site=site, check_channels=True)
+
+    def rows(report: PreflightReport) -> list[tuple[str, str, str]]:
+        return [(c.name, c.status.value, c.detail) for c in report.checks
+                if c.name.startswith(("channel ", "requirements ("))]
+
+    assert rows(neutral) == rows(official)
+    found = dict((name, (status, detail)) for name, status, detail in rows(neutral))
+    assert found[f"channel file://{tmp_path / 'mirror'}"] == ("ok", "answers")
+    for python in ("311", "312"):
+        status, detail = found[f"requirements (pytorch-2.5.1-cpu-py{python}-linux_64)"]
+        assert status == "fail" and "no package for" in detail and "python" in detail, detail

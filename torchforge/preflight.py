@@ -28,6 +28,7 @@ from typing import Literal
 from rich.table import Table
 
 from torchforge import channelcheck
+from torchforge import channels as channel_data
 from torchforge import data as tables
 from torchforge.config import SiteConfig
 from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name, check_cudnn, describe, image_for,
@@ -38,8 +39,8 @@ from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import DataError, ForgeError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
-from torchforge.recipe import resolve_source
-from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds
+from torchforge.recipe import pytorch_context, resolve_source
+from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, RequirementSolve
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
 from torchforge.resolve import Variant, bundled_cudnn, bundled_files
@@ -279,7 +280,18 @@ def official_needs(variants: Sequence[Variant], *, magma_only: bool = False) -> 
                                   if variant.request.is_cuda and variant.jetson is None else None)
         if not file.optional]
     return MachineNeeds(cuda_versions=cudas, platforms=tuple(dict.fromkeys(v.request.platform for v in variants)),
-                        cuda_uses=tuple(uses), host_libraries=tuple(bundled))
+                        cuda_uses=tuple(uses), host_libraries=tuple(bundled),
+                        solves=() if magma_only else tuple(_solve_of(v) for v in variants
+                                                           if v.status is not VariantStatus.REFUSED))
+
+
+def _solve_of(variant: Variant) -> RequirementSolve:
+    """A pytorch recipe's requirements; magma-cudaXYZ is built by the plan itself before it, not looked for."""
+    context = pytorch_context(variant)
+    planned = variant.magma.name if variant.magma is not None else None
+    return RequirementSolve(variant.id, variant.request.platform, channel_data.for_variant(variant),
+                            tuple(s for s in context.build_requirements if s.split()[0] != planned),
+                            tuple(s for s in context.host_requirements if s.split()[0] != planned))
 
 
 @dataclass
@@ -290,9 +302,13 @@ class _Context:
     checks: list[Check] = field(default_factory=list)
     needs: MachineNeeds | None = None  # None: read from `variants`
 
+    def __post_init__(self) -> None:
+        if self.needs is None:
+            self.needs = official_needs(self.variants)
+
     @property
     def _needs(self) -> MachineNeeds:
-        return self.needs if self.needs is not None else official_needs(self.variants)
+        return self.needs if self.needs is not None else MachineNeeds()  # set by __post_init__
 
     @property
     def cuda_versions(self) -> list[str]:
@@ -870,8 +886,8 @@ def run_preflight(
     _check_driver(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
-        buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]
-        for finding in channelcheck.check(buildable, out=out or Path.cwd(), extra=extra_channels, site=site.channels):
+        for finding in channelcheck.check(ctx._needs.solves, out=out or Path.cwd(), extra=extra_channels,
+                                          site=site.channels):
             ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
     return PreflightReport(tuple(ctx.checks), max_jobs, resolved)
 
@@ -938,6 +954,8 @@ def run_machine_checks(
         _check_cuobjdump(ctx)
     if check_channels:
         site = site or SiteConfig()
-        for finding in channelcheck.check_answering(needs.channels, out=out, extra=extra_channels, site=site.channels):
+        findings = channelcheck.check(needs.solves, out=out, extra=extra_channels, site=site.channels) if needs.solves \
+            else channelcheck.check_answering(needs.channels, out=out, extra=extra_channels, site=site.channels)
+        for finding in findings:
             ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
     return PreflightReport(tuple(ctx.checks), max_jobs, resolved)

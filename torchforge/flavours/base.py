@@ -111,6 +111,18 @@ class HostLibrary:
 
 
 @dataclass(frozen=True)
+class RequirementSolve:
+    """A recipe's build and host requirements, which must solve from its channels before its build starts (doctor
+    and preflight name each package no channel has; network)."""
+
+    recipe: str  # the recipe's id, named in the row
+    platform: str
+    channels: tuple[str, ...]  # the recipe's, before the site config (the output channel and --channel come first)
+    build: tuple[str, ...]
+    host: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class MachineNeeds:
     """What the machine checks read from a plan: what must be on this machine and reachable from it."""
 
@@ -130,6 +142,9 @@ class MachineNeeds:
     # The tools of preflight.toml [tools] the recipes take from this machine (the official flavour's build.sh:
     # cmake, patchelf ..., git where a source is cloned); () where the build environment has its own.
     host_tools: tuple[str, ...] = ()
+    # Requirements solved before the build (the official flavour's pytorch recipes); the other plans' channels are
+    # checked to answer (`channels`)
+    solves: tuple[RequirementSolve, ...] = ()
 
 
 @dataclass(frozen=True)
