@@ -122,6 +122,7 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
     monkeypatch.setenv("CUDNN_LIB_DIR", str(cudnn / "lib"))
     machine = Machine(cores=32, mem_available_gib=128.0, platform="linux-64")
     source = str(Path(__file__).parent / "fixtures" / "torch_like")
+    site = load_site(air_gapped(tmp_path))  # no network: every channel is one local folder
     for given in (None, source):  # the upstream git tree (git is needed) or a local one (it is not)
         request = Request("2.5.1", "12.4", "3.12", source=given)
         the_plan = sequence.plan("official", request, "conda-build")
@@ -131,6 +132,11 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
                                  out=tmp_path / "o", machine=machine)
         rows = _toolkit_rows(neutral)
         assert rows == _toolkit_rows(official)
+        # doctor's first row: the plan's own fact, worded as the official preflight words it
+        first = sequence.machine_report(the_plan, engine="auto", jobs=4, out=tmp_path / "o", site=site,
+                                       runner=Runner()).checks[0]
+        assert first == official.checks[0] and (first.name, first.detail) == (
+            "selection", "1 variant(s), 1 magma package(s)")
         found = {name: (status, detail) for name, status, detail, _ in rows}
         assert ("git" in found) and found["git"][1].startswith("not needed") is (given is not None), found
         assert found["source"][0] == "ok" and "cmake" in found, found

@@ -126,7 +126,10 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
                 variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)),
                 pythons=((variant.filename_stem, variant.request.python),),
                 build_flags=_pytorch_flags(variant, magma_source)))
-    return Plan(NAME, tuple(recipes), needs=official_needs(render_plan.variants, magma_only=magma_only))
+    # doctor's first row, as the official preflight words it (a refused variant never gets here: it is refused above)
+    selection = f"{len(render_plan.variants)} variant(s), {len(render_plan.magma)} magma package(s)"
+    return Plan(NAME, tuple(recipes), needs=official_needs(render_plan.variants, magma_only=magma_only),
+                facts=(("selection", selection),))
 
 
 def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings) -> list[Step]:
