@@ -178,3 +178,14 @@ def test_the_official_plan_carries_its_requirement_solves_as_neutral_needs(tmp_p
     for python in ("311", "312"):
         status, detail = found[f"requirements (pytorch-2.5.1-cpu-py{python}-linux_64)"]
         assert status == "fail" and "no package for" in detail and "python" in detail, detail
+
+
+def test_official_doctor_is_the_shared_doctor_of_its_plan_and_refuses_a_refused_variant_first(
+        tmp_path: Path) -> None:
+    """`doctor` of the official flavour runs the shared checks of its plan (the official capability `own_checks`
+    is gone): a variant upstream cannot build is refused (exit 4) before the machine is looked at, as `build` and
+    every other command refuse it, and no table of checks is printed for a build that cannot happen."""
+    result = cli("doctor", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", "--platform", "osx-arm64", "--json",
+                 "--config", str(air_gapped(tmp_path)), "--out", str(tmp_path / "o"))
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stdout == "" and "osx-arm64 builds have no CUDA" in " ".join(result.stderr.split())

@@ -282,7 +282,9 @@ def official_needs(variants: Sequence[Variant], *, magma_only: bool = False) -> 
     return MachineNeeds(cuda_versions=cudas, platforms=tuple(dict.fromkeys(v.request.platform for v in variants)),
                         cuda_uses=tuple(uses), host_libraries=tuple(bundled),
                         solves=() if magma_only else tuple(_solve_of(v) for v in variants
-                                                           if v.status is not VariantStatus.REFUSED))
+                                                           if v.status is not VariantStatus.REFUSED),
+                        builds_a_source=not magma_only,
+                        env_max_jobs=dict(variants[0].request.options.extra_env).get("MAX_JOBS") if variants else None)
 
 
 def _solve_of(variant: Variant) -> RequirementSolve:
@@ -924,17 +926,22 @@ def run_machine_checks(
     site: SiteConfig | None = None,
     extra_channels: tuple[str, ...] = (),
     check_channels: bool = False,
+    container: ContainerSettings | None = None,
+    image_targets: Sequence[tuple[str, str]] = (),
 ) -> PreflightReport:
     """The checks every flavour's plan gets, read from its neutral needs: platform, engine, nvcc for each CUDA
     (where the toolkit is this machine's), output folder, disk, MAX_JOBS, each source, the driver, and that
-    every channel of the plan answers (`check_channels`: network)."""
+    every channel of the plan answers (`check_channels`: network). `container` (doctor --container): the build
+    images of `image_targets` ((accel, cuDNN) of each recipe) instead of this machine's engine and toolkit."""
     table = load_table()
     ctx = _Context((), runner, machine or probe_machine(), needs=needs)
     _check_platform(ctx)
     # with --container (engine None) the engine is the image's: container_report checks it, not this machine
-    resolved = _check_engine(ctx, engine) if engine is not None else "conda-build"
-    on_host = needs.toolkit_on_host and engine is not None  # with --container the toolkit is the image's
-    if needs.toolkit_on_host:
+    resolved = _check_engine(ctx, engine) if engine is not None and container is None else "conda-build"
+    if container is not None:
+        _check_images(ctx, container, image_targets)
+    on_host = needs.toolkit_on_host and engine is not None and container is None  # else the image's toolkit
+    if needs.toolkit_on_host and container is None:
         _check_nvcc(ctx)
     if on_host:
         _check_host_compiler(ctx)
@@ -945,7 +952,7 @@ def run_machine_checks(
     _check_out(ctx, out)
     _check_disk(ctx, out, table)
     max_jobs = _check_jobs(ctx, jobs, table)
-    for source in needs.sources or (None,):
+    for source in (needs.sources or (None,)) if needs.builds_a_source else ():
         _check_source(ctx, source)
     if on_host:
         _check_bundled(ctx)

@@ -145,6 +145,8 @@ class MachineNeeds:
     # Requirements solved before the build (the official flavour's pytorch recipes); the other plans' channels are
     # checked to answer (`channels`)
     solves: tuple[RequirementSolve, ...] = ()
+    builds_a_source: bool = True  # False: no source of its own is built (the official --magma-only: MAGMA's tarball)
+    env_max_jobs: str | None = None  # the MAX_JOBS the request's own flags set (official --env): --jobs must agree
 
 
 @dataclass(frozen=True)

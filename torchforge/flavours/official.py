@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from torchforge import channels as channel_data
@@ -29,7 +28,7 @@ from torchforge.flavours.base import Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import (PreflightReport, checked_jobs, host_tools, load_table, official_needs, report_table,
+from torchforge.preflight import (checked_jobs, host_tools, load_table, official_needs, report_table,
                                   run_plan_checks, run_preflight)
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context, resolve_source
@@ -198,10 +197,6 @@ class OfficialFlavour:
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
 
-    def own_checks(self, request: Request, options: BuildOptions,
-                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
-        return machine_checks(request, options, site)
-
     def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
         return render_folders(request, RecipeFormat(recipe_format), out_dir, force=force)
 
@@ -340,20 +335,6 @@ def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteC
     if jobs:
         extra_env[JOBS_VARIABLE] = str(jobs)
     return extra_env
-
-
-def machine_checks(request: Request, options: BuildOptions,
-                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
-    """`doctor` of the official flavour: its whole preflight (variants, cuDNN, bundled libraries, requirement
-    solves, or the images with --container), and the refusal of a variant it cannot build."""
-    selection = selection_of(request)
-    jobs = checked_jobs(options.jobs, selection.options.extra_env)
-    render_plan = plan(selection)
-    in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
-    report = run_preflight(render_plan, engine=options.engine, source=request.source, jobs=jobs, runner=Runner(),
-                           out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")))
-    return report, render_plan.require_buildable
 
 
 def _refuse_feedstock_patches(request: Request) -> None:
