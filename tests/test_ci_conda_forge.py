@@ -18,6 +18,7 @@ from tests.test_ci import (
     above_low, actionlint, ci, dry_run_build, gitlab_graph, gitlab_schema, load, installed_by_tests, zizmor_findings,
 )
 from torchforge.ci import Provider
+from torchforge.cli import main as cli_main
 
 CPU_RECIPE = "libtorch-2.13.0-cpu-linux_64"
 CUDA_RECIPE = "libtorch-2.13.0-cuda129-sm50_60_70_75_80_86_90_100_120PTX-linux_64"
@@ -26,6 +27,8 @@ LINT_CASES = {
     "cpu-and-cuda-staged": (*CPU_AND_CUDA, "--upload-to", "file:///srv/channel", "--gpu-runner", "gpu"),
     "cuda-arch-list-quetz": ("--pytorch", "2.13.0", "--cuda", "12.9", "--py", "3.12", "--arch-list", "8.0;9.0",
                              "--build-number", "2", "--upload-to", "quetz+https://q.example/ch"),
+    "with-torchvision-and-torchaudio": (*CPU_AND_CUDA, "--with", "torchvision,torchaudio", "--upload-to",
+                                        "file:///srv/channel", "--gpu-runner", "gpu"),
     "flavour-pinned-with-channel": ("--pytorch", "2.7.0", "--flavour", "conda-forge", "--cuda", "cpu", "--py", "3.11",
                                     "-c", "file:///srv/extra", "--upload-to", "anaconda://myorg"),
 }
@@ -115,3 +118,58 @@ def test_a_flag_of_the_official_flavour_is_refused_and_nothing_is_written(
     code, path = ci(tmp_path, Provider.GITLAB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--debug")
     assert code != 0 and not path.exists() and not (tmp_path / ".torchforge").exists()
     assert "--debug applies to --flavour official only" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("provider", list(Provider))
+def test_with_one_build_job_per_companion_folder_after_its_pytorch_job_a_test_per_python_and_the_upload_after_all(
+        tmp_path: Path, provider: Provider, capsys: pytest.CaptureFixture[str]) -> None:
+    """--with torchvision,torchaudio (issue 32): each companion of each recipe folder is a job after the folder's
+    job, running that folder's `torchforge build` with `--with NAME` (which reuses the folder's packages it
+    downloads and builds the companion for every Python); a test per Python installs the companion (its pin brings
+    that exact pytorch from the job's channel); the upload and its staging wait for every test."""
+    code, path = ci(tmp_path, provider, *CPU_AND_CUDA, "--with", "torchvision,torchaudio", "--gpu-runner", "gpu-a100",
+                    "--upload-to", "file:///srv/channel")
+    assert code == 0
+    jobs = jobs_of(load(path), provider)
+    builds = {key: lines for key, (_, _, lines) in jobs.items() if any("torchforge build " in line for line in lines)}
+    argv = {key: next(shlex.split(line) for line in lines if "torchforge build " in line) for key, lines in builds.items()}
+    folders = {key for key, words in argv.items() if "--with" not in words}
+    companions = {key: words[words.index("--with") + 1] for key, words in argv.items() if "--with" in words}
+    assert len(folders) == 2 and sorted(companions.values()) == ["torchaudio", "torchaudio", "torchvision", "torchvision"]
+    for key, name in companions.items():
+        (folder,) = jobs[key][0]
+        assert folder in folders  # after the job that builds its pytorch, with that job's exact command
+        assert [w for w in argv[key] if w not in ("--with", name)] == argv[folder]
+        assert argv[key][argv[key].index("--py") + 1] == "3.11,3.12"
+        # the companion packages that command plans are exactly those its tests install
+        capsys.readouterr()
+        assert cli_main([*argv[key][1:-2], "--out", str(tmp_path / "dry" / key), "--dry-run"]) == 0
+        dry = capsys.readouterr()
+        planned = set(re.findall(rf"\b({name}-\d[\d.]*-\w+_\d+)\b", dry.out + dry.err))
+        tests = {t: lines for t, (needs, _, lines) in jobs.items() if t.startswith("test-") and needs == {key}}
+        installed = {"-".join(spec.replace("==", "").split()) for lines in tests.values() for line in lines
+                     if line.startswith("conda create ") for spec in shlex.split(line) if " ==" in spec}
+        assert len(tests) == 2 and len(planned) == 2 and installed == planned, (installed, planned)
+    tests = {key for key in jobs if key.startswith("test-")}
+    assert len(tests) == 4 + 8
+    assert jobs["upload"][0] == set(builds) | tests
+    assert jobs["promote"][0] == {"upload"}
+
+
+def test_with_of_the_official_flavour_is_a_job_per_companion_after_its_pytorch_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The official flavour plans torchvision/torchaudio for 2.1-2.5 (docs/recipes.md): each is a job after its
+    variant's job, running that job's exact command with `--with NAME`, and the upload waits for it."""
+    code, path = ci(tmp_path, Provider.GITHUB, "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12",
+                    "--with", "torchvision", "--upload-to", "file:///srv/channel")
+    assert code == 0, capsys.readouterr().err
+    jobs = jobs_of(load(path), Provider.GITHUB)
+    argv = {key: next(shlex.split(line) for line in lines if "torchforge build " in line)
+            for key, (_, _, lines) in jobs.items() if any("torchforge build " in line for line in lines)}
+    (companion,) = [key for key, words in argv.items() if "--with" in words]
+    (variant,) = jobs[companion][0]
+    assert [w for w in argv[companion] if w not in ("--with", "torchvision")] == argv[variant]
+    assert argv[variant][argv[variant].index("--pytorch") + 1] == "2.5.1"
+    assert companion in jobs["upload"][0] and variant in jobs["upload"][0]
+    actionlint(tmp_path)
+    assert above_low(zizmor_findings(tmp_path)) == []

@@ -50,10 +50,7 @@ FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {
 # (b) modules outside torchforge/flavours/ (commands/ apart: rule (c) is stricter) that import a flavour"s
 # internals (issue 30, moves 4 to 7: consumers take the plan).
 INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
-    "torchforge.channelcheck": frozenset({"torchforge.recipe", "torchforge.resolve"}),
     "torchforge.channels": frozenset({"torchforge.resolve"}),
-    "torchforge.ci": frozenset({
-        "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
     "torchforge.containers": frozenset({"torchforge.render"}),
     "torchforge.engines": frozenset({"torchforge.render"}),
@@ -70,7 +67,6 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
 # sequencer moves into the library).
 COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
     "torchforge.commands.binaries": frozenset({"torchforge.variant"}),
-    "torchforge.commands.ci": frozenset({"torchforge.render"}),
     "torchforge.commands.options": frozenset({"torchforge.variant"}),
     "torchforge.commands.selection": frozenset({"torchforge.render"}),
 }

@@ -22,8 +22,6 @@ MODULE_NOTE = 400  # modules this long are named in a failure message, as a hint
 LONG_FUNCTIONS: dict[str, int] = {
     "torchforge.data.check_invariants": 124,
     "torchforge.recipe.pytorch_context": 109,
-    "torchforge.commands.ci.register": 96,
-    "torchforge.commands.ci.register.ci": 94,
 }
 
 

@@ -28,8 +28,10 @@ _USES = {
     "solve": (  # doctor's and build's channel check: the channel answers, the requirements are solved
         "from torchforge.channelcheck import check\nfrom torchforge.channels import SiteChannels\n"
         "from torchforge.render import plan\nfrom torchforge.variant import Options, Selection\n"
+        "from torchforge.preflight import official_needs\n"
         "(variant,) = plan(Selection.from_flags('2.9.0', 'cpu', '3.11', 'linux-64', Options())).variants\n"
-        "findings = check([variant], out=work / 'out', extra=(), site=SiteChannels(replace=(channel.as_uri(),)))\n"
+        "findings = check(official_needs([variant]).solves, out=work / 'out', extra=(),\n"
+        "                 site=SiteChannels(replace=(channel.as_uri(),)))\n"
         "assert findings[0].status == 'ok' and findings[-1].name.startswith('requirements'), findings\n"
     ),
     "install": (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from torchforge.channels import SiteChannels
@@ -13,7 +12,6 @@ from torchforge.config import SiteConfig
 from torchforge.engines import Engine
 from torchforge.flavours.base import Request
 from torchforge.pipeline import BuildSettings, Step
-from torchforge.preflight import PreflightReport
 
 
 @dataclass(frozen=True)
@@ -55,16 +53,11 @@ class PreparedBuild:
 
 @runtime_checkable
 class PreparesItsBuild(Protocol):
-    """A flavour plug-in whose build checks read more than its plan (the official flavour's variants: cuDNN,
-    bundled libraries, requirement solves) prepares its build itself; the others are prepared by the sequencer."""
+    """A flavour plug-in that prepares its build itself (the official flavour: --format wheel, --container's cuDNN
+    check at plan time, its dry-run checks); the others are prepared by the sequencer. `doctor` reads every
+    flavour's plan (its MachineNeeds)."""
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
-        ...
-
-    def own_checks(self, request: Request, options: BuildOptions,
-                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
-        """`doctor`: every check its build would run first, and the refusal of a plan it cannot build (run after
-        the checks are shown)."""
         ...
 
 

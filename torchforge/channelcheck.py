@@ -1,5 +1,5 @@
 """Doctor's channel checks: each channel of the plan answers (or is a local folder with an index), and the
-build and host requirements of each planned pytorch recipe solve from them (py-rattler, nothing is built).
+build and host requirements of each recipe the plan names (flavours.base.RequirementSolve) solve from them (py-rattler, nothing is built).
 
 When a solve fails, every requirement without a matching package in those channels is named, with the
 channels it was looked for in; when each has candidates but they conflict, the solver's own message is given.
@@ -14,8 +14,7 @@ from pathlib import Path
 from torchforge import channels as channel_data
 from torchforge import fileops, localchannel
 from torchforge.aio import run_async
-from torchforge.recipe import pytorch_context
-from torchforge.resolve import Variant
+from torchforge.flavours.base import RequirementSolve
 
 _MAX_SOLVER_TEXT = 400
 
@@ -74,13 +73,13 @@ def _solve(specs: Sequence[str], urls: Sequence[str], platform: str, gateway: ob
     return None
 
 
-def check(variants: Sequence[Variant], *, out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
+def check(solves: Sequence[RequirementSolve], *, out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
           cache_dir: Path | None = None) -> list[Finding]:
-    """One finding per channel of the plan, then one per pytorch variant's requirements. py-rattler runs in a
-    child process (torchforge.rattlerchild)."""
+    """One finding per channel of the recipes, then one per recipe's requirements. py-rattler runs in a child
+    process (torchforge.rattlerchild)."""
     from torchforge.rattlerchild import call
 
-    return call("torchforge.channelcheck:_check_here", list(variants), out, extra, site, cache_dir)  # type: ignore[no-any-return]
+    return call("torchforge.channelcheck:_check_here", list(solves), out, extra, site, cache_dir)  # type: ignore[no-any-return]
 
 
 def _answering(wanted: Sequence[tuple[str, str]], out_url: str, gateway: object,
@@ -122,8 +121,8 @@ def _answering_here(channels: Sequence[tuple[str, str]], out: Path, extra: tuple
     return findings
 
 
-def _check_here(variants: Sequence[Variant], out: Path, extra: tuple[str, ...], site: channel_data.SiteChannels,
-                cache_dir: Path | None) -> list[Finding]:
+def _check_here(solves: Sequence[RequirementSolve], out: Path, extra: tuple[str, ...],
+                site: channel_data.SiteChannels, cache_dir: Path | None) -> list[Finding]:
     """`check`'s work, in this process."""
     from rattler import Gateway
 
@@ -131,26 +130,21 @@ def _check_here(variants: Sequence[Variant], out: Path, extra: tuple[str, ...], 
     with fileops.private_scratch("repodata") as tmp:
         gateway = Gateway(cache_dir=cache_dir or tmp)
         out_url = f"file://{out.resolve()}"
-        plans = [(v, channel_data.build_channels(out, extra, channel_data.for_variant(v, site))) for v in variants]
-        answering = _answering([(v.request.platform, url) for v, urls in plans for url in urls], out_url, gateway,
-                               findings)
-        for variant, urls in plans:
+        plans = [(s, channel_data.build_channels(out, extra, site.apply(s.channels))) for s in solves]
+        answering = _answering([(s.platform, url) for s, urls in plans for url in urls], out_url, gateway, findings)
+        for solve, urls in plans:
             down = [u for u in urls if answering.get(u)]
-            name = f"requirements ({variant.id})"
+            name = f"requirements ({solve.recipe})"
             if down:
                 findings.append(Finding(name, "warn", f"not solved: {', '.join(down)} did not answer"))
                 continue
             usable = [u for u in urls if u != out_url or (out / "noarch" / "repodata.json").is_file()]
-            context = pytorch_context(variant)
-            # magma-cudaXYZ is built by the plan itself before pytorch; it is not looked for here.
-            planned = variant.magma.name if variant.magma is not None else None
             problems: list[str] = []
-            for section, specs in (("build", context.build_requirements), ("host", context.host_requirements)):
-                wanted = [s for s in specs if s.split()[0] != planned]
-                failure = _solve(wanted, usable, variant.request.platform, gateway)
+            for section, wanted in (("build", list(solve.build)), ("host", list(solve.host))):
+                failure = _solve(wanted, usable, solve.platform, gateway)
                 if failure is None:
                     continue
-                missing = _missing(wanted, usable, variant.request.platform, gateway)
+                missing = _missing(wanted, usable, solve.platform, gateway)
                 if missing:
                     problems.append(f"{section}: no package for {', '.join(missing)} in {', '.join(usable)}")
                 else:

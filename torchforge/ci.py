@@ -1,13 +1,14 @@
 """`torchforge ci`: turn a selection into a GitHub Actions workflow or a GitLab CI pipeline.
 
-One machine cannot build a PyTorch matrix, so torchforge hands the matrix to an existing CI system: one job
-per magma-cudaXYZ package (once per CUDA version), one job per pytorch variant that needs its magma job, a
-test job per variant (a GPU runner for CUDA: the build jobs never need one) that installs the packages into a
-fresh environment and runs a smoke check, then an upload after every test passed (into a staging label, and a
-promote job, where the target has labels). Every build job runs `torchforge build` with the variant's exact
-flags, so a CI job and a local build are the same command. `make ci-local` runs the GitLab file for real.
+One machine cannot build a PyTorch matrix, so torchforge hands the matrix to an existing CI system: one build
+job per recipe of the flavour's plan (the official flavour: magma-cudaXYZ once per CUDA version, each pytorch
+variant after its magma job; the conda-forge flavour: each recipe folder), a test job per Python (a GPU runner
+for CUDA: the build jobs never need one) that installs the packages into a fresh environment and runs a smoke
+check, then an upload after every test passed (into a staging label, and a promote job, where the target has
+labels). Every build job runs `torchforge build` with the recipe's exact flags, so a CI job and a local build
+are the same command. `make ci-local` runs the GitLab file for real.
 
-Pure up to `write_file`: a RenderPlan becomes a `CiPlan` (jobs, commands, the graph), which becomes plain
+Pure up to `write_file`: a plan becomes a `CiPlan` (jobs, commands, the graph: ci_recipes.py), which becomes plain
 dicts and lists, which one ruamel.yaml configuration dumps. The graph lives in `CiPlan` only; both
 providers' files are made from it, so they cannot disagree about who needs whom.
 """
@@ -32,20 +33,15 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import LiteralScalarString
 
 from torchforge import __version__, fileops, platforms, selfwheel, versions
-from torchforge import channels as channel_data
-from torchforge.compilecache import group_key
 from torchforge.config import SiteConfig
-from torchforge.containers import Image, check_cudnn, derivation, require_image
+from torchforge.containers import Image, check_cudnn, derivation
 from torchforge.data import FrozenModel, data_text
 from torchforge.errors import DataError, UsageError
 from torchforge.labels import check_label
-from torchforge.recipe import magma_context, pytorch_context
-from torchforge.render import RenderPlan
-from torchforge.resolve import MagmaPlan, Variant, bundled_cudnn
 from torchforge.targets import Target, TargetKind
-from torchforge.variant import CPU
 from torchforge.versions import nodot
 
+CPU = "cpu"  # the accel of a package without CUDA
 CHANNEL_DIR = "forge-channel"  # the local channel every job builds into; artifacts carry its archives
 # The compile cache: `torchforge build`'s own (ccache, torchforge/compilecache.py) at its default place under
 # the output channel, one folder per key; the CI cache saves and restores exactly that folder.
@@ -350,42 +346,6 @@ def site_args(channels: Sequence[str], config: str | None) -> tuple[str, ...]:
     return (*(arg for url in channels for arg in ("--channel", url)), *(("--config", config) if config else ()))
 
 
-def magma_argv(magma: MagmaPlan, variant: Variant, extra: Sequence[str] = (), magma_source: str | None = None) -> tuple[str, ...]:
-    # --pytorch picks the MAGMA release the PyTorch release was built with; --platform the subdir.
-    # --arch-list too: it changes MAGMA's gencode and build string, and the pytorch jobs need exactly this package
-    # (left out, the job built another magma than the one its pytorch jobs install: found by ci-local).
-    request = variant.request
-    source = ("--magma-source", magma_source) if magma_source else ()
-    arch = ("--arch-list", request.options.arch_list) if request.options.arch_list else ()
-    return ("torchforge", "build", "--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda,
-            "--platform", request.platform, *arch, *source, *extra, "--out", CHANNEL_DIR)
-
-
-def pytorch_argv(variant: Variant, extra: Sequence[str] = (), magma_source: str | None = None) -> tuple[str, ...]:
-    """The `torchforge build` command for exactly this variant: the selection flags that made it, one value each."""
-    request = variant.request
-    options = request.options
-    argv = ["torchforge", "build", "--pytorch", request.pytorch, "--cuda", request.accel, "--py", request.python,
-            "--platform", request.platform]
-    if options.arch_list:
-        argv += ["--arch-list", options.arch_list]
-    if options.build_number:
-        argv += ["--build-number", str(options.build_number)]
-    if options.debug:
-        argv.append("--debug")
-    if options.jetson:
-        argv += ["--jetson", options.jetson]
-    for name, value in options.extra_env:
-        argv += ["--env", f"{name}={value}"]
-    if options.source:
-        argv += ["--source", options.source]
-    if magma_source and variant.magma is not None:
-        argv += ["--magma-source", magma_source]  # as given: a path relative to the repository root stays one
-    argv += extra
-    argv += ["--out", CHANNEL_DIR]
-    return tuple(argv)
-
-
 def default_runner(provider: Provider, platform: str, runner: str | None) -> tuple[str, ...]:
     """The build jobs' runner labels: --runner, else the provider's self-hosted runners of the platform."""
     data = load_data()
@@ -426,96 +386,9 @@ def image_fields(accel: str, image: Image, cudnn: str = "") -> dict[str, Any]:
     return fields
 
 
-def ci_plan(
-    render_plan: RenderPlan,
-    provider: Provider,
-    *,
-    runner: str | None = None,
-    runner_map: str | None = None,
-    upload_to: Target | None = None,
-    requirement: str | None = None,
-    regenerate: str = "torchforge ci",
-    site: SiteConfig | None = None,
-    extra_args: tuple[str, ...] = (),
-    gpu_runner: str | None = None,
-    test_script: str | None = None,
-    magma_source: str | None = None,
-) -> CiPlan:
-    """The jobs of a selection and who needs whom. Refuses selections with refused variants (RefusedError)."""
-    render_plan.require_buildable()
-    if not render_plan.variants:
-        raise UsageError("the selection has no variants", "give --cuda and --py values")
-    accels = tuple(dict.fromkeys(v.request.accel for v in render_plan.variants))
-    platform = render_plan.variants[0].request.platform
-    base_runner = default_runner(provider, platform, runner)
-    per_accel = parse_runner_map(runner_map, accels)
-    requirement = pinned_requirement(requirement)
-
-    site = site or SiteConfig()
-    images = {accel: require_image(accel, site.images) for accel in accels} if platform == "linux-64" else {}
-
-    def image_of(accel: str, cudnn: str = "") -> dict[str, Any]:
-        image: Image | None = images.get(accel)
-        return {} if image is None else image_fields(accel, image, cudnn)
-
-    jobs: list[Job] = []
-    magma_key: dict[str, str] = {}
-    for magma in render_plan.magma:
-        key = f"magma-{accel_tag(magma.cuda)}"
-        first = next(v for v in render_plan.variants if v.magma is not None and v.magma.id == magma.id)
-        magma_key[magma.id] = key
-        jobs.append(Job(
-            key=key, package=magma.id, kind="magma", platform=platform, accel=magma.cuda,
-            argv=magma_argv(magma, first, extra_args, magma_source), needs=(), after=None,
-            runner=per_accel.get(magma.cuda, base_runner),
-            cache_key=group_key(magma_context(magma), ()),
-            **image_of(magma.cuda),
-            channels=channel_data.for_magma(magma, first.request.pytorch, site.channels),
-        ))
-    seed: dict[str, str] = {}
-    for variant in render_plan.variants:
-        request = variant.request
-        key = f"pytorch-{accel_tag(request.accel)}-py{nodot(request.python)}"
-        needs = (magma_key[variant.magma.id],) if variant.magma is not None else ()
-        after = seed.setdefault(request.accel, key)
-        jobs.append(Job(
-            key=key, package=variant.id, kind="pytorch", platform=platform, accel=request.accel,
-            argv=pytorch_argv(variant, extra_args, magma_source), needs=needs, after=None if after == key else after,
-            runner=per_accel.get(request.accel, base_runner),
-            cache_key=group_key(pytorch_context(variant), ()),
-            **image_of(request.accel, bundled_cudnn(variant)),
-            channels=channel_data.for_variant(variant, site.channels),
-        ))
-    # A magma job runs when it is chosen and when any pytorch job that needs it is chosen.
-    run_selectors: dict[str, tuple[str, ...]] = {}
-    for job in jobs:
-        dependents = tuple(j.package for j in jobs if job.key in j.needs)
-        run_selectors[job.key] = (*job.selectors, *dependents)
-    tests = _test_jobs(render_plan, jobs, gpu_labels(provider, platform, gpu_runner, site))
-    # The companions too (pytorch-mutex, cpuonly, pytorch-cuda): the upload sends them with the rest.
-    stems = [p.filename_stem for p in (*render_plan.magma, *render_plan.companions, *render_plan.variants)]
-    upload = upload_plan(upload_to, base_runner, stems) if upload_to is not None else None
-    return CiPlan(tuple(jobs), run_selectors, upload, requirement, regenerate, tests, test_script)
-
-
 def conda_spec(filename_stem: str) -> str:
     name, version, build = filename_stem.rsplit("-", 2)
     return f"{name} =={version} {build}"
-
-
-def _test_jobs(render_plan: RenderPlan, jobs: Sequence[Job], gpu: tuple[str, ...]) -> tuple[TestJob, ...]:
-    """One test job per pytorch job: CUDA variants on the GPU runner, CPU variants on their build runner."""
-    built = {job.package: job for job in jobs}
-    magma_of = {m.id: m for m in render_plan.magma}
-    tests = []
-    for variant in render_plan.variants:
-        job = built[variant.id]
-        magma = magma_of[variant.magma.id] if variant.magma is not None else None
-        specs = (conda_spec(variant.filename_stem), *((conda_spec(magma.filename_stem),) if magma else ()))
-        tests.append(TestJob(key="test-" + job.key.removeprefix("pytorch-"), build=job,
-                             magma=job.needs[0] if job.needs else None, specs=specs,
-                             version=variant.request.pytorch, runner=job.runner if job.accel == CPU else gpu))
-    return tuple(tests)
 
 
 def upload_plan(target: Target, runner: tuple[str, ...], stems: Sequence[str]) -> Upload:
@@ -826,7 +699,7 @@ def _github_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
 
 
 def _choice_description(plan: CiPlan) -> str:
-    if plan.build_stages != CiPlan.build_stages:  # recipe folders: an id builds every package of its folder
+    if not set(plan.build_stages) <= set(CiPlan.build_stages):  # recipe folders: an id builds every package of its folder
         return "Build every recipe folder (all), or one folder's packages by its id"
     return "Build every package (all), or one package id; a pytorch id also builds its magma package"
 

@@ -28,6 +28,7 @@ from typing import Literal
 from rich.table import Table
 
 from torchforge import channelcheck
+from torchforge import channels as channel_data
 from torchforge import data as tables
 from torchforge.config import SiteConfig
 from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name, check_cudnn, describe, image_for,
@@ -38,8 +39,8 @@ from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import DataError, ForgeError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
-from torchforge.recipe import resolve_source
-from torchforge.flavours.base import MachineNeeds
+from torchforge.recipe import pytorch_context, resolve_source
+from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, RequirementSolve
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
 from torchforge.resolve import Variant, bundled_cudnn, bundled_files
@@ -262,10 +263,37 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 # ---- the checks ------------------------------------------------------------------------------------------
 
 
-def official_needs(variants: Sequence[Variant]) -> MachineNeeds:
-    """What the official flavour's variants need of the machine (the neutral form the shared checks read)."""
-    return MachineNeeds(cuda_versions=tuple(dict.fromkeys(v.request.accel for v in variants if v.request.is_cuda)),
-                        platforms=tuple(dict.fromkeys(v.request.platform for v in variants)))
+def official_needs(variants: Sequence[Variant], *, magma_only: bool = False) -> MachineNeeds:
+    """What the official flavour's variants need of the machine (the neutral form the shared checks read): the
+    CUDA libraries each CUDA's magma and pytorch recipes link, and the files the pytorch recipes bundle."""
+    cudas = tuple(dict.fromkeys(v.request.accel for v in variants if v.request.is_cuda))
+    uses = []
+    for cuda in cudas:
+        of_cuda = [v for v in variants if v.request.accel == cuda]
+        kinds = ("magma",) * any(v.magma for v in of_cuda) + ("pytorch",) * (not magma_only)
+        uses.append(CudaUse(cuda, kinds, next((v.cudnn for v in of_cuda if v.cudnn), "")))
+    data = tables.load()
+    bundled = [] if magma_only else [
+        HostLibrary(variant.id, file.name, file.dir_var, file.dir_default) for variant in variants
+        if variant.status is not VariantStatus.REFUSED and data.platform(variant.request.platform).family == "linux"
+        for file in bundled_files(data, variant.request, variant.request.accel
+                                  if variant.request.is_cuda and variant.jetson is None else None)
+        if not file.optional]
+    return MachineNeeds(cuda_versions=cudas, platforms=tuple(dict.fromkeys(v.request.platform for v in variants)),
+                        cuda_uses=tuple(uses), host_libraries=tuple(bundled),
+                        solves=() if magma_only else tuple(_solve_of(v) for v in variants
+                                                           if v.status is not VariantStatus.REFUSED),
+                        builds_a_source=not magma_only,
+                        env_max_jobs=dict(variants[0].request.options.extra_env).get("MAX_JOBS") if variants else None)
+
+
+def _solve_of(variant: Variant) -> RequirementSolve:
+    """A pytorch recipe's requirements; magma-cudaXYZ is built by the plan itself before it, not looked for."""
+    context = pytorch_context(variant)
+    planned = variant.magma.name if variant.magma is not None else None
+    return RequirementSolve(variant.id, variant.request.platform, channel_data.for_variant(variant),
+                            tuple(s for s in context.build_requirements if s.split()[0] != planned),
+                            tuple(s for s in context.host_requirements if s.split()[0] != planned))
 
 
 @dataclass
@@ -276,9 +304,13 @@ class _Context:
     checks: list[Check] = field(default_factory=list)
     needs: MachineNeeds | None = None  # None: read from `variants`
 
+    def __post_init__(self) -> None:
+        if self.needs is None:
+            self.needs = official_needs(self.variants)
+
     @property
     def _needs(self) -> MachineNeeds:
-        return self.needs if self.needs is not None else official_needs(self.variants)
+        return self.needs if self.needs is not None else MachineNeeds()  # set by __post_init__
 
     @property
     def cuda_versions(self) -> list[str]:
@@ -436,16 +468,12 @@ def _found(folders: Sequence[Path], names: Sequence[str], *, prefix: bool) -> li
     return missing
 
 
-def _check_cuda_libraries(ctx: _Context, table: PreflightTable, magma_only: bool) -> None:
+def _check_cuda_libraries(ctx: _Context, table: PreflightTable) -> None:
     """cuBLAS, cuSPARSE (MAGMA and PyTorch) and cuDNN (PyTorch) of each requested CUDA: nvcc alone builds nothing."""
     if not any(p.startswith("linux") for p in ctx.platforms):
         return
-    for cuda in ctx.cuda_versions:
-        variants = [v for v in ctx.variants if v.request.accel == cuda]
-        packages = {"magma"} if any(v.magma for v in variants) else set()
-        if not magma_only:
-            packages.add("pytorch")
-        cudnn = next((v.cudnn for v in variants if v.cudnn), None)
+    for use in ctx._needs.cuda_uses:
+        cuda, packages, cudnn = use.cuda, set(use.kinds), use.cudnn or None
         root = cuda_root(cuda)
         arch_dirs = [root / "targets" / t for t in ("x86_64-linux", "sbsa-linux", "aarch64-linux")]
         for name, library in table.cuda_libraries.items():
@@ -471,9 +499,14 @@ def _check_cuda_libraries(ctx: _Context, table: PreflightTable, magma_only: bool
                         + (" (or the system folders)" if library.system_include else ""))
 
 
-def _check_tools(ctx: _Context, table: PreflightTable, clones: bool) -> None:
+def host_tools(table: PreflightTable, *, clones: bool) -> tuple[str, ...]:
+    """The tools a build with this machine's tools uses: all of them, those that only clone where it clones."""
+    return tuple(tool for tool, info in table.tools.items() if clones or not info.clone_only)
+
+
+def _check_tools(ctx: _Context, table: PreflightTable, used: Sequence[str]) -> None:
     for tool, info in table.tools.items():
-        if info.clone_only and not clones:
+        if tool not in used:
             ctx.add(tool, Level.OK, "not needed: no source is cloned (a local --source, or MAGMA's tarball)")
             continue
         try:
@@ -614,26 +647,20 @@ def _cuda_home() -> str:
 def _check_bundled(ctx: _Context) -> None:
     """The libraries the recipes bundle (bundle.toml) must be where build.sh looks, or the build fails after
     the whole compile, at the copy step."""
-    data = tables.load()
     seen: set[tuple[str, str]] = set()
-    for variant in ctx.variants:
-        request = variant.request
-        if variant.status is VariantStatus.REFUSED or data.platform(request.platform).family != "linux":
+    for file in ctx._needs.host_libraries:
+        folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
+        if (folder, file.name) in seen:
             continue
-        cuda = request.accel if request.is_cuda and variant.jetson is None else None
-        for file in bundled_files(data, request, cuda):
-            folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
-            if (folder, file.name) in seen or file.optional:
-                continue
-            seen.add((folder, file.name))
-            name = f"bundled {file.name}"
-            found = sorted(Path(folder).glob(file.name)) if Path(folder).is_dir() else []
-            if found:
-                ctx.add(name, Level.OK, f"{', '.join(p.name for p in found)} in {folder}")
-            else:
-                ctx.add(name, Level.FAIL,
-                        f"no {file.name} in {folder}: {variant.id} copies it into torch/lib as the official package did",
-                        f"set {file.dir_var} to the folder that holds it (e.g. the lib/ folder of NVIDIA's pip wheel)")
+        seen.add((folder, file.name))
+        name = f"bundled {file.name}"
+        found = sorted(Path(folder).glob(file.name)) if Path(folder).is_dir() else []
+        if found:
+            ctx.add(name, Level.OK, f"{', '.join(p.name for p in found)} in {folder}")
+        else:
+            ctx.add(name, Level.FAIL,
+                    f"no {file.name} in {folder}: {file.recipe} copies it into torch/lib as the official package did",
+                    f"set {file.dir_var} to the folder that holds it (e.g. the lib/ folder of NVIDIA's pip wheel)")
 
 
 def _compat_dirs() -> list[str]:
@@ -838,7 +865,8 @@ def run_preflight(
     `arch_checked`: CUDA packages whose libraries the arch check lists after the build (cuobjdump must be here).
     """
     table = load_table()
-    ctx = _Context(_variants(selection_or_variants), runner, machine or probe_machine())
+    variants = _variants(selection_or_variants)
+    ctx = _Context(variants, runner, machine or probe_machine(), needs=official_needs(variants, magma_only=magma_only))
     _check_variants(ctx)
     _check_platform(ctx)
     if container is not None:
@@ -849,9 +877,9 @@ def run_preflight(
         resolved = _check_engine(ctx, engine)
         _check_nvcc(ctx)
         _check_host_compiler(ctx)
-        _check_cuda_libraries(ctx, table, magma_only)
+        _check_cuda_libraries(ctx, table)
         _suggest_images(ctx, site)
-    _check_tools(ctx, table, clones=not magma_only and resolve_source(source, "", "").kind == "git")
+    _check_tools(ctx, table, host_tools(table, clones=not magma_only and resolve_source(source, "", "").kind == "git"))
     _check_out(ctx, out or Path.cwd())
     _check_disk(ctx, out or Path.cwd(), table)
     max_jobs = _check_jobs(ctx, jobs, table)
@@ -864,8 +892,8 @@ def run_preflight(
         _check_cuobjdump(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
-        buildable = [v for v in ctx.variants if v.status is not VariantStatus.REFUSED]
-        for finding in channelcheck.check(buildable, out=out or Path.cwd(), extra=extra_channels, site=site.channels):
+        for finding in channelcheck.check(ctx._needs.solves, out=out or Path.cwd(), extra=extra_channels,
+                                          site=site.channels):
             ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
     return PreflightReport(tuple(ctx.checks), max_jobs, resolved)
 
@@ -902,27 +930,43 @@ def run_machine_checks(
     site: SiteConfig | None = None,
     extra_channels: tuple[str, ...] = (),
     check_channels: bool = False,
+    container: ContainerSettings | None = None,
+    image_targets: Sequence[tuple[str, str]] = (),
 ) -> PreflightReport:
     """The checks every flavour's plan gets, read from its neutral needs: platform, engine, nvcc for each CUDA
     (where the toolkit is this machine's), output folder, disk, MAX_JOBS, each source, the driver, and that
-    every channel of the plan answers (`check_channels`: network)."""
+    every channel of the plan answers (`check_channels`: network). `container` (doctor --container): the build
+    images of `image_targets` ((accel, cuDNN) of each recipe) instead of this machine's engine and toolkit."""
     table = load_table()
     ctx = _Context((), runner, machine or probe_machine(), needs=needs)
     _check_platform(ctx)
     # with --container (engine None) the engine is the image's: container_report checks it, not this machine
-    resolved = _check_engine(ctx, engine) if engine is not None else "conda-build"
-    if needs.toolkit_on_host:
+    resolved = _check_engine(ctx, engine) if engine is not None and container is None else "conda-build"
+    if container is not None:
+        _check_images(ctx, container, image_targets)
+    on_host = needs.toolkit_on_host and engine is not None and container is None  # else the image's toolkit
+    if needs.toolkit_on_host and container is None:
         _check_nvcc(ctx)
+    if on_host:
+        _check_host_compiler(ctx)
+        _check_cuda_libraries(ctx, table)
+        _suggest_images(ctx, site)
+    if needs.host_tools:
+        _check_tools(ctx, table, needs.host_tools)
     _check_out(ctx, out)
     _check_disk(ctx, out, table)
     max_jobs = _check_jobs(ctx, jobs, table)
-    for source in needs.sources or (None,):
+    for source in (needs.sources or (None,)) if needs.builds_a_source else ():
         _check_source(ctx, source)
+    if on_host:
+        _check_bundled(ctx)
     _check_driver(ctx)
     if needs.arch_checked:
         _check_cuobjdump(ctx)
     if check_channels:
         site = site or SiteConfig()
-        for finding in channelcheck.check_answering(needs.channels, out=out, extra=extra_channels, site=site.channels):
+        findings = channelcheck.check(needs.solves, out=out, extra=extra_channels, site=site.channels) if needs.solves \
+            else channelcheck.check_answering(needs.channels, out=out, extra=extra_channels, site=site.channels)
+        for finding in findings:
             ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
     return PreflightReport(tuple(ctx.checks), max_jobs, resolved)

@@ -6,9 +6,11 @@ The commands call these and print; the flavour's own model never reaches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchforge import config as site_config
 from torchforge import containers
@@ -19,7 +21,7 @@ from torchforge.console import err, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
-from torchforge.flavours import JOBS_VARIABLE, plugin
+from torchforge.flavours import JOBS_VARIABLE, choose, plugin
 from torchforge.extensions.plan import with_extension_rows, with_extensions
 from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
@@ -32,7 +34,11 @@ from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
 
-__all__ = ["BuildOptions", "PreparedBuild", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
+if TYPE_CHECKING:
+    from torchforge.ci import CiPlan
+    from torchforge.ci_recipes import JobSettings
+
+__all__ = ["BuildOptions", "PreparedBuild", "ci", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
@@ -55,12 +61,22 @@ def matrix(flavour: str, request: Request) -> MatrixView:
 
 
 def machine_report(the_plan: Plan, *, engine: str | None, jobs: int | None, out: Path, site: SiteConfig,
-                   extra_channels: tuple[str, ...] = (), runner: Runner | None = None) -> PreflightReport:
-    """The flavour's own rows, then every machine check of what the plan needs (channels included: network)."""
+                   extra_channels: tuple[str, ...] = (), runner: Runner | None = None,
+                   container: containers.ContainerSettings | None = None) -> PreflightReport:
+    """The flavour's own rows, then every machine check of what the plan needs (channels included: network);
+    with `container`, the build images of its recipes instead of this machine's engine and toolkit."""
     report = run_machine_checks(the_plan.needs, engine=engine, jobs=jobs, runner=runner or Runner(), out=out,
-                                site=site, extra_channels=extra_channels, check_channels=True)
+                                site=site, extra_channels=extra_channels, check_channels=True, container=container,
+                                image_targets=image_targets(the_plan))
     facts = tuple(Check(name, Level.OK, detail) for name, detail in the_plan.facts)
     return PreflightReport((*facts, *report.checks), report.max_jobs, report.engine)
+
+
+def image_targets(the_plan: Plan) -> list[tuple[str, str]]:
+    """(accel, cuDNN) of each recipe a build image builds: those of Python packages first (their order is the
+    request's), then the others (magma); recipes built beside the others (the official companions) need none."""
+    built = [r for r in the_plan.recipes if r.build_flags or r.pythons]
+    return [(r.accel, r.cudnn) for r in sorted(built, key=lambda r: not r.pythons)]
 
 
 def dry_run_report(the_plan: Plan, *, out: Path) -> PreflightReport:
@@ -134,18 +150,18 @@ def _checked_machine(the_plan: Plan, engine: str | None, jobs: int | None, optio
     return {JOBS_VARIABLE: str(jobs or report.max_jobs)} if jobs or report.max_jobs else {}
 
 
-def doctor(flavour: str, request: Request, options: BuildOptions) -> tuple[PreflightReport, Callable[[], None]]:
-    """`doctor`: every check a build of `request` runs before it compiles, and a refusal to raise once they are
-    shown (a plan the flavour cannot build)."""
+def doctor(flavour: str, request: Request, options: BuildOptions) -> PreflightReport:
+    """`doctor`: every check a build of `request` runs before it compiles (with --container: the images instead of
+    this machine's engine and toolkit), read from the flavour's plan; a plan the flavour refuses is refused first."""
     site = site_config.load(options.config)
-    chosen = plugin(flavour)
-    if isinstance(chosen, PreparesItsBuild):
-        return chosen.own_checks(request, options, site)
     # the folders are not looked at here: rendered for conda-build, which renders every platform's
     the_plan = plan(flavour, request, "conda-build")
-    report = machine_report(the_plan, engine=options.engine, jobs=checked_jobs(options.jobs, ()), out=options.out,
-                            site=site, extra_channels=options.channels)
-    return report, lambda: None
+    env_jobs = the_plan.needs.env_max_jobs
+    jobs = checked_jobs(options.jobs, (("MAX_JOBS", env_jobs),) if env_jobs else ())
+    in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
+    report = machine_report(the_plan, engine=options.engine, jobs=jobs, out=options.out, site=site,
+                            extra_channels=options.channels, container=in_images)
+    return report
 
 
 def render(flavour: str, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
@@ -184,3 +200,16 @@ def standins(flavour: str, request: Request) -> StandIns:
     # a plan's own recipes read conda-forge's packages: their stand-ins take those shapes
     return StandIns(tuple(plan_requirements(the_plan)), f"the {the_plan.flavour} flavour's recipes (recipe.yaml)",
                     conda_forge=True)
+
+
+def ci(flavour: str, request: Request, settings: JobSettings, *, flavour_given: bool) -> CiPlan:
+    """`ci`: the jobs that build the flavour's plan of `request`, refused where build refuses it. The folders are
+    rendered for conda-build (the jobs read only the packages' names and build flags, the same for every engine).
+    The jobs pin the flavour where it was given or `torchforge build` would choose another for the release."""
+    from torchforge import ci_recipes as ci_jobs  # the CI file's modules load only for `ci`
+
+    refuse_build(flavour, request)
+    the_plan = plan(flavour, request, "conda-build")
+    pinned = flavour_given or choose(None, ci_jobs.resolved(the_plan).release)[0].value != flavour
+    return ci_jobs.ci_plan(the_plan, dataclasses.replace(settings, flavour_flags=("--flavour", flavour) if pinned else ()))
+

@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 from torchforge import fileops
 from torchforge.binaries.catalog import catalog
 from torchforge.binaries.plan import TOOLKIT
+from torchforge.flavours.base import STACK_PACKAGES
 from torchforge.errors import ForgeError, RefusedError, ToolFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.repack import sha256_of
@@ -30,7 +31,7 @@ from torchforge.repack import sha256_of
 # tags the NVIDIA component wheels carry): pip does not widen an explicit --platform to older tags itself.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux_2_12_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64")
-COMPANIONS = ("torchvision", "torchaudio", "triton")
+COMPANIONS = (*STACK_PACKAGES, "triton")  # the wheels repack takes with torch
 # pip's words when no file matches a requirement (pip 23 to 25).
 _NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
 _FROM_VERSIONS = re.compile(r"Could not find a version that satisfies the requirement \S+ \(from versions: ([^)]*)\)")

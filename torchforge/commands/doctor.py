@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -51,15 +50,13 @@ def register(app: typer.Typer) -> None:
             ("--container", container), ("--magma-only", magma_only)))
         options = sequence.BuildOptions(engine=engine, channels=channels, out=out_dir, jobs=jobs, container=container,
                                         config=config)
-        report, refuse = sequence.doctor(flavour, request, options)
-        _show(report, as_json, refuse)
+        _show(sequence.doctor(flavour, request, options), as_json)
 
 
-def _show(report: PreflightReport, as_json: bool, refuse: Callable[[], None] = lambda: None) -> None:
-    """Every check first; then a refused selection exits 4 (as everywhere), a failed check 9."""
+def _show(report: PreflightReport, as_json: bool) -> None:
+    """Every check, then exit 9 if one failed (a selection the flavour refuses exited 4 before: nothing to check)."""
     if as_json:
         out.print_json(json.dumps(report.as_dict()))
     else:
         out.print(report_table(report))
-    refuse()
     report.raise_if_failed()

@@ -17,6 +17,9 @@ from typing import Protocol
 # The variable every plan's build scripts read for the number of compile jobs (--jobs, or preflight's choice).
 JOBS_VARIABLE = "MAX_JOBS"
 OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"  # the __cuda virtual package conda and rattler solve with
+# --with: the packages of a PyTorch stack built from source after pytorch, each pinned to the exact pytorch package
+# (issue 32); `repack --with` takes them and triton, whose wheels it repacks.
+STACK_PACKAGES = ("torchvision", "torchaudio")
 # The engines' two recipe formats ("conda-build": meta.yaml, "rattler-build": recipe.yaml): a plain string here
 # so that this module depends on nothing (torchforge.render.RecipeFormat has the same values).
 RecipeFormatName = str
@@ -84,6 +87,42 @@ class PlannedRecipe:
     pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
     arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
     note: str = ""  # what the plan says of a recipe to build (a dry run shows it): what it waits for, what it resolves
+    # The `torchforge build` flags that build exactly this recipe (a CI job runs them; recipes with the same flags
+    # are one job). () where the jobs of the recipes beside it build it too (the official companions).
+    build_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CudaUse:
+    """A CUDA version whose libraries the plan's recipes link from this machine's toolkit: the kinds of recipe
+    that link them (preflight.toml's `needed_by`: magma, pytorch) and the cuDNN they name (said in the fix)."""
+
+    cuda: str
+    kinds: tuple[str, ...]
+    cudnn: str = ""
+
+
+@dataclass(frozen=True)
+class HostLibrary:
+    """A library file a recipe copies from this machine into its package (the official flavour's cuDNN, NCCL ...):
+    it must be where the build script looks, or the build fails after the whole compile, at the copy step."""
+
+    recipe: str  # the recipe's id, named in the failure
+    name: str  # a file name or glob
+    dir_var: str  # the variable that says where it is
+    dir_default: str  # where it is without that variable ($CUDA_HOME is filled in at check time)
+
+
+@dataclass(frozen=True)
+class RequirementSolve:
+    """A recipe's build and host requirements, which must solve from its channels before its build starts (doctor
+    and preflight name each package no channel has; network)."""
+
+    recipe: str  # the recipe's id, named in the row
+    platform: str
+    channels: tuple[str, ...]  # the recipe's, before the site config (the output channel and --channel come first)
+    build: tuple[str, ...]
+    host: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -100,6 +139,17 @@ class MachineNeeds:
     toolkit_on_host: bool = True
     # CUDA packages whose libraries the arch check lists after the build (cuobjdump must be here)
     arch_checked: bool = False
+    # Where the toolkit is this machine's: the CUDA libraries each CUDA's recipes link, the files they bundle
+    cuda_uses: tuple[CudaUse, ...] = ()
+    host_libraries: tuple[HostLibrary, ...] = ()
+    # The tools of preflight.toml [tools] the recipes take from this machine (the official flavour's build.sh:
+    # cmake, patchelf ..., git where a source is cloned); () where the build environment has its own.
+    host_tools: tuple[str, ...] = ()
+    # Requirements solved before the build (the official flavour's pytorch recipes); the other plans' channels are
+    # checked to answer (`channels`)
+    solves: tuple[RequirementSolve, ...] = ()
+    builds_a_source: bool = True  # False: no source of its own is built (the official --magma-only: MAGMA's tarball)
+    env_max_jobs: str | None = None  # the MAX_JOBS the request's own flags set (official --env): --jobs must agree
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from torchforge import channels as channel_data
@@ -28,15 +27,16 @@ from torchforge.console import err, note, warn
 from torchforge.errors import ToolMissingError, UsageError
 from torchforge.extensions.plan import with_extensions
 from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
-from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import Plan, PlannedRecipe, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import Check, Level, PreflightReport, checked_jobs, report_table, run_plan_checks, run_preflight
+from torchforge.preflight import (checked_jobs, host_tools, load_table, official_needs, report_table,
+                                  run_plan_checks, run_preflight)
 from torchforge.proc import Runner
-from torchforge.recipe import RecipeContext, magma_context, pytorch_context
+from torchforge.recipe import RecipeContext, magma_context, pytorch_context, resolve_source
 from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, recipe_folders, render_files
-from torchforge.resolve import Status, Variant, bundled_cudnn, default_release
+from torchforge.resolve import MagmaPlan, Status, Variant, bundled_cudnn, default_release
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 
@@ -85,23 +85,54 @@ def _stack_recipes(render_plan: RenderPlan, with_packages: tuple[str, ...]) -> l
             if variant.status is not Status.REFUSED for name in with_packages]
 
 
-def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str, ...]) -> list[PlannedRecipe]:
-    """--with's recipes, each built after the recipe of its pytorch variant, in that variant's channels."""
-    return [officialstack.planned_recipe(recipe, fmt, channel_data.for_variant(recipe.pytorch))
+def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str, ...],
+           magma_source: str | None) -> list[PlannedRecipe]:
+    """--with's recipes, each built after the recipe of its pytorch variant, in that variant's channels; a CI job
+    builds one with its variant's command and `--with NAME` (which reuses that variant's packages)."""
+    return [dataclasses.replace(officialstack.planned_recipe(recipe, fmt, channel_data.for_variant(recipe.pytorch)),
+                                build_flags=(*_pytorch_flags(recipe.pytorch, magma_source), "--with", recipe.package))
             for recipe in _stack_recipes(render_plan, with_packages)]
 
 
+def _magma_flags(magma: MagmaPlan, variant: Variant, magma_source: str | None) -> tuple[str, ...]:
+    """`torchforge build` of exactly this magma package: --pytorch picks the MAGMA release the PyTorch release was
+    built with; --arch-list changes its gencode and build string, and the pytorch jobs need exactly this package."""
+    request = variant.request
+    return ("--magma-only", "--pytorch", request.pytorch, "--cuda", magma.cuda, "--platform", request.platform,
+            *(("--arch-list", request.options.arch_list) if request.options.arch_list else ()),
+            *(("--magma-source", magma_source) if magma_source else ()))
+
+
+def _pytorch_flags(variant: Variant, magma_source: str | None) -> tuple[str, ...]:
+    """`torchforge build` of exactly this variant: the selection flags that made it, one value each (a source
+    path as given: relative to the repository root, a CI job reads it from its checkout)."""
+    request = variant.request
+    options = request.options
+    return ("--pytorch", request.pytorch, "--cuda", request.accel, "--py", request.python,
+            "--platform", request.platform,
+            *(("--arch-list", options.arch_list) if options.arch_list else ()),
+            *(("--build-number", str(options.build_number)) if options.build_number else ()),
+            *(("--debug",) if options.debug else ()), *(("--jetson", options.jetson) if options.jetson else ()),
+            *(arg for name, value in options.extra_env for arg in ("--env", f"{name}={value}")),
+            *(("--source", options.source) if options.source else ()),
+            *(("--magma-source", magma_source) if magma_source and variant.magma is not None else ()))
+
+
 def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, ...] = (),
-            magma_patches: tuple[Path, ...] = (), magma_only: bool = False,
+            magma_patches: tuple[Path, ...] = (), magma_only: bool = False, magma_source: str | None = None,
             with_packages: tuple[str, ...] = ()) -> Plan:
-    """The official flavour's recipes of a (buildable) RenderPlan, in build order (--with's after pytorch's)."""
+    """The official flavour's recipes of a (buildable) RenderPlan, in build order, --with's after pytorch's
+    (`magma_source`: the --magma-source as given, which the recipes' build flags repeat)."""
     render_plan.require_buildable()
     recipes = [] if magma_only else _companions(render_plan, fmt)
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
         context = magma_context(magma, tuple(p.name for p in magma_patches))
-        recipes.append(_from_context("magma", magma.id, magma.filename_stem, context,
-                                     channel_data.for_magma(magma, pytorch_version), fmt, magma_patches, magma.settings))
+        first = next(v for v in render_plan.variants if v.magma is not None and v.magma.id == magma.id)
+        recipes.append(dataclasses.replace(
+            _from_context("magma", magma.id, magma.filename_stem, context,
+                          channel_data.for_magma(magma, pytorch_version), fmt, magma_patches, magma.settings),
+            build_flags=_magma_flags(magma, first, magma_source)))
     if not magma_only:
         groups: dict[str, list[tuple[Variant, RecipeContext]]] = {}
         digests = patch_digests(patches)
@@ -109,17 +140,19 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
             context = pytorch_context(variant, tuple(p.name for p in patches))
             groups.setdefault(group_key(context, digests), []).append((variant, context))
         for variant, context in (pair for members in groups.values() for pair in members):
-            recipes.append(_from_context(
+            recipes.append(dataclasses.replace(_from_context(
                 "pytorch", variant.id, variant.filename_stem, context, channel_data.for_variant(variant), fmt, patches,
-                variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)))
-    stack = [] if magma_only else _stack(render_plan, fmt, with_packages)
-    needs = MachineNeeds(
-        cuda_versions=tuple(dict.fromkeys(v.request.accel for v in render_plan.variants if v.request.is_cuda)),
-        platforms=tuple(dict.fromkeys(v.request.platform for v in render_plan.variants)),
-        arch_checked=any(s.arch_list for s in stack))
-    facts = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
+                variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)),
+                pythons=((variant.filename_stem, variant.request.python),),
+                build_flags=_pytorch_flags(variant, magma_source)))
+    stack = [] if magma_only else _stack(render_plan, fmt, with_packages, magma_source)
+    # doctor's first row, as the official preflight words it (a refused variant never gets here: it is refused above)
+    selection = f"{len(render_plan.variants)} variant(s), {len(render_plan.magma)} magma package(s)"
+    with_row = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
         if stack else ()
-    return Plan(NAME, (*recipes, *stack), needs=needs, facts=facts)
+    needs = official_needs(render_plan.variants, magma_only=magma_only)
+    return Plan(NAME, (*recipes, *stack), needs=dataclasses.replace(needs, arch_checked=any(s.arch_list for s in stack)),
+                facts=(("selection", selection), *with_row))
 
 
 def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings,
@@ -182,16 +215,19 @@ class OfficialFlavour:
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
         flags = dict(request.flavour_flags)
-        return plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
-                       magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-                       magma_only=bool(flags.get("--magma-only")), with_packages=request.with_packages)
+        magma_source, magma_only = flags.get("--magma-source"), bool(flags.get("--magma-only"))
+        planned = plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
+                          magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
+                          magma_only=magma_only, magma_source=str(magma_source) if magma_source else None,
+                          with_packages=request.with_packages)
+        # build.sh takes this machine's tools; the pytorch source is cloned unless --source names a local one
+        clones = not magma_only and resolve_source(request.source, "", "").kind == "git"
+        return dataclasses.replace(planned, needs=dataclasses.replace(
+            planned.needs, sources=(request.source,) if request.source and not magma_only else (),
+            host_tools=host_tools(load_table(), clones=clones)))
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
-
-    def own_checks(self, request: Request, options: BuildOptions,
-                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
-        return machine_checks(request, options, site)
 
     def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
         return render_folders(request, RecipeFormat(recipe_format), out_dir, force=force)
@@ -356,25 +392,6 @@ def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteC
     if jobs:
         extra_env[JOBS_VARIABLE] = str(jobs)
     return extra_env
-
-
-def machine_checks(request: Request, options: BuildOptions,
-                   site: SiteConfig) -> tuple[PreflightReport, Callable[[], None]]:
-    """`doctor` of the official flavour: its whole preflight (variants, cuDNN, bundled libraries, requirement
-    solves, or the images with --container), and the refusal of a variant it cannot build."""
-    selection = selection_of(request)
-    jobs = checked_jobs(options.jobs, selection.options.extra_env)
-    render_plan = plan(selection)
-    in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
-    report = run_preflight(render_plan, engine=options.engine, source=request.source, jobs=jobs, runner=Runner(),
-                           out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                           check_channels=True, magma_only=bool(dict(request.flavour_flags).get("--magma-only")),
-                           arch_checked=_arch_checked(render_plan, request))
-    stack = _stack_recipes(render_plan, request.with_packages)
-    if stack:  # what --with adds to the plan, first, as the other flavour's doctor shows it
-        listed = ", ".join(f"{r.stem} (pytorch {r.pytorch.filename_stem})" for r in stack)
-        report = PreflightReport((Check("--with", Level.OK, listed), *report.checks), report.max_jobs, report.engine)
-    return report, render_plan.require_buildable
 
 
 def _refuse_feedstock_patches(request: Request) -> None:

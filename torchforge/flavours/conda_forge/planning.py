@@ -16,8 +16,8 @@ from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
 from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
 from torchforge.patchfile import digests
-from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, MachineNeeds, MatrixView, Plan, PlannedRecipe,
-                                     Request)
+from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, STACK_PACKAGES, MachineNeeds, MatrixView, Plan,
+                                     PlannedRecipe, Request)
 from torchforge.recipe import Source, resolve_source
 from torchforge.render import RecipeFormat, patch_files
 from torchforge.variant import check_build_number, check_shared_flags
@@ -105,6 +105,22 @@ def facts(planned: tuple[conda_forge.CondaForgeRecipe, ...]) -> tuple[tuple[str,
     return tuple(rows)
 
 
+# The engine that comes with torchforge: a CI job builds the same way whether its image has conda-build or not
+# (`--engine auto` would take an image's conda-build, which reads the other recipe format).
+BUILT_WITH = ("--engine", "rattler-build")
+
+
+def build_flags(recipe: conda_forge.CondaForgeRecipe, request: Request) -> tuple[str, ...]:
+    """`torchforge build` of exactly this recipe folder: its CUDA, all its Pythons, one engine run (the request's
+    --arch-list, --build-number and --source as given)."""
+    pythons = dict.fromkeys(p.python for p in recipe.planned_outputs() if p.python)
+    return ("--pytorch", recipe.version, "--cuda", recipe.cuda or "cpu", "--py", ",".join(pythons),
+            "--platform", recipe.platform, *BUILT_WITH,
+            *(("--arch-list", request.arch_list) if request.arch_list else ()),
+            *(("--build-number", str(request.build_number)) if request.build_number else ()),
+            *(("--source", request.source) if request.source else ()))
+
+
 def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: RecipeFormat) -> PlannedRecipe:
     where = source_of(recipe, request)
     # Their run requirements name __cuda: the engine's test environment must solve on a build machine without a
@@ -117,19 +133,17 @@ def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: 
         where.location if where.kind == "path" else None, recipe.index_fields(),
         script_env=(OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.cuda else (JOBS_VARIABLE,),
         cache_script_env=BUILD_VARIABLES, cache_group=recipe_group_key(recipe.id, recipe.settings),
-        pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python))
+        pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python),
+        build_flags=build_flags(recipe, request))
 
-
-# `--with`: the packages built after pytorch, for the exact pytorch packages of the plan (issue 32).
-COMPANIONS = ("torchvision", "torchaudio")
 
 
 def check_companions(names: tuple[str, ...]) -> None:
     """--with names only what this flavour builds after pytorch; an unknown name is a usage error."""
-    unknown = [name for name in names if name not in COMPANIONS]
+    unknown = [name for name in names if name not in STACK_PACKAGES]
     if unknown:
         raise UsageError(f"--with names {', '.join(map(repr, unknown))}, which torchforge does not build",
-                         f"--with takes {', '.join(COMPANIONS)} (comma-separated)")
+                         f"--with takes {', '.join(STACK_PACKAGES)} (comma-separated)")
 
 
 def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request: Request,
@@ -145,9 +159,13 @@ def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request
         for output in (o for o in recipe.planned_outputs() if o.name == "pytorch" and o.python):
             build = stack.PytorchBuild(output.version, output.build_string, output.subdir, output.python,
                                        recipe.cuda, recipe.arch_list if recipe.cuda else None)
-            found += [dataclasses.replace(stack.planned_recipe(stack.plan(name, build), fmt, channel), kind=name,
-                                          needs=(recipe.id,))
-                      for name in request.with_packages]
+            for name in request.with_packages:
+                companion = stack.plan(name, build)
+                # one CI job per package and folder: the folder's build with --with NAME builds it for every Python
+                found.append(dataclasses.replace(
+                    stack.planned_recipe(companion, fmt, channel), kind=name, needs=(recipe.id,),
+                    pythons=((companion.stem, output.python),),
+                    build_flags=(*build_flags(recipe, request), "--with", name)))
     return tuple(found)
 
 
