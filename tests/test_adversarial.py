@@ -418,6 +418,15 @@ def _listed(channel: Path, subdir: str = "linux-64") -> dict[str, dict[str, obje
     return {**data.get("packages", {}), **data.get("packages.conda", {})}
 
 
+def unindex(channel: Path, filename: str, subdir: str = "linux-64") -> None:
+    """The channel's index without `filename`, the archive left where it is."""
+    path = channel / subdir / "repodata.json"
+    data = json.loads(path.read_text())
+    for key in ("packages", "packages.conda"):
+        data.get(key, {}).pop(filename, None)
+    path.write_text(json.dumps(data))
+
+
 def published_unindexed(channel: Path, filename: str) -> Callable[[], bool]:
     """The moment between the rename into the channel and the index naming it (the old orphan window)."""
     return lambda: (channel / "linux-64" / filename).exists() and filename not in _listed(channel)
@@ -558,11 +567,16 @@ def test_repack_killed_then_rerun_converges(point: str, hello_wheel: Path, pytho
     chan = tmp_path / "chan"
     filename = f"pytorch-1.0-whl_py{sys.version_info.major}.{sys.version_info.minor}_cpu_0.conda"
     argv = ["repack", str(hello_wheel), "--out", str(chan)]
-    points = {
-        "while-unpacking": lambda: any(chan.glob(f"{SCRATCH.rstrip('*')}repack-*/torchforge-repack-*/pkg")),
-        "published-not-indexed": published_unindexed(chan, filename),
-    }
-    kill_when(argv, points[point], tmp_path / "killed.log")
+    if point == "while-unpacking":
+        kill_when(argv, lambda: any(chan.glob(f"{SCRATCH.rstrip('*')}repack-*/torchforge-repack-*/pkg")),
+                  tmp_path / "killed.log")
+    else:
+        # repack merges each record into the index in-process right after the rename (issue 35): microseconds,
+        # which a poller catches only on a loaded machine. The state such a kill leaves is made instead: the
+        # archive complete in the channel, the index without it.
+        rerun(argv)
+        unindex(chan, filename)
+        assert (chan / "linux-64" / filename).is_file() and filename not in _listed(chan)
     result = rerun(argv)  # the same command, no --replace
     if point == "published-not-indexed":  # complete but unindexed: indexed by the rerun and reused
         assert "reused: already repacked from this wheel" in result.stdout

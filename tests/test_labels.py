@@ -99,6 +99,8 @@ def test_ci_refuses_a_staging_label_that_is_not_a_label(tmp_path: Path) -> None:
     anything is written. The package is copied so the table can be changed without touching the checkout."""
     package = tmp_path / "pkg" / "torchforge"
     shutil.copytree(ROOT / "torchforge", package, ignore=shutil.ignore_patterns("__pycache__"))
+    # `ci` plans the recipes it writes jobs for, which renders them: the templates beside the package, as in a checkout
+    shutil.copytree(ROOT / "recipe_templates", package.parent / "recipe_templates")
     table = package / "data" / "ci.toml"
     text = table.read_text()
     assert 'staging_label = "staging"' in text
