@@ -24,6 +24,7 @@ from torchforge.compilecache import recipe_group_key
 from torchforge.config import SiteConfig
 from torchforge.containers import require_image
 from torchforge.errors import UsageError
+from torchforge.extensions.recipe import KIND as EXTENSION
 from torchforge.flavours.base import Plan, PlannedRecipe
 from torchforge.targets import Target
 
@@ -84,9 +85,13 @@ def regenerate_line(provider: Provider, argv: Sequence[tuple[str, str | None]]) 
     return shlex.join(words)
 
 
-def _key(recipe: PlannedRecipe) -> str:
-    prefix = MAIN_KINDS.get(recipe.kind, recipe.kind)
-    return f"{prefix}-{accel_tag(recipe.accel)}" + (f"-py{versions.nodot(recipe.python)}" if recipe.python else "")
+def _key(group: Sequence[PlannedRecipe]) -> str:
+    """A job's key from its recipes: by their kind (an extension by its package's name: each has its own job), the
+    Python where the job builds for one Python only."""
+    recipe = group[0]
+    prefix = recipe.stems[0].rsplit("-", 2)[0] if recipe.kind == EXTENSION else MAIN_KINDS.get(recipe.kind, recipe.kind)
+    python = recipe.python if len({r.python for r in group}) == 1 else ""
+    return f"{prefix}-{accel_tag(recipe.accel)}" + (f"-py{versions.nodot(python)}" if python else "")
 
 
 def _image(recipe: PlannedRecipe, plan: Plan, settings: JobSettings, site: SiteConfig) -> dict[str, Any]:
@@ -115,12 +120,13 @@ def _test_jobs(job: Job, recipes: Sequence[PlannedRecipe], plan: Plan, keys: dic
         shared = [stem for stem in recipe.stems if stem not in per_python]
         beside = [by_id[need] for need in recipe.needs if need in by_id and not by_id[need].pythons]
         short = job.key.split("-", 1)[1] if recipe.kind in MAIN_KINDS else job.key
+        one_python = bool(recipe.python) and len({r.python for r in recipes}) == 1  # the job's key names it
         for python in dict.fromkeys(per_python.values()):
             stems = (*shared, *(s for s, p in recipe.pythons if p == python), *(s for b in beside for s in b.stems))
             tests.append(TestJob(
-                key=f"test-{short}" + ("" if recipe.python else f"-py{versions.nodot(python)}"), build=job,
+                key=f"test-{short}" + ("" if one_python else f"-py{versions.nodot(python)}"), build=job,
                 magma=next((keys[b.id] for b in beside if b.id in keys), None), specs=tuple(map(conda_spec, stems)),
-                version=release, runner=job.runner if job.accel == CPU else gpu, python="" if recipe.python else python))
+                version=release, runner=job.runner if job.accel == CPU else gpu, python="" if one_python else python))
     return tests
 
 
@@ -135,7 +141,7 @@ def ci_plan(plan: Plan, settings: JobSettings) -> CiPlan:
     base_runner = default_runner(settings.provider, request.platform, settings.runner)
     per_accel = parse_runner_map(settings.runner_map, (*request.accels, *(r.accel for r in plan.recipes)))
     gpu = gpu_labels(settings.provider, request.platform, settings.gpu_runner, site)
-    keys = {recipe.id: _key(group[0]) for group in groups.values() for recipe in group}
+    keys = {recipe.id: _key(group) for group in groups.values() for recipe in group}
     seeds: dict[str, str] = {}  # compile cache key -> the first job that fills it (the others start after it)
     jobs, tests = [], []
     for flags, group in groups.items():

@@ -11,7 +11,8 @@ from torchforge import config as site_config
 from torchforge import fileops, selfwheel
 from torchforge.ci import CiPlan, Provider, check_writable, load_data, render, repository_path, site_args, write_file
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt, PlatformOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt,
+    PlatformOpt,
     PythonOpt, PytorchOpt, SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
@@ -116,13 +117,14 @@ def register(app: typer.Typer) -> None:
         test_script: TestScriptOpt = None, upload_to: UploadToOpt = None, requirement: RequirementOpt = None,
         wheel: WheelOpt = None, skip_preflight: SkipPreflightOpt = False, force: ForceOpt = False,
         channel: ChannelOpt = None, config: ConfigOpt = None, flavour: FlavourOpt = None, with_: WithOpt = None,
+        extension: ExtensionOpt = None,
     ) -> None:
         """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
         _check_inputs(requirement, wheel, out_dir, channel, (("--test-script", test_script, True), ("--source", source, False),
                       ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True)))
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source,
-                          with_packages=with_names(with_), flavour_flags=(
+                          with_packages=with_names(with_), extensions=tuple(extension or ()), flavour_flags=(
                               ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())),
                               ("--magma-source", magma_source)))
         _check_env(provider, env)
@@ -135,7 +137,8 @@ def register(app: typer.Typer) -> None:
             ("--test-script", test_script, test_script is not None), ("--skip-preflight", None, skip_preflight),
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
-            ("--with", ",".join(request.with_packages), bool(request.with_packages))])
+            ("--with", ",".join(request.with_packages), bool(request.with_packages)),
+            *(("--extension", spec, True) for spec in request.extensions)])
         given_after = (*(("--env", pair) for pair in env or []), *(("--channel", url) for url in channel or []),
                        *((("--config", str(config)),) if config is not None else ()), ("--out", "."))
         site_flags = site_args(channel or (), str(config) if config else None) + \

@@ -161,12 +161,12 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
     channel, whose pytorch is used where the plan has none)."""
     if not request.extensions:
         return the_plan
-    sources = [planned_source(parse_spec(text), Runner()) for text in request.extensions]
+    sources = [(text, planned_source(parse_spec(text), Runner())) for text in request.extensions]
     extensions = []
     for maker, pytorch in _targets(the_plan, channel):
         arch_list = ((maker.arch_list if maker else None) or request.arch_list or "") if pytorch.cuda else ""
         channels = maker.channels if maker else (channel.resolve().as_uri(),) if channel else ()
-        for source in sources:
+        for text, source in sources:
             stem = stem_of(source.name, source.version, pytorch, arch_list)
             files = DeferredRecipe(source, pytorch, arch_list, channels, recipe_format)
             extensions.append(dataclasses.replace(
@@ -174,7 +174,11 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
                                pytorch, arch_list, channels, files, (maker.id,) if maker else ()),
                 note=f"for pytorch {pytorch.version} {pytorch.build}"
                      + (f", after recipe {maker.id}; " if maker else " of the channel; ")
-                     + RESOLVED_LATER.format(version=pytorch.version)))
+                     + RESOLVED_LATER.format(version=pytorch.version),
+                # a CI job builds it with the command of its pytorch's job and this --extension (which reuses
+                # that job's packages), and tests it per Python
+                pythons=((stem, pytorch.python),),
+                build_flags=(*maker.build_flags, "--extension", text) if maker and maker.build_flags else ()))
     return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
                                needs=_machine_needs(the_plan.needs, extensions))
 
