@@ -177,3 +177,25 @@ def test_a_wheel_build_refuses_extensions(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "--extension builds conda packages, not --format wheel" in result.stderr and "--format conda" in result.stderr
     assert "Traceback" not in result.stderr and "build plan" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_doctor_with_a_cuda_extension_checks_this_machines_toolkit(tmp_path: Path) -> None:
+    """The conda-forge flavour's own recipes take nvcc from packages; a CUDA extension compiles with this machine's
+    toolkit: `doctor --extension` checks it (and the arch check's cuobjdump), and fails where there is none."""
+    request = ("doctor", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12", "--json",
+               "--out", str(tmp_path / "channel"))
+    import os
+    import sys
+
+    def rows(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
+        return {r["name"]: r["status"] for r in json.loads(done.stdout)["checks"] if not r["name"].startswith("channel")}
+
+    plain = rows(cli(*request))
+    with_extension = rows(cli(*request, "--extension", "torch-scatter==2.1.2"))
+    assert "nvcc (CUDA 13.0)" not in plain and "cuobjdump" not in plain
+    assert with_extension["nvcc (CUDA 13.0)"] == "ok" and with_extension["cuobjdump"] == "ok"
+    # no toolkit on this machine: the extension's build would fail, so doctor does (exit 9), naming nvcc
+    bare = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "no-cuda"),
+            "CUDA_PATH": str(tmp_path / "no-cuda")}
+    done = cli(*request, "--extension", "torch-scatter==2.1.2", env={**os.environ, **bare})
+    assert done.returncode == 9 and rows(done)["nvcc (CUDA 13.0)"] == "fail", done.stdout[-2000:]

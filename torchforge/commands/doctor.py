@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, FlavourOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FlavourOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
     SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
         config: ConfigOpt = None,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
-        flavour: FlavourOpt = None, with_: WithOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
         MAX_JOBS, source, driver, that every channel answers and that each variant's build and host requirements solve
@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
                                  MAGMA_ONLY if magma_only else "")
         check_dir(out_dir, "--out")
         channels = check_channel_args(channel)
-        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_), flavour_flags=(
+        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_),
+                          extensions=tuple(extension or ()), flavour_flags=(
             ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
             ("--container", container), ("--magma-only", magma_only)))
         options = sequence.BuildOptions(engine=engine, channels=channels, out=out_dir, jobs=jobs, container=container,
