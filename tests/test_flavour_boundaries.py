@@ -50,7 +50,6 @@ FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {
 # (b) modules outside torchforge/flavours/ (commands/ apart: rule (c) is stricter) that import a flavour"s
 # internals (issue 30, moves 4 to 7: consumers take the plan).
 INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
-    "torchforge.channels": frozenset({"torchforge.resolve"}),
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
     "torchforge.containers": frozenset({"torchforge.render"}),
     "torchforge.engines": frozenset({"torchforge.render"}),

@@ -1,6 +1,6 @@
 """Which channels a recipe's requirements come from: torchforge/data/channels.toml, then a site's torchforge.toml.
 
-`for_variant` / `for_magma` give the data's channels of one package (after the output channel and the
+`for_pytorch` / `for_magma` give the data's channels of one package (after the output channel and the
 --channel ones, which the pipeline puts first). A site config (`SiteConfig`, read by torchforge/config.py)
 replaces them or rewrites URL prefixes to mirrors, in one place.
 """
@@ -18,7 +18,6 @@ from pydantic import field_validator
 from torchforge import versions
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError
-from torchforge.resolve import MagmaPlan, Variant
 
 
 class Channel(FrozenModel):
@@ -117,14 +116,16 @@ def data_channels(package: str, pytorch: str, python: str | None, accel: str, pl
     return tuple(urls)
 
 
-def for_variant(variant: Variant, site: SiteChannels | None = None) -> tuple[str, ...]:
-    request = variant.request
-    urls = data_channels("pytorch", request.pytorch, request.python, request.accel, request.platform)
+def for_pytorch(pytorch: str, python: str, accel: str, platform: str,
+                site: SiteChannels | None = None) -> tuple[str, ...]:
+    """The channels of a pytorch package of that release, Python, accel (cpu or X.Y) and platform."""
+    urls = data_channels("pytorch", pytorch, python, accel, platform)
     return (site or SiteChannels()).apply(urls)
 
 
-def for_magma(magma: MagmaPlan, pytorch: str, site: SiteChannels | None = None) -> tuple[str, ...]:
-    urls = data_channels("magma", pytorch, None, magma.cuda, "linux-64")
+def for_magma(cuda: str, pytorch: str, site: SiteChannels | None = None) -> tuple[str, ...]:
+    """The channels of the magma-cudaXYZ package of CUDA `cuda` that PyTorch `pytorch` builds against."""
+    urls = data_channels("magma", pytorch, None, cuda, "linux-64")
     return (site or SiteChannels()).apply(urls)
 
 

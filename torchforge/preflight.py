@@ -291,7 +291,9 @@ def _solve_of(variant: Variant) -> RequirementSolve:
     """A pytorch recipe's requirements; magma-cudaXYZ is built by the plan itself before it, not looked for."""
     context = pytorch_context(variant)
     planned = variant.magma.name if variant.magma is not None else None
-    return RequirementSolve(variant.id, variant.request.platform, channel_data.for_variant(variant),
+    request = variant.request
+    channels = channel_data.for_pytorch(request.pytorch, request.python, request.accel, request.platform)
+    return RequirementSolve(variant.id, request.platform, channels,
                             tuple(s for s in context.build_requirements if s.split()[0] != planned),
                             tuple(s for s in context.host_requirements if s.split()[0] != planned))
 

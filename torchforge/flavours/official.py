@@ -43,6 +43,12 @@ from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_s
 NAME = "official"
 
 
+def _channels(variant: Variant) -> tuple[str, ...]:
+    """The data's channels of a variant's pytorch package."""
+    request = variant.request
+    return channel_data.for_pytorch(request.pytorch, request.python, request.accel, request.platform)
+
+
 def _local_source(context: RecipeContext) -> str | None:
     """A local tree, or a local tarball (file:// URL, e.g. --magma-source): mounted into a container build."""
     location = context.source.location
@@ -68,7 +74,7 @@ def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecip
     """pytorch-mutex, cpuonly, pytorch-cuda where the channels lack them. They get the pytorch packages' channels
     all the same: conda-build installs every package it built into a test environment, and pytorch-cuda's run
     requirements (cuda-cudart, libcublas ...) come from those channels."""
-    channels = tuple(dict.fromkeys(url for variant in render_plan.variants for url in channel_data.for_variant(variant)))
+    channels = tuple(dict.fromkeys(url for variant in render_plan.variants for url in _channels(variant)))
     planned = []
     for companion in render_plan.companions:
         fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
@@ -89,7 +95,7 @@ def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str,
            magma_source: str | None) -> list[PlannedRecipe]:
     """--with's recipes, each built after the recipe of its pytorch variant, in that variant's channels; a CI job
     builds one with its variant's command and `--with NAME` (which reuses that variant's packages)."""
-    return [dataclasses.replace(officialstack.planned_recipe(recipe, fmt, channel_data.for_variant(recipe.pytorch)),
+    return [dataclasses.replace(officialstack.planned_recipe(recipe, fmt, _channels(recipe.pytorch)),
                                 build_flags=(*_pytorch_flags(recipe.pytorch, magma_source), "--with", recipe.package))
             for recipe in _stack_recipes(render_plan, with_packages)]
 
@@ -131,7 +137,7 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
         first = next(v for v in render_plan.variants if v.magma is not None and v.magma.id == magma.id)
         recipes.append(dataclasses.replace(
             _from_context("magma", magma.id, magma.filename_stem, context,
-                          channel_data.for_magma(magma, pytorch_version), fmt, magma_patches, magma.settings),
+                          channel_data.for_magma(magma.cuda, pytorch_version), fmt, magma_patches, magma.settings),
             build_flags=_magma_flags(magma, first, magma_source)))
     if not magma_only:
         groups: dict[str, list[tuple[Variant, RecipeContext]]] = {}
@@ -141,7 +147,7 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
             groups.setdefault(group_key(context, digests), []).append((variant, context))
         for variant, context in (pair for members in groups.values() for pair in members):
             recipes.append(dataclasses.replace(_from_context(
-                "pytorch", variant.id, variant.filename_stem, context, channel_data.for_variant(variant), fmt, patches,
+                "pytorch", variant.id, variant.filename_stem, context, _channels(variant), fmt, patches,
                 variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)),
                 pythons=((variant.filename_stem, variant.request.python),),
                 build_flags=_pytorch_flags(variant, magma_source)))
