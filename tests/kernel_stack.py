@@ -105,6 +105,20 @@ def carried_stub(name: str, site: Path, series: str) -> Stub | None:
     return Stub(name, dist.version, files=files, depends=_requires(dist, known))
 
 
+def carried_stubs(names: list[str], site: Path, series: str) -> dict[str, Stub]:
+    """`names` that `site` holds, and what they require from it, each as a package with its real files (canonical
+    name -> stub), depending on the others by the name each has here (`typing_extensions` as a spec spells it)."""
+    carried: dict[str, Stub] = {}
+    pending = list(names)
+    while pending:
+        stub = carried_stub(pending.pop(0), site, series)
+        if stub is not None and canonicalize_name(stub.name) not in carried:
+            carried[canonicalize_name(stub.name)] = stub
+            pending += [d for d in stub.depends if d not in carried]
+    return {key: dataclasses.replace(stub, depends=tuple(carried[d].name for d in stub.depends))
+            for key, stub in carried.items()}
+
+
 def stub_channel(torch_channel: Path, recipe_specs: list[str], site: Path, series: str, out: Path) -> list[str]:
     """Every requirement the torch channel's packages and the recipe name, beside the torch channel's own: real
     from `site` where it has them, else a stand-in. Returns the names carried with their real files."""
@@ -112,16 +126,10 @@ def stub_channel(torch_channel: Path, recipe_specs: list[str], site: Path, serie
     own = {r["name"] for r in (*data.get("packages", {}).values(), *data.get("packages.conda", {}).values())}
     specs = [s for s in dict.fromkeys([*stand_in_specs(torch_channel), *recipe_specs, *BUILD_TOOLS])
              if s.split()[0] not in own and s.split()[0] != "pytorch"]
-    carried: dict[str, Stub] = {}
-    pending = [s.split()[0] for s in specs if s.split()[0] != "python"]
-    while pending:  # what a carried package requires is carried too
-        stub = carried_stub(pending.pop(0), site, series)
-        if stub is not None and canonicalize_name(stub.name) not in carried:
-            carried[canonicalize_name(stub.name)] = stub
-            pending += [d for d in stub.depends if d not in carried]
+    carried = carried_stubs([s.split()[0] for s in specs if s.split()[0] != "python"], site, series)
     make_stub_channel(out, [s for s in specs if canonicalize_name(s.split()[0]) not in carried])
-    for stub in carried.values():  # depends by the name each carried package has here (typing_extensions)
-        write_stub(dataclasses.replace(stub, depends=tuple(carried[d].name for d in stub.depends)), out / "linux-64")
+    for stub in carried.values():
+        write_stub(stub, out / "linux-64")
     index(out)
     return sorted(stub.name for stub in carried.values())
 

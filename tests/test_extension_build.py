@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from packaging.utils import canonicalize_name
 
 from tests.conftest import session_shared
+from tests.kernel_stack import carried_stubs
 from tests.rattler_in_child import solve_and_install
 from tests.stack_env import stand_in_specs
 from tests.tool_venvs import ensure
@@ -32,7 +34,7 @@ from torchforge.flavours.base import Plan
 from torchforge.pipeline import BuildSettings, Pipeline, StepResult, plan_steps
 from torchforge.proc import Runner
 from torchforge.binaries.stack import repack_stack
-from torchforge.standin import Stub, make_stub_channel, write_stub
+from torchforge.standin import make_stub_channel, write_stub
 
 SCATTER = Path(__file__).parent / "fixtures" / "sdists" / "torch_scatter-2.1.2.tar.gz"
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -56,15 +58,6 @@ print("torch_scatter", torch_scatter.__version__, "ok against torch", torch.__ve
 pytestmark = pytest.mark.skipif(PY != "3.11", reason="the torch 2.13.0 CPU wheel here is cp311")
 
 
-def _carried_stub(name: str, site: Path) -> Stub:
-    """A conda package of a pure-Python module with its real files, from the torchcpu venv's site-packages."""
-    dist = next(site.glob(f"{name}-*.dist-info"))
-    version = dist.name.removeprefix(f"{name}-").removesuffix(".dist-info")
-    files = {f"lib/python{PY}/site-packages/{p.relative_to(site)}": p.read_bytes()
-             for root in (site / name, dist) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    return Stub(name, version, files=files)
-
-
 @pytest.fixture(scope="module")
 def channels(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     shared = session_shared(tmp_path_factory) / "extension-channels"
@@ -72,10 +65,12 @@ def channels(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
         if not (shared / ".complete").exists():
             repack_stack([torch_wheel], shared / "torch", Runner())
             site = ensure("torchcpu").parent / "lib" / f"python{PY}" / "site-packages"
-            specs = [s for s in stand_in_specs(shared / "torch") if s.split()[0] not in CARRIED]
+            carried = carried_stubs(list(CARRIED), site, PY)  # and what they require (wheel: packaging)
+            assert set(CARRIED) <= set(carried), (CARRIED, sorted(carried))
+            specs = [s for s in stand_in_specs(shared / "torch") if canonicalize_name(s.split()[0]) not in carried]
             make_stub_channel(shared / "stubs", sorted({*specs, "pip", "setuptools"}))
-            for name in CARRIED:
-                write_stub(_carried_stub(name, site), shared / "stubs" / "linux-64")
+            for stub in carried.values():
+                write_stub(stub, shared / "stubs" / "linux-64")
             index(shared / "stubs")
             (shared / ".complete").write_text("")
     return shared / "torch", shared / "stubs"
