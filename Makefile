@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-repack demo-pypi repack-cuda-stack live-index-check example docs test goldens bench bench-quick container-image container-check ci-local clean
+.PHONY: help venv demo demo-repack demo-pypi repack-cuda-stack live-index-check example docs test goldens conda-forge-names bench bench-quick container-image container-check ci-local clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -60,7 +60,7 @@ repack-cuda-stack: $(STAMP)  ## not in `make test` (3.9 GB from PyPI): torch 2.1
 	if [ -n "$(PY312)" ]; then \
 	  test -x $(STACK)/py312/bin/python || ($(PY312) -m venv $(STACK)/py312 && $(STACK)/py312/bin/pip install --quiet \
 	    filelock typing_extensions sympy networkx jinja2 fsspec numpy pillow); \
-	  env -u LD_LIBRARY_PATH nice $(BIN)/torchforge verify $(STACK)/env --python $(STACK)/py312/bin/python --want cuda; \
+	  env -u LD_LIBRARY_PATH nice $(BIN)/torchforge verify $(STACK)/env --python $(STACK)/py312/bin/python --want cuda --gpu-arch 9.0; \
 	else echo "no Python 3.12 (PY312=...): torchforge verify of the prefix skipped"; fi
 
 live-index-check: $(STAMP)  ## not in `make test` (asks PyPI): the stack's resolve today against the answer recorded in tests/fixtures/pip_resolve (RECORD=1 records today's)
@@ -68,13 +68,16 @@ live-index-check: $(STAMP)  ## not in `make test` (asks PyPI): the stack's resol
 
 TESTS ?= tests
 test: $(STAMP)  ## run the whole test suite (TESTS=tests/test_x.py: only those)
-	$(BIN)/python -m pytest -n 2 $(TESTS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(TESTS)
 
 goldens: $(STAMP)  ## regenerate the golden recipes, CI workflows and dry runs (review the diff before committing)
 	$(BIN)/python -m tests.golden.regenerate
 	$(BIN)/python -m tests.golden.ci_regenerate
 	$(BIN)/python -m tests.golden.conda_forge_regenerate
 	$(BIN)/python -m tests.golden.dry_run_regenerate
+
+conda-forge-names: $(STAMP)  ## rebuild torchforge/data/conda_forge_names.toml from the feedstock snapshots (fetch) and say what changed
+	$(BIN)/python scripts/conda_forge_names.py --write
 
 bench: $(STAMP)  ## run the benchmarks and print ratios (the repack row fetches the CUDA stack of repack-cuda-stack once, 3.9 GB)
 	BENCH_STACK_REQUEST=$(STACK_PYTORCH)/$(STACK_CUDA)/$(STACK_PY) $(BIN)/python -m bench

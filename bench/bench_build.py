@@ -47,7 +47,8 @@ def _resume_rows(tmp: Path) -> list[Row]:
     sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
     from tests.stubchannel import make_stub_channel, recipe_requirements
     from torchforge.recipe import pytorch_context
-    from torchforge.render import RecipeFormat, render_files
+    from torchforge.render import render_files
+    from torchforge.templates import RecipeFormat
 
     request = ["--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", PY, "--source", str(FIXTURE)]
     (variant,) = plan(Selection.from_flags("2.9.0", "cpu", PY, None, Options(source=str(FIXTURE)))).variants

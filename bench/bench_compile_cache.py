@@ -153,7 +153,8 @@ def run(quick: bool = False) -> list[Row]:
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from tests.stubchannel import make_stub_channel, recipe_requirements
     from torchforge.recipe import pytorch_context
-    from torchforge.render import RecipeFormat, plan, render_files
+    from torchforge.render import plan, render_files
+    from torchforge.templates import RecipeFormat
     from torchforge.variant import Options, Selection
 
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp_name:

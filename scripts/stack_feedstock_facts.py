@@ -5,13 +5,16 @@ torchforge/data/conda_forge_stack.toml, from the snapshots scripts/stack_feedsto
     python scripts/stack_feedstock_facts.py --write    # rewrite it
 
 For each release of torchforge/data/stack_pairing.toml the feedstock built (tests/data/stack_feedstock/PACKAGE/
-RELEASES.toml), and for its linux-64 cpu job and its newest linux-64 CUDA job (Python 3.12):
+RELEASES.toml), and for each of its linux-64 jobs (cpu and every CUDA; each Python's job file):
 - recipe/recipe.yaml is rendered by rattler-build with the job's .ci_support file; the package's output gives the
   requirements (build/host/run), its tests (imports, pip_check, the script lines and their requirements) and the
   variant keys the job used (the pins conda-forge applied: numpy, libpng ...). The compilers and the C library
   are written back as the recipe's functions (`compiler('c')` ...), the job's CUDA as {cuda}.
 - recipe/build.sh is run by bash in an empty folder with the job's variables, PYTHON=true (its pip install does
-  nothing) and CF_TORCH_CUDA_ARCH_LIST={arch_list}; the variables it exports that the build reads are kept.
+  nothing), CF_TORCH_CUDA_ARCH_LIST={arch_list} and PREFIX, CC, CXX given as their own expansions (`${PREFIX}`), so
+  that a value naming them keeps the name; the variables it exports that the build reads are kept.
+- The Pythons of one CUDA (or cpu) are one entry: their facts must agree apart from the python pin of each job
+  (`3.12.* *_cpython`, `3.13.* *_cp313`), kept per Python; where they do not, the script stops and says so.
 The feedstock's script text is executed: read the snapshot before running this on it.
 """
 
@@ -31,13 +34,16 @@ TABLE = ROOT / "torchforge" / "data" / "conda_forge_stack.toml"
 PAIRING = ROOT / "torchforge" / "data" / "stack_pairing.toml"
 SNAPSHOTS = ROOT / "tests" / "data" / "stack_feedstock"
 PACKAGES = ("torchvision", "torchaudio")
-# The variables build.sh exports that say what is built (not where: CUDA_TOOLKIT_ROOT_DIR, TORCHVISION_INCLUDE
-# name the prefix, which our build.sh sets the same way).
-ENV_KEPT = ("FORCE_CUDA", "TORCH_CUDA_ARCH_LIST", "TORCHVISION_USE_FFMPEG", "TORCHVISION_USE_NVJPEG",
+# The variables build.sh exports that the build reads (where a value names the prefix or the compilers, it is
+# kept as their expansion: `${PREFIX}/include/`).
+ENV_KEPT = ("CUDA_TOOLKIT_ROOT_DIR", "CUDA_HOME", "FORCE_CUDA", "TORCH_CUDA_ARCH_LIST", "TORCHVISION_USE_FFMPEG", "TORCHVISION_USE_NVJPEG",
             "TORCHVISION_USE_AVIF", "TORCHVISION_USE_HEIC", "TORCHVISION_USE_PNG", "TORCHVISION_USE_JPEG",
             "TORCHVISION_USE_WEBP", "TORCHVISION_USE_GIF", "TORCH_DONT_CHECK_COMPILER_ABI", "USE_CUDA",
             "USE_FFMPEG", "USE_SOX", "BUILD_SOX", "BUILD_KALDI", "BUILD_RNNT", "BUILD_CTC_DECODER", "USE_ROCM",
-            "USE_OPENMP", "BUILD_CUDA_CTC_DECODER")
+            "USE_OPENMP", "BUILD_CUDA_CTC_DECODER", "BUILD_CPP_TEST", "CMAKE_GENERATOR", "CMAKE_C_COMPILER",
+            "CMAKE_CXX_COMPILER", "TORCHVISION_INCLUDE")
+# Given to build.sh as their own expansions, so that what it exports from them reads as it would in any build.
+EXPANDED = ("PREFIX", "CC", "CXX")
 ARCH_MARKER = "{arch_list}"
 HEADER = """\
 # conda-forge's torchvision and torchaudio recipes, per release and job kind (cpu, cuda), read from the feedstocks'
@@ -47,17 +53,45 @@ schema = 1
 """
 
 
-def jobs(folder: Path) -> dict[str, Path]:
-    """cpu and the newest CUDA linux-64 job of a snapshot."""
-    files = sorted((folder / ".ci_support").glob("linux_64_*python3.12.*.yaml"))
-    cpu = [f for f in files if "versionNone" in f.name]
-    cuda = sorted((f for f in files if "versionNone" not in f.name), key=_cuda_of)
-    return {**({"cpu": cpu[0]} if cpu else {}), **({"cuda": cuda[-1]} if cuda else {})}
+def jobs(folder: Path) -> dict[str, list[Path]]:
+    """The linux-64 job files of a snapshot by kind: "cpu", and each CUDA X.Y (every Python's file of each)."""
+    found: dict[str, list[Path]] = {}
+    for job in sorted((folder / ".ci_support").glob("linux_64_*.yaml")):
+        match = re.search(r"cuda_compiler_version(\d+\.\d+|None)", job.name)
+        if match is None:
+            raise SystemExit(f"{job}: no cuda_compiler_version in the job's name")
+        found.setdefault("cpu" if match.group(1) == "None" else match.group(1), []).append(job)
+    return dict(sorted(found.items(), key=lambda item: _cuda_of(item[0])))
 
 
-def _cuda_of(job: Path) -> list[int]:
-    match = re.search(r"cuda_compiler_version(\d+)\.(\d+)", job.name)
-    return [int(match.group(1)), int(match.group(2))] if match else [0, 0]
+def _cuda_of(kind: str) -> list[int]:
+    return [0, 0] if kind == "cpu" else [int(part) for part in kind.split(".")]
+
+
+def python_of(variant: dict[str, str], job: Path) -> tuple[str, str]:
+    """(X.Y, the job's python pin whole: `3.13.* *_cp313`)."""
+    pin = str(variant.get("python", ""))
+    match = re.match(r"(\d+\.\d+)\.\* ", pin)
+    if match is None:
+        raise SystemExit(f"{job}: the python pin {pin!r} is not `X.Y.* BUILD`")
+    return match.group(1), pin
+
+
+def kind_facts(package: str, recipe: Path, files: list[Path]) -> dict[str, object]:
+    """One kind's facts: every Python's job rendered, the same facts apart from the python pin of each."""
+    merged: dict[str, object] = {}
+    for job in files:
+        facts, (python, pin) = job_facts(package, recipe, job)
+        if not merged:
+            merged = {**facts, "jobs": {}, "pythons": {}}
+        elif {k: v for k, v in merged.items() if k not in ("job", "jobs", "pythons")} != \
+                {k: v for k, v in facts.items() if k != "job"}:
+            raise SystemExit(f"{recipe.parent.name}: {job.name} renders other facts than {merged['job']} beyond its "
+                             "python pin; the table holds one entry per CUDA")
+        merged["jobs"][python] = job.name  # type: ignore[index]
+        merged["pythons"][python] = pin  # type: ignore[index]
+    merged["job"] = merged["jobs"].get("3.12", files[0].name)  # type: ignore[union-attr]
+    return merged
 
 
 def rendered(recipe: Path, job: Path, package: str) -> tuple[dict, dict]:
@@ -81,11 +115,11 @@ def functions(spec: str, variant: dict[str, str]) -> str:
     return spec
 
 
-def build_string_pattern(string: str, number: int, cuda: str | None) -> str:
+def build_string_pattern(string: str, number: int, cuda: str | None, python: str) -> str:
     """The feedstock's build string with its parts as placeholders: {tag} (cpu, cuda130), {py} (312), {hash}
     (the engine's hash), {number}."""
     tag = f"cuda{cuda.replace('.', '')}" if cuda else "cpu"
-    pattern = re.sub(r"h[0-9a-f]{7}", "h{hash}", string.replace(tag, "{tag}", 1).replace("py312", "py{py}", 1))
+    pattern = re.sub(r"h[0-9a-f]{7}", "h{hash}", string.replace(tag, "{tag}", 1).replace(f"py{python.replace('.', '')}", "py{py}", 1))
     return re.sub(rf"_{number}$", "_{number}", pattern)
 
 
@@ -118,7 +152,7 @@ def build_env(recipe: Path, cuda: str | None) -> dict[str, str]:
         shims.mkdir()
         (shims / "python").write_text("#!/bin/sh\nexit 0\n")  # its `python -m pip install .` does nothing
         (shims / "python").chmod(0o755)
-        env = {"PATH": f"{shims}:{os.environ['PATH']}", "PYTHON": "true", "PREFIX": "/prefix",
+        env = {"PATH": f"{shims}:{os.environ['PATH']}", "PYTHON": "true", **{name: f"${{{name}}}" for name in EXPANDED},
                "target_platform": "linux-64", "build_platform": "linux-64",
                "cuda_compiler_version": cuda or "None", "CF_TORCH_CUDA_ARCH_LIST": ARCH_MARKER}
         script = f"exec 3>&1; trap 'env -0 >&3' EXIT; source {recipe / 'build.sh'} >/dev/null 2>&1"
@@ -127,7 +161,7 @@ def build_env(recipe: Path, cuda: str | None) -> dict[str, str]:
     return {key: found[key] for key in ENV_KEPT if key in found}
 
 
-def job_facts(package: str, recipe: Path, job: Path) -> dict[str, object]:
+def job_facts(package: str, recipe: Path, job: Path) -> tuple[dict[str, object], tuple[str, str]]:
     found, variant = rendered(recipe, job, package)
     cuda = variant.get("cuda_compiler_version")
     cuda = None if cuda in (None, "None") else str(cuda)
@@ -140,7 +174,9 @@ def job_facts(package: str, recipe: Path, job: Path) -> dict[str, object]:
     ignored = requirements.get("ignore_run_exports") or {}
     facts["ignore_run_exports_by_name"] = [str(s) for s in ignored.get("by_name") or []]
     facts["ignore_run_exports_from_package"] = [str(s) for s in ignored.get("from_package") or []]
-    facts["build_string"] = build_string_pattern(str(found["build"]["string"]), int(found["build"]["number"]), cuda)
+    python = python_of(variant, job)
+    facts["build_string"] = build_string_pattern(str(found["build"]["string"]), int(found["build"]["number"]), cuda,
+                                                 python[0])
     # A test over the source tree's own suite (it names files: test/, run_tests.sh) is the feedstock's, not the
     # package's: it is counted, not taken (the -tests outputs are left out the same way).
     everything = found.get("tests") or []
@@ -154,8 +190,9 @@ def job_facts(package: str, recipe: Path, job: Path) -> dict[str, object]:
     left = ("build_platform", "target_platform", "channel_sources", "channel_targets", "python",
             "cuda_compiler_version", "pytorch")
     facts["variant"] = {k: str(v) for k, v in sorted(variant.items()) if k not in left}
+    facts["down_prioritize_variant"] = int((found["build"].get("variant") or {}).get("down_prioritize_variant") or 0)
     facts["env"] = build_env(recipe, cuda)
-    return facts
+    return facts, python
 
 
 def release_facts(package: str) -> dict[str, dict[str, object]]:
@@ -167,7 +204,11 @@ def release_facts(package: str) -> dict[str, dict[str, object]]:
             continue
         folder = SNAPSHOTS / package / row["commit"]
         entry: dict[str, object] = {"commit": row["commit"], "feedstock_pytorch": row["pytorch"]}
-        entry.update({accel: job_facts(package, folder / "recipe", job) for accel, job in jobs(folder).items()})
+        kinds = {kind: kind_facts(package, folder / "recipe", files) for kind, files in jobs(folder).items()}
+        if "cpu" in kinds:
+            entry["cpu"] = kinds.pop("cpu")
+        if kinds:
+            entry["cuda"] = kinds
         table[version] = entry
     return table
 
@@ -178,14 +219,14 @@ def _toml(tables: dict[str, dict[str, dict[str, object]]]) -> str:
         for version, entry in releases.items():
             out.append(f'\n[{package}."{version}"]')
             out.extend(f"{k} = {json.dumps(v)}" for k, v in entry.items() if not isinstance(v, dict))
-            for accel in ("cpu", "cuda"):
-                facts = entry.get(accel)
-                if not isinstance(facts, dict):
-                    continue
-                out.append(f'\n[{package}."{version}".{accel}]')
+            cudas = entry.get("cuda") or {}
+            kinds = [("cpu", entry["cpu"])] if isinstance(entry.get("cpu"), dict) else []
+            kinds += [(f'cuda."{cuda}"', facts) for cuda, facts in cudas.items()]  # type: ignore[union-attr]
+            for key, facts in kinds:
+                out.append(f'\n[{package}."{version}".{key}]')
                 out.extend(f"{k} = {json.dumps(v)}" for k, v in facts.items() if not isinstance(v, dict))
-                for sub in ("variant", "env"):
-                    out.append(f'[{package}."{version}".{accel}.{sub}]')
+                for sub in ("jobs", "pythons", "variant", "env"):
+                    out.append(f'[{package}."{version}".{key}.{sub}]')
                     out.extend(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in facts[sub].items())
     return "\n".join(out) + "\n"
 

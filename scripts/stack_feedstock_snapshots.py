@@ -10,7 +10,8 @@ HEAD) at which it builds that release against the pytorch torchforge/data/stack_
 RELEASES.toml records, per release, that commit, its date and the pytorch pin of its linux-64 CPU jobs (the
 `pytorch:` key of the .ci_support files; the feedstock builds against that pytorch). Each commit's folder
 receives recipe/ whole (recipe.yaml, the build scripts and the patches, all small) and the linux and win
-.ci_support job files of Python 3.12. A release built only by meta.yaml (before the feedstock moved to recipe.yaml) is not
+.ci_support job files of every Python (each Python's job pins its own python: `3.12.* *_cpython`, `3.13.* *_cp313`,
+and the companion recipes take that pin). A release built only by meta.yaml (before the feedstock moved to recipe.yaml) is not
 taken: the oracle renders recipe.yaml. Folders are written beside their final place and moved in whole, so an
 interrupted run leaves the old snapshot or the new one, never half; folders of commits no longer named go.
 """
@@ -29,8 +30,6 @@ SNAPSHOTS = ROOT / "tests" / "data" / "stack_feedstock"
 PACKAGES = ("torchvision", "torchaudio")
 PAIRING = ROOT / "torchforge" / "data" / "stack_pairing.toml"
 CI_PREFIXES = (".ci_support/linux_", ".ci_support/win_")
-# One Python's jobs are enough for the oracle (the recipe does not branch on the Python version).
-CI_PYTHON = "python3.12."
 VERSION = re.compile(r'^\s*version:\s*"?([0-9][0-9.]*)"?\s*$', re.MULTILINE)
 PYTORCH_PIN = re.compile(r"^pytorch:\n- '?([0-9.]+)'?", re.MULTILINE)
 
@@ -74,9 +73,8 @@ def releases(git_dir: Path, package: str) -> dict[str, tuple[str, str, str | Non
 
 
 def kept(path: str) -> bool:
-    """recipe/ whole; of .ci_support/, the linux and win jobs of one Python."""
-    return not path.startswith(".ci_support/") or (path.startswith(CI_PREFIXES) and CI_PYTHON in path
-                                                       and path.endswith(".yaml"))
+    """recipe/ whole; of .ci_support/, the linux and win jobs (every Python's)."""
+    return not path.startswith(".ci_support/") or (path.startswith(CI_PREFIXES) and path.endswith(".yaml"))
 
 
 def main(argv: list[str]) -> int:

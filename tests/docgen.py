@@ -6,11 +6,14 @@ Two kinds of generated text, both marked in the Markdown (docs/development.md, "
   the pages under docs/reference/ are generated whole.
 - `<!-- output: exact|sample -->` before a ```console block: every `$ command` line is run from the repository
   root and the lines after it are its output. `exact` output depends on the data only and is compared by the
-  tests; `sample` output depends on the machine (doctor) and is only regenerated.
+  tests; `sample` output depends on the machine (doctor): it is run on the documentation machine
+  (tests/docmachine.py: the same checkout path, disk, memory, CPUs, tools and no network wherever it runs), so
+  that it too comes out byte for byte the same on any machine, and is only regenerated.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -19,6 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests import docmachine
 from torchforge import channels, containers, data, diagnose
 from torchforge.errors import ExitCode
 
@@ -112,9 +116,44 @@ def exit_codes_table() -> str:
     return _table(("exit code", "name", "meaning"), [(int(code), code.name, meaning[code]) for code in ExitCode])
 
 
+def stack_file_table() -> str:
+    """The stack file's keys, from its schema (torchforge/stackfile/schema.py): where, type, default, meaning."""
+    from torchforge.stackfile.schema import json_schema
+
+    schema = json_schema()
+    definitions = schema.get("$defs", {})
+    sections = [("", schema), *((f"[{key}]" if key != "extensions" else "[[extensions]]",
+                                 definitions[ref.rsplit("/", 1)[-1]]) for key, ref in (
+        ("pytorch", "#/$defs/PytorchSection"), ("extensions", "#/$defs/Extension"),
+        ("channels", "#/$defs/ChannelsSection")))]
+    rows = []
+    for section, model in sections:
+        required = set(model.get("required", []))
+        for key, field in model["properties"].items():
+            if "$ref" in field or field.get("items", {}).get("$ref"):
+                continue  # a table: its own rows follow
+            default = "required" if key in required else json.dumps(field.get("default")) if "default" in field else ""
+            rows.append((f"{section} `{key}`".strip(), _type(field), default, field.get("description", "")))
+    return _table(("key", "type", "default", "what it says"), rows)
+
+
+def _type(field: dict[str, object]) -> str:
+    if "enum" in field:
+        return " | ".join(json.dumps(v) for v in field["enum"])  # type: ignore[union-attr]
+    if "anyOf" in field:
+        return " or ".join(_type(part) for part in field["anyOf"])  # type: ignore[union-attr]
+    if field.get("type") == "array":
+        return f"array of {_type(field.get('items', {}))}"  # type: ignore[arg-type]
+    if field.get("type") == "object":
+        values = field.get("additionalProperties", {})
+        keys = field.get("propertyNames", {})
+        return f"table {_type(keys) if keys else 'string'} = {_type(values)}"  # type: ignore[arg-type]
+    return str(field.get("type", "any"))
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "releases": releases_table, "cuda": cuda_table, "images": images_table, "channels": channels_table,
-    "failures": failures_table, "exit-codes": exit_codes_table,
+    "failures": failures_table, "exit-codes": exit_codes_table, "stack-file": stack_file_table,
 }
 
 REFERENCE_PAGES: dict[str, tuple[str, str, str]] = {
@@ -132,6 +171,13 @@ def reference_page(title: str, source: str, table: str) -> str:
             f"<!-- end generated -->\n")
 
 
+def run_sample(command: str) -> str:
+    """The output of one machine-dependent documented command, run on the documentation machine."""
+    text = docmachine.shown(docmachine.run(command, WIDTH))
+    lines = [line.rstrip() for line in text.splitlines()]
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def run_example(command: str) -> str:
     """The output of one documented command, run from the repository root as a user would (stdout and stderr)."""
     bin_dir = str(Path(sys.executable).parent)
@@ -147,23 +193,31 @@ def shown_path(text: str) -> str:
     """The checkout's folder as a reader's clone (`~/torchforge`), the home folder as `~`: an example never shows
     the folders of the machine that ran it. Rich pads table cells, so the padding follows the shorter text."""
     for real, shown in ((str(ROOT), "~/torchforge"), (str(Path.home()), "~")):
-        text = re.sub(re.escape(real) + r"(?![\w.-])(\S*)( *)", lambda m: shown + m[1] + m[2] + " " * (len(real) - len(shown)), text)
+        text = re.sub(re.escape(real) + r"(?![\w.-])(\S*)( *)",
+                      lambda m, r=real, s=shown: s + m[1] + _padded(m[2], len(r) - len(s)), text)
     return text
 
 
-def fill_output(block: str) -> str:
+def _padded(spaces: str, change: int) -> str:
+    """A cell's trailing spaces after its text grew shorter by `change` (longer where negative; a path shorter
+    than its shown form takes the spaces it lacks from the padding, as far as there is padding)."""
+    return spaces + " " * change if change >= 0 else spaces[:max(0, len(spaces) + change)]
+
+
+def fill_output(block: str, kind: str = "exact") -> str:
+    run = run_sample if kind == "sample" else run_example
     out: list[str] = []
     for line in block.splitlines():
         if line.startswith("$ "):
-            out += [line, *run_example(line[2:]).splitlines()]
+            out += [line, *run(line[2:]).splitlines()]
     return "\n".join(out) + "\n"
 
 
 def regenerate(text: str, *, outputs: bool = True, kinds: tuple[str, ...] = ("exact", "sample")) -> str:
     text = GENERATED.sub(lambda m: m.group(1) + TABLES[m.group(2)]() + m.group(4), text)
     if outputs:
-        text = OUTPUT.sub(lambda m: m.group(1) + (fill_output(m.group(3)) if m.group(2) in kinds else m.group(3))
-                          + m.group(4), text)
+        text = OUTPUT.sub(lambda m: m.group(1) + (fill_output(m.group(3), m.group(2)) if m.group(2) in kinds
+                                                  else m.group(3)) + m.group(4), text)
     return text
 
 
@@ -176,9 +230,15 @@ def main(argv: list[str]) -> int:
     REFERENCE.mkdir(parents=True, exist_ok=True)
     stale: list[str] = []
     expected_reference = {REFERENCE / name: reference_page(*facts) for name, facts in REFERENCE_PAGES.items()}
-    for path in {*pages(), *expected_reference}:
+    try:  # made once before anything is written: where it cannot be made, no page is half regenerated
+        docmachine.probe() if not check else None
+    except docmachine.ShownMachineError as exc:
+        print(f"the sample examples run on the documentation machine, which cannot be made here ({exc}); "
+              "run `make docs` where `unshare -Urmn` works", file=sys.stderr)
+        return 1
+    for path in sorted({*pages(), *expected_reference}):
         current = path.read_text() if path.exists() else expected_reference.get(path, "")
-        # --check compares tables and exact outputs; sample outputs depend on the machine.
+        # --check compares tables and exact outputs; sample outputs take the documentation machine.
         new = regenerate(current, kinds=("exact",) if check else ("exact", "sample"))
         if new != (path.read_text() if path.exists() else None):
             stale.append(str(path.relative_to(ROOT)))

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.flavours import conda_forge
-from torchforge.recipe import Source
-from torchforge.render import RecipeFormat
+from torchforge.sourcestate import Source
+from torchforge.templates import RecipeFormat
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "data" / "feedstock"

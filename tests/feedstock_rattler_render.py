@@ -32,8 +32,11 @@ def render(folder: Path) -> dict:
         # top-level requirements are the same thing for libtorch.
         staged = [cache.requirements.to_dict() for cache in variant.recipe.staging_caches]
         name = rendered["package"]["name"]
+        script = (rendered.get("build") or {}).get("script")
         outputs[name] = {"python": variant.variant.get("python", ""),
-                         "fields": fields(rendered, staged, variant.variant)}
+                         "fields": fields(rendered, staged, variant.variant),
+                         # the variables the build script is given (the companion oracle runs build.sh with them)
+                         "script_env": dict(script.get("env") or {}) if isinstance(script, dict) else {}}
     return outputs
 
 
@@ -49,6 +52,11 @@ def fields(rendered: dict, staged: list[dict], variant: dict) -> dict[str, objec
     if (build.get("prefix_detection") or {}).get("ignore_binary_files"):
         # ignore_binary_files: true is meta.yaml's detect_binary_files_with_prefix: false
         found["build.detect_binary_files_with_prefix"] = False
+    levels = int((build.get("variant") or {}).get("down_prioritize_variant") or 0)
+    if levels:
+        # rattler-build's down_prioritize_variant N is the package's track_features `{name}-p-0` ... `-p-{N-1}`
+        # (what its packaging writes into index.json)
+        found["build.track_features"] = [f"{rendered['package']['name']}-p-{i}" for i in range(levels)]
     exports = requirements.get("run_exports") or {}
     if exports:
         # meta.yaml's plain list is rattler-build's `weak` list
@@ -137,7 +145,7 @@ def _tests(tests: list[dict]) -> dict[str, object]:
 def main(argv: list[str]) -> int:
     from tests.feedstock_oracle import compare, jobs, load_differences, print_figures, render_feedstock, \
         write_torchforge_recipe
-    from torchforge.render import RecipeFormat
+    from torchforge.templates import RecipeFormat
 
     findings = []
     with tempfile.TemporaryDirectory() as scratch:

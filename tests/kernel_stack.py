@@ -32,12 +32,14 @@ from tests.stack_env import stand_in_specs
 from torchforge import archcheck
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.errors import AuditFailedError
-from torchforge.extensions.metadata import metadata_env, read_metadata
-from torchforge.extensions.recipe import ExtensionInputs, extension_recipe, pytorch_in_channel
+from torchforge.extensions.metadata import read_metadata
+from torchforge.extensions.recipe import ExtensionInputs, extension_recipe
+from torchforge.havepytorch import in_channel
 from torchforge.extensions.sdist import fetch, parse_spec
 from torchforge.flavours.base import Plan
 from torchforge.localchannel import index
 from torchforge.pipeline import BuildSettings, Pipeline, StepResult, plan_steps
+from torchforge.remotecache import remote_cache
 from torchforge.proc import Runner
 from torchforge.safeextract import extract_conda
 from torchforge.standin import Stub, make_stub_channel, write_stub
@@ -138,14 +140,18 @@ def inputs_for(torch_channel: Path, arch_list: str, torch_python: str, work: Pat
                source: str = str(FIXTURE)) -> ExtensionInputs:
     """The source (the fixture, another folder, an sdist) as an sdist, its metadata read with `torch_python`, for
     the channel's one pytorch (channels are filled in once the stand-ins exist)."""
-    archive = fetch(parse_spec(source), work / "sdist", torch_python, Runner(), metadata_env())
+    archive = fetch(parse_spec(source), work / "sdist", torch_python, Runner())
     return ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), work),
-                           pytorch_in_channel(torch_channel, "linux-64"), arch_list, ())
+                           in_channel(torch_channel, "linux-64"), arch_list, ())
 
 
 def build(inputs: ExtensionInputs, out: Path) -> StepResult:
+    """KERNEL_STACK_CACHE_URL (tests/gpu/speed.sh): the build also uses that compile cache server; its MAX_JOBS is
+    then chosen per build from memory and the package's per-job peak, as `torchforge build` chooses it."""
     engine = RattlerBuildEngine()
-    settings = BuildSettings(out=out)
+    url = os.environ.get("KERNEL_STACK_CACHE_URL")
+    settings = BuildSettings(out=out, remote_cache=remote_cache(url), size_jobs=url is not None,
+                             extra_env={"MAX_JOBS": str(os.cpu_count() or 1)} if url else {})
     recipe = extension_recipe(inputs, engine.recipe_format.value)
     (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(Plan("extension", (recipe,)), settings))
     return result
@@ -163,19 +169,18 @@ def run_check(prefix: Path, cuda: bool, cwd: Path, code: str = CHECK) -> str:
 
 
 def arch_report(package: Path, arch_lists: list[str]) -> list[str]:
-    """What cuobjdump lists in each library of the package with device code, then one line per arch list: the
-    arch check's verdict, with its message when it fails."""
+    """What the fatbin reader finds in each library of the package with device code, then one line per arch list:
+    the arch check's verdict, with its message when it fails."""
     lines = []
     with tempfile.TemporaryDirectory(prefix="kernel-stack-") as scratch:
         tree = Path(scratch) / "pkg"
         extract_conda(package, tree)
-        tool = archcheck.find_cuobjdump()
         for path in sorted(p for p in tree.rglob("*.so") if archcheck.has_device_code(p)):
-            sass, ptx = archcheck.device_code(path, Runner(), tool)
-            lines.append(f"cuobjdump {path.relative_to(tree)}: SASS {sorted(sass)}, PTX {sorted(ptx)}")
+            sass, ptx = archcheck.device_code(path)
+            lines.append(f"device code {path.relative_to(tree)}: SASS {sorted(sass)}, PTX {sorted(ptx)}")
     for arch_list in arch_lists:
         try:
-            archcheck.check_package(package, arch_list, Runner())
+            archcheck.check_package(package, arch_list)
             lines.append(f"arch check {arch_list!r}: passed")
         except AuditFailedError as exc:
             lines.append(f"arch check {arch_list!r}: failed: {exc.message}")

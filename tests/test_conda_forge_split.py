@@ -17,8 +17,8 @@ from tests.rattler_in_child import Record, solve, solve_and_install
 from torchforge.cli import main
 from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.flavours import conda_forge
-from torchforge.recipe import Source
-from torchforge.render import RecipeFormat
+from torchforge.sourcestate import Source
+from torchforge.templates import RecipeFormat
 
 SOURCE = Source("git", "https://github.com/pytorch/pytorch", "v0")
 
@@ -619,7 +619,7 @@ def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cach
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from torchforge.flavours.base import Request
     from torchforge.flavours.conda_forge import planning
-    from torchforge.compilecache import recipe_group_key
+    from torchforge.compilecache import group_key, settings_material
 
     extra_args = []
     if engine == "conda-build":
@@ -634,7 +634,7 @@ def test_a_forced_rebuild_of_the_recipe_takes_every_object_from_the_compile_cach
     out, cache = tmp_path / "channel", tmp_path / "cache"
     planned = conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,))
     (recipe,) = planning.with_inputs((planned,), Request(source=str(source)))
-    key = recipe_group_key(recipe.id, recipe.settings)
+    key = group_key(*settings_material(recipe.id, recipe.settings))
     args = ["build", *build_arguments("cpu", None, source), "--engine", engine, "--config",
             str(channel.parent / "torchforge.toml"), "--out", str(out), "--cache", str(cache), *extra_args]
     counts = []

@@ -22,7 +22,7 @@ from tests.test_conda_forge_flavour import (
 from torchforge.cli import main
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
-from torchforge.recipe import Source
+from torchforge.sourcestate import Source
 
 TABLE = conda_forge.load()
 WIN = conda_forge.WINDOWS

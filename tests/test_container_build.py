@@ -24,7 +24,8 @@ from tests.test_conda_build import (CPU_ARGS, CUDA_ARGS, PYTORCH, Forge, Planned
                                     _create, _imports_and_runs, _log, _plan, _planned, _published, conda_tool, needs_nvcc)
 from tests.test_upload_helpers import cli
 from torchforge.containers import TOOL_VARIABLE
-from torchforge.render import RecipeFormat, recipe_folders
+from torchforge.render import recipe_folders
+from torchforge.templates import RecipeFormat
 
 __all__ = ["conda_tool"]  # the fixture, imported to be used here
 
@@ -85,11 +86,17 @@ def _forge_in_container(tool: CondaTool, podman: dict[str, str], root: Path, arg
     return forge
 
 
+def engine_line(log: str) -> str:
+    """The runner's first command line of a build log (`$ ...`): the lines before it are torchforge's own notes
+    (the compile-job count sized to the machine's memory)."""
+    return next((line for line in log.splitlines() if line.startswith("$ ")), log.splitlines()[0] if log else "")
+
+
 def _ran_inside(forge: Forge, package: str, image: str) -> None:
     """The build's log: the runner's `podman run ... IMAGE conda build` line, and conda-build's own messages
     from the image's installation (no such folder exists on this machine)."""
     log = _log(forge, package)
-    first = log.splitlines()[0]
+    first = engine_line(log)
     assert first.startswith("$ ") and " run --rm " in first and f" {image} conda build " in first
     assert CONDA_BUILD_INSIDE in log and not Path(CONDA_BUILD_INSIDE).exists()
 
@@ -123,7 +130,7 @@ def test_cuda_magma_like_then_torch_like_built_in_the_cuda_image_install_and_imp
     for package in (magma_id, torch_id):
         _ran_inside(forge, package, container_image.CUDA)
     # The image's toolkit: CUDA_HOME is the image's cuda_home, never this machine's value.
-    assert f"CUDA_HOME={container_image.CUDA_HOME} " in _log(forge, torch_id).splitlines()[0]
+    assert f"CUDA_HOME={container_image.CUDA_HOME} " in engine_line(_log(forge, torch_id))
     _published(forge, PODMAN_BUILD_LINE)
     _owned_by_caller(forge)
     name, version, build = forge.planned[magma_id].stem.rsplit("-", 2)

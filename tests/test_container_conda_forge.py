@@ -18,12 +18,12 @@ import pytest
 from tests import container_image
 from tests.test_conda_forge_flavour import stand_in_specs
 from tests.test_conda_forge_split import PY, assert_planned_and_audited, copy_fixture, install_solved, run_checked
-from tests.test_container_build import CONDA_BUILD_INSIDE, podman_env
+from tests.test_container_build import CONDA_BUILD_INSIDE, engine_line, podman_env
 from tests.test_upload_helpers import cli
 from torchforge import standin
 from torchforge.flavours import Request, conda_forge
 from torchforge.flavours.conda_forge import planning
-from torchforge.recipe import Source
+from torchforge.sourcestate import Source
 
 __all__ = ["podman_env"]  # the fixture, imported to be used here
 
@@ -53,7 +53,7 @@ def test_the_conda_forge_flavours_cpu_recipe_built_in_the_image_installs_and_imp
     # one engine run inside the image made every output: the runner's `podman run ... IMAGE conda build` line and
     # conda-build's own messages from the image's installation (no such folder exists on this machine)
     text = log.read_text()
-    first = text.splitlines()[0]
+    first = engine_line(text)
     assert first.startswith("$ ") and " run --rm " in first and f" {container_image.CPU} conda build " in first
     assert f"--volume {source}:{source}:ro" in first  # the local source, mounted read-only at the same path
     assert CONDA_BUILD_INSIDE in text and not Path(CONDA_BUILD_INSIDE).exists()

@@ -16,7 +16,7 @@ import pytest
 
 from tests import docgen
 from tests.doccheck import (
-    MODES, ROOT, RUN_LINKS, Block, all_blocks, blocks, pages, parse_problem, program, quickstart, run_block,
+    MODES, ROOT, RUN_LINKS, Block, all_blocks, blocks, example, pages, parse_problem, program, quickstart, run_block,
     simple_commands,
 )
 
@@ -72,6 +72,8 @@ def test_the_parse_check_catches_what_a_user_would_hit() -> None:
     assert parse_problem(["python", "-m", "tests.no_such_module"])
     assert parse_problem(["torchforge", "rpath", "audit", "x.conda", "--layout", "conda"]) is None
     assert parse_problem(["torchforge", "build", "--config", "no-such.toml"]) is None  # the user's own file
+    assert parse_problem(["torchforge", "matrix", "--extension", ""])  # an option's own check still counts
+    assert parse_problem(["torchforge", "matrix", "--extension", "no-such-1.0.tar.gz"]) is None  # the user's file
 
 
 def unmade_inputs(block: Block) -> list[str]:
@@ -141,6 +143,10 @@ def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
     # the files are the user's own to commit).
     if block.page.name not in WRITES_FILES_TO_COMMIT:
         assert not untracked_in_checkout(folder), f"{block.where} leaves {untracked_in_checkout(folder)} in the checkout"
+    if block in example()[1:]:  # the stack file's block: built, locked, the lock installed and imported
+        assert re.search(r"locked \d+ package file\(s\) of the stack in stack\.lock", result.stderr)
+        assert re.search(r"^2\.13\.0 3\.0 \S+/env3/lib/python3\.11/site-packages/torch/__init__\.py$", result.stdout,
+                         re.M), result.stdout
     if block == quickstart():
         # Imported twice: from the local channel, then from the file:// channel it was uploaded to.
         imports = re.findall(r"^2\.13\.0 3\.0 (\S+)$", result.stdout, re.M)
@@ -338,8 +344,8 @@ def test_every_documented_torchforge_toml_loads(tmp_path: Path) -> None:
     found = 0
     for page in pages():
         for body in re.findall(r"^```toml\n(.*?)^```", page.read_text(encoding="utf-8"), re.S | re.M):
-            if not re.search(r"^\[(channels|images)", body, re.M):
-                continue
+            if not re.search(r"^\[(channels|images)", body, re.M) or re.search(r"^\[pytorch\]", body, re.M):
+                continue  # not a site config (a stack file has [pytorch]: tests/test_stack_file.py reads those)
             found += 1
             path = tmp_path / f"{found}-torchforge.toml"
             path.write_text(body)

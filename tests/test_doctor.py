@@ -108,10 +108,16 @@ def test_doctor_json_and_jobs_override(mirror: Path, full_toolkit: dict[str, str
     assert statuses["nvcc (CUDA 13.0)"] == "ok"
 
 
-def test_doctor_rejects_an_unknown_engine_as_a_failed_check() -> None:
-    result = cli("doctor", "--cuda", "cpu", "--engine", "make")
-    assert result.returncode == 9
-    assert "unknown engine 'make'" in result.stdout
+def test_doctor_rejects_an_unknown_engine_as_a_failed_check(tmp_path: Path) -> None:
+    """Exit 9 for the engine alone: the channels are a local one that answers (no network)."""
+    from tests.offline_site import offline_site
+
+    config = offline_site(tmp_path / "site", requirements("2.5.1", "cpu", "3.12"))
+    result = cli("doctor", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--engine", "make", "--json",
+                 "--config", str(config), "--out", str(tmp_path / "out"))
+    assert result.returncode == 9, result.stderr
+    failed = {row["name"]: row["detail"] for row in json.loads(result.stdout)["checks"] if row["status"] == "fail"}
+    assert list(failed) == ["engine"] and "unknown engine 'make'" in failed["engine"], failed
 
 
 def test_doctor_names_the_requirement_a_channel_lacks(tmp_path: Path) -> None:

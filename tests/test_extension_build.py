@@ -9,6 +9,7 @@ the stand-in python sees this machine's site-packages, which hold them) and for 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,9 @@ from torchforge.diagnose import explain_log
 from torchforge.engines import Engine
 from torchforge.engines.conda_build import CondaBuildEngine
 from torchforge.engines.rattler_build import RattlerBuildEngine
-from torchforge.extensions.metadata import metadata_env, read_metadata
-from torchforge.extensions.recipe import ExtensionInputs, extension_recipe, pytorch_in_channel
+from torchforge.extensions.metadata import read_metadata
+from torchforge.extensions.recipe import ExtensionInputs, extension_recipe
+from torchforge.havepytorch import in_channel
 from torchforge.extensions.sdist import fetch, parse_spec
 from torchforge.localchannel import index
 from torchforge.flavours.base import Plan
@@ -64,26 +66,45 @@ def channels(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     with FileLock(str(shared) + ".lock"):
         if not (shared / ".complete").exists():
             repack_stack([torch_wheel], shared / "torch", Runner())
-            site = ensure("torchcpu").parent / "lib" / f"python{PY}" / "site-packages"
-            carried = carried_stubs(list(CARRIED), site, PY)  # and what they require (wheel: packaging)
-            assert set(CARRIED) <= set(carried), (CARRIED, sorted(carried))
-            specs = [s for s in stand_in_specs(shared / "torch") if canonicalize_name(s.split()[0]) not in carried]
-            make_stub_channel(shared / "stubs", sorted({*specs, "pip", "setuptools"}))
-            for stub in carried.values():
-                write_stub(stub, shared / "stubs" / "linux-64")
-            index(shared / "stubs")
+            stand_ins(shared / "torch", shared / "stubs")
             (shared / ".complete").write_text("")
     return shared / "torch", shared / "stubs"
 
 
-def build(engine: Engine, channels: tuple[Path, Path], out: Path, tmp_path: Path) -> StepResult:
+def stand_ins(torch_channel: Path, stubs: Path) -> None:
+    """A stand-in channel for what the repacked pytorch and an extension's build require, carrying real modules."""
+    site = ensure("torchcpu").parent / "lib" / f"python{PY}" / "site-packages"
+    carried = carried_stubs(list(CARRIED), site, PY)  # and what they require (wheel: packaging)
+    assert set(CARRIED) <= set(carried), (CARRIED, sorted(carried))
+    specs = [s for s in stand_in_specs(torch_channel) if canonicalize_name(s.split()[0]) not in carried]
+    make_stub_channel(stubs, sorted({*specs, "pip", "setuptools"}))
+    for stub in carried.values():
+        write_stub(stub, stubs / "linux-64")
+    index(stubs)
+
+
+# the xdist group of the suite's torch-scatter builds (`make test` runs -n 2 --dist loadgroup): on one worker, one
+# after another, so the first fills scatter_compile_cache and the others take every object from it
+SCATTER_BUILDS = "torch-scatter-builds"
+
+
+def scatter_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compile cache for the suite's torch-scatter 2.1.2 builds against the repacked torch 2.13.0 (both engines
+    here, the stack file's and the channel pytorch's builds): base_dir and hash_dir=false make an object compiled
+    under one output folder a hit under another (torchforge/compilecache.py), so the session compiles it once.
+    Each build still runs whole: recipe, engine, link, audit, package."""
+    return session_shared(tmp_path_factory) / "torch-scatter-compile-cache"
+
+
+def build(engine: Engine, channels: tuple[Path, Path], out: Path, tmp_path: Path,
+          cache_root: Path | None = None) -> StepResult:
     torch_python = str(ensure("torchcpu") / "python")
-    archive = fetch(parse_spec(str(SCATTER)), tmp_path / "sdist", torch_python, Runner(), metadata_env())
+    archive = fetch(parse_spec(str(SCATTER)), tmp_path / "sdist", torch_python, Runner())
     inputs = ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), tmp_path),
-                             pytorch_in_channel(channels[0], "linux-64"), "",
+                             in_channel(channels[0], "linux-64"), "",
                              tuple(c.resolve().as_uri() for c in channels))
     recipe = extension_recipe(inputs, engine.recipe_format.value)
-    settings = BuildSettings(out=out)
+    settings = BuildSettings(out=out, cache_root=cache_root)
     (result,) = Pipeline(engine, Runner(), settings).run(plan_steps(Plan("extension", (recipe,)), settings))
     return result
 
@@ -103,10 +124,11 @@ def check_installed(result: StepResult, channels: tuple[Path, Path], out: Path, 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(SCATTER_BUILDS)
 def test_torch_scatter_built_with_rattler_build_installs_and_runs(
-        channels: tuple[Path, Path], tmp_path: Path) -> None:
+        channels: tuple[Path, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     out = tmp_path / "out"
-    result = build(RattlerBuildEngine(), channels, out, tmp_path)
+    result = build(RattlerBuildEngine(), channels, out, tmp_path, scatter_compile_cache(tmp_path_factory))
     check_installed(result, channels, out, tmp_path / "prefix")
 
 
@@ -124,18 +146,28 @@ def conda_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(SCATTER_BUILDS)
 def test_torch_scatter_built_with_conda_build_installs_and_runs(
-        channels: tuple[Path, Path], conda_env: dict[str, str], tmp_path: Path) -> None:
+        channels: tuple[Path, Path], conda_env: dict[str, str], tmp_path: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     out = tmp_path / "out"
-    result = build(CondaBuildEngine(), channels, out, tmp_path)
+    result = build(CondaBuildEngine(), channels, out, tmp_path, scatter_compile_cache(tmp_path_factory))
     check_installed(result, channels, out, tmp_path / "prefix")
 
 
 # A setup.py that, like causal-conv1d's and mamba-ssm's without their switch, fetches a prebuilt wheel when pip
 # builds it (and not while pip reads its metadata, which happens before the build, outside it).
-DOWNLOADER = """import sys, urllib.request
+# It also tries, first, what no proxy variable stops: a connection of its own to a socket the test listens on, and
+# a file outside its folder (the build's pip runs in torchforge/isolation.py's namespaces).
+DOWNLOADER = """import pathlib, socket, sys, urllib.request
 from setuptools import setup
 if "bdist_wheel" in sys.argv:
+    for attempt in (lambda: socket.create_connection(("127.0.0.1", {port}), timeout=5),
+                    lambda: pathlib.Path({outside!r}).write_text("written by setup.py")):
+        try:
+            attempt()
+        except OSError as exc:
+            print("setup.py:", exc)
     urllib.request.urlretrieve("https://pypi.org/simple/ninja/", "prebuilt.html")
 setup(name="fetches-prebuilt", version="1.0", py_modules=["fetches_prebuilt"])
 """
@@ -144,12 +176,15 @@ setup(name="fetches-prebuilt", version="1.0", py_modules=["fetches_prebuilt"])
 def test_a_build_that_tries_the_network_fails_and_says_so(channels: tuple[Path, Path], tmp_path: Path) -> None:
     source = tmp_path / "fetches_prebuilt-1.0"
     source.mkdir()
-    (source / "setup.py").write_text(DOWNLOADER)
+    outside = tmp_path / "outside.txt"
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    (source / "setup.py").write_text(DOWNLOADER.format(port=listener.getsockname()[1], outside=str(outside)))
     (source / "fetches_prebuilt.py").write_text("VALUE = 1\n")
     torch_python = str(ensure("torchcpu") / "python")
-    archive = fetch(parse_spec(str(source)), tmp_path / "sdist", torch_python, Runner(), metadata_env())
+    archive = fetch(parse_spec(str(source)), tmp_path / "sdist", torch_python, Runner())
     inputs = ExtensionInputs(archive, read_metadata(archive, torch_python, Runner(), tmp_path),
-                             pytorch_in_channel(channels[0], "linux-64"), "",
+                             in_channel(channels[0], "linux-64"), "",
                              tuple(c.resolve().as_uri() for c in channels))
     engine = RattlerBuildEngine()
     settings = BuildSettings(out=tmp_path / "out")
@@ -161,6 +196,9 @@ def test_a_build_that_tries_the_network_fails_and_says_so(channels: tuple[Path, 
     # what `torchforge build` prints under a failed package: the diagnosis, with the fix
     assert "extension-download-blocked" in [d.id for d in explain_log(result.log)]
     assert not list((tmp_path / "out").glob("linux-64/fetches-prebuilt-*"))
+    assert "setup.py: [Errno 101] Network is unreachable" in log and not outside.exists()
+    with listener, pytest.raises(BlockingIOError):
+        listener.accept()  # nothing connected
 
 
 @pytest.mark.slow

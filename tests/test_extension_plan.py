@@ -19,7 +19,7 @@ from tests.pkgfactory import make_package
 from tests.test_upload_helpers import cli
 from torchforge import sequence
 from torchforge.errors import UsageError
-from torchforge.extensions.plan import planned_pytorch, with_extensions
+from torchforge.extensions.plan import with_extensions
 from torchforge.extensions.recipe import PytorchBuild, build_string
 from torchforge.flavours.base import Plan, Request
 from torchforge.localchannel import index
@@ -55,7 +55,7 @@ def test_matrix_lists_an_extension_per_pytorch_package_pinned_to_its_file() -> N
     assert result.returncode == 0, result.stderr
     rows = [row for row in json.loads(result.stdout) if row.get("kind") == "extension"]
     request = Request("2.7.1", "12.8", "3.12,3.13", arch_list="9.0")
-    planned = planned_pytorch(sequence.plan("conda-forge", request, "rattler-build"))
+    planned = sequence.plan("conda-forge", request, "rattler-build").pytorch_builds()
     assert len(planned) == 2 and len(rows) == 2
     for row, (recipe, pytorch) in zip(rows, planned):
         assert row["pytorch"] == f"2.7.1 {pytorch.build}" and pytorch.build.startswith("cuda128_")
@@ -181,21 +181,76 @@ def test_a_wheel_build_refuses_extensions(tmp_path: Path) -> None:
 
 def test_doctor_with_a_cuda_extension_checks_this_machines_toolkit(tmp_path: Path) -> None:
     """The conda-forge flavour's own recipes take nvcc from packages; a CUDA extension compiles with this machine's
-    toolkit: `doctor --extension` checks it (and the arch check's cuobjdump), and fails where there is none."""
-    request = ("doctor", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12", "--json",
-               "--out", str(tmp_path / "channel"))
+    toolkit: `doctor --extension` checks it, and fails where there is none."""
     import os
     import sys
 
-    def rows(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
-        return {r["name"]: r["status"] for r in json.loads(done.stdout)["checks"] if not r["name"].startswith("channel")}
+    from tests.offline_site import offline_site
 
-    plain = rows(cli(*request))
-    with_extension = rows(cli(*request, "--extension", "torch-scatter==2.1.2"))
-    assert "nvcc (CUDA 13.0)" not in plain and "cuobjdump" not in plain
-    assert with_extension["nvcc (CUDA 13.0)"] == "ok" and with_extension["cuobjdump"] == "ok"
+    request = ("doctor", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12", "--json",
+               "--out", str(tmp_path / "channel"), "--config", str(offline_site(tmp_path / "site", [])))
+
+    def rows(done: subprocess.CompletedProcess[str]) -> dict[str, str]:
+        return {r["name"]: r["status"] for r in json.loads(done.stdout)["checks"]}
+
+    plain_run, extension_run = cli(*request), cli(*request, "--extension", "torch-scatter==2.1.2")
+    assert plain_run.returncode == 0 and extension_run.returncode == 0, plain_run.stderr + extension_run.stderr
+    plain, with_extension = rows(plain_run), rows(extension_run)
+    assert set(plain.values()) == set(with_extension.values()) == {"ok"}  # the local channel answers
+    # the arch check of pytorch's own libraries runs (read in-process); only an extension compiles with this nvcc
+    assert "nvcc (CUDA 13.0)" not in plain and plain["arch check"] == "ok"
+    assert with_extension["nvcc (CUDA 13.0)"] == "ok" and with_extension["arch check"] == "ok"
     # no toolkit on this machine: the extension's build would fail, so doctor does (exit 9), naming nvcc
     bare = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "no-cuda"),
             "CUDA_PATH": str(tmp_path / "no-cuda")}
     done = cli(*request, "--extension", "torch-scatter==2.1.2", env={**os.environ, **bare})
     assert done.returncode == 9 and rows(done)["nvcc (CUDA 13.0)"] == "fail", done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("flavour", ["official", "conda-forge"])
+def test_an_extension_inherits_its_pytorchs_arch_list_from_the_plan(flavour: str) -> None:
+    """`matrix --extension` without --arch-list: the extension is built for the arch list the flavour resolved for
+    its pytorch recipe (it was '' before, so the sdist's own list was built and nothing arch-checked); every
+    CUDA pytorch recipe of either flavour carries that list."""
+    sdist = next((Path(__file__).parent / "fixtures" / "sdists").glob("causal_conv1d-*.tar.gz"))
+    done = cli("matrix", "--pytorch", "2.13.0", "--cuda", "13.0", "--py", "3.12", "--flavour", flavour,
+               "--extension", str(sdist), "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    (extension,) = [row for row in rows if row.get("kind") == "extension"]
+    the_plan = sequence.plan(flavour, Request("2.13.0", "13.0", "3.12"), "rattler-build")
+    (pytorch,) = [build for _, build in the_plan.pytorch_builds()]
+    assert pytorch.arch_list and extension["arch_list"] == pytorch.arch_list
+    assert all(r.arch_list == pytorch.arch_list for r in the_plan.recipes if r.pytorch)
+    # --arch-list overrides it for the pytorch and its extension alike
+    done = cli("matrix", "--pytorch", "2.13.0", "--cuda", "13.0", "--py", "3.12", "--flavour", flavour,
+               "--arch-list", "9.0", "--extension", str(sdist), "--json")
+    assert [r["arch_list"] for r in json.loads(done.stdout) if r.get("kind") == "extension"] == ["9.0"]
+
+
+def test_a_conda_forge_shaped_pytorch_in_the_channel_is_found_by_its_python_abi(tmp_path: Path) -> None:
+    """The quick start's own channel (the conda-forge flavour's pytorch) pins Python as conda-forge does, by
+    `python_abi 3.11.* *_cp311` beside a bare `python`: an extension is planned for it (it said "no python pin")."""
+    build = "cpu_mkl_torchforge_py311_hc7cc015_102"
+    make_package(tmp_path / "linux-64", "pytorch", "2.13.0", build,
+                 depends=["libtorch ==2.13.0 cpu_mkl_torchforge_hc7cc015_102", "python", "python_abi 3.11.* *_cp311"])
+    index(tmp_path)
+    (extension,) = with_extensions(Plan("official", ()), Request(extensions=(str(SCATTER),)), "rattler-build",
+                                   channel=tmp_path).recipes
+    assert extension.python == "3.11" and extension.stems[0].endswith("_py311_0")
+    assert json.loads(extension.settings)["pytorch"] == f"2.13.0 {build}"
+
+
+def test_standin_channel_with_an_extension_stands_in_for_its_build_and_stated_requirements(tmp_path: Path) -> None:
+    """torch-scatter 2.1.2 (no pyproject.toml: setuptools and wheel) and mamba-ssm 2.3.2.post1 (its PKG-INFO states
+    its requirements): their recipes' packages are in the channel, read without running either setup.py."""
+    mamba = SCATTER.with_name("mamba_ssm-2.3.2.post1.tar.gz")
+    done = cli("standin-channel", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.11", "--out", str(tmp_path / "s"),
+               "--extension", str(SCATTER), "--extension", str(mamba))
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = {json.loads((tmp_path / "s" / "linux-64" / "repodata.json").read_text())["packages.conda"][f]["name"]
+             for f in json.loads((tmp_path / "s" / "linux-64" / "repodata.json").read_text())["packages.conda"]}
+    assert {"setuptools", "wheel", "pip", "einops", "transformers", "tilelang", "ninja"} <= names
+    text = " ".join(done.stderr.split())
+    assert f"--extension {SCATTER}: its run requirements are its setup.py's to say" in text
+    assert f"--extension {mamba}:" not in text

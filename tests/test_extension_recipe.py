@@ -16,7 +16,8 @@ from tests.pkgfactory import make_package
 from tests.test_build import needs_nvcc
 from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata
-from torchforge.extensions.recipe import ExtensionInputs, PytorchBuild, build_string, extension_recipe, pytorch_in_channel
+from torchforge.extensions.recipe import ExtensionInputs, PytorchBuild, build_string, extension_recipe
+from torchforge.havepytorch import in_channel
 from torchforge.localchannel import index
 from tests.test_repack_stack import cuda13_wheels  # noqa: F401  (a fixture: torch 2.11-shaped CUDA 13 wheels)
 from torchforge.flavours.base import Plan
@@ -88,9 +89,10 @@ def test_a_cuda_build_script_stops_without_ninja_and_says_why(tmp_path: Path) ->
     nvcc = Path(shutil.which("nvcc") or "")
     tools = tmp_path / "bin"
     tools.mkdir()
-    for tool in ("sed", "env", "cat"):
+    for tool in ("sed", "env", "cat", "dirname", "unshare", "echo"):
         (tools / tool).symlink_to(shutil.which(tool) or tool)
-    env = {"CUDA_HOME": str(nvcc.parent.parent), "PYTHON": "echo", "PATH": str(tools)}
+    env = {"CUDA_HOME": str(nvcc.parent.parent), "PYTHON": "echo", "PATH": str(tools), "SRC_DIR": str(tmp_path / "src"),
+           "PREFIX": str(tmp_path / "prefix"), "RECIPE_DIR": str(tmp_path)}
     stopped = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env)
     assert stopped.returncode == 1 and "torchforge: no ninja in the build environment" in stopped.stderr
     assert "-m pip install" not in stopped.stdout
@@ -98,6 +100,41 @@ def test_a_cuda_build_script_stops_without_ninja_and_says_why(tmp_path: Path) ->
     went_on = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, env=env)
     assert went_on.returncode == 0, went_on.stderr
     assert "-m pip install . --no-deps --no-build-isolation --no-index" in went_on.stdout
+    # pip (the setup.py) runs in the namespaces: the recipe's copy of isolation_child.py starts it (here echoed)
+    assert f"{tmp_path}/isolation_child.py {tmp_path / 'src'} {tmp_path / 'prefix'} -- echo -m pip" in went_on.stdout
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("arch_list", "sass", "ptx"), [("9.0", ["sm_90"], []),
+                                                       ("8.0;9.0+PTX", ["sm_80", "sm_90"], ["sm_90"])])
+def test_what_nvcc_builds_under_the_recipe_is_its_arch_list(arch_list: str, sass: list[str], ptx: list[str],
+                                                            tmp_path: Path) -> None:
+    """The recipe's real build.sh, run with the compile cache's compilers as the pipeline runs it, and in pip's
+    place a step that compiles a kernel as causal-conv1d 1.7.0's setup.py asks (its whole -gencode list, read from
+    the sdist) through $PYTORCH_NVCC (else $CUDA_HOME/bin/nvcc), as torch's cpp_extension does under ninja: cuobjdump finds SASS (and PTX)
+    for the recipe's arch list and nothing else."""
+    from tests.test_gencode_filter import KERNEL, inside, setup_py_gencode
+    from torchforge.compilecache import COMPILERS_VARIABLE, CompileCache, find_ccache
+
+    cache = CompileCache(tmp_path / "cache", "ext", find_ccache() or "")
+    cache.prepare()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "kernel.cu").write_text(KERNEL)
+    (work / "build.sh").write_text(str(extension_recipe(inputs(arch_list=arch_list), "conda-build").files["build.sh"]))
+    setup_py = tmp_path / "setup-py-compile"
+    setup_py.write_text('#!/bin/bash\nexec "${PYTORCH_NVCC:-$CUDA_HOME/bin/nvcc}" -c kernel.cu -o kernel.o '
+                        + " ".join(setup_py_gencode("causal_conv1d-1.7.0.tar.gz")) + "\n")
+    setup_py.chmod(0o755)
+    compilers = cache.build_env(work, work / "stats.log")[COMPILERS_VARIABLE]
+    nvcc = Path(shutil.which("nvcc") or "").resolve()
+    env = {"PATH": f"{Path(shutil.which('ninja') or '').parent}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "CUDA_HOME": str(nvcc.parent.parent), "PYTHON": str(setup_py), COMPILERS_VARIABLE: compilers,
+           "SRC_DIR": str(work), "RECIPE_DIR": str(work), "PREFIX": str(tmp_path / "prefix"),
+           "TORCHFORGE_UNISOLATED": "1"}
+    done = subprocess.run(["/bin/bash", "build.sh"], cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert inside(work / "kernel.o") == (sass, ptx), done.stderr
 
 
 def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settings(tmp_path: Path) -> None:
@@ -117,18 +154,27 @@ def test_the_recipe_is_one_more_recipe_step_and_reused_only_with_the_same_settin
 
 
 def test_the_pytorch_of_the_channel(tmp_path: Path) -> None:
+    """The one pytorch of the output channel, read as --for reads one (torchforge.havepytorch): a CUDA one's arch
+    list comes from its own libraries, so a package whose libraries hold no device code is refused."""
     channel = tmp_path / "chan"
     make_package(channel / "linux-64", "pytorch", "2.13.0", "py3.12_cuda13.0_cudnn9.13.0_0",
                  depends=["python >=3.12,<3.13.0a0", "pytorch-mutex 1.0 cuda"])
     index(channel)
-    assert pytorch_in_channel(channel, "linux-64") == CUDA_PYTORCH
-    make_package(channel / "linux-64", "pytorch", "2.13.0", "py3.11_cpu_0", depends=["python >=3.11,<3.12.0a0"])
-    index(channel)
-    with pytest.raises(UsageError, match=r"2 pytorch packages .*py3.11_cpu_0, 2.13.0 py3.12_cuda13.0") as caught:
-        pytorch_in_channel(channel, "linux-64")
+    with pytest.raises(UsageError, match="a CUDA 13.0 pytorch whose own libraries .* hold no device code"):
+        in_channel(channel, "linux-64")
+    cpu = tmp_path / "cpu"
+    make_package(cpu / "linux-64", "pytorch", "2.13.0", "py3.11_cpu_0", depends=["python 3.11.* *_cpython"])
+    index(cpu)
+    found = in_channel(cpu, "linux-64")
+    assert (found.version, found.build, found.python, found.cuda, found.arch_list) == (
+        "2.13.0", "py3.11_cpu_0", "3.11", None, None)
+    make_package(cpu / "linux-64", "pytorch", "2.13.0", "py3.12_cpu_0", depends=["python >=3.12,<3.13.0a0"])
+    index(cpu)
+    with pytest.raises(UsageError, match=r"2 pytorch packages .*py3.11_cpu_0.*py3.12_cpu_0") as caught:
+        in_channel(cpu, "linux-64")
     assert "an extension is built for exactly one" in str(caught.value)
     with pytest.raises(UsageError, match="0 pytorch packages"):
-        pytorch_in_channel(tmp_path / "empty", "linux-64")
+        in_channel(tmp_path / "empty", "linux-64")
 
 
 def test_an_unknown_engine_format_is_refused() -> None:
@@ -160,7 +206,7 @@ def test_a_cuda_extension_requires_the_package_that_holds_libcudart_as_its_pytor
     for mode, spec in wanted.items():
         repack_stack([w for w in cuda13_wheels if not w.name.startswith("torchvision")], tmp_path / mode.value,
                      Runner(), mode=mode)
-        pytorch = pytorch_in_channel(tmp_path / mode.value, "linux-64")
+        pytorch = in_channel(tmp_path / mode.value, "linux-64", arch_list="9.0")  # the miniature has no device code
         assert (pytorch.cuda, pytorch.cuda_runtime) == ("13.0", spec)
         for fmt, name in (("conda-build", "meta.yaml"), ("rattler-build", "recipe.yaml")):
             recipe = extension_recipe(inputs(pytorch), fmt)

@@ -4,6 +4,7 @@ with pip in a venv where the CPU torch 2.13.0 is importable (tests/tool_venvs.py
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tarfile
@@ -13,8 +14,8 @@ import pytest
 
 from tests.hostile import CLIMB, Member, hostile_tarball
 from tests.tool_venvs import ensure
-from torchforge.errors import ArchiveError, UsageError
-from torchforge.extensions.metadata import metadata_env, read_metadata, switches, to_conda
+from torchforge.errors import ArchiveError, ToolFailedError, UsageError
+from torchforge.extensions.metadata import read_metadata, switches, to_conda
 from torchforge.extensions.sdist import fetch, parse_spec
 from torchforge.proc import Runner
 
@@ -30,7 +31,7 @@ def torch_python() -> str:
 
 
 def resolved(spec: str, tmp_path: Path, python: str) -> Path:
-    return fetch(parse_spec(spec), tmp_path / "sdist", python, Runner(), metadata_env())
+    return fetch(parse_spec(spec), tmp_path / "sdist", python, Runner())
 
 
 def test_causal_conv1d_archive_requirements_in_conda_names(tmp_path: Path, torch_python: str) -> None:
@@ -56,10 +57,47 @@ def test_a_setup_py_only_sdist_builds_with_setuptools_and_wheel(tmp_path: Path, 
     assert to_conda(meta.requires, "3.11", drop=True) == ()
 
 
-def test_name_and_version_resolved_on_the_package_index(tmp_path: Path, torch_python: str) -> None:
-    """pip's own configuration names the indexes (PyPI here, and a local folder): the real sdist comes back."""
+# PyPI's sha256 of the sdist (tests/fixtures/sdists/README.md, as https://pypi.org/simple/torch-scatter/ lists it)
+SCATTER_SHA256 = "69b3aa435f2424ac6a1bfb6ff702da6eb73b33ca0db38fb26989c74159258e47"
+
+
+def local_index(root: Path, sha256: str) -> str:
+    """PyPI's simple page of torch-scatter, its one sdist entry served from a local folder (PEP 503: the project's
+    page lists each file with its `#sha256=`): pip's configuration names this index alone."""
+    (root / "torch-scatter").mkdir(parents=True)
+    shutil.copy(SCATTER, root / SCATTER.name)
+    (root / "torch-scatter" / "index.html").write_text(
+        f'<!DOCTYPE html><html><body><a href="../{SCATTER.name}#sha256={sha256}">{SCATTER.name}</a>'
+        '<a href="../torch_scatter-2.1.1.tar.gz#sha256=00">torch_scatter-2.1.1.tar.gz</a></body></html>\n')
+    return root.as_uri()
+
+
+@pytest.fixture()
+def only_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """pip's own configuration set aside (no file, no PIP_* variable), so the index below is the only one."""
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    return tmp_path / "simple"
+
+
+def test_name_and_version_resolved_on_the_package_index(only_index: Path, tmp_path: Path, torch_python: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The indexes pip's own configuration names (here one local index): the real sdist comes back, checked
+    against the index's sha256, downloaded without pip preparing (running) it and without the network."""
+    monkeypatch.setenv("PIP_INDEX_URL", local_index(only_index, SCATTER_SHA256))
     archive = resolved("torch-scatter==2.1.2", tmp_path, torch_python)
     assert archive.name == SCATTER.name and archive.read_bytes() == SCATTER.read_bytes()
+    with pytest.raises(UsageError, match=f"no sdist of torch-scatter 2.1.3 on {only_index.as_uri()}"):
+        resolved("torch-scatter==2.1.3", tmp_path / "other", torch_python)
+
+
+def test_an_sdist_whose_bytes_differ_from_the_index_is_refused(only_index: Path, tmp_path: Path, torch_python: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", local_index(only_index, "0" * 64))
+    with pytest.raises(ToolFailedError, match=f"has sha256 {SCATTER_SHA256}, the index says 0000"):
+        resolved("torch-scatter==2.1.2", tmp_path, torch_python)
+    assert not list((tmp_path / "sdist").iterdir())  # nothing half-written left
 
 
 def test_a_folder_and_a_git_revision_become_archives(tmp_path: Path, torch_python: str) -> None:

@@ -89,7 +89,7 @@ def test_torchforges_recipe_yaml_renders_as_the_feedstocks_own_for_the_same_job(
     pytest.importorskip("rattler_build")
     from tests import feedstock_rattler_render as rattler
     from tests.feedstock_oracle import compare, load_differences, render_feedstock, write_torchforge_recipe
-    from torchforge.render import RecipeFormat
+    from torchforge.templates import RecipeFormat
 
     theirs = rattler.normalised(render_feedstock(job))
     ours = rattler.normalised(rattler.render(write_torchforge_recipe(job, tmp_path, RecipeFormat.RATTLER_BUILD)))
@@ -129,7 +129,7 @@ def setup_py_environment(version: str, platform: str, tmp_path: Path, *, feedsto
     a stand-in $PYTHON that records its environment and stops the build there. With `feedstock_patches` the
     script is the one that applies the feedstock's patches (here: as already applied)."""
     from torchforge.flavours import conda_forge
-    from torchforge.recipe import Source
+    from torchforge.sourcestate import Source
 
     script = conda_forge.recipe_files(conda_forge.plan(version, platform, "cpu"),
                                       Source("git", "https://github.com/pytorch/pytorch", f"v{version}"),

@@ -38,23 +38,14 @@ OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "to
 
 # ---- ratchets (issue 30): may only shrink ---------------------------------------------------------------------
 
-# (a) one flavour importing another: the conda-forge flavour borrows the official flavour's source type,
-# template renderer and flag parsers, which belong below both (issue 30, moves 2 and 5).
-FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {
-    "torchforge.flavours.conda_forge.recipe": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
-    # moved in from commands/flavour.py (the library half of the CLI adapter), with the same three imports
-    "torchforge.flavours.conda_forge.planning": frozenset({
-        "torchforge.recipe", "torchforge.render", "torchforge.variant"}),
-}
+# (a) one flavour importing another: none (the conda-forge flavour's last borrowings, the source type, the
+# template environment and the shared flags, are below both now: sourcestate, templates, sharedflags).
+FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {}
 
 # (b) modules outside torchforge/flavours/ (commands/ apart: rule (c) is stricter) that import a flavour"s
 # internals (issue 30, moves 4 to 7: consumers take the plan).
 INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
-    "torchforge.containers": frozenset({"torchforge.render"}),
-    "torchforge.engines": frozenset({"torchforge.render"}),
-    "torchforge.engines.conda_build": frozenset({"torchforge.render"}),
-    "torchforge.engines.rattler_build": frozenset({"torchforge.render"}),
     "torchforge.pipeline": frozenset({"torchforge.resolve"}),
     "torchforge.preflight": frozenset({
         "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
@@ -65,9 +56,7 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the
 # sequencer moves into the library).
 COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
-    "torchforge.commands.binaries": frozenset({"torchforge.variant"}),
     "torchforge.commands.options": frozenset({"torchforge.variant"}),
-    "torchforge.commands.selection": frozenset({"torchforge.render"}),
 }
 
 

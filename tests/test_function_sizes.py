@@ -19,10 +19,7 @@ MODULE_NOTE = 400  # modules this long are named in a failure message, as a hint
 # Over the limit when the rule came (issue 30's "before"), each with its size then. The list may only shrink:
 # a listed function that grows fails, and one that shrinks fails until its number here is lowered to its new
 # size (or it leaves the list, once at LIMIT or under), so the numbers never rise again.
-LONG_FUNCTIONS: dict[str, int] = {
-    "torchforge.data.check_invariants": 124,
-    "torchforge.recipe.pytorch_context": 109,
-}
+LONG_FUNCTIONS: dict[str, int] = {}
 
 
 def _functions(node: ast.AST, prefix: str) -> Iterator[tuple[str, int]]:

@@ -28,6 +28,7 @@ import pytest
 from tests.pkgfactory import make_package
 from torchforge import localchannel
 from torchforge.errors import ExitCode
+from torchforge.pausepoint import PAUSE_VARIABLE
 from torchforge.prefix import IN_PROGRESS
 
 CLI = [sys.executable, "-m", "torchforge.cli"]
@@ -168,18 +169,43 @@ def bulky_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return channel
 
 
-@pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, True), (signal.SIGKILL, False)], ids=["ctrl-c", "sigkill"])
-def test_an_install_interrupted_mid_way_is_finished_by_the_rerun(sig: signal.Signals, group: bool,
-                                                                 bulky_channel: Path, tmp_path: Path) -> None:
-    prefix = tmp_path / "env"
-    argv = [*CLI, "install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix)]
-    # As a terminal's foreground job: a test run in the background has SIGINT ignored, which the child inherits.
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+@pytest.fixture(scope="module")
+def held_channel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A package of a few files: a held install needs no size to be caught in the middle."""
+    channel = tmp_path_factory.mktemp("held") / "channel"
+    make_package(channel / "linux-64", name="bulky", version="1.0", build="py3.11_cpu_0", extra_files=HELD_FILES)
+    localchannel.index(channel)
+    return channel
+
+
+HELD_FILES = 50
+
+
+def paused_install(channel: Path, prefix: Path, step: str, hold: Path) -> subprocess.Popen[str]:
+    """`torchforge install bulky` held at `step` (torchforge.pausepoint): returns once it waits there. As a
+    terminal's foreground job: a test run in the background has SIGINT ignored, which the child inherits."""
+    hold.mkdir(exist_ok=True)
+    proc = subprocess.Popen([*CLI, "install", "bulky", "--channel", str(channel), "--prefix", str(prefix)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, PAUSE_VARIABLE: f"{step}:{hold}"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while not (prefix / "share" / "bulky").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert proc.poll() is None, "the install ended before it could be interrupted"
+    while not (hold / f"{step}.reached").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not (hold / f"{step}.reached").exists():
+        proc.kill()
+        _, stderr = proc.communicate()
+        pytest.fail(f"the install never reached {step} (exit {proc.returncode}): {stderr}")
+    return proc
+
+
+@pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, True), (signal.SIGKILL, False)], ids=["ctrl-c", "sigkill"])
+def test_an_install_interrupted_mid_way_is_finished_by_the_rerun(sig: signal.Signals, group: bool,
+                                                                 held_channel: Path, tmp_path: Path) -> None:
+    """Interrupted with its 8000 files linked and its marker still there (held at install-linked)."""
+    prefix = tmp_path / "env"
+    proc = paused_install(held_channel, prefix, "install-linked", tmp_path / "hold")
+    assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == HELD_FILES and (prefix / IN_PROGRESS).is_file()
     # Ctrl-C reaches the whole foreground process group; `kill -9 PID` only the command.
     os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
     _, stderr = proc.communicate(timeout=120)
@@ -188,36 +214,42 @@ def test_an_install_interrupted_mid_way_is_finished_by_the_rerun(sig: signal.Sig
         assert "rerun the same command to resume" in stderr
     # Ctrl-C: the command removes what it made. SIGKILL: nothing can; the marker tells the rerun.
     assert prefix.exists() == (sig == signal.SIGKILL)
-    rerun = forge("install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix))
+    rerun = forge("install", "bulky", "--channel", str(held_channel), "--prefix", str(prefix))
     assert rerun.returncode == 0, rerun.stderr
     resumed = "is what an interrupted install left: removing it and installing again" in rerun.stderr
     assert resumed == (sig == signal.SIGKILL), rerun.stderr
     assert "bulky-1.0-py3.11_cpu_0" in rerun.stdout
-    assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == 8000
+    assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == HELD_FILES
     assert sorted(p.name for p in prefix.iterdir()) == ["CACHEDIR.TAG", "conda-meta", "share"]  # no marker left
-    again = forge("install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix))
+    again = forge("install", "bulky", "--channel", str(held_channel), "--prefix", str(prefix))
     assert again.returncode == ExitCode.USAGE and "is not an empty folder" in again.stderr  # a finished one is kept
 
 
 def test_a_second_install_into_a_prefix_being_installed_is_refused_and_the_first_finishes(
-        bulky_channel: Path, tmp_path: Path) -> None:
-    """The rerun removes a prefix an install left, never one an install is still writing."""
-    prefix = tmp_path / "env"
-    first = subprocess.Popen([*CLI, "install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    # From the marker on, the first still solves, extracts and links 8000 files: seconds, while the second starts.
-    while not (prefix / IN_PROGRESS).exists() and first.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert first.poll() is None, "the first install ended before the second started"
-    second = forge("install", "bulky", "--channel", str(bulky_channel), "--prefix", str(prefix))
+        held_channel: Path, tmp_path: Path) -> None:
+    """The rerun removes a prefix an install left, never one an install is still writing: the first is held
+    with its lock and marker taken (install-claimed) while the second runs, then released."""
+    prefix, hold = tmp_path / "env", tmp_path / "hold"
+    first = paused_install(held_channel, prefix, "install-claimed", hold)
+    try:
+        second = forge("install", "bulky", "--channel", str(held_channel), "--prefix", str(prefix))
+    finally:
+        (hold / "install-claimed.release").touch()
     out, err = first.communicate(timeout=300)
     text = " ".join(second.stderr.split())
     assert second.returncode == ExitCode.USAGE, text
     assert f"another torchforge install is writing {prefix}" in text and "removing it" not in text
     assert first.returncode == 0, err
-    assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == 8000
+    assert len(list((prefix / "share" / "bulky").rglob("f*.txt"))) == HELD_FILES
     assert sorted(p.name for p in prefix.iterdir()) == ["CACHEDIR.TAG", "conda-meta", "share"]
+
+
+def read_only_mounted(folder: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`torchforge ARGV` with a read-only tmpfs mounted on `folder`, in a user and mount namespace of its own
+    (`unshare -Urm`: no privilege needed, and the mount ends with the command)."""
+    script = 'mount -t tmpfs -o ro,size=1m tmpfs "$1" && shift && exec "$@"'
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, "sh", str(folder),
+                           *CLI, *argv], capture_output=True, text=True, timeout=300)
 
 
 def _closed_port_url() -> str:
@@ -248,15 +280,8 @@ def test_install_errors_of_the_user_or_the_machine_have_their_own_exit_code(
         env = {f"CONDA_OVERRIDE_{case.split('-')[0].upper()}": "abc"}
     elif case == "read-only-prefix":
         prefix.mkdir()
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(prefix)],
-                                 capture_output=True, text=True)
-        if mounted.returncode != 0:
-            pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
-        result = forge("install", spec, "--channel", channel, "--prefix", str(prefix), env=env)
-    finally:
-        if case == "read-only-prefix":
-            subprocess.run(["umount", "-l", str(prefix)], check=False)
+    argv = ["install", spec, "--channel", channel, "--prefix", str(prefix)]
+    result = forge(*argv, env=env) if case != "read-only-prefix" else read_only_mounted(prefix, argv)
     text = " ".join(result.stderr.split())
     assert result.returncode == code, text
     assert words in text and "what would work" in text

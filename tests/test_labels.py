@@ -126,3 +126,14 @@ def test_ordinary_labels_still_promote(world: World, label: str) -> None:
     assert done.returncode == 0, done.stderr
     dest = world.chan if label == "main" else world.chan / "label" / label
     assert (dest / "linux-64" / "hello-1.0-py3.11_cpu_0.conda").is_file()
+
+
+def test_a_label_given_twice_is_one_label(world: World, tmp_path: Path) -> None:
+    """`-l main -l main` uploads to main once and says so once (it printed "main, main")."""
+    make_package(tmp_path / "again" / "linux-64", name="again")
+    done = cli("upload", "--from", str(tmp_path / "again"), "--to", world.chan.as_uri(), "-l", "main", "-l", "rc",
+               "-l", "main", "--no-verify")
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "label(s) main, rc" in said and "main, rc, main" not in said, said
+    assert (world.chan / "linux-64" / "again-1.0-py3.11_cpu_0.conda").is_file()

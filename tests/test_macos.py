@@ -9,7 +9,9 @@ from packaging.version import Version
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe
 from ruamel.yaml import YAML
 
-from torchforge.render import RecipeFormat, plan, recipe_folders
+from torchforge.render import plan, recipe_folders
+
+from torchforge.templates import RecipeFormat
 from torchforge.resolve import Status, classify
 from torchforge.variant import Options, Request, Selection
 

@@ -24,7 +24,8 @@ from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit
 from torchforge import data as tables
 from torchforge.magmasource import MagmaSource, inspect
 from torchforge.recipe import magma_context
-from torchforge.render import RecipeFormat, render_files
+from torchforge.render import render_files
+from torchforge.templates import RecipeFormat
 from torchforge.resolve import plan_magma
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,8 @@ from ruamel.yaml import YAML
 
 from tests.rattler_in_child import Spec, parse_specs
 from torchforge.recipe import pytorch_context
-from torchforge.render import RecipeFormat, render_files
+from torchforge.render import render_files
+from torchforge.templates import RecipeFormat
 from torchforge.resolve import classify
 from torchforge.variant import Options, Request
 

@@ -142,7 +142,8 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     from torchforge.flavours.base import Plan
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
     from torchforge.proc import Runner
-    from torchforge.render import RecipeFormat, plan
+    from torchforge.render import plan
+    from torchforge.templates import RecipeFormat
     from torchforge.variant import Options, Selection
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -184,17 +185,32 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
 
 
 @pytest.mark.parametrize("with_", [["--with", "torchvision"], []])
-def test_doctor_checks_cuobjdump_for_a_cuda_plan_with_companions(with_: list[str], tmp_path: Path,
+def test_doctor_says_the_arch_check_runs_for_a_cuda_plan_with_companions(with_: list[str], tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """The arch check lists a CUDA companion's libraries after its build: doctor (and build's preflight) look for
-    cuobjdump first; without --with nothing in the plan needs it."""
-    main(["doctor", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", *with_, "--out", str(tmp_path)])
-    printed = capsys.readouterr().out
-    rows = [line for line in printed.splitlines() if line.startswith("│ cuobjdump ")]
-    assert (len(rows) == 1 and "│ ok" in rows[0]) if with_ else rows == [], rows
+    """The arch check lists the libraries of every CUDA package torchforge compiles after its build (pytorch's own,
+    a companion's): doctor (and build's preflight) say so; a CPU plan has no such row. The channels are a local one
+    holding what the pytorch recipe's requirements solve to; this machine has CUDA 13.0, not 12.4: exit 9 for that alone."""
+    from tests.offline_site import offline_site
+    from tests.test_doctor import requirements
+
+    config = offline_site(tmp_path / "site", requirements("2.5.1", "12.4", "3.12"))
+    code = main(["doctor", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.12", *with_, "--out", str(tmp_path),
+                 "--config", str(config), "--json"])
+    checks = {row["name"]: row for row in json.loads(capsys.readouterr().out)["checks"]}
+    failed = {name for name, row in checks.items() if row["status"] == "fail"}
+    assert code == ExitCode.PREFLIGHT_FAILED and failed and all(
+        name.endswith("(CUDA 12.4)") or name.startswith("bundled ") for name in failed), failed
+    channel_rows = [row for name, row in checks.items() if name.startswith(("channel ", "requirements "))]
+    assert channel_rows and all(row["status"] == "ok" for row in channel_rows), channel_rows
+    assert checks["arch check"]["status"] == "ok", checks.keys()
+    cpu_config = offline_site(tmp_path / "site-cpu", requirements("2.5.1", "cpu", "3.12"))
+    cpu_code = main(["doctor", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", *with_, "--out", str(tmp_path),
+                     "--config", str(cpu_config), "--json"])
+    cpu_checks = {row["name"] for row in json.loads(capsys.readouterr().out)["checks"]}
+    assert cpu_code == 0 and "arch check" not in cpu_checks, cpu_checks
     # the plan's --with packages are named first, each with the pytorch file it is built against
     named = "torchvision-0.20.1-py312_cu124 (pytorch pytorch-2.5.1-py3.12_cuda12.4_cudnn9.1.0_0)"
-    assert (named in " ".join(printed.replace("│", " ").split())) == bool(with_), printed
+    assert any(named in row["detail"] for row in checks.values()) == bool(with_), checks.get("--with")
 
 
 def test_every_row_is_the_pairing_its_wheels_pin() -> None:

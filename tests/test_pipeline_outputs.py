@@ -95,8 +95,8 @@ def test_a_rerun_reuses_all_outputs_and_says_what_was_compared(built, capsys: py
     print_results(results)
     rows = [[c.strip() for c in line.split("│")] for line in capsys.readouterr().out.splitlines() if "│" in line]
     rows = [r for r in rows if r[1]]
-    assert [r[1] for r in rows] == list(STEMS) and rows[0][5].startswith("all 3 outputs: already in")
-    assert rows[1][5] == rows[2][5] == "(same build)"
+    assert [r[1] for r in rows] == list(STEMS) and rows[0][6].startswith("all 3 outputs: already in")
+    assert rows[1][6] == rows[2][6] == "(same build)"
 
 
 def test_other_settings_or_one_missing_output_rebuild_all(built, tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_a_package_other_than_planned_fails_the_step_and_nothing_is_published(
     cells = [[c.strip() for c in line.split("│")] for line in capsys.readouterr().out.splitlines() if "│" in line]
     rows = [r for r in cells if r[1]]  # a long error wraps onto lines of its own
     assert [(r[1], r[2]) for r in rows] == [(stem, "failed") for stem in wrong]
-    assert rows[0][5].startswith(f"split-demo-1.0-cpu: no {wrong[2]}") and rows[1][5] == rows[2][5] == "(same build)"
+    assert rows[0][6].startswith(f"split-demo-1.0-cpu: no {wrong[2]}") and rows[1][6] == rows[2][6] == "(same build)"
 
 
 def test_dry_run_prints_the_one_command_that_builds_every_output(tmp_path: Path) -> None:
@@ -163,4 +163,4 @@ def test_the_results_table_has_a_row_per_output_with_its_published_file(
     assert len(rows) == 3
     for row, stem, artifact in zip(rows, STEMS, results[0].artifacts):
         cells = [cell.strip() for cell in row.split("│")]
-        assert cells[1] == stem and cells[2] == "ok" and cells[5] == str(artifact)
+        assert cells[1] == stem and cells[2] == "ok" and cells[6] == str(artifact)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from torchforge.commands.options import selection_from_flags
-from torchforge.errors import DataError, PreflightError
+from torchforge.errors import DataError, PreflightError, UsageError
 from torchforge.preflight import (
+    MIN_FREE_VARIABLE,
     Level, Machine, PreflightReport, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table, read_mem_available_gib,
     report_table, run_preflight,
 )
@@ -272,12 +273,29 @@ def test_unknown_engine_fails() -> None:
 
 
 def test_disk_check_uses_the_out_folders_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MIN_FREE_VARIABLE)  # the data's estimate, as for a user who set nothing
     report = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path / "not" / "yet" / "there")
     assert str(tmp_path) in report.check("disk").detail
     strict = load_table().model_copy(update={"disk": load_table().disk.model_copy(update={"min_free_gib_cpu": 1e9})})
     monkeypatch.setattr("torchforge.preflight.load_table", lambda: strict)
     failed = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path).check("disk")
     assert failed.status is Level.FAIL and "estimate" in (failed.fix or "")
+
+
+def test_the_free_space_a_build_needs_can_be_set_in_the_environment(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    free = shutil.disk_usage(tmp_path).free / 1024**3
+    monkeypatch.setenv(MIN_FREE_VARIABLE, f"{free * 4:.0f}")  # more than there is: the row fails and says why
+    failed = _preflight("13.0", out=tmp_path).check("disk")
+    assert failed.status is Level.FAIL and f"need {free * 4:.0f} GiB" in failed.detail
+    assert MIN_FREE_VARIABLE in (failed.fix or "") and "estimate" not in (failed.fix or "")
+    monkeypatch.setenv(MIN_FREE_VARIABLE, "0.5")  # less than there is: a CUDA plan passes whatever the table says
+    assert _preflight("13.0", out=tmp_path).check("disk").status is Level.OK
+    for bad in ("lots", "-3", "nan", "inf"):
+        monkeypatch.setenv(MIN_FREE_VARIABLE, bad)
+        with pytest.raises(UsageError, match=f"{MIN_FREE_VARIABLE}='{bad}' is not a number of GiB") as raised:
+            _preflight("13.0", out=tmp_path)
+        assert raised.value.exit_code == 2 and "unset it" in (raised.value.hint or "")
 
 
 def test_jobs_override_is_used_and_warned_when_memory_does_not_allow_it() -> None:

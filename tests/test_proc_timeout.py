@@ -19,3 +19,12 @@ def test_a_silent_child_past_its_time_limit_is_stopped_and_named() -> None:
 def test_a_child_that_ends_in_time_is_not_affected() -> None:
     done = Runner().run(Command(argv=("sh", "-c", "echo ready")), timeout=30)
     assert done.returncode == 0 and done.output == "ready\n"
+
+
+def test_a_command_in_its_own_group_is_stopped_with_its_children_and_they_are_named() -> None:
+    """A script whose child never ends holds the output open after the script itself is stopped: without the
+    group the read would wait for `sleep 600` (issue 40 item 14)."""
+    with pytest.raises(ToolTimeoutError) as stopped:  # without the group: the read waits 600 s for `sleep`
+        Runner().run(Command(argv=("sh", "-c", "sleep 600; echo never"), own_group=True), check=False, timeout=1)
+    assert "did not finish within 1 s and was stopped (stopped: pid " in stopped.value.message
+    assert ": sleep 600" in stopped.value.message, stopped.value.message

@@ -18,7 +18,8 @@ from tests.golden.regenerate import EXPECTED, case_plan, cases, render_case
 from torchforge import data as tables
 from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import BUILD_TOOL_VARIABLES
-from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders, render_selection, write_folders
+from torchforge.render import RenderPlan, plan, recipe_folders, render_selection, write_folders
+from torchforge.templates import RecipeFormat
 from torchforge.resolve import Status
 from torchforge.variant import Options, Request, Selection
 

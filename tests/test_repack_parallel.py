@@ -190,14 +190,50 @@ def test_the_first_failure_stops_the_other_builds_and_is_what_is_raised() -> Non
     assert sorted(stopped) == ["slow-a", "slow-b"]
 
 
+# Ctrl-C to exit, measured on 2 busy cores with the torch CPU wheel (190 MB, 700 MB unpacked): 9 to 24 s while
+# the unpack and the CRC readers ran to their end, 0.8 to 3.5 s once they stop within a MiB (issue 40 item 15).
+# The bound is a deadline on the wait: it only catches a repack that goes on working; speed is `make bench`'s.
+INTERRUPT_BOUND_S = 15
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_building_stops_every_build_and_leaves_the_channel_as_it_was(torch_wheel: Path,
                                                                                   tmp_path: Path) -> None:
-    from tests.test_repack_torch import signal_repack_mid_unpack
+    """Ctrl-C (SIGINT to the process group) with a MiB of torch unpacked (held at torchforge.pausepoint's
+    repack-unpacking, so the signal never races the work): the unpack stops at once, exit 130 within the
+    bound, nothing in the channel but its locks, and the same command then publishes the package."""
+    import os
+    import subprocess
+    import sys
 
-    chan = tmp_path / "chan"
-    _held, code, output = signal_repack_mid_unpack(torch_wheel, chan, signal.SIGINT)
-    assert code == ExitCode.INTERRUPTED, output
-    assert "Traceback" not in output
-    assert not list(chan.glob(".torchforge-tmp-*")), list(chan.iterdir())
-    assert not list(chan.glob("linux-64/*.conda"))
+    from tests.test_repack_torch import _terminal_sigint
+    from tests.test_upload_helpers import ROOT, cli_env
+    from torchforge.pausepoint import PAUSE_VARIABLE
+
+    chan, hold = tmp_path / "chan", tmp_path / "hold"
+    hold.mkdir()
+    argv = [sys.executable, "-m", "torchforge.cli", "repack", str(torch_wheel), "--out", str(chan)]
+    proc = subprocess.Popen(argv, env=cli_env({PAUSE_VARIABLE: f"repack-unpacking:{hold}"}), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_terminal_sigint)
+    try:
+        deadline = time.monotonic() + 300
+        while not (hold / "repack-unpacking.reached").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None and (hold / "repack-unpacking.reached").exists(), "never reached the unpack"
+        (hold / "repack-unpacking.release").touch()  # the unpack goes on: the signal reaches a working repack
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            output = proc.communicate(timeout=INTERRUPT_BOUND_S)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the repack was still running {INTERRUPT_BOUND_S} s after Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED, output
+    assert "Traceback" not in output and "rerun the same command to resume" in output
+    assert sorted(p.name for p in chan.iterdir()) == [".torchforge-repack-locks", ".torchforge.lock"]
+    rerun = subprocess.run(argv, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert len(list(chan.glob("linux-64/*.conda"))) == 1 and not list(chan.glob(".torchforge-tmp-*"))

@@ -11,7 +11,7 @@ import pytest
 
 from torchforge.cli import main
 from torchforge.errors import ExitCode
-from torchforge.variant import MAX_BUILD_NUMBER
+from torchforge.sharedflags import MAX_BUILD_NUMBER
 
 # Each flavour's release and CUDA for which it has facts (conda-forge: the feedstock's CUDA 13.0 job).
 FLAVOURS = {

@@ -78,8 +78,8 @@ def test_the_planned_torchvision_package_is_in_the_channel_and_pins_the_exact_py
     assert package.is_file(), sorted(p.name for p in (stack["out"] / "linux-64").iterdir())
     depends = package_index(package)["depends"]
     built = stack["vision"].pytorch
-    assert f"pytorch {built.version} {built.build_string}" in depends or \
-        f"pytorch =={built.version} {built.build_string}" in depends, depends
+    assert f"pytorch {built.version} {built.build}" in depends or \
+        f"pytorch =={built.version} {built.build}" in depends, depends
     assert any(d.startswith("python_abi") for d in depends), depends  # python's run_exports, as on conda-forge
 
 
@@ -89,7 +89,7 @@ def test_installed_next_to_its_pytorch_it_imports_and_runs_on_the_channels_libto
     prefix = tmp_path / "env"
     records = install_solved([stack["out"], stack["stubs"]], ["torchvision"], None, prefix)
     chosen = {r.name: r.build for r in records}
-    assert chosen["torchvision"] == vision.build_string and chosen["pytorch"] == vision.pytorch.build_string
+    assert chosen["torchvision"] == vision.build_string and chosen["pytorch"] == vision.pytorch.build
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
     probe = ("import torchvision, torchvision.ops as ops; print(torchvision.__version__, torchvision.torch_version, "
              "ops.ones_sum(4), torchvision._C.c10_version()); "
@@ -137,7 +137,7 @@ def test_build_with_torchvision_and_torchaudio_plans_them_after_pytorch_pinned_t
         recipe = conda_forge_stack.plan(name, pytorch_package(pytorch))
         assert f"build {recipe.stem} (rattler-build)" in printed
         # pinned to the pytorch file the same plan builds
-        assert f"pytorch-2.13.0-{recipe.pytorch.build_string}" in printed
+        assert f"pytorch-2.13.0-{recipe.pytorch.build}" in printed
     assert printed.index("build libtorch-2.13.0") < printed.index("build torchvision-0.28.0")
 
 
@@ -161,17 +161,38 @@ def test_matrix_with_companions_names_every_planned_file_with_the_pinned_pytorch
                  "--with", "torchvision,torchaudio", "--json"]) == 0
     entries = {entry["id"]: entry for entry in json.loads(capsys.readouterr().out)}
     pytorch = next(p for e in entries.values() for p in e["packages"] if p.startswith("pytorch-2.13.0-cuda130_"))
-    vision, audio = entries["torchvision-0.28.0-cuda130-sm90-linux_64"], entries["torchaudio-2.11.0-cuda130-sm90-linux_64"]
+    vision, audio = entries["torchvision-0.28.0-cuda130-sm90-py312-linux_64"], entries["torchaudio-2.11.0-cuda130-sm90-py312-linux_64"]
     for entry, name in ((vision, "torchvision-0.28.0-cuda130_py312_"), (audio, "torchaudio-2.11.0-cuda130_py312")):
         assert entry["pytorch"] == pytorch.removeprefix("pytorch-") and entry["arch_list"] == "9.0"
+        # the feedstock's build number and the Python, as the pytorch rows give theirs (they were "-" and [])
+        assert entry["pythons"] == ["3.12"] and entry["build_number"] == int(entry["packages"][0].rsplit("_", 1)[1])
         (package,) = entry["packages"]
         assert package.startswith(name)
+
+
+def test_every_pythons_companion_has_its_own_recipe_folder_and_log(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """One pytorch recipe for two Pythons gives two torchvision and two torchaudio builds: each its own log, recipe
+    folder and staging folder (they shared one, so the second build overwrote the first's log and recipe)."""
+    import re
+
+    out = tmp_path / "out"
+    assert main(["build", "--dry-run", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py",
+                 "3.12,3.13", "--with", "torchvision,torchaudio", "--out", str(out)]) == 0
+    said = capsys.readouterr().err
+    logs = re.findall(r"^build (torch(?:vision|audio)-\S+) \(rattler-build\); log: (\S+)$", said, re.MULTILINE)
+    recipes = re.findall(r"--recipe (\S*/torch(?:vision|audio)-\S+)", said)
+    assert len(logs) == 4 and len({log for _, log in logs}) == 4, logs
+    assert len(recipes) == 4 and len(set(recipes)) == 4, recipes
+    for package, log in logs:  # each log names the Python its package is built for
+        python = re.search(r"_py(31[23])", package).group(1)
+        assert f"-py{python}-" in log, (package, log)
 
 
 def test_render_with_torchvision_writes_its_folder_beside_libtorchs(tmp_path: Path) -> None:
     assert main(["render", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
                  "--format", "rattler-build", "--out", str(tmp_path)]) == 0
-    recipe = (tmp_path / "torchvision-0.28.0-cpu-linux_64" / "recipe.yaml").read_text()
+    recipe = (tmp_path / "torchvision-0.28.0-cpu-py312-linux_64" / "recipe.yaml").read_text()
     assert "- pytorch ==2.13.0 cpu_" in recipe and (tmp_path / "libtorch-2.13.0-cpu-linux_64").is_dir()
 
 
@@ -215,26 +236,92 @@ def test_conda_build_builds_the_meta_yaml_against_the_same_pytorch_and_it_runs(s
     index(tmp_path / "out")
     prefix = tmp_path / "env"
     records = install_solved([tmp_path / "out", stack["out"], stubs], ["torchvision"], None, prefix)
-    assert {r.name: r.build for r in records}["pytorch"] == vision.pytorch.build_string
+    assert {r.name: r.build for r in records}["pytorch"] == vision.pytorch.build
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "PYTHONPATH", "CONDA_PREFIX")}
     probe = "import torchvision, torchvision.ops as ops; print(torchvision.__version__, ops.ones_sum(5))"
     assert run_checked([str(prefix / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env) == f"{vision.version} 5.0\n"
 
 
-def test_doctor_with_a_cuda_companion_names_it_and_finds_the_arch_checks_cuobjdump(
+def test_doctor_with_a_cuda_companion_names_it_and_says_the_arch_check_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
     from tests.test_machine_checks_every_flavour import air_gapped
-    from torchforge.archcheck import find_cuobjdump
-
     site = air_gapped(tmp_path)  # conda-forge's channel is a local one here: the checks need no network
     main(["doctor", "--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12",
           "--with", "torchvision", "--json", "--config", str(site)])
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["--with"]["detail"].startswith("torchvision-0.28.0-cuda130_py312_")
     assert "pytorch 2.13.0-cuda130_" in checks["--with"]["detail"]
-    assert checks["cuobjdump"]["status"] == "ok" and str(find_cuobjdump()) in checks["cuobjdump"]["detail"]
+    assert checks["arch check"]["status"] == "ok" and "no cuobjdump needed" in checks["arch check"]["detail"]
     assert main(["doctor", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12", "--with", "torchvision",
                  "--json", "--config", str(site)]) == 0
-    assert "cuobjdump" not in {c["name"] for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert "arch check" not in {c["name"] for c in json.loads(capsys.readouterr().out)["checks"]}
+
+
+def _connections_of(pip_line: str, project: Path, home: Path) -> int:
+    """How many connections a build script's pip line, run as a dry run on `project` with this venv's python as
+    ${PYTHON}, opens to a proxy on localhost (a listener that accepts and closes): pip's check for a newer pip
+    goes there. No pip configuration or self-check state of this machine's is read."""
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            seen.append(1)
+            connection.close()
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    proxy = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHON": sys.executable, "PIP_CONFIG_FILE": os.devnull,
+           "PIP_CACHE_DIR": str(home / "pip-cache"), "PIP_RETRIES": "0", "PIP_TIMEOUT": "5",
+           "https_proxy": proxy, "http_proxy": proxy}
+    try:
+        done = subprocess.run(["bash", "-c", f"{pip_line} --dry-run"], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert done.returncode == 0 and "Would install probe-1.0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    return len(seen)
+
+
+def _rendered_build_script(package: str, tmp_path: Path) -> str:
+    """The conda-forge flavour's build.sh for 2.13.0 cpu: pytorch's as `torchforge render` writes it."""
+    (pytorch,) = flavour_commands_with_inputs(conda_forge.plan("2.13.0", "linux-64", "cpu", None, (PY,)), None)
+    if package != "pytorch":
+        return conda_forge_stack.build_script(conda_forge_stack.plan(package, pytorch_package(pytorch)))  # type: ignore[arg-type]
+    assert main(["render", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", PY, "--out", str(tmp_path / "recipes")]) == 0
+    return (tmp_path / "recipes" / pytorch.id / "build.sh").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("package", ["pytorch", "torchvision", "torchaudio"])
+def test_the_build_scripts_pip_asks_no_index(package: str, tmp_path: Path) -> None:
+    """The feedstocks' build scripts run `pip install . --no-deps --no-build-isolation`, which asks PyPI for a newer
+    pip (issue 40 item 22: the suite's torchvision build reached the network there). The rendered build script's
+    pip line, run by the real pip on a real project, connects nowhere; the feedstock's line does (known-bad)."""
+    (pip_line,) = [line.strip() for line in _rendered_build_script(package, tmp_path).splitlines()
+                   if " -m pip install " in line]
+    project = tmp_path / "probe"
+    project.mkdir()
+    # built with hatchling, a test requirement of this venv (--no-build-isolation: the backend is the venv's)
+    (project / "pyproject.toml").write_text('[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+                                            '[project]\nname = "probe"\nversion = "1.0"\n'
+                                            '[tool.hatch.build.targets.wheel]\nbypass-selection = true\n')
+    feedstocks = pip_line.replace(" --no-index", "")
+    assert feedstocks != pip_line
+    assert _connections_of(feedstocks, project, tmp_path / "home-feedstock") > 0
+    assert _connections_of(pip_line, project, tmp_path / "home") == 0

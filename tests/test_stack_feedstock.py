@@ -71,3 +71,14 @@ def test_the_feedstock_pairs_releases_as_pypi_does_or_the_difference_is_listed()
     assert set(found) == set(listed), found
     for key, entry in listed.items():
         assert entry["why"].strip() and found[key] in entry["why"], key
+
+
+def test_the_table_is_what_the_facts_script_reads_from_the_snapshots() -> None:
+    """scripts/stack_feedstock_facts.py over the snapshots (every job file, rendered by rattler-build): exit 1 and
+    say so where torchforge/data/conda_forge_stack.toml is stale."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "scripts" / "stack_feedstock_facts.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

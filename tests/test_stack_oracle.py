@@ -1,88 +1,137 @@
-"""The oracle of the conda-forge flavour's torchvision and torchaudio: for every release the feedstock built and
-each of its linux-64 jobs (cpu, newest CUDA), the real rattler-build renders the feedstock's own recipe.yaml for
-that job and torchforge's recipe.yaml for the same job, and every field of every output must match unless
+"""The oracle of the conda-forge flavour's torchvision and torchaudio (tests/stack_oracle.py): for every release the
+feedstock built and every one of its linux-64 job files (cpu and each CUDA, each Python), the real rattler-build
+renders the feedstock's own recipe.yaml for that job and torchforge's recipe.yaml for the same job, bash runs both
+build.sh files, and every field of every output and every exported variable must match unless
 tests/data/stack_feedstock_differences.toml says why not (the same rules as tests/data/feedstock_differences.toml).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 
-from tests.feedstock_oracle import Job, compare
+from tests import stack_oracle
+from tests.stack_oracle import ARCH_LIST, StackJob, differences, pytorch_for, render_job
+from tests.feedstock_oracle import compare
 from tests.feedstock_rattler_render import normalised, render
-from tests.test_stack_feedstock import DIFFERENCES, SNAPSHOTS
-from torchforge import stackpairing
+from torchforge.errors import RefusedError
 from torchforge.flavours.conda_forge import stack as conda_forge_stack
 
-ARCH_LIST = "8.0;9.0+PTX"
-CASES = [(package, version, accel) for package in ("torchvision", "torchaudio")
-         for version, release in getattr(conda_forge_stack.load(), package).items()
-         for accel in ("cpu", "cuda") if getattr(release, accel) is not None]
+JOBS = stack_oracle.jobs()
 
 
-def pytorch_for(package: str, version: str, job: str) -> conda_forge_stack.PytorchBuild:
-    """The pytorch package PyPI pairs the release with, for the job's CUDA and Python 3.12."""
-    row = next(r for r in getattr(stackpairing.table(), package) if r.version == version)
-    lower = next(iter(Requirement(row.requires or "").specifier)).version
-    release = ".".join((lower.split(".") + ["0", "0"])[:3])
-    cuda = re.search(r"cuda_compiler_version(\d+\.\d+)", job)
-    tag = f"cuda{cuda.group(1).replace('.', '')}" if cuda else "cpu"
-    return conda_forge_stack.PytorchBuild(release, f"{tag}_generic_torchforge_py312_h1234567_0", "linux-64", "3.12",
-                                          cuda.group(1) if cuda else None, ARCH_LIST if cuda else None)
+def job(package: str, version: str, accel: str, python: str) -> StackJob:
+    return next(j for j in JOBS if (j.package, j.version, j.accel, j.python) == (package, version, accel, python))
 
 
-def rendered_pair(package: str, version: str, accel: str, scratch: Path) -> tuple[dict, dict]:
-    release = getattr(conda_forge_stack.load(), package)[version]
-    facts = getattr(release, accel)
-    theirs = scratch / "feedstock"
-    shutil.copytree(SNAPSHOTS / package / release.commit / "recipe", theirs)
-    shutil.copy(SNAPSHOTS / package / release.commit / ".ci_support" / facts.job, theirs / "variants.yaml")
-    recipe = conda_forge_stack.plan(package, pytorch_for(package, version, facts.job))
-    assert recipe.version == version and recipe.feedstock_version == version
-    ours = scratch / "torchforge"
-    ours.mkdir()
-    for name, text in conda_forge_stack.recipe_files(recipe, "rattler-build").items():
-        (ours / name).write_text(text, encoding="utf-8")
-    return normalised(render(theirs)), normalised(render(ours))
-
-
-def differences() -> dict:
-    listed = tomllib.loads(DIFFERENCES.read_text(encoding="utf-8"))
-    return {kind: listed.get(kind, []) for kind in ("rewrite", "item", "output")}
-
-
-@pytest.mark.parametrize(("package", "version", "accel"), CASES)
-def test_recipe_yaml_matches_the_feedstocks_job(package: str, version: str, accel: str, tmp_path: Path) -> None:
-    theirs, ours = rendered_pair(package, version, accel, tmp_path)
-    job = Job(version, "linux-64", accel)
-    different = [f"{f.output} {f.field}: {f.detail}" for f in compare(job, theirs, ours, differences())
+@pytest.mark.slow
+@pytest.mark.parametrize("case", JOBS, ids=lambda case: case.id)
+def test_recipe_yaml_matches_the_feedstocks_job(case: StackJob, tmp_path: Path) -> None:
+    theirs, ours = render_job(case, tmp_path)
+    different = [f"{f.output} {f.field}: {f.detail}" for f in compare(case, theirs, ours, differences())
                  if f.status == "different"]
     assert not different, "\n".join(different)
 
 
+def test_every_cuda_and_python_job_of_a_release_is_a_case() -> None:
+    """The cases are the snapshots' job files, not torchforge's table: 0.28.0's 12.9 and 13.0 jobs for 3.10-3.14."""
+    cases = {(j.accel, j.python) for j in JOBS if (j.package, j.version) == ("torchvision", "0.28.0")}
+    assert cases == {(a, p) for a in ("cpu", "12.9", "13.0") for p in ("3.10", "3.11", "3.12", "3.13", "3.14")}
+
+
 def test_the_oracle_sees_a_changed_pin(tmp_path: Path) -> None:
     """A requirement torchforge drops is found: the comparison is not vacuous."""
-    theirs, ours = rendered_pair("torchvision", "0.28.0", "cuda", tmp_path)
+    case = job("torchvision", "0.28.0", "13.0", "3.12")
+    theirs, ours = render_job(case, tmp_path)
     ours["torchvision"]["fields"]["requirements.run"] = [
         s for s in ours["torchvision"]["fields"]["requirements.run"] if not s.startswith("pillow")]
-    found = compare(Job("0.28.0", "linux-64", "cuda"), theirs, ours, differences())
+    found = compare(case, theirs, ours, differences())
     assert [f.field for f in found if f.status == "different"] == ["requirements.run"]
 
 
+def test_the_oracle_sees_a_variable_the_build_script_drops(tmp_path: Path) -> None:
+    """build.sh is compared by what bash exports from it: one line less in torchforge's is a difference."""
+    case = job("torchaudio", "2.10.0", "12.9", "3.12")
+    theirs, ours = render_job(case, tmp_path)
+    del ours["torchaudio"]["fields"]["script.env.CMAKE_GENERATOR"]
+    found = compare(case, theirs, ours, differences())
+    assert [f.field for f in found if f.status == "different"] == ["script.env.CMAKE_GENERATOR"]
+
+
 def test_the_recipe_pins_the_exact_pytorch_and_takes_its_arch_list() -> None:
-    pytorch = pytorch_for("torchvision", "0.28.0", "linux_64_cuda_compiler_version13.0python3.12.yaml")
+    pytorch = pytorch_for(job("torchvision", "0.28.0", "13.0", "3.12"))
     recipe = conda_forge_stack.plan("torchvision", pytorch)
     files = conda_forge_stack.recipe_files(recipe, "rattler-build")
-    assert f"- pytorch ==2.13.0 {pytorch.build_string}" in files["recipe.yaml"]
+    assert f"- pytorch ==2.13.0 {pytorch.build}" in files["recipe.yaml"]
     assert 'export TORCH_CUDA_ARCH_LIST="${CF_TORCH_CUDA_ARCH_LIST}"' in files["build.sh"]
     assert f'!= "{ARCH_LIST}"' in files["build.sh"]
     assert 'export FORCE_CUDA="1"' in files["build.sh"] and 'TORCHVISION_USE_NVJPEG="1"' in files["build.sh"]
+
+
+# ---- issue 40 items 7-9, each also a case of the sweep above ----------------------------------------------
+
+@pytest.mark.parametrize(("python", "pin"), [("3.12", "3.12.* *_cpython"), ("3.13", "3.13.* *_cp313"),
+                                             ("3.14", "3.14.* *_cp314")])
+def test_a_companion_takes_its_pythons_own_pin_from_the_feedstocks_job(python: str, pin: str,
+                                                                       tmp_path: Path) -> None:
+    """conda-forge's 3.13 and 3.14 pythons are `*_cp313`/`*_cp314` (the job files say so): a `*_cpython` pin
+    finds no python to build with. The rendered host python is the feedstock job's own."""
+    case = job("torchvision", "0.28.0", "12.9", python)
+    theirs, ours = render_job(case, tmp_path)
+    assert f"python {pin}" in theirs["torchvision"]["fields"]["requirements.host"]
+    assert f"python {pin}" in ours["torchvision"]["fields"]["requirements.host"]
+
+
+def test_a_python_the_feedstock_has_no_job_for_is_refused() -> None:
+    pytorch = conda_forge_stack.PytorchBuild("2.13.0", "cpu_generic_torchforge_py39_h1234567_0", "linux-64", "3.9",
+                                             None, None)
+    with pytest.raises(RefusedError) as caught:
+        conda_forge_stack.plan("torchvision", pytorch)
+    assert "for Python 3.10, 3.11, 3.12, 3.13, 3.14, not 3.9" in caught.value.message
+
+
+@pytest.mark.parametrize(("cuda", "sysroot"), [("12.9", "2.17"), ("13.0", "2.28")])
+def test_a_companion_takes_the_sysroot_of_its_own_cudas_job(cuda: str, sysroot: str, tmp_path: Path) -> None:
+    """Every CUDA job of a release is kept: a CUDA 12.9 torchvision is built with the 12.9 job's sysroot, not
+    the newest job's (it would need a newer glibc than the pytorch it goes with)."""
+    case = job("torchvision", "0.28.0", cuda, "3.12")
+    theirs, ours = render_job(case, tmp_path)
+    for side in (theirs, ours):
+        assert f"sysroot_linux-64 {sysroot}" in side["torchvision"]["fields"]["requirements.build"]
+
+
+def test_a_cuda_companion_for_a_cuda_the_feedstock_has_no_job_for_says_which_job_it_takes() -> None:
+    pytorch = conda_forge_stack.PytorchBuild("2.13.0", "cuda126_generic_torchforge_py312_h1234567_0", "linux-64",
+                                             "3.12", "12.6", ARCH_LIST)
+    recipe = conda_forge_stack.plan("torchvision", pytorch)
+    assert recipe.facts.variant["c_stdlib_version"] == "2.17"
+    assert any("no CUDA 12.6 job" in w and "its CUDA 12.9 job" in w for w in recipe.warnings), recipe.warnings
+
+
+def test_cuda_torchaudio_is_down_prioritised_as_the_feedstocks(tmp_path: Path) -> None:
+    """The feedstock's `down_prioritize_variant` (52a1aa90 recipe/recipe.yaml:39) gives CUDA torchaudio the track
+    feature torchaudio-p-0, so a solver prefers the cpu build where both fit; the cpu build has none."""
+    theirs, ours = render_job(job("torchaudio", "2.10.0", "12.9", "3.13"), tmp_path / "cuda")
+    assert theirs["torchaudio"]["fields"]["build.track_features"] == ["torchaudio-p-0"]
+    assert ours["torchaudio"]["fields"]["build.track_features"] == ["torchaudio-p-0"]
+    _, cpu = render_job(job("torchaudio", "2.10.0", "cpu", "3.13"), tmp_path / "cpu")
+    assert "build.track_features" not in cpu["torchaudio"]["fields"]
+
+
+def test_build_scripts_export_what_the_feedstocks_export(tmp_path: Path) -> None:
+    """torchvision 0.25.0's build.sh sets CUDA_TOOLKIT_ROOT_DIR but not CUDA_HOME (8a86fda7 recipe/build.sh:6-23);
+    torchaudio 2.10.0's sets BUILD_CPP_TEST, CMAKE_GENERATOR and the CMake compilers (52a1aa90 recipe/build.sh:29,
+    41-43)."""
+    _, vision = render_job(job("torchvision", "0.25.0", "12.9", "3.12"), tmp_path / "vision")
+    exported = vision["torchvision"]["fields"]
+    assert exported["script.env.CUDA_TOOLKIT_ROOT_DIR"] == "/prefix" and "script.env.CUDA_HOME" not in exported
+    _, audio = render_job(job("torchaudio", "2.10.0", "13.0", "3.12"), tmp_path / "audio")
+    exported = audio["torchaudio"]["fields"]
+    assert (exported["script.env.BUILD_CPP_TEST"], exported["script.env.CMAKE_GENERATOR"]) == ("0", "Ninja")
+    assert (exported["script.env.CMAKE_C_COMPILER"], exported["script.env.CMAKE_CXX_COMPILER"]) == \
+        ("/build/bin/cc", "/build/bin/c++")
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +143,9 @@ def conda_build_python() -> Path:
     return tool_venvs.ensure("conda") / "python"
 
 
-@pytest.mark.parametrize(("package", "version", "accel"), [("torchvision", "0.28.0", "cuda"),
-                                                           ("torchvision", "0.22.0", "cuda"),
-                                                           ("torchaudio", "2.11.0", "cuda"),
+@pytest.mark.parametrize(("package", "version", "accel"), [("torchvision", "0.28.0", "13.0"),
+                                                           ("torchvision", "0.22.0", "12.9"),
+                                                           ("torchaudio", "2.11.0", "12.9"),
                                                            ("torchaudio", "2.7.0", "cpu")])
 def test_meta_yaml_says_what_recipe_yaml_says(package: str, version: str, accel: str, tmp_path: Path,
                                               conda_build_python: Path) -> None:
@@ -104,8 +153,7 @@ def test_meta_yaml_says_what_recipe_yaml_says(package: str, version: str, accel:
     gives (the same recipe for either engine)."""
     from tests.feedstock_oracle import render as conda_build_render
 
-    facts = getattr(getattr(conda_forge_stack.load(), package)[version], accel)
-    recipe = conda_forge_stack.plan(package, pytorch_for(package, version, facts.job))
+    recipe = conda_forge_stack.plan(package, pytorch_for(job(package, version, accel, "3.12")))
     folders = {}
     for engine in ("rattler-build", "conda-build"):
         folders[engine] = tmp_path / engine

@@ -188,12 +188,13 @@ def test_tests_of_a_missing_tool_pass_under_strict_skips_on_a_machine_that_has_i
 
 def test_no_source_file_warns_when_compiled() -> None:
     """An invalid escape such as "\\$" in a string is a SyntaxWarning on Python 3.12 (the GPU machine's Python
-    printed one for compilecache.py's nvcc wrapper); every module compiles without a warning."""
+    printed one for compilecache.py's nvcc wrapper); every module compiles without a warning, the scripts of
+    tests/gpu/ too (run only on a GPU machine, they would otherwise meet their first compiler there)."""
     import warnings
 
     root = TESTS.parent
     for path in sorted([*root.joinpath("torchforge").rglob("*.py"), *root.joinpath("bench").rglob("*.py"),
-                        *TESTS.glob("*.py")]):
+                        *TESTS.glob("*.py"), *TESTS.joinpath("gpu").rglob("*.py")]):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             compile(path.read_text(encoding="utf-8"), str(path), "exec")

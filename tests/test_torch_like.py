@@ -21,7 +21,8 @@ from torchforge import localchannel, sourcestate
 from torchforge.cli import main
 from torchforge.elf import read_elf
 from torchforge.recipe import pytorch_context
-from torchforge.render import RecipeFormat, plan, render_files
+from torchforge.render import plan, render_files
+from torchforge.templates import RecipeFormat
 from torchforge.resolve import classify
 from torchforge.variant import Options, Request, Selection
 

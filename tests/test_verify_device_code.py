@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.nvcc_libraries import LIBRARIES, MOVED, nvcc_libraries  # noqa: F401 (fixture)
 from tests.test_archcheck import nvcc_library, needs_nvcc
 from tests.test_verify_python import HERE, environment, forge
 from torchforge.binaries.devicecode import GpuArch, runs_on
@@ -29,13 +30,11 @@ PACKAGES = {
 TORCH = "from . import version\nclass cuda:\n    is_available = staticmethod(lambda: False)\n"
 
 
-@pytest.fixture(scope="module")
-def libraries(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("nvcc")
-    if shutil.which("nvcc"):
-        for library, gencode in PACKAGES.values():
-            nvcc_library(folder, library.removeprefix("lib"), [gencode])
-    return folder
+@pytest.fixture
+def libraries(nvcc_libraries: Path) -> Path:  # noqa: F811 (the shared fixture)
+    for library, gencode in PACKAGES.values():  # what tests/nvcc_libraries.py builds them with
+        assert LIBRARIES[library.removeprefix("lib")] == ("-gencode", gencode)
+    return nvcc_libraries
 
 
 def prefix_with(root: Path, libraries: Path, packages: list[str]) -> Path:
@@ -82,7 +81,7 @@ def test_a_package_whose_library_lacks_the_gpu_arch_is_named_with_file_and_arch(
             assert f"{row} FAILED │ no SASS or PTX for {sm} in lib/{library}.so" in out, out
             assert package.rsplit("-", 2)[0] in err
         else:
-            assert f"{row} ok │ 1 library with device code, each runs on {sm}" in out, out
+            assert f"{row} ok │ 1 library with device code for {sm}" in out, out
     assert "host.so" not in out  # no device code: not listed
 
 
@@ -158,7 +157,8 @@ def test_arch_specific_sass_runs_only_on_its_own_arch_and_ptx_only_upwards() -> 
 def test_verify_reads_the_records_the_installer_wrote(tmp_path: Path) -> None:
     """A CUDA package built through the pipeline (the nvcc libraries of tests/test_archcheck.py: sm_90 SASS, and
     sm_90 SASS + compute_90 PTX), installed by py-rattler, which writes its conda-meta record: verify finds both
-    libraries from that record; on a 10.0 GPU only the one without PTX is named."""
+    libraries from that record; on a 10.0 GPU the one without PTX is named (the package still runs: its PTX does),
+    on an 8.0 GPU both, and the package fails."""
     from tests.rattler_in_child import install_without_dependencies
     from tests.test_archcheck import built_through_the_pipeline
 
@@ -179,23 +179,66 @@ def test_verify_reads_the_records_the_installer_wrote(tmp_path: Path) -> None:
     code, out, err = verify(prefix, "--gpu-arch", "9.0")
     assert code == 0 and "vision-like-1.0-cuda130_0: CUDA code for the GPU (sm_90, from --gpu-arch) │ ok │ 2 libraries" in out, out + err
     code, out, err = verify(prefix, "--gpu-arch", "10.0")
+    assert code == 0, out + err
+    assert "sm_100, from --gpu-arch) │ ok │ 1 library with device code for sm_100; without code for sm_100" in out, out
+    assert "lib/libsass90.so" in out and "lib/libptx90.so: PTX sm_90 x1" in out, out
+    code, out, err = verify(prefix, "--gpu-arch", "8.0")
     assert code == ExitCode.AUDIT_FAILED, out + err
-    assert "│ FAILED │ no SASS or PTX for sm_100 in lib/libsass90.so │" in out, out
+    assert "│ FAILED │ no SASS or PTX for sm_80 in lib/libptx90.so, lib/libsass90.so │" in out, out
 
 
 @needs_nvcc
-def test_without_cuobjdump_a_prefix_with_device_code_is_a_missing_tool(libraries: Path, tmp_path: Path) -> None:
-    """No cuobjdump on PATH and no nvidia-cuda-cuobjdump wheel (a regular `nvidia` package first on the path hides
-    the wheels' namespace package): exit 5 with what would work, not a pass."""
-    prefix = prefix_with(tmp_path, libraries, ["torchvision-0.20.1-py312_cu124"])
-    hiding = tmp_path / "hide"
-    (hiding / "nvidia").mkdir(parents=True)
-    (hiding / "nvidia" / "__init__.py").write_text("")
+def test_a_library_whose_code_is_outside_nv_fatbin_passes_without_cuobjdump(libraries: Path, tmp_path: Path) -> None:
+    """As CUDA 13's libcufft.so.12 (its sm_90 cubins in .ldata): before the fatbin reader, cuobjdump saw no code
+    for sm_90 in it and verify failed the package (issue 41); now no CUDA tool is needed and the row says where."""
+    prefix = prefix_with(tmp_path, libraries, [])
+    shutil.copy(libraries / f"lib{MOVED}.so", prefix / "lib" / "libcufft.so.12")
+    record = {"name": "nvidia-cufft", "files": ["lib/libcufft.so.12"]}
+    (prefix / "conda-meta" / "nvidia-cufft-12.0.0.61-whl_py3.12_0.json").write_text(json.dumps(record))
     empty = tmp_path / "no-tools"
     empty.mkdir()
-    env = {"COLUMNS": "400", "PATH": str(empty), "PYTHONPATH": str(hiding)}
-    result = forge("verify", str(prefix), "--python", sys.executable, "--want", "cpu", "--gpu-arch", "9.0",
-                   cwd=tmp_path, env=env)
-    text = " ".join(result.stderr.split())
-    assert result.returncode == ExitCode.TOOL_MISSING, text
-    assert "cuobjdump was not found" in text and "pip install nvidia-cuda-cuobjdump" in text and "Traceback" not in text
+    code, out, err = verify(prefix, "--gpu-arch", "9.0", path=str(empty))
+    assert code == 0, out + err
+    assert ("nvidia-cufft-12.0.0.61-whl_py3.12_0: CUDA code for the GPU (sm_90, from --gpu-arch) │ ok │ 1 library "
+            "with device code for sm_90; runs: lib/libcufft.so.12: cubin sm_90 x2 in .ldata") in out, out
+    code, out, err = verify(prefix, "--gpu-arch", "8.0", path=str(empty))
+    assert code == ExitCode.AUDIT_FAILED and "no SASS or PTX for sm_80 in lib/libcufft.so.12" in out, out + err
+
+
+@needs_nvcc
+def test_a_library_whose_fatbin_cannot_be_read_is_shown_as_not_listable_and_fails_nothing(
+        libraries: Path, tmp_path: Path) -> None:
+    prefix = prefix_with(tmp_path, libraries, ["torchvision-0.20.1-py312_cu124"])
+    data = (libraries / "libsass90.so").read_bytes()
+    (prefix / "lib" / "libcut.so").write_bytes(data[: data.index(b"\x50\xed\x55\xba") + 200])
+    record = {"name": "cut", "files": ["lib/libcut.so"]}
+    (prefix / "conda-meta" / "cut-1-0.json").write_text(json.dumps(record))
+    code, out, err = verify(prefix, "--gpu-arch", "9.0")
+    assert code == 0, out + err
+    assert "cut-1-0: CUDA code for the GPU (sm_90, from --gpu-arch) │ ok │" in out, out
+    assert "│ ok │ not listable (shown, not failed): lib/libcut.so" in out and "bytes past the" in out, out
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("arch", "passes"), [("9.0", True), ("8.6", True), ("10.0", False), ("8.0", False)])
+def test_a_package_passes_where_one_of_its_libraries_runs_and_names_the_others(
+        arch: str, passes: bool, libraries: Path, tmp_path: Path) -> None:
+    """As cuFFT 12.0.0.61 on the H200: libcufftw.so.12 holds one sm_75 cubin, libcufft.so.12 the whole range; a
+    package of an sm_90 and an sm_86 library runs on 9.0 and 8.6 (the other named, not failed), on neither 10.0
+    nor 8.0 (FAILED, both named)."""
+    prefix = prefix_with(tmp_path, libraries, ["torchvision-0.20.1-py312_cu124"])
+    shutil.copy(libraries / "libsass86.so", prefix / "lib" / "libsass86.so")
+    record_path = prefix / "conda-meta" / "torchvision-0.20.1-py312_cu124.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({**record, "files": [*record["files"], "lib/libsass86.so"]}))
+    code, out, err = verify(prefix, "--gpu-arch", arch)
+    sm = "sm_" + arch.replace(".", "")
+    row = f"torchvision-0.20.1-py312_cu124: CUDA code for the GPU ({sm}, from --gpu-arch) │"
+    if passes:
+        other = "libsass86" if arch == "9.0" else "libsass90"
+        assert code == 0, out + err
+        assert f"{row} ok │ 1 library with device code for {sm}; without code for {sm} (shown, not failed" in out, out
+        assert f"lib/{other}.so" in out
+    else:
+        assert code == ExitCode.AUDIT_FAILED, out + err
+        assert f"{row} FAILED │ no SASS or PTX for {sm} in lib/libsass90.so, lib/libsass86.so" in out, out

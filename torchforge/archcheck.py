@@ -9,20 +9,20 @@ in site-packages/nvidia/cuXY/bin.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from torchforge import fatbin
 from torchforge.elf import iter_tree, maybe_elf
-from torchforge.errors import AuditFailedError, ToolMissingError, UsageError
-from torchforge.proc import Command, Runner
-from torchforge.safeextract import extract_conda
+from torchforge.errors import AuditFailedError, UsageError
 
+_COPY_CHUNK = 8 * 1024 * 1024
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
-_LISTED = re.compile(r"\.(sm_\d+[af]?)\.(cubin|ptx)\s*$")
-FATBIN_SECTION = ".nv_fatbin"
 
 
 @dataclass(frozen=True)
@@ -56,66 +56,76 @@ def wanted(arch_list: str) -> Wanted:
     return Wanted(frozenset(sass), frozenset(ptx))
 
 
-def find_cuobjdump() -> Path:
-    """cuobjdump on PATH, else the nvidia-cuda-cuobjdump wheel's."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return Path(found)
-    try:
-        import nvidia  # type: ignore[import-not-found]  # the namespace package of NVIDIA's wheels
-    except ImportError:
-        nvidia = None
-    for root in getattr(nvidia, "__path__", []) if nvidia else []:
-        for candidate in sorted(Path(root).glob("cu*/bin/cuobjdump"), reverse=True):
-            return candidate
-    raise ToolMissingError("cuobjdump was not found: the arch check of CUDA packages lists device code with it",
-                           "pip install nvidia-cuda-cuobjdump (or put a CUDA toolkit's bin on PATH)")
-
-
 def has_device_code(path: Path) -> bool:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-
-    try:
-        with path.open("rb") as handle:
-            return ELFFile(handle).get_section_by_name(FATBIN_SECTION) is not None
-    except (ELFError, OSError):
-        return False
+    """Any fatbin container in the file, in whichever section (torchforge.fatbin)."""
+    return fatbin.read(path).present
 
 
-def device_code(path: Path, runner: Runner, tool: Path) -> tuple[set[str], set[str]]:
-    """(SASS archs, PTX archs) that cuobjdump lists in one file."""
-    found: dict[str, set[str]] = {"cubin": set(), "ptx": set()}
-    for flag in ("--list-elf", "--list-ptx"):
-        output = runner.run(Command((str(tool), flag, str(path))), check=False).output
-        for line in output.splitlines():
-            listed = _LISTED.search(line)
-            if listed:
-                found[listed.group(2)].add(listed.group(1))
-    return found["cubin"], found["ptx"]
+def device_code(path: Path) -> tuple[set[str], set[str]]:
+    """(SASS archs, PTX archs) of every fatbin entry in one file, `sm_90a` for an arch-specific one."""
+    code = fatbin.read(path)
+    return code.sass, code.ptx
 
 
-def missing_in_tree(tree: Path, arch_list: str, runner: Runner) -> list[Missing]:
-    """Every (file, arch) of the list that a file with device code under `tree` lacks."""
-    want = wanted(arch_list)
-    # cuobjdump is looked for only when a file has device code: a package without any needs no toolkit here
-    libraries = sorted(p for p in iter_tree(tree) if maybe_elf(p) and has_device_code(p))
-    tool = find_cuobjdump() if libraries else None
-    problems: list[Missing] = []
-    for path in libraries:
-        sass, ptx = device_code(path, runner, tool)  # type: ignore[arg-type]
+def tree_device_code(tree: Path) -> dict[str, fatbin.DeviceCode]:
+    """Relative path -> device code of every ELF file under an unpacked package `tree` that has any (info/ left
+    out, a file whose fatbins cannot be read at all too: information, not a verdict)."""
+    found = {}
+    for path in sorted(p for p in iter_tree(tree) if maybe_elf(p)):
         name = path.relative_to(tree).as_posix()
-        problems += [Missing(name, arch, "SASS") for arch in sorted(want.sass - sass)]
-        problems += [Missing(name, arch, "PTX") for arch in sorted(want.ptx - ptx)]
+        if not name.startswith("info/") and (code := fatbin.read(path)).entries:
+            found[name] = code
+    return found
+
+
+def package_device_code(archive: Path, include: Callable[[str], bool] = lambda name: True) -> dict[str, fatbin.DeviceCode]:
+    """`tree_device_code` of a .conda or .tar.bz2 (`include`: which member paths to read), read member by member:
+    one regular ELF file at a time is copied out, no link is ever made, so reading device code needs no judgement
+    of the archive's links (installing it does, and refuses one pointing outside). The one reader of a package
+    file's device code: the build's arch check and constraint, the lock's arches, a channel pytorch's arch list."""
+    from conda_package_streaming import package_streaming as streaming
+
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="torchforge-device-code-") as scratch, archive.open("rb") as handle:
+        copy = Path(scratch) / "member"
+        for tar, member in streaming.stream_conda_component(str(archive), handle, streaming.CondaComponent.pkg):
+            if not member.isfile() or member.name.startswith("info/") or not include(member.name):
+                continue
+            source = tar.extractfile(member)
+            head = source.read(4) if source else b""
+            if head != b"\x7fELF" or source is None:
+                continue
+            with copy.open("wb") as out:
+                out.write(head)
+                shutil.copyfileobj(source, out, _COPY_CHUNK)
+            if (code := fatbin.read(copy)).entries:
+                found[member.name] = code
+    return found
+
+
+def missing(codes: Mapping[str, fatbin.DeviceCode], arch_list: str, exempt: tuple[str, ...] = ()) -> list[Missing]:
+    """Every (file, arch) of the list that a file with device code lacks (`exempt`: globs of file names left out,
+    libraries the build copied in rather than compiled)."""
+    want = wanted(arch_list)
+    problems: list[Missing] = []
+    for name, code in sorted(codes.items()):
+        if any(fnmatch.fnmatch(PurePosixPath(name).name, glob) for glob in exempt):
+            continue
+        problems += [Missing(name, arch, "SASS") for arch in sorted(want.sass - code.sass)]
+        problems += [Missing(name, arch, "PTX") for arch in sorted(want.ptx - code.ptx)]
     return problems
 
 
-def check_package(artifact: Path, arch_list: str, runner: Runner) -> None:
-    """AuditFailedError naming each file and arch a built package lacks (nothing when it has no device code)."""
-    with tempfile.TemporaryDirectory(prefix="torchforge-arch-") as scratch:
-        tree = Path(scratch) / "pkg"
-        extract_conda(artifact, tree)
-        problems = missing_in_tree(tree, arch_list, runner)
+def missing_in_tree(tree: Path, arch_list: str, exempt: tuple[str, ...] = ()) -> list[Missing]:
+    """`missing` of an unpacked package tree."""
+    return missing(tree_device_code(tree), arch_list, exempt)
+
+
+def check_package(artifact: Path, arch_list: str, exempt: tuple[str, ...] = (),
+                  codes: Mapping[str, fatbin.DeviceCode] | None = None) -> None:
+    """AuditFailedError naming each file and arch a built package lacks (nothing when it has no device code);
+    `codes`: the package's device code where the caller has read it already."""
+    problems = missing(package_device_code(artifact) if codes is None else codes, arch_list, exempt)
     if problems:
         raise AuditFailedError(f"{artifact.name} lacks device code for the arch list {arch_list}:\n  - "
                                + "\n  - ".join(map(str, problems)),

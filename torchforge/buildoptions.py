@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torchforge.channels import SiteChannels
 from torchforge.config import SiteConfig
 from torchforge.engines import Engine
-from torchforge.flavours.base import Request
+from torchforge.flavours.base import JOBS_VARIABLE, Request
 from torchforge.pipeline import BuildSettings, Step
+from torchforge.remotecache import remote_cache
+
+if TYPE_CHECKING:
+    from torchforge.binaries.plan import PackagePlan
 
 
 @dataclass(frozen=True)
@@ -33,12 +37,18 @@ class BuildOptions:
     cache_root: Path | None = None
     use_cache: bool = True
     keep_work: bool = False
+    cache_url: str | None = None  # --cache-url (or the stack file's): ccache's remote storage, beside the local cache
+    cache_read_only: bool = False  # --cache-read-only: the remote's hits are used, nothing is written to it
 
     def settings(self, request: Request, site_channels: SiteChannels, **more: object) -> BuildSettings:
         """The pipeline's settings of a build of `request` with these options (`more`: the flavour's own)."""
+        env_flags = dict(request.flavour_flags).get("--env") or ()
+        env_jobs = any(str(item).split("=", 1)[0] == JOBS_VARIABLE for item in env_flags)  # type: ignore[union-attr]
         return BuildSettings(out=self.out, channels=self.channels, force=self.force, keep_going=self.keep_going,
                              test=self.test, patches=request.patches, site_channels=site_channels,
                              use_cache=self.use_cache, cache_root=self.cache_root, keep_work=self.keep_work,
+                             size_jobs=self.jobs is None and not env_jobs,
+                             remote_cache=remote_cache(self.cache_url, read_only=self.cache_read_only),
                              **more)  # type: ignore[arg-type]
 
 
@@ -49,6 +59,7 @@ class PreparedBuild:
     steps: tuple[Step, ...]
     engine: Engine
     settings: BuildSettings
+    brought_along: tuple[PackagePlan, ...] = ()  # repacked into the output channel before the steps run
 
 
 @runtime_checkable

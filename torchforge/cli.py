@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "diagnose",
     "doctor",
     "tryout",
+    "stack",
 )
 
 app = typer.Typer(

@@ -50,6 +50,7 @@ from pathlib import Path, PureWindowsPath
 
 from torchforge import data as tables
 from torchforge.recipe import RecipeContext
+from torchforge.remotecache import REMOTE_COUNTERS, RemoteCache, RemoteStats
 
 # Compiler launchers CMake reads from the environment (CMake >= 3.17), for PyTorch and MAGMA alike.
 LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER")
@@ -92,14 +93,22 @@ def python_dependent_env() -> frozenset[str]:
     return frozenset(entry.name for entry in tables.load().eras.build_env if entry.python)
 
 
-def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
-    """A readable, stable key for everything that changes the compiled objects, and nothing Python-only.
+def group_key(label: str, material: Mapping[str, object]) -> str:
+    """The one compile-cache key: a readable label and a digest of everything that changes the compiled objects,
+    and nothing that only a Python changes (the callers' material: context_material, settings_material), so that
+    the Pythons of a release, and of an extension or companion built for one pytorch, share one cache."""
+    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{label}-{digest}"
+
+
+def context_material(context: RecipeContext, patch_digests: tuple[str, ...]) -> tuple[str, dict[str, object]]:
+    """(label, material) of a pytorch or magma recipe for group_key.
 
     The Python version, the build string and the requirements (which carry Python pins) are left out; the
     source, the recipe's environment (arch list, CMake flags, Jetson and debug settings), the source edits,
     the contents of --patch files and the install command are in. MAX_JOBS is not: it changes no object.
     """
-    material = {
+    material: dict[str, object] = {
         "kind": context.kind, "name": context.name, "version": context.version,
         "build_number": context.build_number, "platform": context.platform, "cuda": context.cuda,
         "source": [context.source.kind, _where(context.source.location), context.source.rev, context.source.sha256],
@@ -109,17 +118,24 @@ def group_key(context: RecipeContext, patch_digests: tuple[str, ...]) -> str:
         "install_command": context.install_command,
         "cmake_options": list(context.cmake_options), "gencode": list(context.gencode),
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
     accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"
-    return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}-{digest}"
+    return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}", material
 
 
-def recipe_group_key(recipe_id: str, settings: str) -> str:
-    """The key of a recipe that builds several packages in one run (the conda-forge flavour): its settings (CUDA,
-    arch list, feedstock, source identity, patches ...) without the build number, which changes no object."""
-    material = {k: v for k, v in json.loads(settings).items() if k not in OBJECT_NEUTRAL_SETTINGS}
-    digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{recipe_id}-{digest}"
+# A Python in a build string or file name (py3.11, py311, py3.11_cpu, cp311): what a settings value says of the
+# one Python its package is for, and the only part that differs between the Pythons of one group.
+_PYTHON_IN_TEXT = re.compile(r"(?<![A-Za-z0-9])(py|cp)3\.?\d{1,2}(?![0-9])")
+
+
+def settings_material(label: str, settings: str) -> tuple[str, dict[str, object]]:
+    """(label, material) of a recipe by its recorded settings for group_key: without the build number (it changes
+    no object) and with the Python taken out of every value (an extension's or companion's pytorch build string,
+    py3.11_cpu_0): the CUDA and Python-independent C++ objects of a second Python are then the first one's, and
+    ccache keeps apart those that include Python.h (it hashes each call's preprocessed source). `label` names the
+    group without its Python."""
+    material = {k: _PYTHON_IN_TEXT.sub(r"\1", v) if isinstance(v, str) else v
+                for k, v in json.loads(settings).items() if k not in OBJECT_NEUTRAL_SETTINGS}
+    return _PYTHON_IN_TEXT.sub(r"\1", label), material
 
 
 def _where(location: str) -> str:
@@ -209,6 +225,7 @@ class CacheStats:
     missed_files: tuple[str, ...] = ()
     scans_reused: int = 0  # FindCUDA's `nvcc -M` dependency scans answered by the nvcc wrapper's scan cache
     scans_run: int = 0
+    remote: RemoteStats | None = None  # --cache-url: what the remote storage gave (None: no remote)
 
     @property
     def hits(self) -> int:
@@ -234,7 +251,8 @@ class CacheStats:
         total = self.host.total + self.cuda.total
         scans = self.scans_reused + self.scans_run
         return (f"{', '.join(kinds)}; {self.hits}/{total} objects reused ({100 * self.hits / total:.0f} %)"
-                + (f"; {self.scans_reused}/{scans} FindCUDA dependency scans reused" if scans else ""))
+                + (f"; {self.scans_reused}/{scans} FindCUDA dependency scans reused" if scans else "")
+                + (f"; {self.remote.summary()}" if self.remote is not None else ""))
 
 
 def objects_built(build_log: Path) -> dict[str, int]:
@@ -254,13 +272,14 @@ def objects_built(build_log: Path) -> dict[str, int]:
     return {kind: seen.count(kind) for kind in KINDS}
 
 
-def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
+def read_stats(stats_log: Path, build_log: Path | None = None, *, remote: bool = False) -> CacheStats:
     """Parse a ccache stats log (a `# <input file>` line per call, then that call's counter names) and count, by
     kind, the objects the build log names."""
     counts = {kind: [0, 0] for kind in KINDS}  # hits, misses
     scans = {"torchforge_scan_hit": 0, "torchforge_scan_run": 0}  # written by the nvcc wrapper
     missed: list[str] = []
     current = ""
+    far = dict.fromkeys(("hits", "misses", "writes", "errors"), 0)
     if stats_log.is_file():
         for line in stats_log.read_text(errors="replace").splitlines():
             if line.startswith("# "):
@@ -272,9 +291,12 @@ def read_stats(stats_log: Path, build_log: Path | None = None) -> CacheStats:
                 missed.append(current)
             elif line in scans:
                 scans[line] += 1
+            elif line in REMOTE_COUNTERS:
+                far[REMOTE_COUNTERS[line]] += 1
     built = objects_built(build_log) if build_log is not None else dict.fromkeys(KINDS, 0)
     host, cuda = (KindStats(*counts[kind], built=built[kind]) for kind in KINDS)
-    return CacheStats(host, cuda, tuple(missed), scans["torchforge_scan_hit"], scans["torchforge_scan_run"])
+    return CacheStats(host, cuda, tuple(missed), scans["torchforge_scan_hit"], scans["torchforge_scan_run"],
+                      RemoteStats(**far) if remote else None)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -291,6 +313,7 @@ class CompileCache:
     root: Path
     key: str
     ccache: str
+    remote: RemoteCache | None = None  # --cache-url: ccache's remote storage beside the folder
 
     @property
     def directory(self) -> Path:
@@ -329,12 +352,15 @@ class CompileCache:
             ("compiler_check", "content"),
             ("max_size", MAX_SIZE),
             ("stats_log", stats_log.resolve()),
+            *((("remote_storage", self.remote.config_line(self.key) if write else self.remote.url),) if self.remote else ()),
         ))
         nvcc = stats_log.parent / "ccache-nvcc" / "nvcc"
         compilers = stats_log.parent / "ccache-compilers"
         if write:
             _write_atomic(config, text)
-            scans = nvcc_wrapper(self.ccache, self.directory.resolve() / "nvcc-scans", base_dir.resolve(), stats_log.resolve())
+            link = compilers.resolve() / "site-packages"
+            scans = nvcc_wrapper(self.ccache, self.directory.resolve() / "nvcc-scans", base_dir.resolve(), stats_log.resolve(),
+                                 link)
             for folder, files in ((nvcc.parent, {nvcc.name: scans}),
                                   (compilers, {"route.sh": compilers_route(), "wrapper.sh": compiler_wrapper(self.ccache)})):
                 folder.mkdir(exist_ok=True)
@@ -401,7 +427,28 @@ if [ -n "${wanted:-}" ]; then
 fi"""
 
 
-def nvcc_wrapper(ccache: str, scans: Path, base_dir: Path, stats_log: Path) -> str:
+# Bash, run by the wrappers on their arguments before ccache sees them. An extension's compiles name the host
+# prefix's torch headers by a path with the Python in it (lib/python3.11/site-packages/torch/include), and the
+# preprocessed source names every header by that path: the second Python's objects would all miss. Such paths go
+# through a link beside the wrappers (SITE_LINK, the same path for every Python of a group, under base_dir) to
+# that site-packages; a build whose calls name two site-packages folders keeps the second as it is.
+SITE_MAP = r"""args=()
+for arg in "$@"; do
+    case "$arg" in
+        */lib/python3*/site-packages*)
+            rest=${arg#*/site-packages} && head=${arg%"$rest"} && path=/${head#*/}
+            if [ -d "$path" ] && [ "${head%"$path"}$path" = "$head" ]; then
+                [ -L "$SITE_LINK" ] || { ln -s "$path" "$SITE_LINK.$$" 2>/dev/null && mv -Tf "$SITE_LINK.$$" "$SITE_LINK"; }
+                [ "$(readlink "$SITE_LINK")" != "$path" ] || arg=${head%"$path"}$SITE_LINK$rest
+            fi ;;
+    esac
+    args+=("$arg")
+done
+[ ${#args[@]} -eq 0 ] || set -- "${args[@]}"
+"""
+
+
+def nvcc_wrapper(ccache: str, scans: Path, base_dir: Path, stats_log: Path, site_link: Path | None = None) -> str:
     """The script CUDA_NVCC_EXECUTABLE names: the build's nvcc ($CUDA_HOME/bin/nvcc, else the one on PATH)
     through ccache, which hashes that real nvcc and its arguments.
 
@@ -420,6 +467,8 @@ nvcc="${{CUDA_HOME:+$CUDA_HOME/bin/nvcc}}"
 if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then nvcc="$(command -v nvcc)"; fi
 if [ -z "$nvcc" ]; then echo "torchforge: no nvcc at \$CUDA_HOME/bin or on PATH" >&2; exit 127; fi
 {GENCODE_FILTER}
+SITE_LINK={shlex.quote(str(site_link or base_dir / "site-packages"))}
+{SITE_MAP}
 case " $* " in
     *" -M "*) ;;
     *) exec {shlex.quote(ccache)} "$nvcc" "$@" ;;
@@ -483,6 +532,10 @@ def compiler_wrapper(ccache: str) -> str:
 case "$(readlink /proc/$PPID/exe 2>/dev/null)" in
     {shlex.quote(ccache)}|*/nvcc|*/cicc|*/cudafe++) exec "$real" "$@" ;;
 esac
+# the link beside the wrappers, found from this file's path: CMake's launcher (ccache) hashes this file, whose
+# content must then be the same in every build folder
+SITE_LINK="$(dirname "$(dirname "$0")")/site-packages"
+{SITE_MAP}
 exec {shlex.quote(ccache)} "$real" "$@"
 """
 
@@ -520,7 +573,7 @@ torchforge_route() {{
     wrapper="$here/$variable/${{real##*/}}"
     # The compiler's own digest in the wrapper: where CMake's launcher (ccache) runs the wrapper, ccache hashes
     # the wrapper's content, which then changes with the compiler's.
-    {{ printf '#!/bin/sh\\n# compiler sha256 %s\\nreal=%q\\n' "$(sha256sum < "$real")" "$real"
+    {{ printf '#!/bin/bash\\n# compiler sha256 %s\\nreal=%q\\n' "$(sha256sum < "$real")" "$real"
        cat "$here/wrapper.sh"; }} > "$wrapper.tmp"
     chmod 755 "$wrapper.tmp" && mv -f "$wrapper.tmp" "$wrapper"
     case "$wrapper" in

@@ -33,7 +33,7 @@ from torchforge import fileops, localchannel
 from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import DataError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
-from torchforge.render import render_template
+from torchforge.templates import render_template
 
 CONTAINER_TOOLS = ("docker", "podman")  # the first one on PATH is used; both take the same `run` flags used here
 # Picks one of them (a name or a path) where both are on PATH, e.g. a docker client without a daemon beside podman.

@@ -503,6 +503,14 @@ def load() -> Data:
 
 def check_invariants(data: Data) -> list[str]:
     """Cross-table checks; each problem names the file and key."""
+    return [problem for check in (_cuda_problems, _release_problems, _era_and_bundle_problems, _patch_release_problems,
+                                  _magma_problems, _jetson_problems, _fix_problems,
+                                  _platform_companion_default_problems)
+            for problem in check(data)]
+
+
+def _cuda_problems(data: Data) -> list[str]:
+    """CUDA toolkits and their arch sets (cuda.toml)."""
     problems: list[str] = []
     toolkits = data.cuda.toolkits
     for key, toolkit in toolkits.items():
@@ -510,6 +518,13 @@ def check_invariants(data: Data) -> list[str]:
             problems.append(f"cuda.toml toolkits.{key}.arch_set names unknown set {toolkit.arch_set!r}")
         if not toolkit.full_version.startswith(key + "."):
             problems.append(f"cuda.toml toolkits.{key}.full_version {toolkit.full_version!r} is not a {key}.x release")
+    return problems
+
+
+def _release_problems(data: Data) -> list[str]:
+    """Each PyTorch release of pytorch.toml against the eras, MAGMA and CUDA tables."""
+    problems: list[str] = []
+    toolkits = data.cuda.toolkits
     for rel_key, release in data.pytorch.releases.items():
         where = f"pytorch.toml releases.{rel_key}"
         if release.era not in data.eras.eras:
@@ -540,6 +555,12 @@ def check_invariants(data: Data) -> list[str]:
                 for arch in value.split(";"):
                     if arch.split("+")[0] not in accepted:
                         problems.append(f"{where}.cuda.{cuda_key}.{field}: {arch} is outside what nvcc {cuda_key} accepts")
+    return problems
+
+
+def _era_and_bundle_problems(data: Data) -> list[str]:
+    """Eras.toml's requirements cite their source; bundle.toml's rules name known folders."""
+    problems: list[str] = []
     for era_key, era in data.eras.eras.items():
         for section in ("build", "host", "run"):
             for req in getattr(era, section):
@@ -551,6 +572,12 @@ def check_invariants(data: Data) -> list[str]:
             for lib in rule.libs:
                 if lib.dir not in dirs:
                     problems.append(f"bundle.toml {platform_key} rule for PyTorch {rule.pytorch} names unknown dir {lib.dir!r}")
+    return problems
+
+
+def _patch_release_problems(data: Data) -> list[str]:
+    """Pytorch.toml's patch releases and the releases that list them."""
+    problems: list[str] = []
     for rel_key, patches in data.pytorch.patch_releases.items():
         if rel_key not in data.pytorch.releases:
             problems.append(f"pytorch.toml patch_releases.{rel_key} names an unknown release")
@@ -562,6 +589,13 @@ def check_invariants(data: Data) -> list[str]:
                         for p in release.patch if p not in listed)
         problems.extend(f"pytorch.toml releases.{rel_key}.patch.{p}.cudnn.{c}: no CUDA {c} build in the release"
                         for p, facts in release.patch.items() for c in facts.cudnn if c not in release.cuda)
+    return problems
+
+
+def _magma_problems(data: Data) -> list[str]:
+    """Magma.toml against cuda.toml and fixes.toml."""
+    problems: list[str] = []
+    toolkits = data.cuda.toolkits
     for magma_version, cudas in data.magma.published.items():
         if magma_version not in data.magma.versions:
             problems.append(f"magma.toml published.{magma_version}: no checksum for MAGMA {magma_version}")
@@ -585,6 +619,13 @@ def check_invariants(data: Data) -> list[str]:
     for version_key in data.magma.preferred:
         if version_key not in data.magma.versions:
             problems.append(f"magma.toml preferred names MAGMA {version_key}, which has no versions entry")
+    return problems
+
+
+def _jetson_problems(data: Data) -> list[str]:
+    """Jetson.toml's devices, arches and JetPacks."""
+    problems: list[str] = []
+    toolkits = data.cuda.toolkits
     for device_key, device in data.jetson.devices.items():
         if device.jetpack not in data.jetson.jetpacks:
             problems.append(f"jetson.toml devices.{device_key}.jetpack names unknown JetPack {device.jetpack}")
@@ -595,6 +636,12 @@ def check_invariants(data: Data) -> list[str]:
         for cuda_key in jetpack.cuda:
             if cuda_key not in toolkits:
                 problems.append(f"jetson.toml jetpacks.{jp_key}: CUDA {cuda_key} missing from cuda.toml")
+    return problems
+
+
+def _fix_problems(data: Data) -> list[str]:
+    """Fixes.toml's specifiers, devices and edits."""
+    problems: list[str] = []
     for fix_key, fix in data.fixes.fixes.items():
         for field in ("pytorch", "cuda", "magma"):
             spec = getattr(fix, field)
@@ -610,6 +657,13 @@ def check_invariants(data: Data) -> list[str]:
                 problems.append(f"fixes.toml fixes.{fix_key}: a {edit.kind} edit of {edit.file} lacks its text")
             if edit.fix is not None:
                 problems.append(f"fixes.toml fixes.{fix_key}: `fix` is set by torchforge, not in the data")
+    return problems
+
+
+def _platform_companion_default_problems(data: Data) -> list[str]:
+    """Platforms.toml, companions.toml against eras.toml, and pytorch.toml's defaults."""
+    problems: list[str] = []
+    toolkits = data.cuda.toolkits
     if tuple(data.platforms.platforms) != PLATFORMS:
         problems.append(f"platforms.toml must describe exactly {', '.join(PLATFORMS)}, in that order")
     for cuda_key in data.companions.pytorch_cuda.versions:

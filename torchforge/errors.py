@@ -70,9 +70,12 @@ class ToolFailedError(ForgeError):
 
     exit_code = ExitCode.BUILD_FAILED
 
-    def __init__(self, message: str, hint: str | None = None, tail: str = "") -> None:
+    def __init__(self, message: str, hint: str | None = None, tail: str = "", returncode: int | None = None,
+                 peak_rss_kib: int = 0) -> None:
         super().__init__(message, hint)
         self.tail = tail
+        self.returncode = returncode  # the command's exit status (negative: the signal that ended it)
+        self.peak_rss_kib = peak_rss_kib  # the largest RSS of a process of its tree (0: not measured)
 
 
 class ToolTimeoutError(ToolFailedError):

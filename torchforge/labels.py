@@ -26,4 +26,5 @@ def check_label(label: str, where: str) -> str:
 
 
 def check_labels(labels: Iterable[str], where: str) -> tuple[str, ...]:
-    return tuple(check_label(label, where) for label in labels)
+    """Each label once, in the order first given (`-l main -l main` is one label, uploaded to and said once)."""
+    return tuple(dict.fromkeys(check_label(label, where) for label in labels))

@@ -17,8 +17,9 @@ from functools import cache
 from torchforge import __version__, platforms, versions
 from torchforge.data import FrozenModel, data_text, parse_table_as
 from torchforge.errors import RefusedError, UsageError
+from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_material
 from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe
-from torchforge.render import RecipeFormat, _environment
+from torchforge.templates import RecipeFormat, environment
 from torchforge.resolve import Variant
 from torchforge.versions import nodot
 
@@ -161,15 +162,15 @@ def recipe_files(recipe: StackRecipe, fmt: RecipeFormat, local_source: str | Non
         "name": recipe.package, "version": recipe.version, "build_string": recipe.build_string,
         "source": {"path": local_source} if local_source else {"url": recipe.source_url},
         "requirements": requirements(recipe, fmt), "cuda": recipe.cuda, "switch": CUDA_SWITCH[recipe.package],
-        "arch_list": recipe.pytorch.arch_list or "", "module": recipe.package,
+        "arch_list": recipe.pytorch.arch_list or "", "module": recipe.package, "cache_env": BUILD_VARIABLES,
         "extra": {"torchforge_flavour": "official", "torchforge_settings": recipe.settings,
                   "pytorch": recipe.pytorch.filename_stem},
     }
-    environment = _environment()
+    jinja = environment()
     name = "meta.yaml" if fmt is RecipeFormat.CONDA_BUILD else "recipe.yaml"
     script = platforms.get(recipe.pytorch.request.platform).script  # build.sh, bld.bat
-    return {name: environment.get_template(f"stack/{name}.j2").render(**fields, script_file=script),
-            script: environment.get_template(f"stack/{script}.j2").render(**fields)}
+    return {name: jinja.get_template(f"stack/{name}.j2").render(**fields, script_file=script),
+            script: jinja.get_template(f"stack/{script}.j2").render(**fields)}
 
 
 def planned_recipe(recipe: StackRecipe, fmt: RecipeFormat, channels: tuple[str, ...],
@@ -180,4 +181,7 @@ def planned_recipe(recipe: StackRecipe, fmt: RecipeFormat, channels: tuple[str, 
                          recipe_files(recipe, fmt, local_source), channels, recipe.cuda or "cpu", local_source,
                          kind=recipe.package,
                          needs=(recipe.pytorch.id,), python=recipe.python, script_env=(JOBS_VARIABLE,),
+                         cache_script_env=BUILD_VARIABLES, cache_group=group_key(*settings_material(
+                             f"{recipe.package}-{recipe.version}-{recipe.tag}-{recipe.pytorch.request.platform.replace('-', '_')}",
+                             recipe.settings)),
                          pythons=((recipe.stem, recipe.python),), arch_list=recipe.pytorch.arch_list if recipe.cuda else None)

@@ -18,14 +18,16 @@ from enum import Enum
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import archcheck, containers, fileops, localchannel
+from torchforge import archcheck, containers, cudaarch, fileops, localchannel
 from torchforge.compilecache import (
     NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, own_launcher, read_stats,
 )
 from torchforge.engines import BuildJob, Engine, find_artifact, script_env_values
 from torchforge.errors import BuildFailedError, ForgeError, ToolFailedError
-from torchforge.flavours.base import OVERRIDE_CUDA, Plan, PlannedRecipe  # noqa: F401 (PlannedRecipe: re-exported)
+from torchforge.flavours.base import JOBS_VARIABLE, OVERRIDE_CUDA, Plan, PlannedRecipe  # noqa: F401 (PlannedRecipe: re-exported)
 from torchforge.proc import Runner
+from torchforge.remotecache import RemoteCache
+from torchforge.stepjobs import log_peak, record_outcome, step_jobs
 from torchforge.fileops import write_folders
 from torchforge.resolve import describe_settings
 from torchforge.safeextract import extract_conda
@@ -66,6 +68,7 @@ class Step:
     outputs: tuple[str, ...] = ()  # a recipe step: every package's name-version-build, in build order
     output_index_fields: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()  # a recipe step's, per stem
     arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
+    arch_exempt: tuple[str, ...] = ()  # file-name globs the arch check leaves out (libraries copied from the host)
     # A `wheel` step (--format wheel) has no recipe: the variables its build sets and the source it builds
     source: str | None = None
     env: tuple[tuple[str, str], ...] = ()
@@ -92,6 +95,9 @@ class BuildSettings:
     use_cache: bool = True  # --no-cache switches the compile cache off
     cache_root: Path | None = None  # --cache DIR; default OUT/.cache/compile
     keep_work: bool = False  # --keep-work: a failed build's work folder is kept (OUT/.torchforge-kept/STEP)
+    # torchforge chose MAX_JOBS (no --jobs, no --env MAX_JOBS): each build gets its package's own from memory
+    size_jobs: bool = False
+    remote_cache: RemoteCache | None = None  # --cache-url: ccache's remote storage beside the local cache
 
     @property
     def caching(self) -> bool:
@@ -119,6 +125,8 @@ class StepResult:
     first_seconds: float | None = None  # wall time of the group's first build, for a later Python
     cold_seconds: float | None = None  # wall time of this package's cold build into the same cache (a rebuild)
     artifacts: tuple[Path, ...] = ()  # every published package of the step (artifact is the first)
+    peak_rss_kib: int = 0  # the largest process's peak memory (0: not measured)
+    jobs: int | None = None  # the MAX_JOBS it ran with (None: the build got none)
 
 
 def _recorded_settings(archive: Path) -> dict[str, object]:
@@ -189,7 +197,7 @@ def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
                           settings.site_channels.apply(recipe.channels), recipe.accel, recipe.local_source,
                           () if several else per_stem.get(stems[0], ()), key, first if first != recipe.id else None,
                           recipe.cudnn, stems if several else (), recipe.index_fields if several else (),
-                          arch_list=recipe.arch_list))
+                          arch_list=recipe.arch_list, arch_exempt=recipe.arch_exempt))
     return steps
 
 
@@ -250,8 +258,26 @@ def _checked(step: Step, artifacts: list[Path], runner: Runner) -> list[Path]:
         fields = (*step.index_fields, *per_output.get(stem, ()))
         checked.append(_fix_and_audit(ensure_index_fields(artifact, fields, runner), runner))
         if step.arch_list and step.accel != "cpu" and not runner.dry_run:
-            archcheck.check_package(checked[-1], step.arch_list, runner)
+            codes = archcheck.package_device_code(checked[-1])  # read once: the arch check and the constraint
+            archcheck.check_package(checked[-1], step.arch_list, exempt=step.arch_exempt, codes=codes)
+            stamp_cuda_arch(checked[-1], cudaarch.spec(codes.values()))
     return checked
+
+
+def stamp_cuda_arch(artifact: Path, constraint: str | None) -> None:
+    """Give a built CUDA package the CEP 46 `__cuda_arch` run constraint of the device code really in it
+    (`constraint`, torchforge.cudaarch), unpacking and rewriting the archive only where its entry changes."""
+    present = localchannel.info_json(artifact, "index.json").get("constrains", [])
+    if cudaarch.with_constraint(present if isinstance(present, list) else [], constraint) == present:
+        return
+    with tempfile.TemporaryDirectory(prefix="torchforge-cuda-arch-", dir=artifact.parent) as tmp:
+        tree = Path(tmp) / "pkg"
+        extract_conda(artifact, tree)
+        index_file = tree / "info" / "index.json"
+        index = json.loads(index_file.read_text())
+        index["constrains"] = cudaarch.with_constraint(index.get("constrains", []), constraint)
+        index_file.write_text(json.dumps(index, indent=2, sort_keys=True))
+        _rearchive(tree, artifact, Path(tmp))
 
 
 def _rearchive(tree: Path, artifact: Path, workdir: Path) -> None:
@@ -397,7 +423,7 @@ class Pipeline:
     def _compile_cache(self, step: Step) -> CompileCache | None:
         if step.cache_key is None or self._ccache is None:
             return None
-        return CompileCache(self.settings.compile_cache_root, step.cache_key, self._ccache)
+        return CompileCache(self.settings.compile_cache_root, step.cache_key, self._ccache, self.settings.remote_cache)
 
     def _ensure_image(self, step: Step, out: Path, log: Path) -> None:
         """Before the first build in a derived image: build it unless the tool already has its tag (once per tag:
@@ -432,14 +458,18 @@ class Pipeline:
     def _account(cache: CompileCache, step: Step, stats_log: Path, log: Path, seconds: float) -> tuple[CacheStats, float | None]:
         """What the cache gave this build, written to its log (the stats log goes with the staging folder); a
         cold build (no hit) is recorded as the reference of later rebuilds, which get its time back."""
-        stats = read_stats(stats_log, log)
+        stats = read_stats(stats_log, log, remote=cache.remote is not None)
         cold = cache.cold_seconds(step.stem)
         if stats.hits == 0 and stats.calls:
             cache.record_cold(step.stem, seconds)
             cold = None
         with log.open("a") as handle:
-            handle.write(f"torchforge: compile cache {cache.directory}: {stats.summary()}; "
+            handle.write(f"torchforge: compile cache {cache.directory}"
+                         f"{f' and {cache.remote.shown}' if cache.remote else ''}: {stats.summary()}; "
                          f"compiled: {' '.join(stats.missed_files) or 'nothing'}\n")
+            if stats.remote is not None and stats.remote.errors:
+                handle.write(f"torchforge: warning: the remote cache {cache.remote.shown if cache.remote else ''} "
+                             f"could not be reached for {stats.remote.errors} calls; the build went on without it\n")
         return stats, cold
 
     def _build_once(self, step: Step) -> StepResult:
@@ -472,23 +502,17 @@ class Pipeline:
             environ.setdefault(OVERRIDE_CUDA, step.accel)
         stats_log = staging / "ccache-stats.log"
         if cache is not None:
-            if self.runner.dry_run:
-                self.on_event(f"compile cache {cache.directory} (base_dir {staging})")
-            else:
-                cache.prepare()
-            cache_env = cache.build_env(staging, stats_log, write=not self.runner.dry_run)
-            if environ.get(NVCC_VARIABLE):  # the user's own nvcc for FindCUDA stays (and compiles uncached)
-                self.on_event(f"{NVCC_VARIABLE}={environ[NVCC_VARIABLE]} from the environment: FindCUDA's nvcc "
-                              "calls do not go through the compile cache")
-                cache_env.pop(NVCC_VARIABLE)
-            environ.update(cache_env)
-        job = BuildJob(recipe_dir, staging, channels, step.python,
-                       {**dict(step.env), **script_env_values(step.script_env, environ)}, self.settings.test,
+            environ.update(self._cache_env(cache, staging, stats_log, environ))
+        job_env = {**dict(step.env), **script_env_values(step.script_env, environ)}
+        jobs = self._jobs(step, job_env, log)
+        job = BuildJob(recipe_dir, staging, channels, step.python, job_env, self.settings.test,
                        work_dir=staging / "work" if cache is not None else None, outputs=step.stems,
                        source=step.source)
         self.on_event(f"build {', '.join(step.stems)} ({self.engine.name}); log: {log}")
         try:
             command = self.engine.command(job)
+            if cache is not None and cache.remote is not None:  # its credentials never in the log or output
+                command = dataclasses.replace(command, secrets=(*command.secrets, *cache.remote.secrets()))
             if self.settings.container is not None:
                 self._ensure_image(step, out, log)
                 # Same absolute paths inside: the cache folder (writable) and the launcher, a static binary.
@@ -499,24 +523,77 @@ class Pipeline:
                     readonly.append(Path(cache.ccache))
                 command = containers.wrap(command, accel=step.accel, settings=self.settings.container,
                                           writable=writable, readonly=readonly, channels=channels, cudnn=step.cudnn)
-            self.runner.run(command, log_file=None if self.runner.dry_run else log, on_line=self.on_line)
+            ran = self.runner.run(dataclasses.replace(command, measure_peak=True),
+                                  log_file=None if self.runner.dry_run else log, on_line=self.on_line)
             if self.runner.dry_run:
                 return StepResult(step, True, log=log)
+            log_peak(log, ran.peak_rss_kib)
             published = self._publish(step, staging, log)
             seconds = time.monotonic() - started
             if cache is None:
-                return StepResult(step, True, published[0], seconds, log=log, artifacts=published)
+                return StepResult(step, True, published[0], seconds, log=log, artifacts=published,
+                                  peak_rss_kib=ran.peak_rss_kib, jobs=jobs)
             stats, cold = self._account(cache, step, stats_log, log, seconds)
+            if stats.remote is not None and stats.remote.errors and cache.remote is not None:
+                self.on_event(f"warning: {step.id}: the remote cache {cache.remote.shown} could not be reached for "
+                              f"{stats.remote.errors} compiler calls; they were compiled here and the build went on")
             return StepResult(step, True, published[0], seconds, log=log, cache=stats, cold_seconds=cold,
-                              artifacts=published)
+                              artifacts=published, peak_rss_kib=ran.peak_rss_kib, jobs=jobs)
         except ToolFailedError as exc:
-            error = f"{exc.message}\n{exc.tail}{self._work_left(step, staging)}"
-            return StepResult(step, False, seconds=time.monotonic() - started, error=error, log=log)
+            memory = self._memory_failure(step, exc, jobs, log)
+            error = f"{exc.message}\n{exc.tail}{memory}{self._work_left(step, staging)}"
+            return StepResult(step, False, seconds=time.monotonic() - started, error=error, log=log,
+                              peak_rss_kib=exc.peak_rss_kib, jobs=jobs)
         except ForgeError as exc:
             return StepResult(step, False, seconds=time.monotonic() - started,
                               error=f"{exc}{self._work_left(step, staging)}", log=log)
         finally:
             scratch.close()
+
+    def _cache_env(self, cache: CompileCache, staging: Path, stats_log: Path, environ: Mapping[str, str]) -> dict[str, str]:
+        """The variables that route a build through the compile cache (its folder prepared unless a dry run)."""
+        if self.runner.dry_run:
+            remote = f" and {cache.remote.shown}" if cache.remote is not None else ""
+            self.on_event(f"compile cache {cache.directory}{remote} (base_dir {staging})")
+        else:
+            cache.prepare()
+        cache_env = cache.build_env(staging, stats_log, write=not self.runner.dry_run)
+        if environ.get(NVCC_VARIABLE):  # the user's own nvcc for FindCUDA stays (and compiles uncached)
+            self.on_event(f"{NVCC_VARIABLE}={environ[NVCC_VARIABLE]} from the environment: FindCUDA's nvcc "
+                          "calls do not go through the compile cache")
+            cache_env.pop(NVCC_VARIABLE)
+        return cache_env
+
+    def _jobs(self, step: Step, job_env: dict[str, str], log: Path) -> int | None:
+        """This build's MAX_JOBS (its package's budget, the memory now, a kill of its last build), set in its
+        environment and said in its log and events."""
+        given = job_env.get(JOBS_VARIABLE, "")
+        if not given.isdigit() or self.runner.dry_run:
+            return int(given) if given.isdigit() else None
+        chosen = step_jobs(self.settings.out, step.stem, int(given), sized=self.settings.size_jobs,
+                           cuda=step.accel != "cpu", aarch64=step.subdir == "linux-aarch64")
+        job_env[JOBS_VARIABLE] = str(chosen.jobs)
+        with log.open("a") as handle:
+            handle.write(f"torchforge: {chosen.basis}\n" + (f"torchforge: {chosen.rerun}\n" if chosen.rerun else ""))
+        if chosen.rerun:
+            self.on_event(f"{step.id}: {chosen.rerun}")
+        return chosen.jobs
+
+    def _memory_failure(self, step: Step, exc: ToolFailedError, jobs: int | None, log: Path) -> str:
+        """A build killed for memory: recorded for the rerun (which plans fewer jobs), said in the error and log."""
+        if self.runner.dry_run or jobs is None:
+            return ""
+        from torchforge.buildmemory import memory_failure
+        from torchforge.diagnose import explain_log
+
+        found = tuple(d.id for d in explain_log(log)) if log.is_file() else ()
+        said = record_outcome(self.settings.out, step.stem, jobs, memory_failure(exc.returncode, found),
+                              exc.peak_rss_kib)
+        if said:
+            log_peak(log, exc.peak_rss_kib)
+            with log.open("a") as handle:
+                handle.write(f"torchforge: {said}\n")
+        return f"\n{said}" if said else ""
 
     def _publish(self, step: Step, staging: Path, log: Path) -> tuple[Path, ...]:
         """The build's checked outputs, published: a wheel repaired into the output folder; packages into the

@@ -14,6 +14,7 @@ import re
 import shutil
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,16 @@ from filelock import FileLock, Timeout
 from torchforge import fileops, localchannel
 from torchforge.aio import run_async
 from torchforge.errors import ArchiveError, UsageError
+from torchforge.pausepoint import pause_at
 from torchforge.safeextract import MemberRule
 
 IN_PROGRESS = ".torchforge-install-in-progress"
 _LOCK = ".torchforge-install.lock"
 # The virtual packages a user may override, as conda and py-rattler read them; each takes a version.
-_OVERRIDES = ("CONDA_OVERRIDE_CUDA", "CONDA_OVERRIDE_GLIBC", "CONDA_OVERRIDE_OSX", "CONDA_OVERRIDE_LINUX")
+# CONDA_OVERRIDE_CUDA_ARCH (CEP 46, conda/ceps@04652ad0:cep-0046.md) may add `=BUILD`; py-rattler 0.28 has no
+# keyword for it in VirtualPackageOverrides, but its from_env() reads it (and drops it where __cuda is absent).
+_OVERRIDES = ("CONDA_OVERRIDE_CUDA", "CONDA_OVERRIDE_CUDA_ARCH", "CONDA_OVERRIDE_GLIBC", "CONDA_OVERRIDE_OSX",
+              "CONDA_OVERRIDE_LINUX")
 _VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 
 
@@ -48,25 +53,59 @@ def check_overrides(environ: dict[str, str] | os._Environ[str] = os.environ) -> 
     for name in _OVERRIDES:
         value = environ.get(name)
         # An empty CONDA_OVERRIDE_CUDA means "no driver", as in conda.
-        if value is not None and value.strip() and not _VERSION.match(value.strip()):
+        if value is not None and value.strip() and not _VERSION.match(value.strip().partition("=")[0]):
             raise UsageError(f"{name}={value!r} is not a version",
                              "give a version made of numbers and dots (X.Y), or unset it to use what this machine has")
 
 
-def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> list[str]:
-    """Solve `specs` against `channels` (in order, for this platform and noarch, with this machine's virtual
-    packages) and install the solution into `prefix`, which must be new or empty, or one an interrupted install
-    left. Returns `name-version-build` of every installed package. On any failure the prefix is removed."""
+def cuda_arch_seen() -> str | None:
+    """The `__cuda_arch` (CEP 46) a solve here sees: this machine's lowest GPU compute capability as rattler
+    detects it, or CONDA_OVERRIDE_CUDA_ARCH; None where it is absent (no GPU, or no `__cuda`)."""
     from torchforge.rattlerchild import call
 
+    check_overrides()
+    return call("torchforge.prefix:_cuda_arch_seen")  # type: ignore[no-any-return]
+
+
+def _cuda_arch_seen() -> str | None:
+    import rattler
+
+    for package in rattler.VirtualPackage.detect(rattler.VirtualPackageOverrides.from_env()):
+        generic = package.into_generic()
+        if generic.name.normalized == "__cuda_arch":
+            return str(generic.version)
+    return None
+
+
+@dataclass(frozen=True)
+class Installed:
+    packages: list[str]  # name-version-build of every installed package
+    cuda_arch: str | None  # the `__cuda_arch` the solve saw (CEP 46), None where it was absent
+
+
+def install(specs: Sequence[str], channels: Sequence[str], prefix: Path) -> Installed:
+    """Solve `specs` against `channels` (in order, for this platform and noarch, with this machine's virtual
+    packages) and install the solution into `prefix`, which must be new or empty, or one an interrupted install
+    left. On any failure the prefix is removed; a refused solve names the `__cuda_arch` it saw."""
     if not channels:
         raise UsageError("no channel given", "name at least one with --channel (a folder or a URL)")
     urls = [channel_url(c) for c in channels]
     check_overrides()
+    installed: Installed = install_by("torchforge.prefix:_install_here", prefix, list(specs), urls)
+    return installed
+
+
+def install_by(target: str, prefix: Path, *args: Any) -> Any:
+    """Claim `prefix` and run `target(*args, prefix, work)` in py-rattler's child process (an install of a solve,
+    or of a lock's exact files); what it returns. On any failure the prefix is removed."""
+    from torchforge.rattlerchild import call
+
     made, lock = _claim(prefix)
     try:
+        pause_at("install-claimed")  # the suite holds an install here (lock and marker taken, nothing linked)
         with fileops.private_scratch("install") as work:
-            installed: list[str] = call("torchforge.prefix:_install_here", list(specs), urls, prefix.resolve(), work)
+            installed = call(target, *args, prefix.resolve(), work)
+        pause_at("install-linked")  # or here: every file linked, the marker not yet removed
     except BaseException:
         lock.release()
         _remove_half_made(prefix, made)
@@ -135,11 +174,16 @@ def _remove_half_made(prefix: Path, made: Path | None) -> None:
             child.unlink(missing_ok=True)
 
 
-def _install_here(specs: list[str], urls: list[str], prefix: Path, work: Path) -> list[str]:
+def _install_here(specs: list[str], urls: list[str], prefix: Path, work: Path) -> Installed:
     """`install`'s work, in the child process."""
     import rattler
 
-    records = _solve(rattler, specs, urls, work)
+    return Installed(install_records(rattler, _solve(rattler, specs, urls, work), prefix, work), _cuda_arch_seen())
+
+
+def install_records(rattler: Any, records: list[Any], prefix: Path, work: Path) -> list[str]:
+    """In the child: link `records` into `prefix`, each checked first for paths outside it (a solve's records, or
+    a lock's exact files)."""
     for record in records:
         _refuse_escaping_paths(rattler, record)
     try:
@@ -170,8 +214,14 @@ def _solve(rattler: Any, specs: list[str], urls: list[str], work: Path) -> list[
         return list(run_async(rattler.solve(urls, matchspecs, platforms=platforms, virtual_packages=virtual,
                                             gateway=rattler.Gateway(cache_dir=work / "repodata"))))
     except SolverError as exc:
-        raise UsageError(f"{', '.join(specs)} cannot be installed from {', '.join(urls)}: {str(exc).strip()[:600]}",
-                         "add the channel that has the missing packages with another --channel") from None
+        seen = next((str(p.into_generic().version) for p in virtual if p.into_generic().name.normalized == "__cuda_arch"),
+                    None)
+        text = f"{str(exc).strip()[:600]} (the solve saw " + (f"__cuda_arch {seen})" if seen else "no __cuda_arch)")
+        hint = ("a package's device code does not run on this GPU (its __cuda_arch constraint, CEP 46): install one "
+                "built with an arch list that covers the GPU, or set CONDA_OVERRIDE_CUDA_ARCH to install for another "
+                "GPU" if "would constrain" in text and "__cuda_arch" in text else
+                "add the channel that has the missing packages with another --channel")
+        raise UsageError(f"{', '.join(specs)} cannot be installed from {', '.join(urls)}: {text}", hint) from None
     except GatewayError as exc:
         raise UsageError(f"a channel could not be read: {_chain(exc)[:600]}",
                          "check each --channel: a folder or URL with <subdir>/repodata.json that this machine can "

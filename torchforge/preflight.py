@@ -28,6 +28,7 @@ from typing import Literal
 from rich.table import Table
 
 from torchforge import channelcheck
+from torchforge.buildmemory import available_memory, read_mem_available_gib  # noqa: F401 (re-exported)
 from torchforge import channels as channel_data
 from torchforge import data as tables
 from torchforge.config import SiteConfig
@@ -37,9 +38,10 @@ from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
 from torchforge.engines.pip_wheel import PipWheelEngine
-from torchforge.errors import DataError, ForgeError, PreflightError, ToolMissingError, UsageError
+from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
 from torchforge.proc import Command, Runner
-from torchforge.recipe import pytorch_context, resolve_source
+from torchforge.recipe import pytorch_context
+from torchforge.sourcestate import resolve_source
 from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, RequirementSolve
 from torchforge.render import RenderPlan, plan
 from torchforge.resolve import Status as VariantStatus
@@ -55,6 +57,13 @@ _SUBMODULE_DEPTH = 3  # PyTorch nests submodules two levels deep (third_party/*/
 # ---- data ------------------------------------------------------------------------------------------------
 
 
+class PackageJob(FrozenModel):
+    """One package's peak memory per compile job, and where the figure comes from (measured or reported)."""
+
+    gib: float
+    source: str
+
+
 class Jobs(FrozenModel):
     gib_per_job_cuda: float
     gib_per_job_cpu: float
@@ -63,6 +72,7 @@ class Jobs(FrozenModel):
     max_jobs: int
     max_jobs_aarch64_cuda: int
     max_jobs_per_core: int
+    packages: dict[str, PackageJob] = {}  # by conda/PyPI name: that package's budget instead of gib_per_job_*
 
 
 class Disk(FrozenModel):
@@ -102,6 +112,9 @@ def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> Pre
     for key in ("gib_per_job_cuda", "gib_per_job_cpu"):
         if getattr(table.jobs, key) <= 0:
             raise DataError(f"{where} jobs.{key} must be positive")
+    for name, package in table.jobs.packages.items():
+        if package.gib <= 0 or not package.source.strip():
+            raise DataError(f"{where} jobs.packages.{name}: gib must be positive and source must say where it comes from")
     if min(table.jobs.max_jobs, table.jobs.max_jobs_aarch64_cuda, table.jobs.max_jobs_per_core) < 1:
         raise DataError(f"{where} jobs.max_jobs, jobs.max_jobs_aarch64_cuda and jobs.max_jobs_per_core must be at least 1")
     return table
@@ -187,6 +200,7 @@ class Machine:
     cores: int
     mem_available_gib: float | None  # None where /proc/meminfo is unavailable
     platform: str | None  # conda subdir of this machine, None if not one torchforge builds for
+    memory_basis: str = ""  # what mem_available_gib was read from (MemAvailable, or a cgroup's limit)
 
 
 def _host_subdir() -> str | None:
@@ -200,39 +214,39 @@ def _host_subdir() -> str | None:
     return None
 
 
-def read_mem_available_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
-    """MemAvailable (what can be used without swapping), not MemTotal: a desktop's browser counts."""
-    try:
-        text = meminfo.read_text(encoding="ascii")
-    except OSError:
-        return None
-    found = re.search(r"^MemAvailable:\s+(\d+)\s+kB", text, re.MULTILINE)
-    return int(found.group(1)) / 1024**2 if found else None
-
-
 def probe_machine() -> Machine:
     try:
         cores = len(os.sched_getaffinity(0))  # respects taskset/cgroup CPU pinning, unlike os.cpu_count
     except AttributeError:
         cores = os.cpu_count() or 1
-    return Machine(cores, read_mem_available_gib(), _host_subdir())
+    memory = available_memory()
+    return Machine(cores, memory.gib, _host_subdir(), memory.basis)
 
 
-def memory_jobs(mem_available_gib: float, *, cuda: bool, table: PreflightTable | None = None) -> int:
+def per_job_gib(package: str | None, *, cuda: bool, table: PreflightTable | None = None) -> tuple[float, str]:
+    """The memory one compile job of `package` is budgeted (its own figure, else the default) and its source."""
+    jobs = (table or load_table()).jobs
+    if package in jobs.packages:
+        return jobs.packages[package].gib, jobs.packages[package].source
+    return (jobs.gib_per_job_cuda, "the default per nvcc job") if cuda else (jobs.gib_per_job_cpu, "the default per compile job")
+
+
+def memory_jobs(mem_available_gib: float, *, cuda: bool, table: PreflightTable | None = None,
+                per_job: float | None = None) -> int:
     """How many compile jobs fit in memory (may be 0: not even one job's budget is free)."""
     jobs = (table or load_table()).jobs
-    per_job = jobs.gib_per_job_cuda if cuda else jobs.gib_per_job_cpu
+    per_job = per_job or (jobs.gib_per_job_cuda if cuda else jobs.gib_per_job_cpu)
     return max(0, math.floor((mem_available_gib - jobs.reserve_gib) / per_job))
 
 
 def choose_max_jobs(cores: int, mem_available_gib: float | None, *, cuda: bool, aarch64: bool = False,
-                    table: PreflightTable | None = None) -> int:
+                    table: PreflightTable | None = None, per_job: float | None = None) -> int:
     """MAX_JOBS = min(cores - reserve, CI cap, jobs that fit in memory), at least 1."""
     jobs = (table or load_table()).jobs
     cap = jobs.max_jobs_aarch64_cuda if (aarch64 and cuda) else jobs.max_jobs
     candidates = [cores - jobs.reserve_cores, cap]
     if mem_available_gib is not None:
-        candidates.append(memory_jobs(mem_available_gib, cuda=cuda, table=table))
+        candidates.append(memory_jobs(mem_available_gib, cuda=cuda, table=table, per_job=per_job))
     return max(1, min(candidates))
 
 
@@ -524,15 +538,36 @@ def _check_tools(ctx: _Context, table: PreflightTable, used: Sequence[str]) -> N
         ctx.add(tool, Level.OK, found)
 
 
+# The table's free-space figure is an estimate for a whole PyTorch build; a team that measured its own (one arch,
+# an extension only) or a test suite building kilobyte stand-ins sets the figure it needs here.
+MIN_FREE_VARIABLE = "TORCHFORGE_MIN_FREE_GIB"
+
+
+def disk_need_gib(cuda: bool, table: PreflightTable) -> tuple[float, str]:
+    """The free space a build needs under its output folder, and where that figure comes from."""
+    given = os.environ.get(MIN_FREE_VARIABLE, "").strip()
+    if not given:
+        return (table.disk.min_free_gib_cuda if cuda else table.disk.min_free_gib_cpu), table.disk.reason
+    try:
+        need = float(given)
+    except ValueError:
+        need = math.nan
+    if not math.isfinite(need) or need < 0:
+        raise UsageError(f"{MIN_FREE_VARIABLE}={given!r} is not a number of GiB",
+                         f"set it to the free space your builds need, e.g. {MIN_FREE_VARIABLE}=12, or unset it for "
+                         "the data's estimate")
+    return need, f"{MIN_FREE_VARIABLE} in the environment"
+
+
 def _check_disk(ctx: _Context, out: Path, table: PreflightTable) -> None:
     where = out.resolve()
     while not where.exists() and where != where.parent:
         where = where.parent
     free = shutil.disk_usage(where).free / 1024**3
-    need = table.disk.min_free_gib_cuda if ctx.cuda_versions else table.disk.min_free_gib_cpu
+    need, basis = disk_need_gib(bool(ctx.cuda_versions), table)
     detail = f"{free:.0f} GiB free at {where} (need {need:g} GiB)"
     if free < need:
-        ctx.add("disk", Level.FAIL, detail, f"free space there or pass --out on a larger disk (the {need:g} GiB: {table.disk.reason})")
+        ctx.add("disk", Level.FAIL, detail, f"free space there or pass --out on a larger disk (the {need:g} GiB: {basis})")
     else:
         ctx.add("disk", Level.OK, detail)
 
@@ -557,7 +592,7 @@ def _check_jobs(ctx: _Context, jobs: int | None, table: PreflightTable) -> int:
     cores, mem = ctx.machine.cores, ctx.machine.mem_available_gib
     chosen = choose_max_jobs(cores, mem, cuda=cuda, aarch64=aarch64, table=table)
     per_job = table.jobs.gib_per_job_cuda if cuda else table.jobs.gib_per_job_cpu
-    mem_text = "memory unknown" if mem is None else f"{mem:.1f} GiB available"
+    mem_text = ctx.machine.memory_basis or ("memory unknown" if mem is None else f"{mem:.1f} GiB available")
     basis = f"{cores} cores, {mem_text}, {per_job:g} GiB per {'nvcc' if cuda else 'compile'} job"
     if jobs is not None:
         if jobs > chosen:
@@ -864,7 +899,7 @@ def run_preflight(
     `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
     `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
     `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN, no bundled libraries, no channels).
-    `arch_checked`: CUDA packages whose libraries the arch check lists after the build (cuobjdump must be here).
+    `arch_checked`: CUDA packages whose libraries the arch check lists after the build (their device code is read after the build).
     """
     table = load_table()
     variants = _variants(selection_or_variants)
@@ -891,7 +926,7 @@ def run_preflight(
             _check_bundled(ctx)
     _check_driver(ctx)
     if arch_checked:
-        _check_cuobjdump(ctx)
+        _check_arch_check(ctx)
     if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
         site = site or SiteConfig()
         for finding in channelcheck.check(ctx._needs.solves, out=out or Path.cwd(), extra=extra_channels,
@@ -910,15 +945,10 @@ def run_needs_checks(needs: MachineNeeds, *, out: Path, machine: Machine | None 
     return PreflightReport(tuple(ctx.checks), 0, "")
 
 
-def _check_cuobjdump(ctx: _Context) -> None:
-    """The arch check after each CUDA build lists every library's device code with cuobjdump."""
-    from torchforge.archcheck import find_cuobjdump
-
-    try:
-        ctx.add("cuobjdump", Level.OK, f"{find_cuobjdump()} (the arch check of each CUDA package)")
-    except ToolMissingError as missing:
-        ctx.add("cuobjdump", Level.FAIL, missing.message,
-                "pip install nvidia-cuda-cuobjdump, or put a CUDA toolkit's bin on PATH")
+def _check_arch_check(ctx: _Context) -> None:
+    """Says the arch check will run after each CUDA build; it reads device code in-process, so no tool is needed."""
+    ctx.add("arch check", Level.OK, "each CUDA package's device code is read after its build (torchforge.fatbin, "
+            "every section's fatbins; no cuobjdump needed)")
 
 
 def run_machine_checks(
@@ -964,7 +994,7 @@ def run_machine_checks(
         _check_bundled(ctx)
     _check_driver(ctx)
     if needs.arch_checked:
-        _check_cuobjdump(ctx)
+        _check_arch_check(ctx)
     if check_channels:
         site = site or SiteConfig()
         findings = channelcheck.check(needs.solves, out=out, extra=extra_channels, site=site.channels) if needs.solves \

@@ -6,7 +6,6 @@ exactly one variant, so the two formats differ only in syntax and neither needs 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 from torchforge import __version__
 from torchforge import data as tables
 from torchforge import versions
-from torchforge.data import Data, Requirement, SourceEdit
+from torchforge.data import Data, PlatformFacts, Release, Requirement, Runtime, SourceEdit
+from torchforge.sourcestate import Source, resolve_source
 from torchforge.resolve import (
     AppliedFix,
     BundledFile,
@@ -46,15 +46,6 @@ MAGMA_PACKAGE_CHECKS = (
     'test ! -e "$PREFIX/lib/pkgconfig/magma.pc"',
     'test ! -e "$PREFIX/bin"',
 )
-
-
-@dataclass(frozen=True)
-class Source:
-    kind: str  # "git", "path" or "url"
-    location: str
-    rev: str | None = None
-    sha256: str | None = None
-    patches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,19 +143,6 @@ def _ignored_run_exports(requirements: tuple[Requirement, ...], python: str, pla
                  if r.ignore_run_exports and _applies(r, python, platform, is_cuda, pytorch))
 
 
-def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
-    """--source: a local checkout (path), a tarball (url) or a git mirror; default: upstream git at the tag."""
-    if location is None:
-        return Source("git", default_url, tag)
-    if os.path.isdir(location):
-        return Source("path", str(Path(location).resolve()))
-    if location.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")):
-        return Source("url", location)
-    return Source("git", location, tag)
-
-
-
-
 def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeContext:
     data: Data = tables.load()
     request = variant.request
@@ -185,46 +163,13 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
     run[0] = f"python {python}.*"
     if variant.magma is not None:
         host.append(variant.magma.host_spec)
-    run_constrained: list[str] = []
-    features: list[str] = []
-    if is_cuda:
-        assert cuda is not None
-        toolkit = data.cuda.toolkits[cuda]
-        cuda_build = release.cuda.get(cuda)
-        upper = (cuda_build.runtime_upper if cuda_build else None) or toolkit.runtime_upper
-        if variant.jetson is not None:
-            warnings.append("the CUDA runtime comes from JetPack on the device: no conda CUDA runtime dependency")
-        elif release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
-            run.append(f"pytorch-cuda >={cuda},<{upper}")
-        elif release.cuda_runtime == "cudatoolkit":
-            run.append(f"cudatoolkit >={cuda},<{upper}")
-        else:
-            run.append(f"cuda-version >={cuda},<{upper}")
-            run.extend(runtime.split_packages)
-        triton = release.triton_by_patch.get(request.pytorch, release.triton)
-        on_platform = (not data.platform(platform).windows if release.triton_subdirs is None
-                       else platform in release.triton_subdirs)
-        if triton and on_platform and (
-                release.triton_python is None or versions.matches(python, release.triton_python)):
-            # an exact version, or a range where the wheel's pin is one (2.14: triton~=3.8.0)
-            run.append(f"{release.triton_package} {triton}" if triton[0] in "<>=!~" else
-                       f"{release.triton_package} =={triton}")
+    if cuda is not None:
+        run += _cuda_run_requirements(data, variant, release, cuda, warnings)
     facts = data.platform(platform)
-    if release.selector == "mutex":
-        # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).
-        if facts.mutex:
-            run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
-        if facts.mutex or not is_cuda:
-            run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
-    elif not is_cuda and facts.mutex:
-        features.append("cpuonly")
+    mutex, run_constrained, features = _selector(release, facts, runtime, is_cuda)
+    run += mutex
     env_names = {name for name, _ in variant.env}
     edits = _edits(variant.fixes)
-    install = data.eras.install
-    if facts.windows:
-        install_command = install.setup_py_win if release.conda_official else install.pip_win
-    else:
-        install_command = install.setup_py if release.conda_official else install.pip
     bundle = _bundle(data, variant, cuda)
     magma_win = windows_magma(data, request, cuda)
     mkl_win = windows_mkl(data, request)
@@ -252,7 +197,7 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
         ignore_run_exports=_ignored_run_exports(era.host, python, platform, is_cuda, request.pytorch),
         features=tuple(features),
         test_imports=("torch",),
-        install_command=install_command,
+        install_command=_install_command(data, facts, release),
         rpath_rules=tuple((rule.dir, rule.rpath) for rule in data.eras.rpath) if facts.rpath else (),
         source_edits=edits,
         cuda=cuda,
@@ -274,6 +219,61 @@ def pytorch_context(variant: Variant, patches: tuple[str, ...] = ()) -> RecipeCo
             **({"cuda": cuda, "cudnn": variant.cudnn or "", "arch_list": variant.arch_list or ""} if cuda else {}),
         },
     )
+
+
+def _cuda_run_requirements(data: Data, variant: Variant, release: Release, cuda: str,
+                           warnings: list[str]) -> list[str]:
+    """A CUDA build's run requirements on its CUDA runtime (the release's way: pytorch-cuda, cudatoolkit, or
+    cuda-version and the split packages; none on a Jetson) and on triton where the release ships it there."""
+    request, runtime = variant.request, data.eras.runtime
+    toolkit = data.cuda.toolkits[cuda]
+    cuda_build = release.cuda.get(cuda)
+    upper = (cuda_build.runtime_upper if cuda_build else None) or toolkit.runtime_upper
+    run: list[str] = []
+    if variant.jetson is not None:
+        warnings.append("the CUDA runtime comes from JetPack on the device: no conda CUDA runtime dependency")
+    elif release.cuda_runtime == "pytorch-cuda" and cuda in runtime.pytorch_cuda_versions:
+        run.append(f"pytorch-cuda >={cuda},<{upper}")
+    elif release.cuda_runtime == "cudatoolkit":
+        run.append(f"cudatoolkit >={cuda},<{upper}")
+    else:
+        run.append(f"cuda-version >={cuda},<{upper}")
+        run.extend(runtime.split_packages)
+    triton = release.triton_by_patch.get(request.pytorch, release.triton)
+    on_platform = (not data.platform(request.platform).windows if release.triton_subdirs is None
+                   else request.platform in release.triton_subdirs)
+    if triton and on_platform and (
+            release.triton_python is None or versions.matches(request.python, release.triton_python)):
+        # an exact version, or a range where the wheel's pin is one (2.14: triton~=3.8.0)
+        run.append(f"{release.triton_package} {triton}" if triton[0] in "<>=!~" else
+                   f"{release.triton_package} =={triton}")
+    return run
+
+
+def _install_command(data: Data, facts: PlatformFacts, release: Release) -> str:
+    """setup.py install for the releases the official channel built that way, pip for the others."""
+    install = data.eras.install
+    if facts.windows:
+        return install.setup_py_win if release.conda_official else install.pip_win
+    return install.setup_py if release.conda_official else install.pip
+
+
+def _selector(release: Release, facts: PlatformFacts, runtime: Runtime,
+              is_cuda: bool) -> tuple[list[str], list[str], list[str]]:
+    """(run requirements, run constraints, features) that select CPU or CUDA: the mutex package and cpuonly's
+    constraint, or the cpuonly feature of the releases before the mutex."""
+    run: list[str] = []
+    run_constrained: list[str] = []
+    features: list[str] = []
+    if release.selector == "mutex":
+        # macOS: no mutex, but CPU builds still constrain cpuonly (release/1.13 meta.yaml:47-55).
+        if facts.mutex:
+            run.append(f"pytorch-mutex =={runtime.mutex_version} {'cuda' if is_cuda else 'cpu'}")
+        if facts.mutex or not is_cuda:
+            run_constrained.append("cpuonly <0" if is_cuda else "cpuonly")
+    elif not is_cuda and facts.mutex:
+        features.append("cpuonly")
+    return run, run_constrained, features
 
 
 def _bundle(data: Data, variant: Variant, cuda: str | None) -> dict[str, Any]:

@@ -1,111 +1,30 @@
-"""Render resolved variants into recipe folders: pure rendering to {filename: content}, then an atomic write.
-
-Templates live in recipe_templates/ (a checkout) or torchforge/_templates (an installed wheel); one resolver
-finds either, so an installed torchforge renders exactly what a checkout renders.
+"""Render the official flavour's resolved variants into recipe folders: pure rendering to {filename: content},
+then an atomic write. The templates, their Jinja environment and the recipe formats are torchforge.templates'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from functools import cache
-from importlib import resources
 from pathlib import Path
-
-import jinja2
 
 from torchforge import __version__, platforms
 from torchforge.fileops import write_folders  # noqa: F401 (moved to fileops: every flavour writes folders)
 from torchforge.companions import CompanionPlan, companions_for
-from torchforge.errors import RefusedError, UsageError
+from torchforge.errors import RefusedError
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.resolve import MagmaPlan, Status, Variant, classify
+from torchforge.templates import RecipeFormat, environment, patch_files, templates_dir
 from torchforge.variant import Selection
-
-
-class RecipeFormat(str, Enum):
-    CONDA_BUILD = "conda-build"
-    RATTLER_BUILD = "rattler-build"
-
-
-def templates_dir() -> Path:
-    installed = resources.files("torchforge").joinpath("_templates")
-    if installed.is_dir():
-        return Path(str(installed))
-    checkout = Path(__file__).resolve().parent.parent / "recipe_templates"
-    if checkout.is_dir():
-        return checkout
-    raise UsageError("torchforge's recipe templates are missing", "reinstall torchforge (pip install torchforge)")
-
-
-_PLAIN_SCALAR = re.compile(r"^[A-Za-z_/][A-Za-z0-9_ .*<>=!,|+/:-]*$")
-_YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "~"}
-
-
-def yaml_scalar(value: object) -> str:
-    """A YAML scalar for `value`: plain when unambiguous, otherwise double-quoted (JSON is valid YAML)."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, int):
-        return str(value)
-    text = str(value)
-    if _PLAIN_SCALAR.match(text) and ": " not in text and " #" not in text and text.lower() not in _YAML_WORDS \
-            and not text.endswith(":"):
-        return text
-    return json.dumps(text)
-
-
-def shell_word(value: str, literal: bool = False) -> str:
-    """Quote for POSIX sh while keeping $VAR and ${VAR:-x} expansions of torchforge's own values live (double
-    quotes when needed); a `literal` value (the user's --env) is single-quoted: nothing in it runs or expands."""
-    if not literal and "$" in value and "'" not in value and "$ORIGIN" not in value:
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
-    return shlex.quote(value)
-
-
-def batch_value(value: str, literal: bool = False) -> str:
-    """A value inside cmd.exe's `set "NAME=value"`: a `literal` one (the user's --env) has `%` doubled so that no
-    %VAR% expands; torchforge's own values keep their %VAR% references. `"` and line breaks are refused earlier."""
-    return value.replace("%", "%%") if literal else value
-
-
-def rattler_env(name: str) -> str:
-    """rattler-build passes no outside variable to the script unless the recipe forwards it like this."""
-    return '${{ env.get("' + name + '", default="") }}'
-
-
-@cache
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["yaml"] = yaml_scalar
-    env.filters["shell"] = shell_word
-    env.filters["batch"] = batch_value
-    env.filters["rattler_env"] = rattler_env
-    return env
-
-
-def render_template(template: str, **fields: object) -> str:
-    """One template of recipe_templates/ with the given fields (the same environment and filters as the recipes)."""
-    return _environment().get_template(template).render(**fields)
 
 
 def _render(template: str, context: RecipeContext, **extra: object) -> str:
     fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
     fields.update(is_windows=context.is_windows, has_source_edits=context.has_source_edits,
                   numpy_variant=context.numpy_variant, **extra)
-    return _environment().get_template(template).render(**fields)
+    return environment().get_template(template).render(**fields)
 
 
 def render_files(context: RecipeContext, fmt: RecipeFormat) -> dict[str, str]:
@@ -132,7 +51,7 @@ def companion_files(companion: CompanionPlan, fmt: RecipeFormat) -> dict[str, st
     fields.update(noarch=companion.noarch, summary=companion.summary,
                   header=f"Rendered by torchforge {__version__} for {companion.id}. Re-render instead of editing.")
     name = "meta.yaml" if fmt is RecipeFormat.CONDA_BUILD else "recipe.yaml"
-    return {name: _environment().get_template(f"companion/{name}.j2").render(**fields)}
+    return {name: environment().get_template(f"companion/{name}.j2").render(**fields)}
 
 
 @dataclass(frozen=True)
@@ -186,8 +105,6 @@ def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat, patches: Sequence
     return folders
 
 
-def patch_files(patches: Sequence[Path]) -> dict[str, str | bytes]:
-    return {p.name: p.read_bytes() for p in patches}
 
 
 def render_selection(selection: Selection, out: Path, fmt: RecipeFormat, *, force: bool = False,

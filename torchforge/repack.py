@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 import time
 import zipfile
 import zlib
@@ -26,13 +27,15 @@ from dataclasses import dataclass, replace
 from email.parser import HeaderParser
 from pathlib import Path
 
-from torchforge import __version__, localchannel
+from torchforge import __version__, archcheck, cudaarch, localchannel
 from torchforge.aio import run_async
 from torchforge.condawriter import FileDigests, Options, is_info, write_conda
 from torchforge.binaries.catalog import catalog, outside_libraries
+from torchforge.binaries.schedule import Cancelled
 from torchforge.binaries.plan import PackagePlan
 from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.errors import ArchiveError, UsageError
+from torchforge.pausepoint import pause_at
 from torchforge.proc import Runner
 from torchforge.rpath import AuditReport, Layout, fix_and_audit
 from torchforge.wheel import write_record
@@ -95,15 +98,18 @@ def _entry_point_scripts(entry_points: str) -> dict[str, str]:
     return scripts
 
 
-def sha256_of(path: Path) -> str:
-    return _sha256(path)[0]
+def sha256_of(path: Path, stop: threading.Event | None = None) -> str:
+    """The file's sha256; once `stop` is set (the run is ending) it stops within a MiB, raising Cancelled."""
+    return _sha256(path, stop)[0]
 
 
-def _sha256(path: Path) -> tuple[str, int]:
+def _sha256(path: Path, stop: threading.Event | None = None) -> tuple[str, int]:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
+            if stop is not None and stop.is_set():
+                raise Cancelled()
     return digest.hexdigest(), path.stat().st_size
 
 
@@ -285,11 +291,12 @@ UNPACKED_STEP = "fixing RPATHs"
 PACKING_STEPS = ("compressing", "hashing")
 
 
-def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None]) -> Staged:
+def _stage(plan: PackagePlan, stage: Path, specs: dict[str, str], step: Callable[[str], None],
+           check: Callable[[], None] = lambda: None) -> Staged:
     site = stage / "lib" / f"python{plan.python}" / "site-packages"
     site.mkdir(parents=True)
     step("unpacking")
-    extract_wheel(plan.wheel.path, site)
+    extract_wheel(plan.wheel.path, site, check)
     for rel in plan.drop:
         (site / rel).unlink(missing_ok=True)
     dist = next(site.glob("*.dist-info"))
@@ -327,15 +334,20 @@ def build_archive(
         check()
         (on_step or (lambda _s: None))(what)
 
+    def unpacking() -> None:  # after each MiB unpacked; the suite interrupts a repack here (torchforge.pausepoint)
+        check()
+        pause_at("repack-unpacking", check)
+
     check_zstd_level(zstd_level)
     with tempfile.TemporaryDirectory(prefix="torchforge-repack-", dir=work) as tmp:
         stage = Path(tmp) / "pkg"
-        staged = _stage(plan, stage, specs or {}, step)
+        staged = _stage(plan, stage, specs or {}, step, unpacking)
         # index.json first: the audit resolves libraries of other packages through the declared depends.
         (stage / "info").mkdir()
         (stage / "info" / "index.json").write_text(json.dumps({"depends": list(staged.plan.depends)}))
         step(UNPACKED_STEP)
         report = fix_and_audit(stage, Layout.CONDA, runner, keep_provided=staged.plan.keep_wheel_rpaths)
+        staged = _with_cuda_arch(staged, stage)
         info = _InfoArgs(staged, wheel_sha256 or sha256_of(plan.wheel.path), wheel_time(plan.wheel.path), extra)
         out_folder.mkdir(parents=True, exist_ok=True)
         dest = out_folder.resolve() / plan.filename.removesuffix(".conda")
@@ -351,6 +363,15 @@ def build_archive(
 
             cph.create(str(stage), files, f"{dest.name}{fmt}", out_folder=str(dest.parent))
         return dest.with_name(f"{dest.name}{fmt}"), report, staged.plan.depends
+
+
+def _with_cuda_arch(staged: Staged, stage: Path) -> Staged:
+    """The package's CEP 46 `__cuda_arch` run constraint, from the device code the wheel really holds
+    (torchforge.cudaarch; none for a package without any)."""
+    constrains = tuple(cudaarch.with_constraint(staged.plan.constrains, cudaarch.spec(archcheck.tree_device_code(stage).values())))
+    if constrains == staged.plan.constrains:
+        return staged
+    return replace(staged, plan=replace(staged.plan, constrains=constrains))
 
 
 @dataclass(frozen=True)
@@ -408,9 +429,10 @@ def _write_hashed(stage: Path, info: _InfoArgs) -> list[str]:
     return info.write(stage, known)
 
 
-def check_crcs(wheels: Iterable[Path], threads: int | None = None) -> None:
+def check_crcs(wheels: Iterable[Path], threads: int | None = None, stop: threading.Event | None = None) -> None:
     """Every member's CRC, before anything is written: a damaged download fails here, not after unpacking.
-    The members of all the wheels are read by one thread per core, largest first (zlib releases the GIL)."""
+    The members of all the wheels are read by one thread per core, largest first (zlib releases the GIL).
+    An interrupt (or `stop`) ends the readers within a MiB each, before it is raised."""
     members: list[tuple[Path, zipfile.ZipInfo]] = []
     for wheel in wheels:
         try:
@@ -420,11 +442,16 @@ def check_crcs(wheels: Iterable[Path], threads: int | None = None) -> None:
             raise ArchiveError.unreadable(wheel, exc) from exc
     members.sort(key=lambda item: -item[1].file_size)
     workers = max(1, min(len(members), threads or os.cpu_count() or 1))
+    ending = stop or threading.Event()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(_read_members, [members[i::workers] for i in range(workers)]))
+        try:
+            list(pool.map(lambda share: _read_members(share, ending), [members[i::workers] for i in range(workers)]))
+        except BaseException:
+            ending.set()  # the pool's exit waits for the readers: they stop at their next MiB
+            raise
 
 
-def _read_members(share: list[tuple[Path, zipfile.ZipInfo]]) -> None:
+def _read_members(share: list[tuple[Path, zipfile.ZipInfo]], stop: threading.Event) -> None:
     """Read (and so CRC-check) each member; ZipExtFile raises on a wrong CRC at the member's end."""
     opened: dict[Path, zipfile.ZipFile] = {}
     wheel = None
@@ -433,7 +460,8 @@ def _read_members(share: list[tuple[Path, zipfile.ZipInfo]]) -> None:
             zf = opened.get(wheel) or opened.setdefault(wheel, zipfile.ZipFile(wheel))
             with zf.open(member) as fh:
                 while fh.read(1 << 20):
-                    pass
+                    if stop.is_set():
+                        return
     except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError) as exc:
         raise ArchiveError.unreadable(wheel, exc) from exc  # type: ignore[arg-type]
     finally:

@@ -17,7 +17,8 @@ from torchforge import platforms, sourcestate, versions
 from torchforge.data import (BuildEnvEntry, BundleRule, CudaBuild, Data, Fix, JetPack, JetsonDevice, PlatformFacts, Release,
                              Toolkit, WindowsArchive)
 from torchforge.magmasource import MagmaSource
-from torchforge.variant import Options, Request, Selection, magma_id, normal_arch_list, nvcc_refusal, unknown_release
+from torchforge.sharedflags import normal_arch_list, nvcc_refusal, unknown_release
+from torchforge.variant import Options, Request, Selection, magma_id
 from torchforge.versions import arch_key, minor, nodot
 
 

@@ -7,17 +7,17 @@ The commands call these and print; the flavour's own model never reaches them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchforge import config as site_config
-from torchforge import containers
+from torchforge import closure, containers, havepytorch
 from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders,
                                      StandsInForItsRecipes)
 from torchforge.config import SiteConfig
-from torchforge.console import err, warn
+from torchforge.console import err, note, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
@@ -38,13 +38,45 @@ if TYPE_CHECKING:
     from torchforge.ci import CiPlan
     from torchforge.ci_recipes import JobSettings
 
-__all__ = ["BuildOptions", "PreparedBuild", "ci", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "refuse_build", "render", "standins"]
+__all__ = ["BuildOptions", "PreparedBuild", "channel_plan", "ci", "prepare_plan_build", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "plan_doctor", "render_plan", "refuse_build", "render", "standins"]
 
 
 def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
     """The flavour's plan of `request`, its recipe folders rendered for an engine reading `recipe_format`, with
-    the request's extensions after the pytorch recipes they are built for."""
-    return with_extensions(plugin(flavour).plan(request, recipe_format), request, recipe_format)
+    the request's extensions after the pytorch recipes they are built for; for a pytorch a channel has (--for, or
+    the one of --out), its companions and extensions and no pytorch recipe."""
+    have = havepytorch.given(request)
+    if have is None:
+        refuse_stray_wheels(request)
+        return with_extensions(plugin(flavour).plan(request, recipe_format), request, recipe_format)
+    pytorch, where = have
+    the_plan = plugin(flavour).plan_for(pytorch, request, recipe_format)
+    # what the builds install it with must be there: its run requirements from the channels the builds read, or
+    # brought along from their wheels (and theirs), before anything builds; only what cannot be had is refused
+    channels = (*request.for_channels, *(url for r in the_plan.recipes for url in r.channels))
+    found = closure.bring_along(pytorch.depends, pytorch.stem, channels, pytorch.python, pytorch.subdir,
+                                closure.default_source(request.wheel_folders),
+                                Runner(echo=note))  # planning reads the wheels: shown, even in a dry run
+    closure.refuse_missing(found)
+    fact = ("pytorch", f"{pytorch.stem}: {where}; no pytorch source build is planned"
+            + (f" (arch list {pytorch.arch_list}, read from its libraries)" if pytorch.arch_list else ""))
+    brought = closure.brought_recipes(found)
+    the_plan = dataclasses.replace(the_plan, recipes=(*brought, *the_plan.recipes), facts=(fact, *the_plan.facts),
+                                   brought_along=found.brought)
+    return with_extensions(the_plan, request, recipe_format)
+
+
+def refuse_stray_wheels(request: Request) -> None:
+    """--wheels for a plan that builds its own pytorch: a usage error, not a flag silently ignored."""
+    if request.wheel_folders:
+        raise UsageError("--wheels brings along the requirements of a pytorch a channel has, and none is named",
+                         "give --for SPEC (or --out holding one pytorch, with --extension or --with), or leave --wheels out")
+
+
+def builds_a_given_pytorch(request: Request) -> bool:
+    """Whether `request` is for a pytorch a channel has: the flavours' own build, render and stand-in paths, which
+    read their own model, do not apply."""
+    return havepytorch.given(request) is not None
 
 
 def refuse_build(flavour: str, request: Request) -> None:
@@ -56,8 +88,31 @@ def refuse_build(flavour: str, request: Request) -> None:
 
 def matrix(flavour: str, request: Request) -> MatrixView:
     """The flavour's `matrix` of `request`: its JSON rows and its table (and the rows of its extensions)."""
+    if builds_a_given_pytorch(request):
+        return given_matrix(plan(flavour, request, "rattler-build"))
+    refuse_stray_wheels(request)
     view = plugin(flavour).matrix(request)
     return with_extension_rows(view, plan(flavour, request, "rattler-build")) if request.extensions else view
+
+
+def given_matrix(the_plan: Plan) -> MatrixView:
+    """`matrix` for a pytorch a channel has: its row (in the channel, not built), then its companions' and its
+    extensions' rows."""
+    pytorch = the_plan.given_pytorch
+    assert pytorch is not None
+    rows: list[dict[str, object]] = [{"id": pytorch.stem, "kind": "pytorch", "status": "in channel",
+                                      "version": pytorch.version, "build_string": pytorch.build,
+                                      "subdir": pytorch.subdir, "python": pytorch.python, "cuda": pytorch.cuda or "cpu",
+                                      "arch_list": pytorch.arch_list, "file": pytorch.stem}]
+    rows += [{"id": r.id, "kind": r.kind, "status": "planned", "build_string": r.stems[0].rsplit("-", 1)[-1],
+              "subdir": r.subdir, "python": r.python, "cuda": r.accel, "arch_list": r.arch_list,
+              "file": r.stems[0], "pytorch": pytorch.stem} for r in the_plan.recipes if r.kind != "extension"]
+    view = MatrixView(tuple(rows), f"torchforge plan for {pytorch.stem} (flavour {the_plan.flavour})",
+                      ("recipe", "kind", "build string", "notes"),
+                      tuple((str(r["id"]), str(r["kind"]), str(r["build_string"]),
+                             "in the channel: not built" if r["status"] == "in channel" else f"for {pytorch.stem}")
+                            for r in rows))
+    return with_extension_rows(view, the_plan)
 
 
 def machine_report(the_plan: Plan, *, engine: str | None, jobs: int | None, out: Path, site: SiteConfig,
@@ -89,23 +144,38 @@ def prepare_build(flavour: str, request: Request, options: BuildOptions) -> Prep
     A flavour whose checks read more than the plan (the official flavour's variants) prepares its own build."""
     site = site_config.load(options.config)
     chosen = plugin(flavour)
-    if isinstance(chosen, PreparesItsBuild):
+    if isinstance(chosen, PreparesItsBuild) and not builds_a_given_pytorch(request):
+        refuse_stray_wheels(request)
         return chosen.own_build(request, options, site)
     return _plan_build(flavour, request, options, site)
 
 
-def _plan_build(flavour: str, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
-    """A flavour's plan: refused or warned about, the machine checked, then its steps; with --container each recipe
-    runs the conda-build of its CUDA's image."""
+def channel_plan(request: Request, recipe_format: str, channel: Path) -> Plan:
+    """The plan of a stack whose pytorch no flavour builds (repacked, or already in a channel): the request's
+    extensions for the pytorch of `channel`."""
+    return with_extensions(Plan("channel", ()), request, recipe_format, channel)
+
+
+def prepare_plan_build(request: Request, options: BuildOptions, planner: Callable[[str], Plan]) -> PreparedBuild:
+    """`prepare_build` of a plan no flavour makes (a stack's, for a repacked pytorch or one in a channel):
+    `planner` plans it for the chosen engine's recipe format."""
+    return _plan_build("", request, options, site_config.load(options.config), planner=planner)
+
+
+def _plan_build(flavour: str, request: Request, options: BuildOptions, site: SiteConfig,
+                planner: Callable[[str], Plan] | None = None) -> PreparedBuild:
+    """A flavour's plan (or `planner`'s): refused or warned about, the machine checked, then its steps; with
+    --container each recipe runs the conda-build of its CUDA's image."""
     jobs = checked_jobs(options.jobs, ())
-    refuse_build(flavour, request)
+    if planner is None:
+        refuse_build(flavour, request)
     if options.container:  # the engine is the image's: this machine's is not looked at
         chosen, why = container_engine(options.engine)
     else:
         # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
         chosen, why = select_engine(options.engine,
                                     require_available=options.skip_preflight and not options.dry_run)
-    the_plan = plan(flavour, request, chosen.recipe_format)
+    the_plan = (planner or (lambda recipe_format: plan(flavour, request, recipe_format)))(chosen.recipe_format)
     for message in the_plan.warnings:
         warn(message)
     in_images = _image_settings(the_plan, site.images, dry_run=options.dry_run) if options.container else None
@@ -114,7 +184,7 @@ def _plan_build(flavour: str, request: Request, options: BuildOptions, site: Sit
         _container_rows(the_plan, in_images)
     err.print(why)
     settings = options.settings(request, site.channels, extra_env=extra_env, container=in_images)
-    return PreparedBuild(tuple(plan_steps(the_plan, settings)), chosen, settings)
+    return PreparedBuild(tuple(plan_steps(the_plan, settings)), chosen, settings, the_plan.brought_along)
 
 
 def _image_settings(the_plan: Plan, images: Mapping[str, containers.Image], *,
@@ -153,9 +223,13 @@ def _checked_machine(the_plan: Plan, engine: str | None, jobs: int | None, optio
 def doctor(flavour: str, request: Request, options: BuildOptions) -> PreflightReport:
     """`doctor`: every check a build of `request` runs before it compiles (with --container: the images instead of
     this machine's engine and toolkit), read from the flavour's plan; a plan the flavour refuses is refused first."""
-    site = site_config.load(options.config)
     # the folders are not looked at here: rendered for conda-build, which renders every platform's
-    the_plan = plan(flavour, request, "conda-build")
+    return plan_doctor(plan(flavour, request, "conda-build"), options)
+
+
+def plan_doctor(the_plan: Plan, options: BuildOptions) -> PreflightReport:
+    """`doctor` of a plan made already (a flavour's, or `channel_plan`'s)."""
+    site = site_config.load(options.config)
     env_jobs = the_plan.needs.env_max_jobs
     jobs = checked_jobs(options.jobs, (("MAX_JOBS", env_jobs),) if env_jobs else ())
     in_images = containers.ContainerSettings(containers.probe_tool() or "", site.images) if options.container else None
@@ -167,10 +241,16 @@ def doctor(flavour: str, request: Request, options: BuildOptions) -> PreflightRe
 def render(flavour: str, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
     """`render`: the flavour's recipe folders under `out_dir`, written all or none."""
     chosen = plugin(flavour)
-    if isinstance(chosen, RendersItsFolders):
+    if isinstance(chosen, RendersItsFolders) and not builds_a_given_pytorch(request):
         return chosen.own_render(request, recipe_format, out_dir, force=force)
-    the_plan = plan(flavour, request, recipe_format)
-    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes}, out_dir, force=force)
+    return render_plan(plan(flavour, request, recipe_format), out_dir, force=force)
+
+
+def render_plan(the_plan: Plan, out_dir: Path, *, force: bool) -> Rendered:
+    """The recipe folders of a plan made already, written all or none (a recipe no engine builds, such as a
+    stack's repacked packages, has none)."""
+    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes if recipe.files}, out_dir,
+                            force=force)
     channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
     return Rendered(tuple(written), the_plan.warnings, f"rendered {len(written)} {the_plan.flavour}-flavour recipe "
                     f"folder(s) into {out_dir} (channel: {channels})")
@@ -189,7 +269,7 @@ class StandIns:
 def standins(flavour: str, request: Request) -> StandIns:
     """The requirements of every recipe `build` would build for `request`, refused where build refuses it."""
     chosen = plugin(flavour)
-    if isinstance(chosen, StandsInForItsRecipes):
+    if isinstance(chosen, StandsInForItsRecipes) and not builds_a_given_pytorch(request):
         recipes, shape = chosen.own_standin_recipes(request)
         specs = dict.fromkeys(spec for recipe in recipes for spec in recipe_requirements(recipe))
         return StandIns((*specs, *TEST_EXTRAS), shape, conda_forge=False)

@@ -1,4 +1,5 @@
-"""What a local `--source` holds, as one identity string: the same content gives the same identity however the
+"""The source a recipe builds (`Source`: a git URL at a tag, a local folder or a tarball, from `--source`), and what
+a local `--source` holds, as one identity string: the same content gives the same identity however the
 path is spelled, and an edit gives another one, so a package built from the tree is reused only for that tree.
 
 - a folder of a git work tree: the tree object of the folder at HEAD, plus a digest of its uncommitted changes
@@ -13,11 +14,32 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.fileops import sha256_file
 from torchforge.errors import ToolMissingError
 from torchforge.proc import Command, Runner
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "git", "path" or "url"
+    location: str
+    rev: str | None = None
+    sha256: str | None = None
+    patches: tuple[str, ...] = ()
+
+
+def resolve_source(location: str | None, default_url: str, tag: str) -> Source:
+    """--source: a local checkout (path), a tarball (url) or a git mirror; default: upstream git at the tag."""
+    if location is None:
+        return Source("git", default_url, tag)
+    if os.path.isdir(location):
+        return Source("path", str(Path(location).resolve()))
+    if location.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")):
+        return Source("url", location)
+    return Source("git", location, tag)
 
 
 def identity(location: str) -> str:

@@ -39,7 +39,8 @@ from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
 from torchforge.errors import ToolMissingError
 from torchforge.flavours import Plan
 from torchforge.localchannel import index
-from torchforge.render import RecipeFormat, plan, render_files
+from torchforge.render import plan, render_files
+from torchforge.templates import RecipeFormat
 from torchforge.recipe import pytorch_context
 from torchforge.variant import Selection
 

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
+from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_material
 from torchforge.errors import UsageError
 from torchforge.pipeline import WHEEL, Action, BuildSettings, Step
 from torchforge.render import RenderPlan
@@ -135,7 +135,7 @@ def plan_wheel_steps(render_plan: RenderPlan, settings: BuildSettings, source: s
         existing = None if settings.force else existing_wheel(settings.out, variant)
         key = None
         if settings.caching and existing is None:
-            key = recipe_group_key(f"wheel-{variant.id}", variant.settings)
+            key = group_key(*settings_material(f"wheel-{variant.id}", variant.settings))
         env = build_environment(variant, environ, jobs=jobs)
         steps.append(Step(WHEEL, variant.id, wheel_stem(variant), variant.request.platform, variant.request.python,
                           {}, BUILD_VARIABLES if key else (), Action.REUSE if existing else Action.BUILD,

@@ -6,9 +6,9 @@ shared libraries must keep their bits. One worker per core: zlib releases the GI
 from __future__ import annotations
 
 import os
-import shutil
 import zipfile
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,16 +16,21 @@ from torchforge.errors import ArchiveError
 from torchforge.safeextract import check_zip
 
 
-def extract_wheel(wheel: Path, dest: Path) -> None:
+CHUNK = 1 << 20
+
+
+def extract_wheel(wheel: Path, dest: Path, check: Callable[[], None] = lambda: None) -> None:
     """Extract every member with its mode. A damaged wheel (bad zip, CRC or deflate stream), or one with a member
-    that would land outside `dest` (torchforge.safeextract), is an ArchiveError and nothing is written."""
+    that would land outside `dest` (torchforge.safeextract), is an ArchiveError and nothing is written. `check`
+    is called after each MiB written; it raises to stop the extraction (a cancelled repack stops within a chunk,
+    not after the wheel's 700 MB)."""
     try:
-        _extract(wheel, dest)
+        _extract(wheel, dest, check)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise ArchiveError.unreadable(wheel, exc) from exc
 
 
-def _extract(wheel: Path, dest: Path) -> None:
+def _extract(wheel: Path, dest: Path, check: Callable[[], None]) -> None:
     with zipfile.ZipFile(wheel) as zf:
         check_zip(wheel, zf)  # every member judged before the first folder is made
         entries = zf.infolist()
@@ -43,7 +48,9 @@ def _extract(wheel: Path, dest: Path) -> None:
             for member in share:
                 target = dest / member.filename
                 with zf.open(member) as src, target.open("wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                    while chunk := src.read(CHUNK):
+                        dst.write(chunk)
+                        check()
                 mode = (member.external_attr >> 16) & 0o777
                 if mode:
                     target.chmod(mode)

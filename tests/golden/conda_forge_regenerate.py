@@ -9,8 +9,8 @@ from pathlib import Path
 
 from torchforge import data as tables
 from torchforge.flavours import conda_forge
-from torchforge.recipe import Source
-from torchforge.render import RecipeFormat
+from torchforge.sourcestate import Source
+from torchforge.templates import RecipeFormat
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "conda-forge"

@@ -7,7 +7,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from torchforge.render import RecipeFormat, RenderPlan, plan, recipe_folders
+from torchforge.render import RenderPlan, plan, recipe_folders
+
+from torchforge.templates import RecipeFormat
 from torchforge.variant import Options, Selection
 
 HERE = Path(__file__).parent

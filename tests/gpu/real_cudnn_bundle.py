@@ -63,7 +63,8 @@ def main() -> int:
     from torchforge.cli import main as torchforge
     from torchforge.localchannel import index
     from torchforge.recipe import pytorch_context
-    from torchforge.render import RecipeFormat, plan, render_files
+    from torchforge.render import plan, render_files
+    from torchforge.templates import RecipeFormat
     from torchforge.rpath import Layout, audit
     from torchforge.variant import Options, Selection
 

@@ -51,15 +51,8 @@ stamp() { echo "[$(date +%T)] $*"; }
   stamp "solve and install"; $PY -m tests.stack_env "$work/chan" "$work/prefix" --cuda 13.0 --glibc 2.28
   echo "stack_env exit $?"
   stamp "clean interpreter"
-  base="$($PY -c 'import sys; print(sys.base_prefix)')"
-  "$base/bin/python3" -m venv --without-pip "$work/venv" || "$PY" -m venv --without-pip "$work/venv"
-  mkdir -p "$work/pure"
-  for name in typing_extensions.py sympy mpmath networkx jinja2 markupsafe filelock fsspec numpy numpy.libs PIL \
-              pillow.libs cuda_pathfinder; do
-    [ -e "$site/$name" ] && ln -s "$site/$name" "$work/pure/$name"
-  done
-  vsite="$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$work/pure" > "$vsite/pure-deps.pth"
+  # shellcheck source=tests/gpu/lib.sh
+  . "$src/tests/gpu/lib.sh" && clean_venv "$work"
   stamp "verify"
   env LD_LIBRARY_PATH= $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
     verify "$work/prefix" --python "$work/venv/bin/python" --want cuda

@@ -11,6 +11,7 @@ packages are downloaded (torch's pure-Python requirements come from the user's c
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from torchforge import fileops
 from torchforge.binaries.catalog import catalog
 from torchforge.binaries.plan import TOOLKIT
 from torchforge.flavours.base import STACK_PACKAGES
-from torchforge.errors import ForgeError, RefusedError, ToolFailedError, UsageError
+from torchforge.errors import ForgeError, PreflightError, RefusedError, ToolFailedError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.repack import sha256_of
 
@@ -35,6 +36,15 @@ COMPANIONS = (*STACK_PACKAGES, "triton")  # the wheels repack takes with torch
 # pip's words when no file matches a requirement (pip 23 to 25).
 _NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
 _FROM_VERSIONS = re.compile(r"Could not find a version that satisfies the requirement \S+ \(from versions: ([^)]*)\)")
+# pip's words when an index does not answer (pip 23 to 26): a connection that fails (refused, no route, DNS,
+# TLS; said on each retry) or an HTTP error on the index page. pip then goes on with "from versions: none".
+_UNREACHABLE = re.compile(r"connection broken by '(?:.*?(\[Errno -?\d+\] [^\"')]*))?|Could not fetch URL ([^\n]*)"
+                          r"|HTTP error (\d+ while getting [^\n]*)")
+# pip's settings that say how to connect, never where from (a proxy, a CA bundle, retries): with a named
+# --wheel-index pip runs --isolated, and these are passed on from the environment as its options.
+_TRANSPORT_OPTIONS = {"PIP_CERT": "--cert", "PIP_CLIENT_CERT": "--client-cert", "PIP_PROXY": "--proxy",
+                      "PIP_RETRIES": "--retries", "PIP_DEFAULT_TIMEOUT": "--timeout", "PIP_TIMEOUT": "--timeout",
+                      "PIP_TRUSTED_HOST": "--trusted-host"}
 
 
 @dataclass(frozen=True)
@@ -96,15 +106,20 @@ def check_python(pytorch: str, python: str) -> None:
 def _pip_failure(output: str, request: Request, reqs: list[str]) -> ForgeError:
     """pip's resolve failed: what was not found, where, and what would work; pip's own words only where they
     are the explanation."""
-    where = f"{request.index_url or 'PyPI'} (with the indexes and find-links of pip's own configuration)"
+    where = (f"{request.index_url} (alone: pip's configuration set aside)" if request.index_url
+             else "PyPI (with the indexes and find-links of pip's own configuration)")
     target = f"CPython {request.python} on Linux x86-64"
+    unreachable = list(_UNREACHABLE.finditer(output))
+    if unreachable:
+        why = next((g for g in unreachable[-1].groups() if g), "the connection failed").strip()[:300]
+        return _unreachable(request.index_url or "PyPI or an index of pip's configuration", why)
     missing = _NO_MATCH.search(output)
     if missing:
         found = _FROM_VERSIONS.search(output)
         have = f" (versions there: {found.group(1).strip() or 'none'})" if found else ""
         return UsageError(f"{where} has no wheel of {missing.group(1)} for {target}{have}",
                           "give a --pytorch and --py the index has wheels for, or another --wheel-index")
-    errors = [line.strip().removeprefix("ERROR: ") for line in output.splitlines() if line.strip().startswith("ERROR:")]
+    errors = error_lines(output)
     if "ResolutionImpossible" in output:
         return UsageError(f"pip found no set of wheels for {' '.join(reqs)} on {target} from {where}: "
                           f"{'; '.join(e for e in errors if 'ResolutionImpossible' not in e)[:600]}",
@@ -114,16 +129,59 @@ def _pip_failure(output: str, request: Request, reqs: list[str]) -> ForgeError:
                            "check that the index is reachable (pip config list shows pip's own settings)", tail=output)
 
 
+def _unreachable(index: str, why: str) -> PreflightError:
+    return PreflightError(f"the wheel index {index} cannot be reached ({why}); nothing was fetched",
+                          "check the URL, the network or proxy, or name a reachable mirror with --wheel-index "
+                          "(a file:// index is a folder holding one folder per project)")
+
+
+def check_index(request: Request) -> None:
+    """A file:// --wheel-index must be a folder: pip only warns that it ignores one that is not."""
+    local = fileops.path_of_file_url(request.index_url) if request.index_url else None
+    if local is not None and not local.is_dir():
+        raise _unreachable(request.index_url or "", f"{local} is not a folder")
+
+
 def _pip(*args: str) -> tuple[str, ...]:
     import sys
 
     return (sys.executable, "-m", "pip", *args)
 
 
-def _target_args(request: Request) -> list[str]:
-    args = ["--python-version", request.python, "--implementation", "cp", "--only-binary=:all:"]
+def _pip_command(request: Request, *args: str) -> Command:
+    """pip with a named --wheel-index set apart from this machine's pip configuration (`pip_command`)."""
+    return pip_command(*args, isolated=bool(request.index_url))
+
+
+def pip_command(*args: str, isolated: bool) -> Command:
+    """`python -m pip ARGS`; `isolated`: its configuration files (PIP_CONFIG_FILE=/dev/null) and PIP_* variables
+    (--isolated) are set aside, so no extra index, find-links or constraint of this machine's pip takes part and
+    the wheels come from where ARGS say or from nowhere (how to connect is passed on). Else pip's own applies."""
+    if not isolated:
+        return Command(argv=_pip(*args))
+    transport: list[str] = []
+    for variable, option in _TRANSPORT_OPTIONS.items():
+        value = os.environ.get(variable, "")
+        for each in value.split() if option == "--trusted-host" else [value] if value else []:
+            transport += [option, each]
+    return Command(argv=_pip(args[0], "--isolated", *transport, *args[1:]), env={"PIP_CONFIG_FILE": os.devnull})
+
+
+def target_args(python: str) -> list[str]:
+    """pip's options for wheels of CPython `python` on Linux x86-64 (every tag of PLATFORMS), binary only."""
+    args = ["--python-version", python, "--implementation", "cp", "--only-binary=:all:"]
     for platform in PLATFORMS:
         args += ["--platform", platform]
+    return args
+
+
+def error_lines(output: str) -> list[str]:
+    """pip's `ERROR:` lines, without the word."""
+    return [line.strip().removeprefix("ERROR: ") for line in output.splitlines() if line.strip().startswith("ERROR:")]
+
+
+def _target_args(request: Request) -> list[str]:
+    args = target_args(request.python)
     if request.index_url:
         args += ["--index-url", request.index_url]
     return args
@@ -134,8 +192,8 @@ def resolve(request: Request, work: Path, runner: Runner) -> list[Planned]:
     report = work / "report.json"
     reqs = requirements(request)
     # Not streamed: a failure is translated (_pip_failure) rather than shown raw.
-    done = runner.run(Command(argv=_pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-                                        "--target", str(work / "unused"), *_target_args(request), *reqs)),
+    done = runner.run(_pip_command(request, "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
+                                   str(report), "--target", str(work / "unused"), *_target_args(request), *reqs),
                       check=False)
     if runner.dry_run:
         return []
@@ -169,14 +227,15 @@ def download(request: Request, wheel_dir: Path, runner: Runner,
     """Fetch the stack into `wheel_dir` (kept between runs); returns each wheel file (hashes checked) with the
     URL pip took it from."""
     requirements(request)  # a malformed request is refused before anything is created
+    check_index(request)
     fileops.ensure_dir(wheel_dir, "wheel folder")
     with fileops.scratch(wheel_dir, "resolve") as work:
         planned = resolve(request, work, runner)
         lines = [f"{p.url.split('#')[0]} --hash=sha256:{p.sha256}" for p in planned]
         pinned = work / "requirements.txt"
         pinned.write_text("".join(f"{line}\n" for line in lines))
-        runner.run(Command(argv=_pip("download", "--require-hashes", "--no-deps", "--dest", str(wheel_dir),
-                                     "-r", str(pinned), *_target_args(request))),
+        runner.run(_pip_command(request, "download", "--require-hashes", "--no-deps", "--dest", str(wheel_dir),
+                                "-r", str(pinned), *_target_args(request)),
                    on_line=on_line)
     if runner.dry_run:
         return {}

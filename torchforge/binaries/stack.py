@@ -156,10 +156,15 @@ def repack_planned(stack: StackPlan, channel: Path, runner: Runner, *, zstd_leve
     step = on_step or (lambda _p, _s: None)
     level = check_zstd_level(zstd_level)
     step(f"{len(stack.packages)} wheel(s)", "checking the archives")
+    stop = threading.Event()  # set on Ctrl-C: the readers and hashers end within a MiB, not after every wheel
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib releases the GIL
-        digests = [pool.submit(sha256_of, p.wheel.path) for p in stack.packages]  # while the CRCs are read
-        check_crcs([p.wheel.path for p in stack.packages])
-        shas = {p.filename: d.result() for p, d in zip(stack.packages, digests)}
+        try:
+            digests = [pool.submit(sha256_of, p.wheel.path, stop) for p in stack.packages]  # while the CRCs are read
+            check_crcs([p.wheel.path for p in stack.packages], stop=stop)
+            shas = {p.filename: d.result() for p, d in zip(stack.packages, digests)}
+        except BaseException:
+            stop.set()
+            raise
     with localchannel.locked(channel):
         pass  # taking the lock recovers the channel: a killed repack's scratch folders go, orphans get indexed
     with _one_repack_per_package(channel, stack.packages, step):

@@ -51,8 +51,12 @@ def _python(tag: str) -> str | None:
     return f"{match[1]}.{match[2]}" if match else None
 
 
-def read(path: Path) -> StackWheel:
-    """Read `path`; a wheel of a project torchforge does not repack is refused (exit 2)."""
+def read(path: Path, *, any_project: bool = False) -> StackWheel:
+    """Read `path`; a wheel of a project torchforge does not repack is refused (exit 2), unless `any_project`
+    (a requirement brought along: torchforge.closure)."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder, not a wheel file",
+                         f"pass the wheel files in it ({path}/*.whl), or let repack fetch them with --pytorch")
     if not path.is_file():
         raise UsageError(f"{path} does not exist", "pass wheel files, or let repack fetch them with --pytorch")
     name = WheelName.parse(path.name)
@@ -67,7 +71,7 @@ def read(path: Path) -> StackWheel:
             project = canonicalize_name(headers.get("Name", ""))
             known = catalog().project(project)
             # cuda-toolkit: a metadata-only wheel whose extras pin torch 2.11+'s CUDA 13 components.
-            if known is None and catalog().component(project) is None and project != "cuda-toolkit":
+            if known is None and catalog().component(project) is None and project != "cuda-toolkit" and not any_project:
                 raise _foreign(path, headers.get("Name", ""))
             local = None
             if known is not None and known.cuda_variant:

@@ -15,18 +15,19 @@ from torchforge.commands.options import nonempty_path
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
-from torchforge.variant import check_build_number
+from torchforge.sharedflags import check_build_number
 
 if TYPE_CHECKING:
     from torchforge.binaries.plan import CudaLibs
+    from torchforge.binaries.verify import Check
 
 
-def _default_wheel_dir() -> Path:
+def default_wheel_dir() -> Path:
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "torchforge" / "wheels"
 
 
-def _fetch(pytorch: str, cuda: str | None, python: str | None, with_: str, index_url: str | None,
+def fetch_wheels(pytorch: str, cuda: str | None, python: str | None, with_: str, index_url: str | None,
            wheel_dir: Path) -> dict[Path, str]:
     from torchforge.binaries import fetch
 
@@ -34,6 +35,7 @@ def _fetch(pytorch: str, cuda: str | None, python: str | None, with_: str, index
         raise UsageError("--pytorch needs --py X.Y: the Python the stack is for", "e.g. --py 3.12")
     request = fetch.Request(pytorch, python, cuda, fetch.parse_with(with_), index_url)
     fetch.requirements(request)  # checked before anything is said or created
+    fetch.check_index(request)
     note(f"fetching torch {pytorch} for Python {python} into {wheel_dir}")
     fetched = fetch.download(request, wheel_dir, Runner(), on_line=lambda line: err.print(f"  {line}", markup=False))
     for path, url in fetched.items():
@@ -97,8 +99,8 @@ def register(app: typer.Typer) -> None:
 
         mode = _checked_repack_flags(wheels, cuda_libs, pytorch, bool(cuda or python or with_ or index_url),
                                      level, build_number)
-        fetched = {} if wheels else _fetch(pytorch or "", cuda, python, with_, index_url,
-                                            wheel_dir or _default_wheel_dir())
+        fetched = {} if wheels else fetch_wheels(pytorch or "", cuda, python, with_, index_url,
+                                            wheel_dir or default_wheel_dir())
         paths = list(wheels) if wheels else list(fetched)
         if pytorch is not None:
             from torchforge.binaries import fetch
@@ -128,24 +130,59 @@ def register(app: typer.Typer) -> None:
         want: str = typer.Option("auto", "--want", help="cuda, cpu or auto (cuda where an NVIDIA driver is present)."),
         timeout: float = typer.Option(PROBE_TIMEOUT_S, "--timeout", min=1, help="Seconds the probe may take before it is stopped."),
         gpu_arch: str | None = typer.Option(None, "--gpu-arch", help="The GPU's compute capability (e.g. 9.0) every installed package's CUDA code must run on (default: torch's GPU 0, else nvidia-smi's; none checked without a GPU)."),
+        stack: Path | None = typer.Option(None, "--stack", dir_okay=False, help="A stack file: the prefix must hold exactly its lock's package files (missing, extra and different ones are named)."),
+        stack_python: str | None = typer.Option(None, "--py", help="With --stack: the Python of the locked environment (default: the lock's only one)."),
     ) -> None:
         """Check an installed PyTorch environment: loads from the prefix, CUDA agrees and works, no foreign CUDA library."""
         from torchforge.binaries.devicecode import detected_gpu_arch, parse_gpu_arch
-        from torchforge.binaries.verify import checks, probe
+        from torchforge.binaries.verify import checks, cuda_arch_check, probe
 
         if want not in ("cuda", "cpu", "auto"):
             raise UsageError(f"--want {want} is not cuda, cpu or auto", "use --want cuda where a GPU build is required")
         given = parse_gpu_arch(gpu_arch, "--gpu-arch") if gpu_arch is not None else None
         runner = Runner()
+        if stack_python is not None and stack is None:
+            raise UsageError("--py goes with --stack", "give --stack FILE with it")
+        # the lock first: a stack file or lock that is not there is refused before the probe runs
+        lock_rows = _lock_checks(stack, stack_python, prefix) if stack is not None else []
         report = probe(prefix, python, runner, timeout)
-        found = checks(prefix, report, want, given or detected_gpu_arch(report, runner), runner)
-        table = Table(title=f"torchforge verify {prefix}")
-        for column in ("check", "result", "detail"):
-            table.add_column(column, overflow="fold")
-        for check in found:
-            table.add_row(check.name, "ok" if check.ok else "[red]FAILED[/red]", check.detail)
-        out.print(table)
-        failed = [c.name for c in found if not c.ok]
-        if failed:
-            raise AuditFailedError(f"{len(failed)} of {len(found)} checks failed: {'; '.join(failed)}",
-                                   "the table says what was found; docs/repack.md says what each check means")
+        from torchforge.prefix import cuda_arch_seen
+
+        found = [*checks(prefix, report, want, given or detected_gpu_arch(report, runner)),
+                 cuda_arch_check(cuda_arch_seen()), *lock_rows]
+        _print_verdict(prefix, found)
+
+
+def _print_verdict(prefix: Path, found: list[Check]) -> None:
+    """verify's table, then AuditFailedError naming each failed check."""
+    table = Table(title=f"torchforge verify {prefix}")
+    for column in ("check", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for check in found:
+        table.add_row(check.name, "not run" if not check.ran else "ok" if check.ok else "[red]FAILED[/red]",
+                      check.detail, style=None if check.ran else "dim")
+    out.print(table)
+    failed = [f"{c.name} (not so: {_short(c.detail)})" for c in found if not c.ok]
+    if failed:
+        raise AuditFailedError(f"{len(failed)} of {len(found)} checks failed: {'; '.join(failed)}",
+                               "the table says what was found; docs/repack.md says what each check means")
+
+
+def _short(detail: str, width: int = 100) -> str:
+    """A failed row's detail on one line, cut (the table above has it whole)."""
+    line = " ".join(detail.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _lock_checks(stack: Path, python: str | None, prefix: Path) -> list[Check]:
+    """verify --stack: one row for the lock, naming every package of the prefix that is missing, extra or another
+    file than the locked one."""
+    from torchforge.binaries.verify import Check
+    from torchforge.stackfile import load, lock
+    from torchforge.stackfile.lockcheck import differences
+
+    read = load.read(stack)
+    env = lock.read(read.lock_path).environment(python, read.lock_path)
+    found = differences(env, prefix)
+    detail = "; ".join(map(str, found)) if found else f"exactly the {len(env.packages)} locked package files"
+    return [Check(f"stack lock {read.lock_path.name}", not found, detail)]

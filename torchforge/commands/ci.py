@@ -9,18 +9,21 @@ import typer
 
 from torchforge import config as site_config
 from torchforge import fileops, selfwheel
-from torchforge.ci import CiPlan, Provider, check_writable, load_data, render, repository_path, site_args, write_file
+from torchforge.ci import CiPlan, CiRemoteCache, Provider, check_writable, load_data, render, repository_path, site_args, write_file
+from torchforge.extensions.sdist import names_a_path
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FlavourOpt, JetsonOpt, MagmaSourceOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
     PlatformOpt,
     PythonOpt, PytorchOpt, SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
+from torchforge.commands.stack import StackOpt, refuse_flags
 from torchforge.ci_recipes import JobSettings
 from torchforge.console import err, note, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
 from torchforge.proc import Runner
+from torchforge.remotecache import remote_cache
 from torchforge.flavours import Request
 from torchforge.targets import resolve
 
@@ -106,9 +109,21 @@ def _write(provider: Provider, ci: CiPlan, out_dir: Path, *, requirement: str | 
               + (f" and an upload to {ci.upload.target}" if ci.upload else "") + f" into {path}")
 
 
+def ci_remote_cache(url: str | None, *, releases: bool) -> CiRemoteCache | None:
+    """`ci --cache-url`: checked as `build --cache-url` is (no password in it), with the secrets it names."""
+    if url is None:
+        if not releases:
+            raise UsageError("--no-remote-cache-for-releases needs --cache-url", "give the cache server's URL, or leave both out")
+        return None
+    checked = remote_cache(url)
+    assert checked is not None
+    return CiRemoteCache(url, checked.references, releases)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("ci")
     def ci(
+        ctx: typer.Context,
         provider: Annotated[Provider, typer.Argument(help="Which CI system's file to write.")], out_dir: OutOpt,
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
@@ -117,14 +132,32 @@ def register(app: typer.Typer) -> None:
         test_script: TestScriptOpt = None, upload_to: UploadToOpt = None, requirement: RequirementOpt = None,
         wheel: WheelOpt = None, skip_preflight: SkipPreflightOpt = False, force: ForceOpt = False,
         channel: ChannelOpt = None, config: ConfigOpt = None, flavour: FlavourOpt = None, with_: WithOpt = None,
-        extension: ExtensionOpt = None,
+        extension: ExtensionOpt = None, for_: ForOpt = None, stack: StackOpt = None,
+        cache_url: Annotated[str | None, typer.Option("--cache-url", help="A compile cache server every build job uses beside its CI cache (credentials as ${VAR}: CI secrets); read-only on untrusted pipelines.")] = None,
+        no_remote_cache_for_releases: Annotated[bool, typer.Option("--no-remote-cache-for-releases", help="Tag pipelines (releases) build without the --cache-url server.")] = False,
     ) -> None:
-        """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package."""
+        """Write a GitHub Actions workflow or GitLab CI pipeline that builds the selection, one job per package
+        (with --stack: the stack file's whole stack; a repacked torch's stack is one `build --stack` job)."""
+        if stack is not None:
+            refuse_flags(ctx, stack)
+            _check_inputs(requirement, wheel, out_dir, None, (("--test-script", test_script, True),
+                          ("--config", None if config is None else str(config), True)))
+            settings = JobSettings(provider, (), (), runner, runner_map, gpu_runner, None, requirement,
+                                   site_config.load(config and out_dir / config), test_script)
+            _write(provider, _stack_ci(stack, out_dir, settings, upload_to, config,
+                                       (("--gpu-runner", gpu_runner), ("--test-script", test_script),
+                                        ("--runner", runner), ("--runner-map", runner_map),
+                                        ("--upload-to", upload_to), ("--requirement", requirement))),
+                   out_dir, requirement=requirement, wheel=wheel, force=force)
+            return
         _check_inputs(requirement, wheel, out_dir, channel, (("--test-script", test_script, True), ("--source", source, False),
-                      ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True)))
-        chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
+                      ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True),
+                      # a local sdist or source folder is read by the jobs from their checkout, as --source is
+                      *(("--extension", spec, False) for spec in extension or () if names_a_path(spec))))
+        chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source,
-                          with_packages=with_names(with_), extensions=tuple(extension or ()), flavour_flags=(
+                          with_packages=with_names(with_), extensions=tuple(extension or ()), for_pytorch=for_,
+                          for_channels=tuple(channel or ()), flavour_flags=(
                               ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())),
                               ("--magma-source", magma_source)))
         _check_env(provider, env)
@@ -138,13 +171,57 @@ def register(app: typer.Typer) -> None:
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
             ("--with", ",".join(request.with_packages), bool(request.with_packages)),
-            *(("--extension", spec, True) for spec in request.extensions)])
+            *(("--extension", spec, True) for spec in request.extensions),
+            ("--cache-url", cache_url, cache_url is not None),
+            ("--no-remote-cache-for-releases", None, no_remote_cache_for_releases)])
         given_after = (*(("--env", pair) for pair in env or []), *(("--channel", url) for url in channel or []),
                        *((("--config", str(config)),) if config is not None else ()), ("--out", "."))
         site_flags = site_args(channel or (), str(config) if config else None) + \
             (("--skip-preflight",) if skip_preflight else ())
         ci = sequence.ci(chosen.value, request, JobSettings(
             provider, (), site_flags, runner, runner_map, gpu_runner, target, requirement,
-            site_config.load(config and out_dir / config), test_script, given, given_after),
+            site_config.load(config and out_dir / config), test_script, given, given_after,
+            ci_remote_cache(cache_url, releases=not no_remote_cache_for_releases)),
             flavour_given=flavour is not None)
         _write(provider, ci, out_dir, requirement=requirement, wheel=wheel, force=force)
+
+
+def _stack_ci(path: Path, out_dir: Path, settings: JobSettings, upload_to: str | None, config: Path | None,
+              optional: tuple[tuple[str, str | None], ...]) -> CiPlan:
+    """ci --stack: the jobs of the stack's plan. A flavour's plan has its jobs as the flags make them (with the
+    file's channels); a repacked or channel pytorch's stack is built by one `torchforge build --stack FILE` job,
+    tested per package and Python (CUDA ones on the GPU runners), the upload after every test."""
+    import dataclasses
+
+    from torchforge.ci_recipes import ci_plan, regenerate_line
+    from torchforge.commands import stack as stack_command
+
+    inputs = stack_command.read(path)
+    stack = inputs.stack
+    in_repository = repository_path(_relative(stack.path, out_dir), "--stack", out_dir, file=True)
+    for wheel in stack.wheels:  # the build job repacks them from its checkout
+        repository_path(_relative(wheel, out_dir), f"{stack.path}: [pytorch] wheels", out_dir, file=True)
+    upload = upload_to or stack.model.channels.upload
+    config_flags = (("--config", str(config)),) if config is not None else ()
+    settings = dataclasses.replace(
+        settings, upload_to=resolve(upload) if upload is not None else None,
+        given=(("--stack", in_repository), *((flag, value) for flag, value in optional if value is not None)),
+        given_after=(*config_flags, ("--out", ".")))
+    if inputs.flavour is not None:
+        settings = dataclasses.replace(settings, site_flags=site_args(stack.channels, config and str(config)))
+        ci = sequence.ci(inputs.flavour.value, inputs.request, settings,
+                         flavour_given=inputs.stack.model.pytorch.flavour is not None)
+    else:
+        settings = dataclasses.replace(settings, site_flags=site_args((), config and str(config)))
+        ci = ci_plan(stack_command.channel_plan(inputs, "conda-build", ("--stack", in_repository))[0], settings)
+    # the file written again by `ci --stack`, not by the flags the plan resolved
+    return dataclasses.replace(ci, regenerate=regenerate_line(settings.provider, (*settings.given,
+                                                                                  *settings.given_after)))
+
+
+def _relative(path: Path, root: Path) -> str:
+    """The stack file's path in the repository `root` (it must be committed there, for every job to read it)."""
+    try:
+        return path.absolute().relative_to(root.absolute()).as_posix()
+    except ValueError:
+        return str(path)  # repository_path says why that cannot work

@@ -16,7 +16,8 @@ from torchforge.flavours import Flavour, Request, choose, official_selection
 from torchforge.fileops import path_of_file_url
 from torchforge.patchfile import check_patches
 from torchforge.safeextract import check_archive, is_archive
-from torchforge.variant import Selection, check_shared_flags
+from torchforge.sharedflags import check_shared_flags
+from torchforge.variant import Selection
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
 _DEFAULTS = tables.load().pytorch.defaults  # shown in --help: the data says what an omitted flag means
@@ -60,6 +61,21 @@ FeedstockPatchesOpt = Annotated[bool, typer.Option(
 WithOpt = Annotated[str | None, typer.Option(
     "--with", help="Also build these for each pytorch package, pinned to it and after it: "
                    "torchvision,torchaudio (comma-separated; the official flavour: PyTorch 2.1-2.5).")]
+
+
+ForOpt = Annotated[str | None, typer.Option(
+    "--for", metavar="SPEC",
+    help="Build --with and --extension for this pytorch package a channel already has (a conda match spec, e.g. "
+         "'pytorch ==2.13.0 whl_*'), found in --channel or --out; no pytorch is built (docs/have-pytorch.md).")]
+
+WheelsOpt = Annotated[list[Path] | None, typer.Option(
+    "--wheels", metavar="DIR",
+    help="With --for: a folder of wheels (repeatable) that the requirements no channel provides are repacked from "
+         "into --out before anything builds, alone (pip --find-links, no index); without it, pip's own index "
+         "(docs/extensions.md).")]
+
+ForChannelOpt = Annotated[list[str] | None, typer.Option(
+    "--channel", "-c", help="A local channel --for looks in (repeatable).")]
 
 
 def _checked_specs(specs: list[str] | None) -> list[str] | None:
@@ -119,10 +135,13 @@ def nonempty_path(value: str | Path) -> Path:
 
 def chosen_flavour(flavour: Flavour | None, pytorch: str | None, cuda: str | None, python: str | None,
                    platform: str | None, arch_list: str | None = None, build_number: int = 0,
-                   official_because: str = "") -> Flavour:
+                   official_because: str = "", for_spec: str | None = None) -> Flavour:
     """The flavour of a command line, named (with why) only once the flags both flavours share are valid: no
     line states facts about a release that is then refused."""
     check_shared_flags(pytorch, cuda, python, platform, arch_list, build_number)
+    if for_spec is not None and flavour is None and not official_because:
+        official_because = ("--for builds for a pytorch a channel has; --flavour conda-forge for conda-forge's "
+                            "torchvision and torchaudio recipes")
     chosen, why = choose(flavour, pytorch, official_because)
     note(why)
     return chosen

@@ -10,13 +10,16 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path, with_names,
+    ArchListOpt, BuildNumberOpt, ForChannelOpt, ForOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge import sequence
+from torchforge.buildoptions import Rendered
+from torchforge.commands.stack import StackOpt, channel_plan, plan_view, refuse_flags
+from torchforge.commands.stack import read as read_stack
 from torchforge.console import err, out, warn
-from torchforge.flavours import MatrixView, Request
-from torchforge.render import RecipeFormat
+from torchforge.flavours import Flavour, MatrixView, Request
+from torchforge.templates import RecipeFormat
 
 
 def print_matrix(view: MatrixView, as_json: bool) -> None:
@@ -35,16 +38,28 @@ def print_matrix(view: MatrixView, as_json: bool) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("matrix")
     def matrix(
+        ctx: typer.Context,
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, build_number: BuildNumberOpt = 0, debug: DebugOpt = False,
         jetson: JetsonOpt = None, env: EnvOpt = None, gcc: GccOpt = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
-        flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None,
+        channel: ForChannelOpt = None, stack: StackOpt = None, wheels: WheelsOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
-        flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
+        if stack is not None:
+            refuse_flags(ctx, stack)
+            inputs = read_stack(stack)
+            view = (sequence.matrix(inputs.flavour.value, inputs.request) if inputs.flavour is not None
+                    else plan_view(channel_plan(inputs, "rattler-build")[0]))
+            print_matrix(view, as_json)
+            if view.refused:
+                raise typer.Exit(code=4)
+            return
+        flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, with_packages=with_names(with_),
-                          extensions=tuple(extension or ()), flavour_flags=(
+                          extensions=tuple(extension or ()), for_pytorch=for_, for_channels=tuple(channel or ()),
+                          wheel_folders=tuple(str(w) for w in wheels or ()), flavour_flags=(
             ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc)))
         view = sequence.matrix(flavour, request)
         print_matrix(view, as_json)
@@ -53,6 +68,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("render")
     def render(
+        ctx: typer.Context,
         out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Folder that receives one recipe folder per package.")] = Path("recipes"),
         fmt: Annotated[RecipeFormat, typer.Option("--format", help="Recipe format.")] = RecipeFormat.CONDA_BUILD,
         force: Annotated[bool, typer.Option("--force", help="Replace recipe folders that already exist.")] = False,
@@ -63,18 +79,39 @@ def register(app: typer.Typer) -> None:
         companions: Annotated[bool, typer.Option(
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
         flavour: FlavourOpt = None, with_: WithOpt = None,
-        feedstock_patches: FeedstockPatchesOpt = False,
+        feedstock_patches: FeedstockPatchesOpt = False, for_: ForOpt = None, channel: ForChannelOpt = None,
+        stack: StackOpt = None,
     ) -> None:
-        """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants."""
-        flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number)
-        request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                          feedstock_patches, with_packages=with_names(with_), flavour_flags=(
-                              ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
-                              ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
-                              ("--companions", companions)))
-        rendered = sequence.render(flavour, request, fmt.value, out_dir, force=force)
+        """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants (with --stack:
+        the recipes of the stack file's plan)."""
+        if stack is not None:
+            refuse_flags(ctx, stack)
+            inputs = read_stack(stack)
+            rendered = (sequence.render(inputs.flavour.value, inputs.request, fmt.value, out_dir, force=force)
+                        if inputs.flavour is not None else
+                        sequence.render_plan(channel_plan(inputs, fmt.value)[0], out_dir, force=force))
+        else:
+            rendered = _render_flags(out_dir, fmt, force, pytorch, cuda, python, platform, arch_list, build_number,
+                                     debug, jetson, env, gcc, source, magma_source, patch, magma_patch, companions,
+                                     flavour, with_, feedstock_patches, for_, channel)
         for message in rendered.warnings:
             warn(message)
         for path in rendered.written:
             out.print(str(path))
         err.print(rendered.summary)
+
+
+def _render_flags(out_dir: Path, fmt: RecipeFormat, force: bool, pytorch: str | None, cuda: str | None,
+                  python: str | None, platform: str | None, arch_list: str | None, build_number: int, debug: bool,
+                  jetson: str | None, env: list[str] | None, gcc: str | None, source: str | None,
+                  magma_source: str | None, patch: list[Path] | None, magma_patch: list[Path] | None,
+                  companions: bool, flavour: Flavour | None, with_: str | None, feedstock_patches: bool,
+                  for_: str | None, channel: list[str] | None) -> Rendered:
+    chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
+    request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
+                      feedstock_patches, with_packages=with_names(with_), for_pytorch=for_,
+                      for_channels=tuple(channel or ()), flavour_flags=(
+                          ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
+                          ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
+                          ("--companions", companions)))
+    return sequence.render(chosen, request, fmt.value, out_dir, force=force)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from torchforge.proc import Command
-from torchforge.render import RecipeFormat
+from torchforge.templates import RecipeFormat
 
 
 @dataclass(frozen=True)

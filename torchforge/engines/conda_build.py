@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torchforge.engines import BuildJob, which
 from torchforge.errors import ForgeError
 from torchforge.proc import Command, Runner
-from torchforge.render import RecipeFormat
+from torchforge.templates import RecipeFormat
 
 _VERSION = re.compile(r"conda-build\s+(\S+)")
 PROBE_ARGV = ("conda", "build", "--version")

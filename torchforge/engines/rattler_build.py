@@ -10,7 +10,7 @@ import sys
 
 from torchforge.engines import BuildJob
 from torchforge.proc import Command
-from torchforge.render import RecipeFormat
+from torchforge.templates import RecipeFormat
 
 
 class RattlerBuildEngine:

@@ -26,11 +26,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from rattler_build import RattlerBuildError, Stage0Recipe, ToolConfiguration, VariantConfig
 
+    from torchforge.engines.unsolvable import explain
+
+    lines: list[str] = []
+
     class PrintLog:
         """Stream the engine's log (build script output included) as it happens, so a failure keeps it."""
 
         def on_log(self, event: object) -> None:
-            print(getattr(event, "message", event), flush=True)
+            message = str(getattr(event, "message", event))
+            lines.extend(message.splitlines())
+            print(message, flush=True)
 
         def on_build_step(self, event: object) -> None:
             print(f"[{getattr(event, 'step_name', '')}] {getattr(event, 'message', '')}", flush=True)
@@ -49,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             progress_callback=PrintLog(),  # type: ignore[arg-type]
         )
     except RattlerBuildError as exc:
-        print(f"rattler-build failed: {exc}", flush=True)
+        why = explain(lines) if "Failed to resolve dependencies" in str(exc) else ""
+        print(f"rattler-build failed: {exc}" + (f": {why}" if why else ""), flush=True)
         return 1
     for result in results:
         for package in result.packages:

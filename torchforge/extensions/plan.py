@@ -21,22 +21,24 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from torchforge.errors import UsageError
-from torchforge.extensions.metadata import metadata_env, read_metadata, sdist_identity
+from torchforge.extensions.names import check_name, check_one_source_each
+from torchforge.extensions.metadata import read_metadata, sdist_identity, static_metadata
 from torchforge.extensions.recipe import (KIND, PYTORCH, ExtensionInputs, PytorchBuild, extension_recipe,
-                                          planned_recipe, pytorch_in_channel, settings_of, stem_of)
+                                          planned_recipe, settings_of, stem_of)
 from torchforge.extensions.sdist import SPEC_HINT, SdistSpec, fetch, parse_spec
 from torchforge.fileops import atomic_write, sha256_file
+from torchforge.havepytorch import in_channel
 from torchforge.flavours.base import MachineNeeds, MatrixView, Plan, PlannedRecipe, Request
 from torchforge.proc import Command, Runner
 
 # What a setup.py imports while pip reads its metadata, besides torch (the packages' build-system requirements).
 METADATA_TOOLS = ("setuptools", "wheel", "packaging", "ninja")
 READY = ".torchforge-ready"
-RESOLVED_LATER = "sdist and requirements resolved when it is built (pip, with torch {version} importable)"
+RESOLVED_LATER = ("sdist and requirements resolved when it is built (as the sdist states them, else by pip with "
+                  "torch {version} importable, isolated)")
 
 
 def cache_root() -> Path:
@@ -72,7 +74,7 @@ class PlannedSource:
 
 def _normalised(spec: SdistSpec, name: str, version: str) -> tuple[str, str]:
     try:
-        return canonicalize_name(name), str(Version(version))
+        return check_name(spec.text, name), str(Version(version))
     except InvalidVersion as exc:
         raise UsageError(f"--extension {spec.text!r}: {version!r} is not a version (PEP 440)", SPEC_HINT) from exc
 
@@ -84,7 +86,7 @@ def planned_source(spec: SdistSpec, runner: Runner) -> PlannedSource:
         name, _, version = spec.location.partition("==")
         return PlannedSource(spec, *_normalised(spec, name, version), spec.location)
     with tempfile.TemporaryDirectory(prefix="torchforge-extension-") as tmp:
-        archive = fetch(spec, Path(tmp), sys.executable, runner, {})  # no pip: only an index SPEC runs it
+        archive = fetch(spec, Path(tmp), sys.executable, runner)  # nothing downloaded or run: not an index SPEC
         return PlannedSource(spec, *_normalised(spec, *sdist_identity(archive)), f"sha256:{sha256_file(archive)}")
 
 
@@ -112,15 +114,16 @@ class DeferredRecipe(Mapping[str, "str | bytes"]):
 @cache
 def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
     source, runner, root = recipe.source, Runner(), cache_root()
-    index = source.spec.kind == "index"  # only pip's download needs torch importable (setup.py imports it)
+    index = source.spec.kind == "index"
     # one folder per SPEC and planned source: a git tag that moved since gets a fresh clone, not the old one
     work = root / "sources" / hashlib.sha256(f"{source.spec.text}\n{source.sdist}".encode()).hexdigest()[:16]
-    archive = fetch(source.spec, work, metadata_python(root, recipe.pytorch.version, runner) if index else
-                    sys.executable, runner, metadata_env())
+    archive = fetch(source.spec, work, sys.executable, runner)
     if not index and f"sha256:{sha256_file(archive)}" != source.sdist:
         raise UsageError(f"--extension {source.spec.text!r}: the source changed after it was planned",
                          "run the command again")
-    meta = read_metadata(archive, metadata_python(root, recipe.pytorch.version, runner), runner, work)
+    # the torch venv only where pip must run the setup.py (it imports torch); not for a sdist that states it
+    meta = static_metadata(archive) or read_metadata(archive, metadata_python(root, recipe.pytorch.version, runner),
+                                                     runner, work)
     if _normalised(source.spec, meta.name, meta.version) != (source.name, source.version):
         raise UsageError(f"--extension {source.spec.text!r}: the sdist says it is {meta.name} {meta.version}",
                          f"give {meta.name}=={meta.version}")
@@ -129,31 +132,30 @@ def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
     return dict(extension_recipe(inputs, recipe.recipe_format).files)
 
 
-def planned_pytorch(the_plan: Plan) -> list[tuple[PlannedRecipe, PytorchBuild]]:
-    """Every pytorch package of a plan (any flavour: a recipe's single output, or one output per Python), with
-    the recipe that makes it."""
-    found = []
-    for recipe in the_plan.recipes:
-        pythons = dict(recipe.pythons)
-        for stem in recipe.stems:
-            name, version, build = stem.rsplit("-", 2)
-            python = pythons.get(stem) or recipe.python
-            if name == PYTORCH and python:
-                found.append((recipe, PytorchBuild(version, build, recipe.subdir, python,
-                                                   None if recipe.accel == "cpu" else recipe.accel)))
-    return found
-
-
-def _targets(the_plan: Plan, channel: Path | None) -> list[tuple[PlannedRecipe | None, PytorchBuild]]:
-    """The pytorch packages extensions are built for: the plan's, else the output channel's one."""
-    planned: list[tuple[PlannedRecipe | None, PytorchBuild]] = [*planned_pytorch(the_plan)]
+def _targets(the_plan: Plan, channel: Path | None,
+             request_arch_list: str | None) -> tuple[tuple[PlannedRecipe | None, PytorchBuild], ...]:
+    """The pytorch packages extensions are built for: the plan's (its recipes' and the one given with --for); where
+    it has none (--magma-only), the output channel's one."""
+    planned = the_plan.pytorch_builds()
     if planned:
         return planned
     if channel is None:
         raise UsageError("--extension: the request plans no pytorch package to build an extension for",
-                         "ask for a pytorch build (--pytorch, --cuda, --py) with it")
+                         "ask for a pytorch build (--pytorch, --cuda, --py) with it, or name one with --for SPEC")
     subdir = the_plan.recipes[0].subdir if the_plan.recipes else "linux-64"
-    return [(None, pytorch_in_channel(channel, subdir))]
+    return ((None, in_channel(channel, subdir, request_arch_list)),)
+
+
+def arch_list_for(pytorch: PytorchBuild, request: Request) -> str:
+    """The arch list an extension is built for: its pytorch's, resolved on the plan, unless --arch-list overrides
+    it; never empty for CUDA (the arch check of its libraries always runs)."""
+    if not pytorch.cuda:
+        return ""
+    chosen = request.arch_list or pytorch.arch_list or ""
+    if not chosen:
+        raise UsageError(f"--extension: pytorch {pytorch.version} {pytorch.build} has no arch list on the plan",
+                         "give --arch-list, e.g. '8.0;9.0'")
+    return chosen
 
 
 def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channel: Path | None = None) -> Plan:
@@ -162,10 +164,13 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
     if not request.extensions:
         return the_plan
     sources = [(text, planned_source(parse_spec(text), Runner())) for text in request.extensions]
+    check_one_source_each((text, source.name, source.version) for text, source in sources)
     extensions = []
-    for maker, pytorch in _targets(the_plan, channel):
-        arch_list = ((maker.arch_list if maker else None) or request.arch_list or "") if pytorch.cuda else ""
-        channels = maker.channels if maker else (channel.resolve().as_uri(),) if channel else ()
+    for maker, pytorch in _targets(the_plan, channel, request.arch_list):
+        arch_list = arch_list_for(pytorch, request)
+        # a pytorch given with --for: the output channel and --channel, where it is, come first through the pipeline
+        channels = maker.channels if maker else () if the_plan.given_pytorch else \
+            (channel.resolve().as_uri(),) if channel else ()
         for text, source in sources:
             stem = stem_of(source.name, source.version, pytorch, arch_list)
             files = DeferredRecipe(source, pytorch, arch_list, channels, recipe_format)
@@ -173,12 +178,13 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
                 planned_recipe(stem, settings_of(source.name, source.version, source.sdist, pytorch, arch_list),
                                pytorch, arch_list, channels, files, (maker.id,) if maker else ()),
                 note=f"for pytorch {pytorch.version} {pytorch.build}"
-                     + (f", after recipe {maker.id}; " if maker else " of the channel; ")
+                     + (f", after recipe {maker.id}; " if maker else f" ({pytorch.stem}, of the channel); ")
                      + RESOLVED_LATER.format(version=pytorch.version),
                 # a CI job builds it with the command of its pytorch's job and this --extension (which reuses
                 # that job's packages), and tests it per Python
                 pythons=((stem, pytorch.python),),
-                build_flags=(*maker.build_flags, "--extension", text) if maker and maker.build_flags else ()))
+                build_flags=(*maker.build_flags, "--extension", text) if maker and maker.build_flags else
+                (*pytorch.for_flags, "--extension", text) if the_plan.given_pytorch == pytorch else ()))
     return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
                                needs=_machine_needs(the_plan.needs, extensions))
 
@@ -205,14 +211,18 @@ def matrix_rows(the_plan: Plan) -> list[dict[str, object]]:
     return rows
 
 
-def matrix_cells(rows: list[dict[str, object]], width: int) -> tuple[tuple[str, ...], ...]:
-    """The table cells of those rows for a flavour's table of `width` (at least 4) columns."""
-    return tuple((str(row["id"]), f"{KIND} {row['package']}", str(row["build_string"]), *([""] * (width - 4)),
-                  f"for pytorch {row['pytorch']}; after {', '.join(map(str, row['needs'])) or 'the channel'}")
-                 for row in rows)
+def matrix_cells(rows: list[dict[str, object]], columns: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The table cells of those rows under a flavour's `columns` (the first two: the recipe and what it makes), each
+    value under the column of its name (conda-forge's "build number" and "pythons", the official "build string")."""
+    def cells(row: dict[str, object]) -> tuple[str, ...]:
+        build = str(row["build_string"])
+        named = {"build string": build, "build number": build.rsplit("_", 1)[-1], "pythons": str(row["python"]),
+                 "notes": f"for pytorch {row['pytorch']}; after {', '.join(map(str, row['needs'])) or 'the channel'}"}
+        return (str(row["id"]), f"{KIND} {row['package']}", *(named.get(column, "") for column in columns[2:]))
+    return tuple(cells(row) for row in rows)
 
 
 def with_extension_rows(view: MatrixView, the_plan: Plan) -> MatrixView:
     """`matrix` of a request with --extension: the flavour's rows, then one per extension recipe of its plan."""
     rows = matrix_rows(the_plan)
-    return dataclasses.replace(view, rows=(*view.rows, *rows), cells=(*view.cells, *matrix_cells(rows, len(view.columns))))
+    return dataclasses.replace(view, rows=(*view.rows, *rows), cells=(*view.cells, *matrix_cells(rows, view.columns)))

@@ -5,9 +5,11 @@ package, exactly); run: the same pytorch build and the sdist's run requirements.
 package was built for: `pt<release>_<cpu|cuXYZ>_<digest>_py<XY>_<number>`, the digest over that pytorch's build
 string and the arch list, so two pytorch builds (or two arch lists) never share an extension package.
 The build compiles with the build machine's compilers and, for CUDA, the toolkit at $CUDA_HOME (the one the
-pytorch builds use), which must be the pytorch's CUDA release. It never reaches the network: the package's own
-switches (data/extensions.toml) turn off downloads of prebuilt binaries, pip runs with --no-index, and every
-proxy variable names an address that does not exist, so a download attempt fails and names it.
+pytorch builds use), which must be the pytorch's CUDA release. It never reaches the network: its pip (and so the
+setup.py) runs in a network namespace with no interface up and a filesystem read-only but for the build's own
+folders (torchforge/isolation.py); the package's own switches (data/extensions.toml) turn off downloads of
+prebuilt binaries, pip runs with --no-index, and every proxy variable names an address that does not exist, so a
+download attempt fails at once and names it.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchforge.binaries.catalog import catalog
-from torchforge.compilecache import ARCH_LIST_VARIABLE, BUILD_VARIABLES, KEEP_GENCODE_VARIABLE, recipe_group_key
+from torchforge.compilecache import ARCH_LIST_VARIABLE, BUILD_VARIABLES, KEEP_GENCODE_VARIABLE, group_key, settings_material
 from torchforge.errors import UsageError
 from torchforge.extensions.metadata import SdistMetadata, switches, to_conda
 from torchforge.fileops import sha256_file
-from torchforge.flavours.base import PlannedRecipe
+from torchforge.flavours.base import PlannedRecipe, PytorchBuild
+from torchforge.isolation import UNSHARE, child_script, required
 
 PYTORCH = "pytorch"
 KIND = "extension"  # PlannedRecipe.kind of an extension's recipe
@@ -35,58 +37,7 @@ NO_NETWORK_PROXY = "http://no-network-at-build-time.invalid:9"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY")
 FORMATS = {"conda-build": "meta.yaml", "rattler-build": "recipe.yaml"}
 NINJA = "ninja"
-
-
-@dataclass(frozen=True)
-class PytorchBuild:
-    """The exact pytorch package an extension is built for, as its channel's index records it."""
-
-    version: str
-    build: str
-    subdir: str
-    python: str  # X.Y
-    cuda: str | None  # X.Y, None for a CPU build
-    # pytorch's own requirement on the package that holds libcudart (nvidia-cuda-runtime for a repacked wheel,
-    # cuda-cudart on conda-forge): a CUDA extension links libcudart too (cpp_extension adds it), so it requires
-    # that package itself rather than reach it through pytorch (the RPATH audit accepts only declared ones).
-    cuda_runtime: str | None = None
-
-    @property
-    def accel(self) -> str:
-        return f"cu{self.cuda.replace('.', '')}" if self.cuda else "cpu"
-
-
-_PYTHON_PIN = re.compile(r"^python\s+>=?\s*(\d+\.\d+)")
-_CUDA_IN_BUILD = re.compile(r"(?:cuda|cu)(\d+)\.?(\d)")
-
-
-def pytorch_in_channel(channel: Path, subdir: str, version: str | None = None) -> PytorchBuild:
-    """The channel's one pytorch package of `subdir` (of `version` when given); several is a choice to make."""
-    index = channel / subdir / "repodata.json"
-    data = json.loads(index.read_text()) if index.is_file() else {}
-    records = [*data.get("packages", {}).values(), *data.get("packages.conda", {}).values()]
-    found = [r for r in records if r.get("name") == PYTORCH and (version is None or r.get("version") == version)]
-    if len(found) != 1:
-        listed = ", ".join(sorted(f"{r['version']} {r['build']}" for r in found)) or "none"
-        raise UsageError(f"{channel}/{subdir}: {len(found)} pytorch packages{f' of {version}' if version else ''} "
-                         f"({listed}); an extension is built for exactly one",
-                         "build or repack that pytorch into the channel first, or name its version")
-    record = found[0]
-    python = next((m.group(1) for spec in record.get("depends", []) if (m := _PYTHON_PIN.match(spec))), None)
-    if python is None:
-        raise UsageError(f"pytorch {record['version']} {record['build']}: no python pin in its requirements",
-                         "rebuild it with torchforge")
-    cuda = _CUDA_IN_BUILD.search(str(record["build"]).replace("cpu", ""))
-    return PytorchBuild(str(record["version"]), str(record["build"]), subdir, python,
-                        f"{cuda.group(1)}.{cuda.group(2)}" if cuda else None,
-                        _cuda_runtime(record.get("depends", [])) if cuda else None)
-
-
-def _cuda_runtime(depends: list[str]) -> str | None:
-    """The one of pytorch's requirements whose package holds libcudart, by its component name or conda-forge's."""
-    holders = {name for key, c in catalog().components.items() if any(lib.startswith("libcudart") for lib in c.libraries)
-               for name in (key, c.conda_forge)}
-    return next((spec for spec in depends if spec.split()[0] in holders), None)
+ISOLATION_SCRIPT = "isolation_child.py"  # the recipe's copy of torchforge/isolation_child.py
 
 
 def build_string(pytorch: PytorchBuild, arch_list: str, number: int) -> str:
@@ -150,7 +101,19 @@ class ExtensionInputs:
                 **dict.fromkeys(PROXY_VARIABLES, NO_NETWORK_PROXY), "PIP_NO_INDEX": "1"}
 
 
-def build_script(inputs: ExtensionInputs) -> str:
+# The build's pip (which runs the sdist's setup.py) in the namespaces of torchforge/isolation.py, by the copy of
+# isolation_child.py the recipe carries; writable: the work and install folders, and the compile cache's (its
+# config's folder, where the stats log is, and its cache_dir).
+ISOLATED_PIP = ('writable=("$SRC_DIR" "$PREFIX")\n'
+                'if [ -n "${CCACHE_CONFIGPATH:-}" ]; then\n'
+                '  writable+=("$(dirname "$CCACHE_CONFIGPATH")" "$(sed -n "s/^cache_dir = //p" "$CCACHE_CONFIGPATH")")\n'
+                'fi\n'
+                f'{shlex.join(UNSHARE)} -- "$PYTHON" "$RECIPE_DIR/{ISOLATION_SCRIPT}" "${{writable[@]}}" -- \\\n  ')
+PIP_INSTALL = '"$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -vv\n'
+
+
+def build_script(inputs: ExtensionInputs, isolate: bool = True) -> str:
+    """The build script; `isolate`: its pip runs with no network and no writes outside the build's folders."""
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(inputs.env().items()))
     cuda = inputs.pytorch.cuda
     toolkit = (f'release=$("$CUDA_HOME/bin/nvcc" --version | sed -n "s/.*release \\([0-9.]*\\),.*/\\1/p")\n'
@@ -163,7 +126,7 @@ def build_script(inputs: ExtensionInputs) -> str:
     return ("#!/bin/bash\n# Written by torchforge for an extension built from its sdist (torchforge/extensions).\n"
             "set -euo pipefail\nunset no_proxy NO_PROXY\n" + exports + toolkit +
             '[ -z "${TORCHFORGE_COMPILERS:-}" ] || source "$TORCHFORGE_COMPILERS/route.sh"\n'
-            '"$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -vv\n')
+            + (ISOLATED_PIP if isolate else "") + PIP_INSTALL)
 
 
 def _settings(inputs: ExtensionInputs) -> str:
@@ -205,13 +168,23 @@ def extension_recipe(inputs: ExtensionInputs, recipe_format: str) -> PlannedReci
         raise UsageError(f"no extension recipe for the engine format {recipe_format!r}", f"use one of {sorted(FORMATS)}")
     text = (meta_yaml if recipe_format == "conda-build" else recipe_yaml)(inputs, (*_own_env(inputs.pytorch),
                                                                                *BUILD_VARIABLES))
-    files: Mapping[str, str | bytes] = {FORMATS[recipe_format]: text, "build.sh": build_script(inputs)}
+    isolate = required(f"{inputs.archive.name}'s setup.py (the engine's build)")
+    files: Mapping[str, str | bytes] = {FORMATS[recipe_format]: text, "build.sh": build_script(inputs, isolate),
+                                        **({ISOLATION_SCRIPT: child_script()} if isolate else {})}
     return planned_recipe(inputs.stem, _settings(inputs), inputs.pytorch, inputs.arch_list, inputs.channels, files)
 
 
 def _own_env(pytorch: PytorchBuild) -> tuple[str, ...]:
     """The caller's variables the build reads: the filter's switch, and the toolkit of a CUDA build."""
     return (KEEP_GENCODE_VARIABLE, *(("CUDA_HOME",) if pytorch.cuda else ()))
+
+
+def cache_group(settings: str, pytorch: PytorchBuild) -> str:
+    """The compile-cache group of an extension: the same for every Python of one pytorch release, CUDA, arch list
+    and platform (the pytorch recipes' rule), so a second Python's CUDA and C++ objects come from the first's."""
+    recorded = json.loads(settings)
+    label = f"{recorded['extension']}-{recorded['version']}-{pytorch.accel}-{pytorch.subdir.replace('-', '_')}"
+    return group_key(*settings_material(label, settings))
 
 
 def planned_recipe(stem: str, settings: str, pytorch: PytorchBuild, arch_list: str, channels: tuple[str, ...],
@@ -222,5 +195,5 @@ def planned_recipe(stem: str, settings: str, pytorch: PytorchBuild, arch_list: s
     return PlannedRecipe(id=stem, subdir=pytorch.subdir, stems=(stem,), settings=settings, files=files,
                          channels=channels, accel=pytorch.cuda or "cpu", kind=KIND, needs=needs,
                          python=pytorch.python, script_env=_own_env(pytorch), cache_script_env=BUILD_VARIABLES,
-                         cache_group=recipe_group_key(stem, settings),
+                         cache_group=cache_group(settings, pytorch),
                          arch_list=arch_list if pytorch.cuda and arch_list else None)

@@ -60,7 +60,7 @@ def choose(flavour: Flavour | None, pytorch: str | None, official_because: str =
         return Flavour.OFFICIAL, ("flavour official: no --pytorch given, so the release is chosen among the official "
                                   "flavour's (give --pytorch 2.6 or newer, or --flavour conda-forge, for conda-forge's shape)")
     release = tables.load().pytorch.releases.get(versions.minor(pytorch))
-    if release is None:  # the commands refuse it before (variant.check_shared_flags)
+    if release is None:  # the commands refuse it before (sharedflags.check_shared_flags)
         return Flavour.OFFICIAL, f"flavour official: PyTorch {pytorch} is not in torchforge's data"
     if release.conda_official:
         return Flavour.OFFICIAL, f"flavour official: PyTorch {pytorch} published official conda packages"

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from torchforge.binaries.plan import PackagePlan
 
 # The variable every plan's build scripts read for the number of compile jobs (--jobs, or preflight's choice).
 JOBS_VARIABLE = "MAX_JOBS"
@@ -21,8 +24,44 @@ OVERRIDE_CUDA = "CONDA_OVERRIDE_CUDA"  # the __cuda virtual package conda and ra
 # (issue 32); `repack --with` takes them and triton, whose wheels it repacks.
 STACK_PACKAGES = ("torchvision", "torchaudio")
 # The engines' two recipe formats ("conda-build": meta.yaml, "rattler-build": recipe.yaml): a plain string here
-# so that this module depends on nothing (torchforge.render.RecipeFormat has the same values).
+# so that this module depends on nothing (torchforge.templates.RecipeFormat has the same values).
 RecipeFormatName = str
+
+
+@dataclass(frozen=True)
+class PytorchBuild:
+    """One exact pytorch package (a file of a channel, or one a plan makes), as its index record says it: what a
+    companion or an extension is built against and pinned to. Its arch list is resolved once, here: a planned
+    package's from the flavour's plan, a channel's from the device code of pytorch's own CUDA libraries."""
+
+    version: str
+    build: str  # the build string: py3.11_cpu_0, cuda130_generic_torchforge_py312_h1a2b3c4_0, whl_py3.12_cpu_0
+    subdir: str
+    python: str  # X.Y
+    cuda: str | None  # X.Y, None for a CPU build
+    arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST's words; never empty for CUDA, None for a CPU build
+    # pytorch's own requirement on the package that holds libcudart (nvidia-cuda-runtime for a repacked wheel,
+    # cuda-cudart on conda-forge): a CUDA library built against pytorch links libcudart too, so it requires that
+    # package itself rather than reach it through pytorch (the RPATH audit accepts only declared ones).
+    cuda_runtime: str | None = None
+    # Its C++ libraries are a libtorch package of their own (conda-forge's split); False: inside pytorch's files, as
+    # in a repacked wheel (torch/lib), where the pin of this exact pytorch stands for libtorch too
+    split_libtorch: bool = True
+    depends: tuple[str, ...] = ()  # its run requirements, as its index record says them (a channel's package)
+
+    @property
+    def accel(self) -> str:
+        return f"cu{self.cuda.replace('.', '')}" if self.cuda else "cpu"
+
+    @property
+    def stem(self) -> str:
+        """The package file's name without its extension: pytorch-VERSION-BUILD."""
+        return f"pytorch-{self.version}-{self.build}"
+
+    @property
+    def for_flags(self) -> tuple[str, ...]:
+        """`torchforge build --for` of exactly this file (a CI job's command for what is built for it)."""
+        return ("--for", f"pytorch =={self.version} {self.build}")
 
 
 @dataclass(frozen=True)
@@ -47,6 +86,14 @@ class Request:
     with_packages: tuple[str, ...] = ()
     # --extension: SPECs of extensions built from their sdist for each pytorch package (torchforge/extensions)
     extensions: tuple[str, ...] = ()
+    # --for SPEC: a conda match spec of a pytorch package a channel already has (`pytorch ==2.13.0 whl_*`), looked
+    # for in `for_channels` (the --channel values, then --out): companions and extensions are built for it, and no
+    # pytorch source build is planned (torchforge/havepytorch.py)
+    for_pytorch: str | None = None
+    for_channels: tuple[str, ...] = ()
+    # --wheels DIR: the folders the wheels of requirements no channel provides are taken from (torchforge.closure);
+    # () takes them from pip's own index
+    wheel_folders: tuple[str, ...] = ()
 
     def given(self, *flags: str) -> tuple[str, ...]:
         """The flavour-specific flags among `flags` that the command line set."""
@@ -86,6 +133,12 @@ class PlannedRecipe:
     cudnn: str = ""  # the cuDNN the packages bundle (full version): its build image must carry exactly that one
     pythons: tuple[tuple[str, str], ...] = ()  # (stem, Python X.Y) of each package built per Python (CI tests each)
     arch_list: str | None = None  # CUDA: every library with device code must cover it (torchforge.archcheck)
+    # The pytorch packages the recipe makes, each with its resolved arch list: what companions and extensions of
+    # the plan are built for (read here, never from the command line)
+    pytorch: tuple[PytorchBuild, ...] = ()
+    # Files of the package the arch check leaves out (globs of file names): libraries copied from this machine
+    # into it (the official flavour's cuDNN, NCCL ...), which torchforge did not compile
+    arch_exempt: tuple[str, ...] = ()
     note: str = ""  # what the plan says of a recipe to build (a dry run shows it): what it waits for, what it resolves
     # The `torchforge build` flags that build exactly this recipe (a CI job runs them; recipes with the same flags
     # are one job). () where the jobs of the recipes beside it build it too (the official companions).
@@ -162,6 +215,17 @@ class Plan:
     needs: MachineNeeds = field(default_factory=MachineNeeds)
     # What only the flavour can say about the plan, shown first by `doctor` (name, detail): its recipes, channel, magma
     facts: tuple[tuple[str, str], ...] = ()
+    # --for: the pytorch package a channel already has, which the plan's companions and extensions are built for
+    given_pytorch: PytorchBuild | None = None
+    # the requirements no channel provides, as the packages repacked from their wheels into the output channel
+    # before anything builds (torchforge.closure; the recipe closure.BROUGHT_ID names them)
+    brought_along: tuple[PackagePlan, ...] = ()
+
+    def pytorch_builds(self) -> tuple[tuple[PlannedRecipe | None, PytorchBuild], ...]:
+        """Every pytorch package the plan's companions and extensions are built for, with the recipe that makes it
+        (None: the channel's, given with --for)."""
+        planned = tuple((recipe, build) for recipe in self.recipes for build in recipe.pytorch)
+        return ((None, self.given_pytorch), *planned) if self.given_pytorch else planned
 
 
 @dataclass(frozen=True)
@@ -191,4 +255,9 @@ class Flavour(Protocol):
 
     def plan(self, request: Request, recipe_format: RecipeFormatName) -> Plan:
         """The recipes of `request`, rendered for an engine reading `recipe_format`."""
+        ...
+
+    def plan_for(self, pytorch: PytorchBuild, request: Request, recipe_format: RecipeFormatName) -> Plan:
+        """The recipes of `request` for a pytorch package a channel already has (--for): its --with companions,
+        pinned to that file; no pytorch recipe."""
         ...

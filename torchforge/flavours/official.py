@@ -18,25 +18,28 @@ from torchforge import fileops, officialstack
 from torchforge.fileops import write_folders
 from torchforge import containers
 from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
-from torchforge.compilecache import group_key, patch_digests
+from torchforge.compilecache import context_material, group_key, patch_digests
 from torchforge.config import SiteConfig
 from torchforge.engines import Engine
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.console import err, note, warn
-from torchforge.errors import ToolMissingError, UsageError
+from torchforge.errors import RefusedError, ToolMissingError, UsageError
 from torchforge.extensions.plan import with_extensions
-from torchforge.flavours.base import JOBS_VARIABLE, MatrixView
-from torchforge.flavours.base import Plan, PlannedRecipe, Request
+from torchforge.flavours.base import JOBS_VARIABLE, MachineNeeds, MatrixView
+from torchforge.flavours.base import Plan, PlannedRecipe, PytorchBuild, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
 from torchforge.preflight import (checked_jobs, host_tools, load_table, official_needs, report_table,
                                   run_plan_checks, run_preflight)
 from torchforge.proc import Runner
-from torchforge.recipe import RecipeContext, magma_context, pytorch_context, resolve_source
-from torchforge.render import RecipeFormat, RenderPlan, companion_files, patch_files, plan, recipe_folders, render_files
-from torchforge.resolve import MagmaPlan, Status, Variant, bundled_cudnn, default_release
+from torchforge.recipe import RecipeContext, magma_context, pytorch_context
+from torchforge.sourcestate import resolve_source
+from torchforge.render import RenderPlan, companion_files, plan, recipe_folders, render_files
+from torchforge.templates import RecipeFormat, patch_files
+from torchforge import data as tables
+from torchforge.resolve import MagmaPlan, Status, Variant, bundled_cudnn, bundled_files, default_release
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 
@@ -67,7 +70,7 @@ def _from_context(kind: str, ident: str, stem: str, context: RecipeContext, chan
         ident, context.platform, (stem,), settings, {**render_files(context, fmt), **patch_files(list(patches))},
         channels, context.cuda or "cpu", _local_source(context), ((stem, index_fields),) if index_fields else (),
         kind=kind, needs=needs, python=context.python, script_env=context.script_env,
-        cache_group=group_key(context, patch_digests(patches)), cudnn=cudnn)
+        cache_group=group_key(*context_material(context, patch_digests(patches))), cudnn=cudnn)
 
 
 def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecipe]:
@@ -98,6 +101,22 @@ def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str,
     return [dataclasses.replace(officialstack.planned_recipe(recipe, fmt, _channels(recipe.pytorch)),
                                 build_flags=(*_pytorch_flags(recipe.pytorch, magma_source), "--with", recipe.package))
             for recipe in _stack_recipes(render_plan, with_packages)]
+
+
+def pytorch_build(variant: Variant) -> PytorchBuild:
+    """The pytorch package a variant makes, with its resolved arch list (CUDA) for its companions and extensions."""
+    request = variant.request
+    cuda = request.accel if request.is_cuda else None
+    return PytorchBuild(request.pytorch, variant.build_string or "", request.platform, request.python, cuda,
+                        variant.arch_list if cuda else None)
+
+
+def _copied_libraries(variant: Variant) -> tuple[str, ...]:
+    """The libraries the variant's build copies from this machine into torch/lib (cuDNN, NCCL ...): the arch check
+    of its package leaves them out, torchforge did not compile them."""
+    request = variant.request
+    cuda = request.accel if request.is_cuda and variant.jetson is None else None
+    return tuple(file.name for file in bundled_files(tables.load(), request, cuda))
 
 
 def _magma_flags(magma: MagmaPlan, variant: Variant, magma_source: str | None) -> tuple[str, ...]:
@@ -144,12 +163,14 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
         digests = patch_digests(patches)
         for variant in render_plan.variants:
             context = pytorch_context(variant, tuple(p.name for p in patches))
-            groups.setdefault(group_key(context, digests), []).append((variant, context))
+            groups.setdefault(group_key(*context_material(context, digests)), []).append((variant, context))
         for variant, context in (pair for members in groups.values() for pair in members):
+            built = pytorch_build(variant)
             recipes.append(dataclasses.replace(_from_context(
                 "pytorch", variant.id, variant.filename_stem, context, _channels(variant), fmt, patches,
                 variant.settings, needs=(variant.magma.id,) if variant.magma else (), cudnn=bundled_cudnn(variant)),
-                pythons=((variant.filename_stem, variant.request.python),),
+                pythons=((variant.filename_stem, variant.request.python),), pytorch=(built,),
+                arch_list=built.arch_list, arch_exempt=_copied_libraries(variant) if built.cuda else (),
                 build_flags=_pytorch_flags(variant, magma_source)))
     stack = [] if magma_only else _stack(render_plan, fmt, with_packages, magma_source)
     # doctor's first row, as the official preflight words it (a refused variant never gets here: it is refused above)
@@ -157,7 +178,7 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
     with_row = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
         if stack else ()
     needs = official_needs(render_plan.variants, magma_only=magma_only)
-    return Plan(NAME, (*recipes, *stack), needs=dataclasses.replace(needs, arch_checked=any(s.arch_list for s in stack)),
+    return Plan(NAME, (*recipes, *stack), needs=dataclasses.replace(needs, arch_checked=any(r.arch_list for r in (*recipes, *stack))),
                 facts=(("selection", selection), *with_row))
 
 
@@ -231,6 +252,18 @@ class OfficialFlavour:
         return dataclasses.replace(planned, needs=dataclasses.replace(
             planned.needs, sources=(request.source,) if request.source and not magma_only else (),
             host_tools=host_tools(load_table(), clones=clones)))
+
+    def plan_for(self, pytorch: PytorchBuild, request: Request, recipe_format: str) -> Plan:
+        """A pytorch a channel has: no recipe of this flavour's own (its extensions come after, from the plan);
+        its --with recipes are those of the pytorch channel's own 2.1-2.5 packages (pytorch-mutex, pytorch-cuda),
+        which a channel's other pytorch does not carry."""
+        if request.with_packages:
+            officialstack.check_names(request.with_packages)
+            raise RefusedError(f"--with {','.join(request.with_packages)} --for: the official flavour's companion "
+                               "recipes pin the pytorch channel's own packages (pytorch-mutex, pytorch-cuda), "
+                               f"not {pytorch.stem}",
+                               "add --flavour conda-forge, whose torchvision and torchaudio recipes build against it")
+        return Plan(NAME, (), needs=MachineNeeds(platforms=(pytorch.subdir,), host_tools=()), given_pytorch=pytorch)
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
@@ -370,8 +403,8 @@ def _official_engine(options: BuildOptions, magma_only: bool, render_plan: Rende
 
 
 def _arch_checked(render_plan: RenderPlan, request: Request) -> bool:
-    """--with of a CUDA variant: its packages' libraries are listed with cuobjdump after the build."""
-    return bool(request.with_packages) and any(v.request.is_cuda for v in render_plan.variants)
+    """A CUDA variant: its packages' libraries (pytorch's, --with's) are listed with cuobjdump after the build."""
+    return any(v.request.is_cuda for v in render_plan.variants)
 
 
 def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteConfig, chosen: Engine,

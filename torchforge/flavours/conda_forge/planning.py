@@ -14,13 +14,13 @@ from torchforge import data as tables
 from torchforge import sourcestate
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
-from torchforge.compilecache import BUILD_VARIABLES, recipe_group_key
+from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_material
 from torchforge.patchfile import digests
 from torchforge.flavours.base import (JOBS_VARIABLE, OVERRIDE_CUDA, STACK_PACKAGES, MachineNeeds, MatrixView, Plan,
-                                     PlannedRecipe, Request)
-from torchforge.recipe import Source, resolve_source
-from torchforge.render import RecipeFormat, patch_files
-from torchforge.variant import check_build_number, check_shared_flags
+                                      PlannedRecipe, PytorchBuild, Request)
+from torchforge.sourcestate import Source, resolve_source
+from torchforge.templates import RecipeFormat, patch_files
+from torchforge.sharedflags import check_build_number, check_shared_flags
 
 NAME = "conda-forge"
 WINDOWS_NOT_BUILT = (
@@ -132,9 +132,17 @@ def planned_recipe(recipe: conda_forge.CondaForgeRecipe, request: Request, fmt: 
         folder(recipe, request, fmt), (conda_forge.load().flavour.channel,), recipe.cuda or "cpu",
         where.location if where.kind == "path" else None, recipe.index_fields(),
         script_env=(OVERRIDE_CUDA, JOBS_VARIABLE) if recipe.cuda else (JOBS_VARIABLE,),
-        cache_script_env=BUILD_VARIABLES, cache_group=recipe_group_key(recipe.id, recipe.settings),
+        cache_script_env=BUILD_VARIABLES, cache_group=group_key(*settings_material(recipe.id, recipe.settings)),
         pythons=tuple((p.stem, p.python) for p in recipe.planned_outputs() if p.python),
-        build_flags=build_flags(recipe, request))
+        build_flags=build_flags(recipe, request), pytorch=pytorch_builds(recipe),
+        arch_list=recipe.arch_list if recipe.cuda else None)
+
+
+def pytorch_builds(recipe: conda_forge.CondaForgeRecipe) -> tuple[PytorchBuild, ...]:
+    """The recipe's pytorch packages (one per Python), each with the recipe's arch list (CUDA)."""
+    return tuple(PytorchBuild(o.version, o.build_string, o.subdir, o.python, recipe.cuda,
+                              recipe.arch_list if recipe.cuda else None)
+                 for o in recipe.planned_outputs() if o.name == "pytorch" and o.python)
 
 
 
@@ -156,15 +164,13 @@ def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request
     channel = conda_forge.load().flavour.channel
     found: list[PlannedRecipe] = []
     for recipe in planned:
-        for output in (o for o in recipe.planned_outputs() if o.name == "pytorch" and o.python):
-            build = stack.PytorchBuild(output.version, output.build_string, output.subdir, output.python,
-                                       recipe.cuda, recipe.arch_list if recipe.cuda else None)
+        for build in pytorch_builds(recipe):
             for name in request.with_packages:
                 companion = stack.plan(name, build)
                 # one CI job per package and folder: the folder's build with --with NAME builds it for every Python
                 found.append(dataclasses.replace(
                     stack.planned_recipe(companion, fmt, channel), kind=name, needs=(recipe.id,),
-                    pythons=((companion.stem, output.python),),
+                    pythons=((companion.stem, build.python),),
                     build_flags=(*build_flags(recipe, request), "--with", name)))
     return tuple(found)
 
@@ -173,7 +179,8 @@ def companion_rows(planned: tuple[PlannedRecipe, ...]) -> list[dict[str, object]
     """`matrix --json` rows of the --with recipes."""
     return [{"id": p.id, "flavour": NAME, "platform": p.subdir, "cuda": p.accel, "arch_list": p.arch_list,
              "packages": list(p.stems), "pytorch": json.loads(p.settings)["pytorch"],
-             "outputs": {p.kind: p.stems[0].rsplit("-", 1)[-1]}, "build_number": "-", "pythons": [],
+             "outputs": {p.kind: p.stems[0].rsplit("-", 1)[-1]}, "build_number": json.loads(p.settings)["build_number"],
+             "pythons": [python for _, python in p.pythons],
              "magma": None, "channel": p.channels[0], "warnings": []} for p in planned]
 
 
@@ -219,11 +226,32 @@ class CondaForgeFlavour:
         planned = with_inputs(recipes(request), request)
         fmt = RecipeFormat(recipe_format)
         companions = companion_recipes(planned, request, fmt)
-        machine = dataclasses.replace(needs(planned, request), arch_checked=any(c.arch_list for c in companions))
+        machine = dataclasses.replace(needs(planned, request), arch_checked=any(r.cuda for r in planned))
         with_rows = (("--with", ", ".join(f"{c.stems[0]} (pytorch {json.loads(c.settings)['pytorch']})"
                                           for c in companions)),) if companions else ()
         return Plan(NAME, (*(planned_recipe(r, request, fmt) for r in planned), *companions),
                     warnings(planned, request.feedstock_patches), machine, (*facts(planned), *with_rows))
+
+
+    def plan_for(self, pytorch: PytorchBuild, request: Request, recipe_format: str) -> Plan:
+        """--with for a pytorch a channel has: conda-forge's companion recipes pinned to that file (where its
+        libtorch is inside it, a repacked wheel, the pin stands for the feedstock's libtorch too: stack.py)."""
+        from torchforge.flavours.conda_forge import stack
+
+        check_companions(request.with_packages)
+        channel = conda_forge.load().flavour.channel
+        companions = []
+        for name in request.with_packages:
+            companion = stack.plan(name, pytorch)
+            companions.append(dataclasses.replace(
+                stack.planned_recipe(companion, RecipeFormat(recipe_format), channel), kind=name,
+                pythons=((companion.stem, pytorch.python),), note=f"for {pytorch.stem}, of the channel",
+                build_flags=(*BUILT_WITH, *pytorch.for_flags, "--flavour", NAME, "--with", name)))
+        needs = MachineNeeds(cuda_versions=(pytorch.cuda,) if pytorch.cuda else (), platforms=(pytorch.subdir,),
+                             arch_lists=(pytorch.arch_list,) if pytorch.arch_list else (),
+                             channels=((pytorch.subdir, channel),), toolkit_on_host=False,
+                             arch_checked=bool(pytorch.cuda))
+        return Plan(NAME, tuple(companions), needs=needs, given_pytorch=pytorch)
 
 
 FLAVOUR = CondaForgeFlavour()

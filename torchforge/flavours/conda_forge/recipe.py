@@ -15,9 +15,9 @@ from torchforge import data as tables
 from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.errors import RefusedError, UsageError
 from torchforge.flavours.base import JOBS_VARIABLE
-from torchforge.recipe import Source
-from torchforge.render import RecipeFormat, render_template, yaml_scalar
-from torchforge.variant import nvcc_refusal, split_list
+from torchforge.sourcestate import Source
+from torchforge.templates import RecipeFormat, render_template, yaml_scalar
+from torchforge.sharedflags import nvcc_refusal, split_list
 from torchforge.flavours.conda_forge.facts import (
     Accel,
     Blas,
@@ -593,7 +593,7 @@ def plan_selection(pytorch: str | None, cuda: str | None, python: str | None, pl
                          f"pick one of {', '.join(table.releases)}, or use --flavour official")
     platform = platform or "linux-64"
     jobs = release.platforms.get(platform)  # an unknown subdir: plan() says which ones the flavour renders
-    accels = split_list(cuda) or [*(jobs.cuda if jobs else ()), "cpu"]  # checked: variant.check_shared_flags
+    accels = split_list(cuda) or [*(jobs.cuda if jobs else ()), "cpu"]  # checked: sharedflags.check_shared_flags
     if arch_list is not None and len([a for a in accels if a != "cpu"]) > 1:
         raise UsageError("--arch-list with several CUDA versions is ambiguous", "render one CUDA per --arch-list")
     pythons = tuple(split_list(python)) or None

@@ -25,7 +25,7 @@ from ruamel.yaml import YAML
 from torchforge import __version__, stackpairing
 from torchforge.data import FrozenModel, data_text, parse_table_as
 from torchforge.errors import RefusedError
-from torchforge.flavours.base import PlannedRecipe
+from torchforge.flavours.base import PlannedRecipe, PytorchBuild
 
 WHERE = "torchforge/data/conda_forge_stack.toml"
 Companion = Literal["torchvision", "torchaudio"]
@@ -36,7 +36,7 @@ FUNCTIONS = {"stdlib('c')", "compiler('c')", "compiler('cxx')", "compiler('cuda'
 
 
 class JobFacts(FrozenModel):
-    job: str
+    job: str  # the Python 3.12 job's file (else the first Python's); `jobs` names every Python's
     build_number: int
     source_url: str
     source_sha256: str
@@ -53,15 +53,18 @@ class JobFacts(FrozenModel):
     test_pip_check: bool = False
     test_requires: tuple[str, ...] = ()
     test_script: tuple[str, ...] = ()
+    down_prioritize_variant: int = 0  # rattler-build's track_features `{name}-p-0` ... for each level
+    jobs: dict[str, str]  # Python X.Y -> that Python's job file (.ci_support/)
+    pythons: dict[str, str]  # Python X.Y -> its job's python pin, whole (`3.13.* *_cp313`)
     variant: dict[str, str]
-    env: dict[str, str]
+    env: dict[str, str]  # a value naming ${PREFIX}, ${CC}, ${CXX} is written as their expansion
 
 
 class ReleaseFacts(FrozenModel):
     commit: str
     feedstock_pytorch: str
     cpu: JobFacts | None = None
-    cuda: JobFacts | None = None
+    cuda: dict[str, JobFacts] = {}  # CUDA X.Y -> that CUDA's job (each its own sysroot, compilers, pins)
 
 
 class StackTable(FrozenModel):
@@ -74,18 +77,6 @@ class StackTable(FrozenModel):
 def load() -> StackTable:
     return parse_table_as(StackTable, data_text("conda_forge_stack"), WHERE,
                           "regenerate it with scripts/stack_feedstock_facts.py --write")
-
-
-@dataclass(frozen=True)
-class PytorchBuild:
-    """The pytorch package in the output channel a companion is built against: exactly this file."""
-
-    version: str
-    build_string: str  # cuda130_mkl_torchforge_py312_h1a2b3c4_0
-    subdir: str
-    python: str  # X.Y
-    cuda: str | None  # X.Y, None for cpu
-    arch_list: str | None  # its CF_TORCH_CUDA_ARCH_LIST
 
 
 @dataclass(frozen=True)
@@ -105,16 +96,18 @@ class CompanionRecipe:
 
     @property
     def id(self) -> str:
-        """One per package, release, CUDA, arch list and subdir: each its own recipe folder and build."""
+        """One per package, release, CUDA, arch list, Python and subdir: each its own recipe folder, log and build
+        (one pytorch recipe makes a package per Python, and each has its own companion)."""
         arch = self.pytorch.arch_list or ""
         arch = f"-sm{arch.replace(';', '_').replace('.', '').replace('+', '')}" if arch else ""
-        return f"{self.package}-{self.version}-{self.tag}{arch}-{self.pytorch.subdir.replace('-', '_')}"
+        python = f"py{self.pytorch.python.replace('.', '')}"
+        return f"{self.package}-{self.version}-{self.tag}{arch}-{python}-{self.pytorch.subdir.replace('-', '_')}"
 
     @property
     def settings(self) -> str:
         """Everything that changed the binary: the exact pytorch included (another pytorch: another package)."""
         return json.dumps({"flavour": "conda-forge", "package": self.package, "feedstock": self.feedstock_commit,
-                           "pytorch": f"{self.pytorch.version}-{self.pytorch.build_string}",
+                           "pytorch": f"{self.pytorch.version}-{self.pytorch.build}",
                            "arch_list": self.pytorch.arch_list, "build_number": self.build_number}, sort_keys=True)
 
     @property
@@ -131,8 +124,12 @@ class CompanionRecipe:
     def pytorch_spec(self, recipe_format: RecipeFormat) -> str:
         """The exact pytorch package: rattler-build's `==V BUILD`, conda-build's `V BUILD` (which it reads as exact
         and would take `==V BUILD` apart otherwise)."""
+        if recipe_format == "rattler-build" and "." in self.pytorch.build:
+            # rattler-build's recipe parser takes a dotted build string (a repacked wheel's whl_py3.12_cpu_0) in the
+            # bracket form only
+            return f'pytorch[version="=={self.pytorch.version}", build="{self.pytorch.build}"]'
         exact = "==" if recipe_format == "rattler-build" else ""
-        return f"pytorch {exact}{self.pytorch.version} {self.pytorch.build_string}"
+        return f"pytorch {exact}{self.pytorch.version} {self.pytorch.build}"
 
 
 def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = None) -> CompanionRecipe:
@@ -145,13 +142,10 @@ def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = N
                            f"earlier ({WHERE} holds {', '.join(releases)})",
                            "pick a pytorch release whose companion the feedstock built, or leave it out of --with")
     chosen = releases[built[-1]]
-    facts = chosen.cuda if pytorch.cuda else chosen.cpu
-    accel = "CUDA" if pytorch.cuda else "cpu"
-    if facts is None:
-        raise RefusedError(f"conda-forge's {package}-feedstock has no linux {accel} job for {package} {built[-1]}",
-                           f"build the {'cpu' if pytorch.cuda else 'CUDA'} pytorch instead")
-    warnings = [f"conda-forge applies {len(facts.patches)} source patches to {package} {built[-1]} "
-                f"(recipe/patches at {chosen.commit[:12]}); this recipe applies none of them"] if facts.patches else []
+    facts, warnings = _job(package, built[-1], chosen, pytorch)
+    if facts.patches:
+        warnings.append(f"conda-forge applies {len(facts.patches)} source patches to {package} {built[-1]} "
+                        f"(recipe/patches at {chosen.commit[:12]}); this recipe applies none of them")
     if built[-1] != release.version:
         warnings.append(f"conda-forge's {package}-feedstock has no recipe for {package} {release.version} (the "
                         f"release PyPI pairs with pytorch {pytorch.version}); the recipe of {built[-1]} is used, "
@@ -165,12 +159,45 @@ def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = N
                            tuple(warnings))
 
 
+def _job(package: Companion, version: str, release: ReleaseFacts,
+         pytorch: PytorchBuild) -> tuple[JobFacts, list[str]]:
+    """The feedstock's job for pytorch's CUDA (cpu) and Python: its own job where the feedstock has one; for a
+    CUDA it has none of, the newest job of an older CUDA (else the oldest), said in a warning."""
+    warnings = []
+    if pytorch.cuda is None:
+        facts = release.cpu
+    elif pytorch.cuda in release.cuda:
+        facts = release.cuda[pytorch.cuda]
+    elif release.cuda:
+        cudas = sorted(release.cuda, key=Version)
+        older = [c for c in cudas if Version(c) < Version(pytorch.cuda)]
+        taken = older[-1] if older else cudas[0]
+        facts = release.cuda[taken]
+        warnings.append(f"conda-forge's {package}-feedstock has no CUDA {pytorch.cuda} job for {package} {version} "
+                        f"(its CUDA jobs: {', '.join(cudas)}); the recipe of its CUDA {taken} job is used (sysroot "
+                        f"{facts.variant.get('c_stdlib_version', 'unstated')})")
+    else:
+        facts = None
+    if facts is None:
+        accel = "CUDA" if pytorch.cuda else "cpu"
+        raise RefusedError(f"conda-forge's {package}-feedstock has no linux {accel} job for {package} {version}",
+                           f"build the {'cpu' if pytorch.cuda else 'CUDA'} pytorch instead")
+    if pytorch.python not in facts.pythons:
+        raise RefusedError(f"conda-forge's {package}-feedstock builds {package} {version} for Python "
+                           f"{', '.join(facts.pythons)}, not {pytorch.python} (no job pins its python)",
+                           f"build pytorch for one of those Pythons (--py), or leave {package} out of --with")
+    return facts, warnings
+
+
 def requirements(recipe: CompanionRecipe, recipe_format: RecipeFormat) -> dict[str, list[str]]:
     """build/host/run: the feedstock's, with its `pytorch` lines replaced by the one exact pytorch package."""
     cuda = recipe.pytorch.cuda or ""
 
+    # a pytorch with libtorch inside (a repacked wheel): the exact pytorch pin stands for the feedstock's libtorch
+    replaced = ("pytorch",) if recipe.pytorch.split_libtorch else ("pytorch", "libtorch")
+
     def ours(specs: tuple[str, ...], pin: bool) -> list[str]:
-        kept = [s.replace("{cuda}", cuda) for s in specs if s.split()[0] != "pytorch"]
+        kept = [s.replace("{cuda}", cuda) for s in specs if s.split()[0] not in replaced]
         return [*kept, recipe.pytorch_spec(recipe_format)] if pin and any(s.split()[0] == "pytorch" for s in specs) else kept
 
     found = {"build": ours(recipe.facts.build, False), "host": ours(recipe.facts.host, True),
@@ -187,9 +214,10 @@ def ignored_run_exports(recipe: CompanionRecipe, recipe_format: RecipeFormat) ->
 
 
 def variant_config(recipe: CompanionRecipe) -> dict[str, list[str]]:
-    """The job's variant keys (conda-forge's pins the feedstock's job used), for the chosen Python and CUDA."""
+    """The job's variant keys (conda-forge's pins the feedstock's job used), for the chosen Python and CUDA: the
+    python pin is that Python's job's own (`3.12.* *_cpython`, `3.13.* *_cp313`)."""
     config = {key: [value] for key, value in recipe.facts.variant.items()}
-    config["python"] = [f"{recipe.pytorch.python}.* *_cpython"]
+    config["python"] = [recipe.facts.pythons[recipe.pytorch.python]]
     config["cuda_compiler_version"] = [recipe.pytorch.cuda or "None"]
     if "libtorch" in config:
         config["libtorch"] = [".".join(recipe.pytorch.version.split(".")[:2])]
@@ -223,6 +251,8 @@ def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source
         return {"schema_version": 1, "context": {"version": recipe.version},
                 "package": {"name": recipe.package, "version": recipe.version}, "source": source,
                 "build": {"number": recipe.build_number, "string": recipe.build_string,
+                          **({"variant": {"down_prioritize_variant": facts.down_prioritize_variant}}
+                             if facts.down_prioritize_variant else {}),
                           "script": {"file": "build"}},
                 "requirements": {**specs, **({"ignore_run_exports": ignored} if ignored else {})}, "tests": tests,
                 "extra": _extra(recipe)}
@@ -230,11 +260,18 @@ def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source
     if "run_constraints" in specs:
         specs["run_constrained"] = specs.pop("run_constraints")
     return {"package": {"name": recipe.package, "version": recipe.version}, "source": source,
-            "build": {"number": recipe.build_number, "string": recipe.build_string, **ignored},
+            "build": {"number": recipe.build_number, "string": recipe.build_string, **ignored,
+                      **({"track_features": track_features(recipe)} if facts.down_prioritize_variant else {})},
             "requirements": specs,
             "test": {"imports": list(facts.test_imports), "requires": list(facts.test_requires),
                      "commands": commands},
             "extra": _extra(recipe)}
+
+
+def track_features(recipe: CompanionRecipe) -> list[str]:
+    """What rattler-build writes for `down_prioritize_variant: N` (`{name}-p-0` ... `{name}-p-{N-1}`), for
+    meta.yaml, which has no such key."""
+    return [f"{recipe.package}-p-{level}" for level in range(recipe.facts.down_prioritize_variant)]
 
 
 def build_script(recipe: CompanionRecipe) -> str:
@@ -242,11 +279,15 @@ def build_script(recipe: CompanionRecipe) -> str:
     lines = ["#!/bin/bash", f"# Rendered by torchforge {__version__} for {recipe.id}: the build environment of "
              f"conda-forge/{recipe.package}-feedstock@{recipe.feedstock_commit[:12]}.", "set -euxo pipefail",
              f"export BUILD_VERSION={recipe.version}  # the version setup.py stamps (the feedstock's script env)"]
-    if recipe.pytorch.cuda:
+    if recipe.pytorch.cuda and not recipe.pytorch.split_libtorch:
+        # a pytorch with libtorch inside (a repacked wheel) has no activation script: its arch list is the plan's,
+        # read from its libraries' device code
+        lines += [f"export CF_TORCH_CUDA_ARCH_LIST={json.dumps(recipe.pytorch.arch_list or '')}",
+                  'export CUDA_TOOLKIT_ROOT_DIR="${PREFIX}"', 'export CUDA_HOME="${PREFIX}"']
+    elif recipe.pytorch.cuda:
         lines += ['if [[ -z "${CF_TORCH_CUDA_ARCH_LIST:-}" ]]; then',
                   '  echo "CF_TORCH_CUDA_ARCH_LIST is not set: the pytorch in host must be a conda-forge-shaped '
-                  'CUDA build whose activation script sets it" >&2', "  exit 1", "fi",
-                  'export CUDA_TOOLKIT_ROOT_DIR="${PREFIX}"', 'export CUDA_HOME="${PREFIX}"']
+                  'CUDA build whose activation script sets it" >&2', "  exit 1", "fi"]
         if recipe.pytorch.arch_list:  # the pytorch in host must be the one planned, arch list included
             lines += [f'if [[ "${{CF_TORCH_CUDA_ARCH_LIST}}" != {json.dumps(recipe.pytorch.arch_list)} ]]; then',
                       f'  echo "the pytorch in host was built for ${{CF_TORCH_CUDA_ARCH_LIST}}, not '
@@ -254,10 +295,9 @@ def build_script(recipe: CompanionRecipe) -> str:
     for name, value in recipe.facts.env.items():
         shown = '"${CF_TORCH_CUDA_ARCH_LIST}"' if value == ARCH_MARKER or name == "TORCH_CUDA_ARCH_LIST" \
             else json.dumps(value)
-        lines.append(f"export {name}={shown}")
-    if recipe.package == "torchvision":
-        lines.append('export TORCHVISION_INCLUDE="${PREFIX}/include/"')
-    lines.append('"${PYTHON}" -m pip install . -vv --no-deps --no-build-isolation')
+        lines.append(f"export {name}={shown}")  # ${PREFIX}, ${CC}, ${CXX} in a value expand as in the feedstock's
+    # --no-index: the feedstock's line asks PyPI for a newer pip (pip's self-check); a build reaches no index
+    lines.append('"${PYTHON}" -m pip install . -vv --no-deps --no-build-isolation --no-index')
     return "\n".join(lines) + "\n"
 
 

@@ -106,7 +106,8 @@ case "${TORCHFORGE_OUTPUT:-$PKG_NAME}" in
         -e "s/cpython-312/cpython-${py/./}/g" \
         build/CMakeCache.txt.libtorch > build/CMakeCache.txt
     if [ -n "${TORCHFORGE_COMPILERS:-}" ]; then . "$TORCHFORGE_COMPILERS/route.sh"; fi
-    "$PYTHON" -m pip install . --no-deps --no-build-isolation -v
+    # --no-index: the build asks no index, not even for pip's check for a newer pip
+    "$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -v
     # libtorch_python stays next to the other libraries so TorchConfig.cmake finds it
     cp "$SP_DIR"/torch/lib/libtorch_python.so "$PREFIX/lib/"
     # the libraries of the libtorch output are shared, not copied: torch/lib points at them

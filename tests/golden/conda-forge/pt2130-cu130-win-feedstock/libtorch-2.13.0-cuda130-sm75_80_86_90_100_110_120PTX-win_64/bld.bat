@@ -88,7 +88,7 @@ exit /b 0
 :: bindings compile again
 "%PYTHON%" "%RECIPE_DIR%\retarget_cmake_cache.py" build\CMakeCache.txt.libtorch build\CMakeCache.txt
 if errorlevel 1 exit 1
-"%PYTHON%" -m pip install . --no-deps --no-build-isolation -v
+"%PYTHON%" -m pip install . --no-deps --no-build-isolation --no-index -v
 if errorlevel 1 exit 1
 :: torch_python sits next to libtorch's DLLs so TorchConfig.cmake finds it; the DLLs the libtorch output ships are
 :: shared, not copied (torch adds %LIBRARY_BIN% to the DLL search path)

@@ -1,0 +1,26 @@
+# Sourced by the device scripts: the checkout ($src), the machine's Python ($PY) and its site-packages ($site),
+# the tool wheels' folder ($tool_wheels), `stamp`, and `clean_venv`.
+# shellcheck shell=bash
+src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+tool_wheels="${TOOL_WHEELS:-.cache/wheels312}"
+case "$tool_wheels" in /*) ;; *) tool_wheels="$src/$tool_wheels" ;; esac
+PY=/opt/torch/.venv/bin/python3
+[ -x "$PY" ] || PY="$(command -v python3)"
+site="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+export PYTHONUNBUFFERED=1
+stamp() { echo "[$(date +%T)] $*"; }
+
+# A venv of the base interpreter (no pip torch, no nvidia-*) in $1/venv that sees only the pure-Python requirements
+# of the machine's torch, linked from its site-packages into $1/pure.
+clean_venv() {
+  local base vsite name
+  base="$($PY -c 'import sys; print(sys.base_prefix)')"
+  "$base/bin/python3" -m venv --without-pip "$1/venv" || "$PY" -m venv --without-pip "$1/venv"
+  mkdir -p "$1/pure"
+  for name in typing_extensions.py sympy mpmath networkx jinja2 markupsafe filelock fsspec numpy numpy.libs PIL \
+              pillow.libs cuda_pathfinder; do
+    [ -e "$site/$name" ] && ln -s "$site/$name" "$1/pure/$name"
+  done
+  vsite="$("$1/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "$1/pure" > "$vsite/pure-deps.pth"
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 42 on the lent H200 (16 cores), in two warm device calls (the second within 30 s of the first):
+#   1. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh builds     (carry [".cache/wheels312"]; ~8 min)
+#      mamba-ssm 2.3.2.post1 from its sdist for sm_90 (tests/kernel_stack.py, the machine's torch 2.11.0+cu130
+#      stack repacked as kernel_stack.sh does) into two clean work folders (each its own output folder and empty
+#      local compile cache), both through one HTTP cache server on the loopback (tests/test_remote_cache.py's
+#      store: GET/HEAD/PUT); MAX_JOBS chosen per build from memory and mamba-ssm's per-job peak. Reported: each
+#      build's time, the second's hit rate from the server, the first's planned jobs and peak memory.
+#   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (same carry; ~3 min)
+#      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after.
+# Everything also lands in $OUT/speed-<phase>.txt and the builds' logs in $OUT.
+set -uo pipefail
+phase="${1:-builds}"
+# shellcheck source=tests/gpu/lib.sh
+. "$(dirname "$0")/lib.sh"  # $src, $tool_wheels, $PY, $site, stamp
+out="${OUT:-/tmp/speed-out}"
+work=/tmp/speed
+mkdir -p "$out" "$work"
+cd "$src" || exit 2
+stamp() { echo "[$(date +%T)] $* (load $(cut -d' ' -f1-3 /proc/loadavg))"; }  # lib.sh's, with the load
+{
+  stamp "tools"
+  [ -d "$work/tools" ] || $PY -m pip install -q --no-index --no-deps --no-compile --target "$work/tools" "$tool_wheels"/*.whl || exit 3
+  export PYTHONPATH="$src:$work/tools" PATH="$work/tools/bin:$PATH"
+  nvcc_path="$(readlink -f "$(command -v nvcc)")"
+  CUDA_HOME="$(dirname "$(dirname "$nvcc_path")")"; export CUDA_HOME
+  echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $7}') GiB available; ccache $(ccache --version | head -1)"
+  if [ "$phase" = builds ]; then
+    stamp "rebuild wheels"; [ -d "$work/wheels" ] || $PY "$src/tests/gpu/rebuild_wheels.py" "$work/wheels" torch | tail -3
+    stamp "repack"
+    [ -d "$work/chan" ] || $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
+      repack "$work"/wheels/*.whl --cuda-libs wheels --out "$work/chan" --zstd-level 1 | tail -4
+    # The cache server: tests/test_remote_cache.py's store, on a free loopback port, for the two builds.
+    url_file="$work/cache-url"; rm -f "$url_file"
+    $PY -c "
+import sys, time
+from tests.test_remote_cache import serve
+with serve() as (url, store):
+    open('$url_file', 'w').write(url)
+    while True:
+        time.sleep(1)
+" & server=$!
+    for _ in $(seq 50); do [ -s "$url_file" ] && break; sleep 0.1; done
+    export KERNEL_STACK_CACHE_URL; KERNEL_STACK_CACHE_URL="$(cat "$url_file")"
+    echo "cache server $KERNEL_STACK_CACHE_URL (pid $server)"
+    for runner in 1 2; do
+      rm -rf "$work/k$runner"
+      stamp "mamba-ssm build, runner $runner (clean output folder and local cache)"
+      KERNEL_STACK_GPU=1 $PY -m tests.kernel_stack "$work/chan" "$work/k$runner" --site "$site" --torch-python "$PY" \
+        --arch-list 9.0 --source "$src/tests/fixtures/sdists/mamba_ssm-2.3.2.post1.tar.gz" \
+        --check "$src/tests/gpu/extension_checks/mamba_ssm_check.py"
+      echo "kernel_stack exit $? (runner $runner)"
+      for log in "$work/k$runner"/out/logs/*.log; do
+        grep -h "^torchforge: \(MAX_JOBS\|peak memory\|compile cache\|warning\|out of memory\)" "$log" | cut -c1-600
+        cp "$log" "$out/runner$runner-$(basename "$log")"
+      done
+    done
+    kill "$server"
+  else
+    stamp "bench repack (before)"
+    $PY -m bench repack
+    stamp "bench repack (after)"
+  fi
+  stamp "done"
+} 2>&1 | tee "$out/speed-$phase.txt" | tail -c 11000

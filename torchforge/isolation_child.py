@@ -1,0 +1,132 @@
+"""Run a command where only some folders are writable; started by `unshare --user --map-root-user --net --mount`
+(torchforge/isolation.py), so it is already in its own user, network and mount namespaces.
+
+Standard library only, and no torchforge import: an extension's build script runs this same file with the build's
+own Python (the recipe carries a copy). In the new mount namespace, before the command starts:
+
+- /run and /dev/shm become empty private tmpfs (a daemon's socket there, such as a container runtime's or the
+  system bus, cannot be reached); writable folders below them are bound back in;
+- /dev becomes a tmpfs with only null, zero, full, random, urandom and tty bound from the host (no disk device);
+- every other mount is remounted read-only, except the writable folders (each bound onto itself first).
+
+The network namespace has only a loopback interface, down: no address, local or remote, can be reached.
+Usage: python isolation_child.py WRITABLE... -- ARGV...
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 18, 1 << 21, 1 << 24
+# per-mount flags a user namespace may not drop on remount (the kernel locks them): kept as they are
+LOCKED = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+          "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+PRIVATE_TMPFS = ("/run", "/dev/shm")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+EXIT_SETUP = 125  # the isolation could not be set up; the command did not run
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    if _libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source or ''} {target}: {os.strerror(err)}")
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _mounts() -> list[tuple[str, list[str]]]:
+    """(mount point, per-mount options) of every mount of this namespace, in mount order."""
+    with open("/proc/self/mountinfo") as handle:
+        return [(_unescape(f[4]), f[5].split(",")) for f in (line.split() for line in handle)]
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _rebind(writable: list[str], holders: dict[str, int]) -> None:
+    """Bind each writable folder onto its own path (from the fd opened before its parent was covered)."""
+    for path in writable:
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/proc/self/fd/{holders[path]}", path, None, MS_BIND | MS_REC)
+
+
+def _cover(writable: list[str]) -> None:
+    for path in writable:  # a compile cache's first build: its folder is made here, while it still can be
+        os.makedirs(path, exist_ok=True)
+    holders = {path: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in writable}
+    dev_devices = {name: os.open(f"/dev/{name}", os.O_PATH) for name in DEVICES if os.path.exists(f"/dev/{name}")}
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1m")
+    for name, fd in dev_devices.items():
+        open(f"/dev/{name}", "w").close()
+        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    for top in PRIVATE_TMPFS:
+        if os.path.isdir(top) and not os.path.islink(top):
+            _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _rebind([p for p in writable if any(_under(p, top) for top in ("/dev", *PRIVATE_TMPFS))], holders)
+    _rebind([p for p in writable if not any(_under(p, top) for top in ("/dev", *PRIVATE_TMPFS))], holders)
+    for fd in (*holders.values(), *dev_devices.values()):
+        os.close(fd)
+
+
+def _read_only(writable: list[str]) -> None:
+    """Every mount read-only but the writable binds and the private tmpfs (the kernel keeps locked flags)."""
+    keep = {*writable, *PRIVATE_TMPFS}
+    for point, options in reversed(_mounts()):
+        if point in keep or "ro" in options or not os.path.exists(point):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for option in options:
+            flags |= LOCKED.get(option, 0)
+        _mount(None, point, None, flags)
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        print("usage: isolation_child.py WRITABLE... -- ARGV...", file=sys.stderr)
+        return EXIT_SETUP
+    split = argv.index("--")
+    writable = [os.path.realpath(p) for p in argv[:split]]
+    command = argv[split + 1:]
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        _cover(writable)
+        _read_only(writable)
+    except OSError as exc:
+        print(f"torchforge isolation: cannot make the filesystem read-only outside {', '.join(writable)}: {exc}",
+              file=sys.stderr)
+        return EXIT_SETUP
+    scratch = os.path.join(writable[0], ".tmp") if writable else "/tmp"
+    os.makedirs(scratch, exist_ok=True)
+    os.environ.update(TMPDIR=scratch, TMP=scratch, TEMP=scratch, PIP_NO_CACHE_DIR="1")
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"torchforge isolation: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+        return EXIT_SETUP
+    return EXIT_SETUP
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
