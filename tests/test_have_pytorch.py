@@ -282,3 +282,22 @@ def test_the_record_reads_the_names_a_recipe_makes_and_no_other(tmp_path: Path) 
     assert [name for name, _ in script.package_names(recipe.read_text())] == ["torchvision", "torchvision-tests"]
     meta = '{% set name = "Einops" %}\npackage:\n  name: {{ name|lower }}\nrequirements:\n  run:\n    - python\n'
     assert script.package_names(meta) == [("einops", 3)]
+
+
+def test_the_disk_row_of_a_plan_that_builds_no_pytorch_source_uses_the_measured_figure(channel: Path,
+                                                                                        tmp_path: Path) -> None:
+    """An extension for a channel's pytorch compiles no pytorch: the disk row asks for the measured extension
+    figure of preflight.toml, with its source; a plan that builds pytorch from source still asks for the estimate
+    of a whole build (the known-bad case: the same row must not relax there)."""
+    from torchforge.preflight import load_table
+    disk = load_table().disk
+    env = {"TORCHFORGE_MIN_FREE_GIB": ""}  # unset: the suite's conftest sets 1 GiB for its stand-in builds
+    extension = cli("doctor", "--for", FOR, "--channel", str(channel), "--extension", str(SCATTER), "--json",
+                    "--out", str(tmp_path / "out"), env=env)
+    rows = {c["name"]: c for c in json.loads(extension.stdout)["checks"]}
+    assert f"(need {disk.min_free_gib_extensions:g} GiB)" in rows["disk"]["detail"], rows["disk"]
+    source = cli("doctor", "--flavour", "conda-forge", "--pytorch", "2.13.0", "--cuda", "cpu", "--py", "3.12",
+                 "--json", "--out", str(tmp_path / "out"), env=env)
+    rows = {c["name"]: c for c in json.loads(source.stdout)["checks"]}
+    assert f"(need {disk.min_free_gib_cpu:g} GiB)" in rows["disk"]["detail"], rows["disk"]
+    assert disk.min_free_gib_extensions < disk.min_free_gib_cpu and "measured" in disk.extensions_reason

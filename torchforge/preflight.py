@@ -79,6 +79,8 @@ class Disk(FrozenModel):
     min_free_gib_cuda: float
     min_free_gib_cpu: float
     reason: str
+    min_free_gib_extensions: float  # a plan that compiles no pytorch source: extensions (and repacks) alone
+    extensions_reason: str
 
 
 class Tool(FrozenModel):
@@ -543,9 +545,12 @@ def _check_tools(ctx: _Context, table: PreflightTable, used: Sequence[str]) -> N
 MIN_FREE_VARIABLE = "TORCHFORGE_MIN_FREE_GIB"
 
 
-def disk_need_gib(cuda: bool, table: PreflightTable) -> tuple[float, str]:
-    """The free space a build needs under its output folder, and where that figure comes from."""
+def disk_need_gib(cuda: bool, table: PreflightTable, *, extensions_only: bool = False) -> tuple[float, str]:
+    """The free space a build needs under its output folder, and where that figure comes from (`extensions_only`:
+    the plan compiles no pytorch source, so the measured extension figure applies)."""
     given = os.environ.get(MIN_FREE_VARIABLE, "").strip()
+    if not given and extensions_only:
+        return table.disk.min_free_gib_extensions, table.disk.extensions_reason
     if not given:
         return (table.disk.min_free_gib_cuda if cuda else table.disk.min_free_gib_cpu), table.disk.reason
     try:
@@ -559,12 +564,12 @@ def disk_need_gib(cuda: bool, table: PreflightTable) -> tuple[float, str]:
     return need, f"{MIN_FREE_VARIABLE} in the environment"
 
 
-def _check_disk(ctx: _Context, out: Path, table: PreflightTable) -> None:
+def _check_disk(ctx: _Context, out: Path, table: PreflightTable, *, extensions_only: bool = False) -> None:
     where = out.resolve()
     while not where.exists() and where != where.parent:
         where = where.parent
     free = shutil.disk_usage(where).free / 1024**3
-    need, basis = disk_need_gib(bool(ctx.cuda_versions), table)
+    need, basis = disk_need_gib(bool(ctx.cuda_versions), table, extensions_only=extensions_only)
     detail = f"{free:.0f} GiB free at {where} (need {need:g} GiB)"
     if free < need:
         ctx.add("disk", Level.FAIL, detail, f"free space there or pass --out on a larger disk (the {need:g} GiB: {basis})")
@@ -986,7 +991,7 @@ def run_machine_checks(
     if needs.host_tools:
         _check_tools(ctx, table, needs.host_tools)
     _check_out(ctx, out)
-    _check_disk(ctx, out, table)
+    _check_disk(ctx, out, table, extensions_only=needs.extensions_only)
     max_jobs = _check_jobs(ctx, jobs, table)
     for source in (needs.sources or (None,)) if needs.builds_a_source else ():
         _check_source(ctx, source)

@@ -186,12 +186,16 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
                 build_flags=(*maker.build_flags, "--extension", text) if maker and maker.build_flags else
                 (*pytorch.for_flags, "--extension", text) if the_plan.given_pytorch == pytorch else ()))
     return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
-                               needs=_machine_needs(the_plan.needs, extensions))
+                               needs=_machine_needs(the_plan.needs, extensions, the_plan.recipes))
 
 
-def _machine_needs(needs: MachineNeeds, extensions: list[PlannedRecipe]) -> MachineNeeds:
+def _machine_needs(needs: MachineNeeds, extensions: list[PlannedRecipe],
+                   others: tuple[PlannedRecipe, ...]) -> MachineNeeds:
     """A CUDA extension compiles with this machine's toolkit ($CUDA_HOME, its pytorch's CUDA) and compilers,
-    whatever the flavour's own recipes use; its libraries are arch-checked."""
+    whatever the flavour's own recipes use; its libraries are arch-checked. Where no other recipe has a recipe
+    folder (a repack, a pytorch of a channel), the plan compiles extensions alone: their measured disk figure."""
+    if extensions and not any(recipe.files for recipe in others):
+        needs = dataclasses.replace(needs, extensions_only=True)
     cuda = tuple(e.accel for e in extensions if e.accel != "cpu")
     if not cuda:
         return needs

@@ -203,6 +203,9 @@ class MachineNeeds:
     solves: tuple[RequirementSolve, ...] = ()
     builds_a_source: bool = True  # False: no source of its own is built (the official --magma-only: MAGMA's tarball)
     env_max_jobs: str | None = None  # the MAX_JOBS the request's own flags set (official --env): --jobs must agree
+    # No recipe compiles a pytorch source (repacked, already in a channel, --for): extensions alone, whose disk use
+    # was measured (preflight.toml [disk] min_free_gib_extensions)
+    extensions_only: bool = False
 
 
 @dataclass(frozen=True)
