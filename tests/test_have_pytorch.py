@@ -301,3 +301,42 @@ def test_the_disk_row_of_a_plan_that_builds_no_pytorch_source_uses_the_measured_
     rows = {c["name"]: c for c in json.loads(source.stdout)["checks"]}
     assert f"(need {disk.min_free_gib_cpu:g} GiB)" in rows["disk"]["detail"], rows["disk"]
     assert disk.min_free_gib_extensions < disk.min_free_gib_cpu and "measured" in disk.extensions_reason
+
+
+@pytest.mark.parametrize(("variable", "says"), [
+    ("torch-scatter:MAX_JOBS=64", "torchforge sets MAX_JOBS for every extension build"),
+    ("torch-scatter:TORCH_CUDA_ARCH_LIST=9.0", "torchforge sets TORCH_CUDA_ARCH_LIST"),
+    ("torch-scatter:https_proxy=http://proxy:3128", "the build runs with no network"),
+    ("torch-scatter=WITH_SYMBOLS", "not NAME:KEY=VALUE"),
+    ("torch-sactter:WITH_SYMBOLS=1", "the request builds no extension named torch-sactter"),
+])
+def test_an_extension_variable_that_cannot_be_used_is_refused_before_planning(variable: str, says: str,
+                                                                               channel: Path, tmp_path: Path) -> None:
+    """A variable torchforge sets (the jobs, the arch list, the network's proxies), a malformed flag and one for
+    an extension the request does not build: exit 2, what is wrong and what would work, nothing written."""
+    done = cli("build", "--dry-run", "--for", FOR, "--channel", str(channel), "--extension", str(SCATTER),
+               "--extension-env", variable, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = " ".join(done.stderr.split())
+    assert says in err and "what would work:" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_extension_variable_names_another_package_and_rides_on_its_ci_command(channel: Path,
+                                                                                  tmp_path: Path) -> None:
+    """torch-scatter 2.1.2's WITH_SYMBOLS (setup.py:29): the build string's digest takes it (another package than
+    the plain build), the settings record it, and the recipe's command (what a CI job runs) gives it again."""
+    def row(*variables: str) -> dict[str, object]:
+        done = cli("matrix", "--for", FOR, "--channel", str(channel), "--extension", str(SCATTER), *variables,
+                   "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)[-1]
+    plain, with_symbols = row(), row("--extension-env", "torch-scatter:WITH_SYMBOLS=1")
+    assert plain["variables"] == {} and with_symbols["variables"] == {"WITH_SYMBOLS": "1"}
+    assert plain["build_string"] != with_symbols["build_string"]
+    assert str(with_symbols["build_string"]).startswith("pt2.13.0_cpu_")
+    done = cli("build", "--dry-run", "--for", FOR, "--channel", str(channel), "--extension", str(SCATTER),
+               "--extension-env", "torch-scatter:WITH_SYMBOLS=1", "--out", str(tmp_path / "out"),
+               env={"COLUMNS": "400"})
+    assert done.returncode == 0, done.stderr
+    assert f"torch-scatter-2.1.2-{with_symbols['build_string']}" in _steps(done.stdout + done.stderr)

@@ -66,3 +66,65 @@ def test_build_for_a_repacked_pytorch_makes_an_extension_that_installs_and_runs(
                          env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ""})
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "torch_scatter 2.1.2 ok against torch 2.13.0" in ran.stdout
+
+
+RECORDER_SETUP = '''\
+import os
+from pathlib import Path
+from setuptools import setup
+
+# what the build gave this package's setup.py: the team's variable, and that torchforge's own are still set
+Path("recorded_env").mkdir(exist_ok=True)
+Path("recorded_env/__init__.py").write_text(
+    f"TEAM_SWITCH = {os.environ.get('TEAM_SWITCH')!r}\\nNO_INDEX = {os.environ.get('PIP_NO_INDEX')!r}\\n")
+setup(packages=["recorded_env"])
+'''
+RECORDER_PROJECT = '''\
+[build-system]
+requires = ["setuptools", "wheel"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "recorded-env"
+version = "1.0"
+'''
+
+
+def test_an_extensions_own_build_variable_reaches_its_build_and_names_its_package(
+        repacked: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--extension-env recorded-env:TEAM_SWITCH=on` with the real rattler-build: the setup.py saw the value (and
+    torchforge's own PIP_NO_INDEX beside it), and the package is the one `matrix` names with that variable."""
+    import tarfile
+    torch_channel, stubs = repacked
+    tree = tmp_path / "recorded-env-1.0"
+    tree.mkdir()
+    (tree / "setup.py").write_text(RECORDER_SETUP)
+    (tree / "pyproject.toml").write_text(RECORDER_PROJECT)
+    (tree / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: recorded-env\nVersion: 1.0\n")
+    sdist = tmp_path / "recorded_env-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(tree, arcname=tree.name)
+    flags = ("--for", "pytorch ==2.13.0 whl_*", "--channel", str(torch_channel), "--channel", str(stubs),
+             "--extension", str(sdist), "--extension-env", "recorded-env:TEAM_SWITCH=on")
+    matrix = cli("matrix", *flags, "--json")
+    assert matrix.returncode == 0, matrix.stderr
+    stem = json.loads(matrix.stdout)[-1]["id"]
+    out = tmp_path / "out"
+    done = cli("build", *flags, "--engine", "rattler-build", "--skip-preflight", "--no-cache", "--out", str(out),
+               env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=1200)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (built,) = out.glob("linux-64/recorded-env-1.0-*.conda")
+    assert built.name == f"{stem}.conda"
+    from conda_package_streaming.package_streaming import stream_conda_component
+    recorded = about = ""
+    with built.open("rb") as handle:
+        for tar, member in stream_conda_component(built.name, handle, "pkg"):
+            if member.name.endswith("recorded_env/__init__.py"):
+                recorded = tar.extractfile(member).read().decode()
+    with built.open("rb") as handle:
+        for tar, member in stream_conda_component(built.name, handle, "info"):
+            if member.name == "info/about.json":
+                about = tar.extractfile(member).read().decode()
+    assert "TEAM_SWITCH = 'on'" in recorded and "NO_INDEX = '1'" in recorded, recorded
+    settings = json.loads(json.loads(about)["extra"]["torchforge_settings"])
+    assert settings["variables"] == {"TEAM_SWITCH": "on"}

@@ -65,6 +65,9 @@ MALFORMED = [
     ("an unknown companion", ('torchvision = "source"', 'torchtext = "source"'), 10, "companions.torchtext"),
     ("an unknown platform", ('platform = "linux-64"', 'platform = "linux-32"'), 2, "unknown platform 'linux-32'"),
     ("broken TOML", ('[channels]', '[channels'), 15, "not TOML"),
+    ("a build variable torchforge sets", ('spec = "torch-scatter==2.1.2"',
+                                          'spec = "torch-scatter==2.1.2"\nenv = { MAX_JOBS = "64" }'), 14,
+     "extensions[0].env.MAX_JOBS: torchforge sets MAX_JOBS"),
 ]
 # the arch-list case: an arch list written for a CPU stack
 MALFORMED[6] = ("an arch list for a CPU stack", ('cuda = "12.4"\n', 'cuda = "cpu"\n'), 2, "arch_list: a CPU stack")
@@ -169,6 +172,25 @@ def test_the_same_extensions_by_file_and_by_flags_plan_the_same_rows(tmp_path: P
                  "--extension", str(tmp_path / "team" / "sdists" / SCATTER.name), "--json"]) == 0
     by_flags = json.loads(capsys.readouterr().out)
     assert by_file == by_flags and any(row.get("package") == "torch-scatter" for row in by_file)
+
+
+def test_an_extensions_variables_by_file_and_by_flags_plan_the_same_package(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """[[extensions]] env is --extension-env NAME:KEY=VALUE: the same rows, the variable in the build string."""
+    path = write(tmp_path, GOOD.replace('spec = "torch-scatter==2.1.2"',
+                                        'spec = "torch-scatter==2.1.2"\nenv = { WITH_SYMBOLS = "1" }'))
+    assert main(["matrix", "--stack", str(path), "--json"]) == 0
+    by_file = json.loads(capsys.readouterr().out)
+    assert main(["matrix", "--pytorch", "2.5.1", "--cuda", "12.4", "--py", "3.11", "--with", "torchvision",
+                 "--extension", "torch-scatter==2.1.2", "--extension-env", "torch-scatter:WITH_SYMBOLS=1",
+                 "--json"]) == 0
+    assert by_file == json.loads(capsys.readouterr().out)
+    assert main(["matrix", "--stack", str(write(tmp_path / "plain", GOOD)), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    scatter = [row for row in by_file if row.get("package") == "torch-scatter"]
+    assert scatter and all(row["variables"] == {"WITH_SYMBOLS": "1"} for row in scatter)
+    assert {row["build_string"] for row in scatter}.isdisjoint(
+        row["build_string"] for row in plain if row.get("package") == "torch-scatter")
 
 
 REPACKED = """\

@@ -10,8 +10,8 @@ from rich.console import Console
 # so `torchforge matrix --json | jq` stays clean.
 # Wide when not a terminal (pipes, CI logs): tables of long variant ids stay one row per variant.
 _WIDTH = None if sys.stdout.isatty() else 220
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 220)
+out = Console(highlight=False, emoji=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True, width=None if sys.stderr.isatty() else 220)
 
 
 def warn(message: str) -> None:

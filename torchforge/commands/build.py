@@ -12,8 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, ForOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
+    ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, ForOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -131,7 +131,7 @@ def register(app: typer.Typer) -> None:
         feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
         stack: StackOpt = None,
-        wheels: WheelsOpt = None,
+        wheels: WheelsOpt = None, extension_env: ExtensionEnvOpt = None,
     ) -> None:
         """Build magma-cudaXYZ and pytorch packages into a local channel (magma first, reuse what exists); with the
         conda-forge flavour, libtorch, pytorch per Python and the metapackage of each recipe. With --stack, the
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
                                         else MAGMA_ONLY if magma_only else "", for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
                           feedstock_patches, with_packages=with_names(with_), extensions=tuple(extension or ()),
-                          for_pytorch=for_, for_channels=(*(channel or ()), str(out_dir)),
+                          extension_env=extension_variables(extension_env), for_pytorch=for_, for_channels=(*(channel or ()), str(out_dir)),
                           wheel_folders=tuple(str(w) for w in wheels or ()),
                           flavour_flags=(
                               ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),

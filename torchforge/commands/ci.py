@@ -12,9 +12,9 @@ from torchforge import fileops, selfwheel
 from torchforge.ci import CiPlan, CiRemoteCache, Provider, check_writable, load_data, render, repository_path, site_args, write_file
 from torchforge.extensions.sdist import names_a_path
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
     PlatformOpt,
-    PythonOpt, PytorchOpt, SourceOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
+    PythonOpt, PytorchOpt, SourceOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -133,6 +133,7 @@ def register(app: typer.Typer) -> None:
         wheel: WheelOpt = None, skip_preflight: SkipPreflightOpt = False, force: ForceOpt = False,
         channel: ChannelOpt = None, config: ConfigOpt = None, flavour: FlavourOpt = None, with_: WithOpt = None,
         extension: ExtensionOpt = None, for_: ForOpt = None, stack: StackOpt = None,
+        extension_env: ExtensionEnvOpt = None,
         cache_url: Annotated[str | None, typer.Option("--cache-url", help="A compile cache server every build job uses beside its CI cache (credentials as ${VAR}: CI secrets); read-only on untrusted pipelines.")] = None,
         no_remote_cache_for_releases: Annotated[bool, typer.Option("--no-remote-cache-for-releases", help="Tag pipelines (releases) build without the --cache-url server.")] = False,
     ) -> None:
@@ -156,7 +157,8 @@ def register(app: typer.Typer) -> None:
                       *(("--extension", spec, False) for spec in extension or () if names_a_path(spec))))
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source,
-                          with_packages=with_names(with_), extensions=tuple(extension or ()), for_pytorch=for_,
+                          with_packages=with_names(with_), extensions=tuple(extension or ()),
+                          extension_env=extension_variables(extension_env), for_pytorch=for_,
                           for_channels=tuple(channel or ()), flavour_flags=(
                               ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())),
                               ("--magma-source", magma_source)))
@@ -172,6 +174,7 @@ def register(app: typer.Typer) -> None:
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
             ("--with", ",".join(request.with_packages), bool(request.with_packages)),
             *(("--extension", spec, True) for spec in request.extensions),
+            *(("--extension-env", text, True) for text in extension_env or ()),
             ("--cache-url", cache_url, cache_url is not None),
             ("--no-remote-cache-for-releases", None, no_remote_cache_for_releases)])
         given_after = (*(("--env", pair) for pair in env or []), *(("--channel", url) for url in channel or []),

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FlavourOpt, ForOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
+    ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         config: ConfigOpt = None,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
         flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None,
-        stack: StackOpt = None, wheels: WheelsOpt = None,
+        stack: StackOpt = None, wheels: WheelsOpt = None, extension_env: ExtensionEnvOpt = None,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
         MAX_JOBS, source, driver, that every channel answers and that each variant's build and host requirements solve
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         check_dir(out_dir, "--out")
         channels = check_channel_args(channel)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_),
-                          extensions=tuple(extension or ()), for_pytorch=for_,
+                          extensions=tuple(extension or ()), extension_env=extension_variables(extension_env), for_pytorch=for_,
                           for_channels=(*channels, str(out_dir)), wheel_folders=tuple(str(w) for w in wheels or ()),
                           flavour_flags=(
             ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),

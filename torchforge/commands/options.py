@@ -12,6 +12,7 @@ from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
 from torchforge.extensions.sdist import parse_spec
+from torchforge.extensions.variables import FLAG_FORM, parse_flag
 from torchforge.flavours import Flavour, Request, choose, official_selection
 from torchforge.fileops import path_of_file_url
 from torchforge.patchfile import check_patches
@@ -89,6 +90,24 @@ ExtensionOpt = Annotated[list[str] | None, typer.Option(
     "--extension", metavar="SPEC", callback=_checked_specs,
     help="Also build this PyTorch extension from its sdist for each pytorch package of the plan, pinned to it and "
          "after it (repeatable): NAME==VERSION, a local sdist or folder, or git+URL@REV (docs/extensions.md).")]
+
+
+def _checked_env(values: list[str] | None) -> list[str] | None:
+    """Each --extension-env read before anything is planned (a variable torchforge sets is refused here)."""
+    for text in values or ():
+        parse_flag(text)
+    return values
+
+
+ExtensionEnvOpt = Annotated[list[str] | None, typer.Option(
+    "--extension-env", metavar="NAME:KEY=VALUE", callback=_checked_env,
+    help=f"A build variable of one --extension's setup.py (repeatable): {FLAG_FORM}. It is part of the package's "
+         "build string (docs/extensions.md).")]
+
+
+def extension_variables(values: list[str] | None) -> tuple[tuple[str, str, str], ...]:
+    """--extension-env's (name, KEY, VALUE) triples, in the order given."""
+    return tuple(parse_flag(text) for text in values or ())
 
 
 def with_names(companions: str | None) -> tuple[str, ...]:

@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from torchforge.commands.options import (
-    ArchListOpt, BuildNumberOpt, ForChannelOpt, ForOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, chosen_flavour, nonempty_path, with_names,
+    ArchListOpt, BuildNumberOpt, ForChannelOpt, ForOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, chosen_flavour, extension_variables, nonempty_path, with_names,
 )
 from torchforge import sequence
 from torchforge.buildoptions import Rendered
@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
         flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None,
         channel: ForChannelOpt = None, stack: StackOpt = None, wheels: WheelsOpt = None,
+        extension_env: ExtensionEnvOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         if stack is not None:
@@ -58,7 +59,8 @@ def register(app: typer.Typer) -> None:
             return
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, with_packages=with_names(with_),
-                          extensions=tuple(extension or ()), for_pytorch=for_, for_channels=tuple(channel or ()),
+                          extensions=tuple(extension or ()), extension_env=extension_variables(extension_env),
+                          for_pytorch=for_, for_channels=tuple(channel or ()),
                           wheel_folders=tuple(str(w) for w in wheels or ()), flavour_flags=(
             ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc)))
         view = sequence.matrix(flavour, request)

@@ -29,7 +29,8 @@ StackOpt = Annotated[Path | None, typer.Option(
 # that has it; the others (engine, jobs, --dry-run, output format ...) say how to run, not what to build.
 STACK_SAYS = ("pytorch", "cuda", "python", "platform", "arch_list", "build_number", "debug", "jetson", "env", "gcc",
               "source", "magma_source", "patch", "magma_patch", "fmt", "channel", "magma_only", "flavour", "with_",
-              "extension", "feedstock_patches", "for_", "companions", "wheels")
+              "extension", "feedstock_patches", "for_", "companions", "wheels",
+              "extension_env")
 
 
 def refuse_flags(ctx: typer.Context, stack: Path, *, also: tuple[str, ...] = (), allowed: tuple[str, ...] = ()) -> None:

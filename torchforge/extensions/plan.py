@@ -29,6 +29,7 @@ from torchforge.extensions.metadata import read_metadata, sdist_identity, static
 from torchforge.extensions.recipe import (KIND, PYTORCH, ExtensionInputs, PytorchBuild, extension_recipe,
                                           planned_recipe, settings_of, stem_of)
 from torchforge.extensions.sdist import SPEC_HINT, SdistSpec, fetch, parse_spec
+from torchforge.extensions.variables import as_flags, check_all_used, for_extension
 from torchforge.fileops import atomic_write, sha256_file
 from torchforge.havepytorch import in_channel
 from torchforge.flavours.base import MachineNeeds, MatrixView, Plan, PlannedRecipe, Request
@@ -100,6 +101,7 @@ class DeferredRecipe(Mapping[str, "str | bytes"]):
     arch_list: str
     channels: tuple[str, ...]
     recipe_format: str
+    variables: tuple[tuple[str, str], ...] = ()  # the package's own build variables
 
     def __getitem__(self, key: str) -> str | bytes:
         return _resolved(self)[key]
@@ -128,7 +130,7 @@ def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
         raise UsageError(f"--extension {source.spec.text!r}: the sdist says it is {meta.name} {meta.version}",
                          f"give {meta.name}=={meta.version}")
     inputs = ExtensionInputs(archive, dataclasses.replace(meta, version=source.version), recipe.pytorch,
-                             recipe.arch_list, recipe.channels, sdist=source.sdist)
+                             recipe.arch_list, recipe.channels, sdist=source.sdist, variables=recipe.variables)
     return dict(extension_recipe(inputs, recipe.recipe_format).files)
 
 
@@ -162,9 +164,11 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
     """The plan with one recipe per --extension SPEC and pytorch package after its recipes (`channel`: the output
     channel, whose pytorch is used where the plan has none)."""
     if not request.extensions:
+        check_all_used(request.extension_env, ())
         return the_plan
     sources = [(text, planned_source(parse_spec(text), Runner())) for text in request.extensions]
     check_one_source_each((text, source.name, source.version) for text, source in sources)
+    check_all_used(request.extension_env, (source.name for _, source in sources))
     extensions = []
     for maker, pytorch in _targets(the_plan, channel, request.arch_list):
         arch_list = arch_list_for(pytorch, request)
@@ -172,19 +176,22 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
         channels = maker.channels if maker else () if the_plan.given_pytorch else \
             (channel.resolve().as_uri(),) if channel else ()
         for text, source in sources:
-            stem = stem_of(source.name, source.version, pytorch, arch_list)
-            files = DeferredRecipe(source, pytorch, arch_list, channels, recipe_format)
+            variables = for_extension(request.extension_env, source.name)
+            stem = stem_of(source.name, source.version, pytorch, arch_list, variables=variables)
+            files = DeferredRecipe(source, pytorch, arch_list, channels, recipe_format, variables)
+            # a CI job builds it with the command of its pytorch's job and this --extension (which reuses that
+            # job's packages), and tests it per Python
+            flags = ("--extension", text, *as_flags(source.name, variables))
             extensions.append(dataclasses.replace(
-                planned_recipe(stem, settings_of(source.name, source.version, source.sdist, pytorch, arch_list),
-                               pytorch, arch_list, channels, files, (maker.id,) if maker else ()),
+                planned_recipe(stem, settings_of(source.name, source.version, source.sdist, pytorch, arch_list,
+                                                 variables), pytorch, arch_list, channels, files,
+                               (maker.id,) if maker else ()),
                 note=f"for pytorch {pytorch.version} {pytorch.build}"
                      + (f", after recipe {maker.id}; " if maker else f" ({pytorch.stem}, of the channel); ")
                      + RESOLVED_LATER.format(version=pytorch.version),
-                # a CI job builds it with the command of its pytorch's job and this --extension (which reuses
-                # that job's packages), and tests it per Python
                 pythons=((stem, pytorch.python),),
-                build_flags=(*maker.build_flags, "--extension", text) if maker and maker.build_flags else
-                (*pytorch.for_flags, "--extension", text) if the_plan.given_pytorch == pytorch else ()))
+                build_flags=(*maker.build_flags, *flags) if maker and maker.build_flags else
+                (*pytorch.for_flags, *flags) if the_plan.given_pytorch == pytorch else ()))
     return dataclasses.replace(the_plan, recipes=(*the_plan.recipes, *extensions),
                                needs=_machine_needs(the_plan.needs, extensions, the_plan.recipes))
 
@@ -211,7 +218,8 @@ def matrix_rows(the_plan: Plan) -> list[dict[str, object]]:
         rows.append({"id": recipe.id, "kind": KIND, "package": settings["extension"], "version": settings["version"],
                      "build_string": recipe.stems[0].rsplit("-", 1)[-1], "subdir": recipe.subdir,
                      "python": recipe.python, "cuda": recipe.accel, "arch_list": settings["arch_list"],
-                     "pytorch": settings["pytorch"], "sdist": settings["sdist"], "needs": list(recipe.needs)})
+                     "pytorch": settings["pytorch"], "sdist": settings["sdist"], "needs": list(recipe.needs),
+                     "variables": settings.get("variables", {})})
     return rows
 
 

@@ -40,21 +40,30 @@ NINJA = "ninja"
 ISOLATION_SCRIPT = "isolation_child.py"  # the recipe's copy of torchforge/isolation_child.py
 
 
-def build_string(pytorch: PytorchBuild, arch_list: str, number: int) -> str:
-    digest = hashlib.sha256(json.dumps([pytorch.build, arch_list]).encode()).hexdigest()[:8]
+Pairs = tuple[tuple[str, str], ...]  # an extension's own build variables (KEY, VALUE), sorted
+
+
+def build_string(pytorch: PytorchBuild, arch_list: str, number: int, variables: Pairs = ()) -> str:
+    """`variables` join the digest only where there are some: a package built without any keeps its string."""
+    material = [pytorch.build, arch_list, *([list(map(list, variables))] if variables else [])]
+    digest = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:8]
     return f"pt{pytorch.version}_{pytorch.accel}_{digest}_py{pytorch.python.replace('.', '')}_{number}"
 
 
-def stem_of(name: str, version: str, pytorch: PytorchBuild, arch_list: str, number: int = 0) -> str:
+def stem_of(name: str, version: str, pytorch: PytorchBuild, arch_list: str, number: int = 0,
+            variables: Pairs = ()) -> str:
     """The planned package: name-version-build (the name in conda's form)."""
-    return f"{name}-{version}-{build_string(pytorch, arch_list, number)}"
+    return f"{name}-{version}-{build_string(pytorch, arch_list, number, variables)}"
 
 
-def settings_of(name: str, version: str, sdist: str, pytorch: PytorchBuild, arch_list: str) -> str:
+def settings_of(name: str, version: str, sdist: str, pytorch: PytorchBuild, arch_list: str,
+                variables: Pairs = ()) -> str:
     """What the package records and the reuse check compares: `sdist` is the SPEC `NAME==VERSION` for an index (a
-    package index keeps one file per name and version) or `sha256:HEX` of a local, folder or git archive."""
+    package index keeps one file per name and version) or `sha256:HEX` of a local, folder or git archive; the
+    package's own build variables where it has some."""
     return json.dumps({"extension": name, "version": version, "sdist": sdist,
-                       "pytorch": f"{pytorch.version} {pytorch.build}", "arch_list": arch_list}, sort_keys=True)
+                       "pytorch": f"{pytorch.version} {pytorch.build}", "arch_list": arch_list,
+                       **({"variables": dict(variables)} if variables else {})}, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,16 @@ class ExtensionInputs:
     channels: tuple[str, ...]
     number: int = 0
     sdist: str = ""  # the source's identity in the settings (settings_of); "": the archive's sha256
+    variables: Pairs = ()  # the package's own build variables (torchforge/extensions/variables.py)
 
     @property
     def stem(self) -> str:
-        return stem_of(self.metadata.conda_name, self.metadata.version, self.pytorch, self.arch_list, self.number)
+        return stem_of(self.metadata.conda_name, self.metadata.version, self.pytorch, self.arch_list, self.number,
+                       self.variables)
+
+    @property
+    def build(self) -> str:
+        return build_string(self.pytorch, self.arch_list, self.number, self.variables)
 
     def pytorch_pin(self, recipe_format: str) -> str:
         """`pytorch ==VERSION BUILD`. rattler-build's strict match specs refuse a dot in a build string (the pytorch
@@ -93,11 +108,12 @@ class ExtensionInputs:
         return {"host": tuple(dict.fromkeys(host)), "run": run}
 
     def env(self) -> dict[str, str]:
-        """The build's own variables: the package's switches (its CUDA ones for a CUDA pytorch), the arch list, no
-        network."""
+        """The build's own variables: the team's for this package (first: torchforge's own cannot be overridden),
+        the package's switches (its CUDA ones for a CUDA pytorch), the arch list, no network."""
         arch = {ARCH_LIST_VARIABLE: self.arch_list, "TORCH_CUDA_ARCH_LIST": self.arch_list} if self.arch_list else {}
         own = switches(self.metadata.name)
-        return {**dict(own.build_env), **(dict(own.cuda_env) if self.pytorch.cuda else {}), **arch,
+        return {**dict(self.variables), **dict(own.build_env), **(dict(own.cuda_env) if self.pytorch.cuda else {}),
+                **arch,
                 **dict.fromkeys(PROXY_VARIABLES, NO_NETWORK_PROXY), "PIP_NO_INDEX": "1"}
 
 
@@ -131,7 +147,8 @@ def build_script(inputs: ExtensionInputs, isolate: bool = True) -> str:
 
 def _settings(inputs: ExtensionInputs) -> str:
     return settings_of(inputs.metadata.conda_name, inputs.metadata.version,
-                       inputs.sdist or f"sha256:{sha256_file(inputs.archive)}", inputs.pytorch, inputs.arch_list)
+                       inputs.sdist or f"sha256:{sha256_file(inputs.archive)}", inputs.pytorch, inputs.arch_list,
+                       inputs.variables)
 
 
 def _yaml_list(items: tuple[str, ...], indent: int) -> str:
@@ -142,7 +159,7 @@ def meta_yaml(inputs: ExtensionInputs, script_env: tuple[str, ...]) -> str:
     meta, reqs = inputs.metadata, inputs.requirements("conda-build")
     return (f"package:\n  name: {meta.conda_name}\n  version: {json.dumps(meta.version)}\n\n"
             f"source:\n  url: {inputs.archive.resolve().as_uri()}\n  sha256: {sha256_file(inputs.archive)}\n\n"
-            f"build:\n  number: {inputs.number}\n  string: {build_string(inputs.pytorch, inputs.arch_list, inputs.number)}\n"
+            f"build:\n  number: {inputs.number}\n  string: {inputs.build}\n"
             f"  script_env:\n{_yaml_list(script_env, 4)}\n"
             f"requirements:\n  host:\n{_yaml_list(reqs['host'], 4)}  run:\n{_yaml_list(reqs['run'], 4)}\n"
             f"about:\n  summary: {json.dumps(f'{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}')}\n"
@@ -154,7 +171,7 @@ def recipe_yaml(inputs: ExtensionInputs, script_env: tuple[str, ...]) -> str:
     env = "".join(f"      {name}: ${{{{ env.get({json.dumps(name)}, default='') }}}}\n" for name in script_env)
     return (f"package:\n  name: {meta.conda_name}\n  version: {json.dumps(meta.version)}\n\n"
             f"source:\n  url: {inputs.archive.resolve().as_uri()}\n  sha256: {sha256_file(inputs.archive)}\n\n"
-            f"build:\n  number: {inputs.number}\n  string: {build_string(inputs.pytorch, inputs.arch_list, inputs.number)}\n"
+            f"build:\n  number: {inputs.number}\n  string: {inputs.build}\n"
             f"  script:\n    file: build.sh\n    env:\n{env}\n"
             f"requirements:\n  host:\n{_yaml_list(reqs['host'], 4)}  run:\n{_yaml_list(reqs['run'], 4)}\n"
             f"about:\n  summary: {json.dumps(f'{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}')}\n"

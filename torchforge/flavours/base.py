@@ -86,6 +86,9 @@ class Request:
     with_packages: tuple[str, ...] = ()
     # --extension: SPECs of extensions built from their sdist for each pytorch package (torchforge/extensions)
     extensions: tuple[str, ...] = ()
+    # --extension-env NAME:KEY=VALUE: (name in conda's form, KEY, VALUE), one extension's own build variables
+    # (torchforge/extensions/variables.py)
+    extension_env: tuple[tuple[str, str, str], ...] = ()
     # --for SPEC: a conda match spec of a pytorch package a channel already has (`pytorch ==2.13.0 whl_*`), looked
     # for in `for_channels` (the --channel values, then --out): companions and extensions are built for it, and no
     # pytorch source build is planned (torchforge/havepytorch.py)

@@ -15,6 +15,7 @@ from torchforge import data as tables
 from torchforge.commands.options import check_channel_arg
 from torchforge.errors import UsageError
 from torchforge.extensions.sdist import parse_spec
+from torchforge.extensions.variables import checked as checked_variable
 from torchforge.stackfile.positions import Path as KeyPath
 from torchforge.stackfile.positions import key_lines, line_of
 from torchforge.stackfile.schema import StackFile
@@ -37,6 +38,8 @@ class Stack:
     channels: tuple[str, ...]  # [channels] next_to: URLs and names as given, folders made absolute
     extensions: tuple[str, ...]  # each [[extensions]] spec, a local path made absolute
     source: str | None
+    # each [[extensions]] env's variables as --extension-env gives them: (name in conda's form, KEY, VALUE)
+    extension_env: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def lock_path(self) -> Path:
@@ -120,7 +123,10 @@ def _checked(path: Path, model: StackFile) -> Stack:
     source = model.pytorch.source
     if source is not None and "://" not in source and not source.startswith("git@"):
         source = str((folder / source).resolve())
-    return Stack(path, model, wheels, (folder / model.channels.out).resolve(), channels, extensions, source)
+    variables = tuple(variable for number, ext in enumerate(model.extensions) if ext.env
+                      for variable in _variables(number, extensions[number], ext.env))
+    return Stack(path, model, wheels, (folder / model.channels.out).resolve(), channels, extensions, source,
+                 variables)
 
 
 # (key of [pytorch], the routes it goes with, what it is for)
@@ -206,3 +212,23 @@ def _extension(folder: Path, number: int, spec: str) -> str:
         raise _Refusal(("extensions", number, "spec"), exc.message.removeprefix("--extension "),
                        (exc.hint or "") + "; a path is relative to the stack file") from None
     return local
+
+
+def _variables(number: int, spec: str, env: dict[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """An extension's env as (name, KEY, VALUE): its name is the sdist's (a local archive is read, not run)."""
+    from torchforge.extensions.plan import planned_source
+    from torchforge.proc import Runner
+
+    try:
+        name = planned_source(parse_spec(spec), Runner()).name
+    except UsageError as exc:
+        raise _Refusal(("extensions", number, "spec"), exc.message.removeprefix("--extension "),
+                       exc.hint or "") from None
+    found = []
+    for key, value in env.items():
+        try:
+            found.append(checked_variable(name, key, value))
+        except UsageError as exc:
+            raise _Refusal(("extensions", number, "env", key), exc.message.split(": ", 1)[-1],
+                           exc.hint or "") from None
+    return tuple(found)

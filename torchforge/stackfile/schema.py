@@ -64,6 +64,9 @@ class Extension(_Strict):
 
     spec: str = Field(description="NAME==VERSION, a local sdist or folder (relative to the stack file), "
                                   "or git+URL@REV.")
+    env: dict[str, str] = Field(default_factory=dict, description="This package's own build variables for its "
+                                "setup.py (--extension-env NAME:KEY=VALUE), e.g. { MAMBA_FORCE_CXX11_ABI = \"TRUE\" }"
+                                "; part of its build string. Variables torchforge sets are refused.")
 
 
 class ChannelsSection(_Strict):
