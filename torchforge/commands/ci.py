@@ -9,7 +9,8 @@ import typer
 
 from torchforge import config as site_config
 from torchforge import fileops, selfwheel
-from torchforge.ci import CiPlan, CiRemoteCache, Provider, check_writable, load_data, render, repository_path, site_args, write_file
+from torchforge.ci import CiPlan, CiRemoteCache, Provider, check_writable, load_data, repository_path, site_args, write_file
+from torchforge.ci_render import render
 from torchforge.extensions.sdist import names_a_path
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
