@@ -361,7 +361,7 @@ def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: s
 
 
 def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Path) -> None:
-    from torchforge.preflight import run_preflight
+    from torchforge.officialpreflight import run_preflight
 
     selection_ = selection("2.12.0", "12.6,13.2", "3.12")
     report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(), out=tmp_path,
@@ -379,7 +379,7 @@ def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Pat
 
 
 def test_doctor_contacts_the_container_engine_a_client_without_its_daemon_fails(tmp_path: Path) -> None:
-    from torchforge.preflight import run_preflight
+    from torchforge.officialpreflight import run_preflight
 
     docker = tmp_path / "bin" / "docker"  # what a docker client prints, and its status, when no daemon answers
     docker.parent.mkdir()
@@ -419,7 +419,7 @@ def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_pat
     from tests.stubchannel import make_stub_channel
     from torchforge.channels import SiteChannels
     from torchforge.config import SiteConfig
-    from torchforge.preflight import run_preflight
+    from torchforge.officialpreflight import run_preflight
     from torchforge.recipe import pytorch_context
 
     selection_ = selection("2.9.0", "cpu", "3.11")
@@ -607,7 +607,7 @@ def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(
 
 def test_doctor_names_the_base_and_derived_image_a_machine_without_the_toolkit_needs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchforge.preflight import run_preflight
+    from torchforge.officialpreflight import run_preflight
 
     monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # no nvcc here
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))

@@ -20,7 +20,7 @@ from torchforge import containers
 from torchforge.cli import main
 from torchforge.config import load as load_site
 from torchforge.errors import ExitCode
-from torchforge.preflight import run_preflight
+from torchforge.officialpreflight import run_preflight
 from torchforge.proc import Command, Runner
 from torchforge.render import plan
 

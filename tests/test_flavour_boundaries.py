@@ -34,7 +34,7 @@ COMMANDS = "torchforge.commands"
 # torchforge/flavours/official/, and then this tuple gives way to that package (the lists below are renamed,
 # not grown).
 OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "torchforge.companions",
-            "torchforge.render", "torchforge.magmasource", "torchforge.officialstack")
+            "torchforge.render", "torchforge.magmasource", "torchforge.officialstack", "torchforge.officialpreflight")
 
 # ---- ratchets (issue 30): may only shrink ---------------------------------------------------------------------
 
@@ -47,8 +47,6 @@ FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {}
 INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
     "torchforge.pipeline": frozenset({"torchforge.resolve"}),
-    "torchforge.preflight": frozenset({
-        "torchforge.recipe", "torchforge.render", "torchforge.resolve", "torchforge.variant"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
     "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolve"}),
 }

@@ -13,7 +13,8 @@ from tests.test_upload_helpers import cli
 from torchforge import localchannel, sequence
 from torchforge.config import load as load_site
 from torchforge.flavours import Request, official_selection
-from torchforge.preflight import Machine, PreflightReport, load_table, run_machine_checks, run_preflight
+from torchforge.officialpreflight import run_preflight
+from torchforge.preflight import Machine, PreflightReport, load_table, run_machine_checks
 from torchforge.proc import Runner
 
 CONDA_FORGE = ("--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12")

@@ -17,8 +17,9 @@ from torchforge.errors import DataError, PreflightError, UsageError
 from torchforge.preflight import (
     MIN_FREE_VARIABLE,
     Level, Machine, PreflightReport, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table, read_mem_available_gib,
-    report_table, run_preflight,
+    report_table,
 )
+from torchforge.officialpreflight import run_preflight
 from torchforge.proc import Runner
 from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit, path_without
 
@@ -176,7 +177,7 @@ def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(tmp_path: Path, m
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
     for variable in ("CUDNN_INCLUDE_DIR", "CUDNN_LIB_DIR"):
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setattr("torchforge.preflight.load_table", _without_system_cudnn(tmp_path / "system"))
+    monkeypatch.setattr("torchforge.officialpreflight.load_table", _without_system_cudnn(tmp_path / "system"))
     report = _preflight(NVCC_RELEASE or "")
     cublas, cusparse = report.check(f"cuBLAS (CUDA {NVCC_RELEASE})"), report.check(f"cuSPARSE (CUDA {NVCC_RELEASE})")
     assert cublas.status is Level.FAIL and f"not found in the toolkit at {toolkit}" in cublas.detail
@@ -205,7 +206,7 @@ def test_a_complete_toolkit_and_cudnn_from_its_own_folders_pass(tmp_path: Path, 
     # machine (the table's real system folders are replaced by folders of this test).
     monkeypatch.delenv("CUDNN_LIB_DIR")
     system = tmp_path / "system"
-    monkeypatch.setattr("torchforge.preflight.load_table", _without_system_cudnn(system))
+    monkeypatch.setattr("torchforge.officialpreflight.load_table", _without_system_cudnn(system))
     assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.FAIL
     (system / "lib" / "libcudnn.so").symlink_to(cudnn / "lib" / "libcudnn.so")
     assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.OK
@@ -277,7 +278,7 @@ def test_disk_check_uses_the_out_folders_file_system(tmp_path: Path, monkeypatch
     report = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path / "not" / "yet" / "there")
     assert str(tmp_path) in report.check("disk").detail
     strict = load_table().model_copy(update={"disk": load_table().disk.model_copy(update={"min_free_gib_cpu": 1e9})})
-    monkeypatch.setattr("torchforge.preflight.load_table", lambda: strict)
+    monkeypatch.setattr("torchforge.officialpreflight.load_table", lambda: strict)
     failed = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path).check("disk")
     assert failed.status is Level.FAIL and "estimate" in (failed.fix or "")
 

@@ -1,7 +1,9 @@
 """Preflight: check the machine before a multi-hour build and report every problem at once, each with its fix.
 
-`run_preflight(plan_or_selection, engine=..., source=..., jobs=..., runner=...)` returns a `PreflightReport`;
-it never raises for a failed check (the caller prints the whole table first, then `report.raise_if_failed()`).
+`run_machine_checks(needs, engine=..., jobs=..., runner=..., out=...)` returns a `PreflightReport` of the checks
+every flavour's plan gets, read from its neutral `MachineNeeds`; it never raises for a failed check (the caller prints
+the whole table first, then `report.raise_if_failed()`). The official flavour runs the same checks from its
+variants (torchforge/officialpreflight.py).
 Checks: the selection itself (refused variants), platform, build engine and version, nvcc == requested CUDA,
 host compiler within that CUDA's limit, cuBLAS/cuSPARSE (and cuDNN for pytorch) in that CUDA's toolkit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
 source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).
@@ -29,7 +31,6 @@ from rich.table import Table
 
 from torchforge import channelcheck
 from torchforge.buildmemory import available_memory, read_mem_available_gib  # noqa: F401 (re-exported)
-from torchforge import channels as channel_data
 from torchforge import data as tables
 from torchforge.config import SiteConfig
 from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name, check_cudnn, describe, image_for,
@@ -40,13 +41,7 @@ from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
 from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
 from torchforge.proc import Command, Runner
-from torchforge.recipe import pytorch_context
-from torchforge.sourcestate import resolve_source
-from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, RequirementSolve
-from torchforge.render import RenderPlan, plan
-from torchforge.resolve import Status as VariantStatus
-from torchforge.resolve import Variant, bundled_cudnn, bundled_files
-from torchforge.variant import Selection
+from torchforge.flavours.base import MachineNeeds
 
 ENGINES = ("auto", "conda-build", "rattler-build")
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
@@ -279,64 +274,22 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 # ---- the checks ------------------------------------------------------------------------------------------
 
 
-def official_needs(variants: Sequence[Variant], *, magma_only: bool = False) -> MachineNeeds:
-    """What the official flavour's variants need of the machine (the neutral form the shared checks read): the
-    CUDA libraries each CUDA's magma and pytorch recipes link, and the files the pytorch recipes bundle."""
-    cudas = tuple(dict.fromkeys(v.request.accel for v in variants if v.request.is_cuda))
-    uses = []
-    for cuda in cudas:
-        of_cuda = [v for v in variants if v.request.accel == cuda]
-        kinds = ("magma",) * any(v.magma for v in of_cuda) + ("pytorch",) * (not magma_only)
-        uses.append(CudaUse(cuda, kinds, next((v.cudnn for v in of_cuda if v.cudnn), "")))
-    data = tables.load()
-    bundled = [] if magma_only else [
-        HostLibrary(variant.id, file.name, file.dir_var, file.dir_default) for variant in variants
-        if variant.status is not VariantStatus.REFUSED and data.platform(variant.request.platform).family == "linux"
-        for file in bundled_files(data, variant.request, variant.request.accel
-                                  if variant.request.is_cuda and variant.jetson is None else None)
-        if not file.optional]
-    return MachineNeeds(cuda_versions=cudas, platforms=tuple(dict.fromkeys(v.request.platform for v in variants)),
-                        cuda_uses=tuple(uses), host_libraries=tuple(bundled),
-                        solves=() if magma_only else tuple(_solve_of(v) for v in variants
-                                                           if v.status is not VariantStatus.REFUSED),
-                        builds_a_source=not magma_only,
-                        env_max_jobs=dict(variants[0].request.options.extra_env).get("MAX_JOBS") if variants else None)
-
-
-def _solve_of(variant: Variant) -> RequirementSolve:
-    """A pytorch recipe's requirements; magma-cudaXYZ is built by the plan itself before it, not looked for."""
-    context = pytorch_context(variant)
-    planned = variant.magma.name if variant.magma is not None else None
-    request = variant.request
-    channels = channel_data.for_pytorch(request.pytorch, request.python, request.accel, request.platform)
-    return RequirementSolve(variant.id, request.platform, channels,
-                            tuple(s for s in context.build_requirements if s.split()[0] != planned),
-                            tuple(s for s in context.host_requirements if s.split()[0] != planned))
-
-
 @dataclass
-class _Context:
-    variants: tuple[Variant, ...]  # the official flavour's (its own checks); empty for another flavour's plan
+class Context:
+    """One preflight's checks so far, and what they read: the plan's neutral needs of this machine."""
+
     runner: Runner
     machine: Machine
+    needs: MachineNeeds
     checks: list[Check] = field(default_factory=list)
-    needs: MachineNeeds | None = None  # None: read from `variants`
-
-    def __post_init__(self) -> None:
-        if self.needs is None:
-            self.needs = official_needs(self.variants)
-
-    @property
-    def _needs(self) -> MachineNeeds:
-        return self.needs if self.needs is not None else MachineNeeds()  # set by __post_init__
 
     @property
     def cuda_versions(self) -> list[str]:
-        return list(self._needs.cuda_versions)
+        return list(self.needs.cuda_versions)
 
     @property
     def platforms(self) -> list[str]:
-        return list(self._needs.platforms)
+        return list(self.needs.platforms)
 
     def add(self, name: str, status: Level, detail: str, fix: str | None = None) -> None:
         self.checks.append(Check(name, status, detail, fix))
@@ -350,18 +303,7 @@ class _Context:
         return result.returncode, result.output
 
 
-def _check_variants(ctx: _Context) -> None:
-    refused = [v for v in ctx.variants if v.status is VariantStatus.REFUSED]
-    if refused:
-        reasons = "; ".join(f"{v.id}: {r}" for v in refused for r in v.refusals)
-        ctx.add("selection", Level.FAIL, f"{len(refused)} of {len(ctx.variants)} variant(s) refused: {reasons}",
-                "change the selection as each reason says (`torchforge matrix` shows every variant)")
-    else:
-        magma = len({v.magma.id for v in ctx.variants if v.magma is not None})
-        ctx.add("selection", Level.OK, f"{len(ctx.variants)} variant(s), {magma} magma package(s)")
-
-
-def _check_platform(ctx: _Context) -> None:
+def check_platform(ctx: Context) -> None:
     here = ctx.machine.platform
     foreign = [p for p in ctx.platforms if p != here]
     if foreign:
@@ -408,13 +350,13 @@ def engine_check(engine: str) -> tuple[Check, str]:
     return Check("engine", Level.OK, f"embedded rattler-build {version}{why}"), "rattler-build"
 
 
-def _check_engine(ctx: _Context, engine: str) -> str:
+def check_engine(ctx: Context, engine: str) -> str:
     check, resolved = engine_check(engine)
     ctx.checks.append(check)
     return resolved
 
 
-def _check_nvcc(ctx: _Context) -> None:
+def check_nvcc(ctx: Context) -> None:
     if not ctx.cuda_versions:
         return
     try:
@@ -438,7 +380,7 @@ def _check_nvcc(ctx: _Context) -> None:
             ctx.add(name, Level.OK, f"{nvcc}: release {have}")
 
 
-def _check_host_compiler(ctx: _Context) -> None:
+def check_host_compiler(ctx: Context) -> None:
     linux_cuda = ctx.cuda_versions if any(p.startswith("linux") for p in ctx.platforms) else []
     if not linux_cuda:
         return
@@ -486,11 +428,11 @@ def _found(folders: Sequence[Path], names: Sequence[str], *, prefix: bool) -> li
     return missing
 
 
-def _check_cuda_libraries(ctx: _Context, table: PreflightTable) -> None:
+def check_cuda_libraries(ctx: Context, table: PreflightTable) -> None:
     """cuBLAS, cuSPARSE (MAGMA and PyTorch) and cuDNN (PyTorch) of each requested CUDA: nvcc alone builds nothing."""
     if not any(p.startswith("linux") for p in ctx.platforms):
         return
-    for use in ctx._needs.cuda_uses:
+    for use in ctx.needs.cuda_uses:
         cuda, packages, cudnn = use.cuda, set(use.kinds), use.cudnn or None
         root = cuda_root(cuda)
         arch_dirs = [root / "targets" / t for t in ("x86_64-linux", "sbsa-linux", "aarch64-linux")]
@@ -522,7 +464,7 @@ def host_tools(table: PreflightTable, *, clones: bool) -> tuple[str, ...]:
     return tuple(tool for tool, info in table.tools.items() if clones or not info.clone_only)
 
 
-def _check_tools(ctx: _Context, table: PreflightTable, used: Sequence[str]) -> None:
+def check_tools(ctx: Context, table: PreflightTable, used: Sequence[str]) -> None:
     for tool, info in table.tools.items():
         if tool not in used:
             ctx.add(tool, Level.OK, "not needed: no source is cloned (a local --source, or MAGMA's tarball)")
@@ -564,7 +506,7 @@ def disk_need_gib(cuda: bool, table: PreflightTable, *, extensions_only: bool = 
     return need, f"{MIN_FREE_VARIABLE} in the environment"
 
 
-def _check_disk(ctx: _Context, out: Path, table: PreflightTable, *, extensions_only: bool = False) -> None:
+def check_disk(ctx: Context, out: Path, table: PreflightTable, *, extensions_only: bool = False) -> None:
     where = out.resolve()
     while not where.exists() and where != where.parent:
         where = where.parent
@@ -577,7 +519,7 @@ def _check_disk(ctx: _Context, out: Path, table: PreflightTable, *, extensions_o
         ctx.add("disk", Level.OK, detail)
 
 
-def _check_out(ctx: _Context, out: Path) -> None:
+def check_out(ctx: Context, out: Path) -> None:
     """The output channel folder can be written: the folder, or the nearest existing folder above it."""
     where = out.resolve()
     while not where.exists() and where != where.parent:
@@ -591,7 +533,7 @@ def _check_out(ctx: _Context, out: Path) -> None:
         ctx.add("output folder", Level.OK, f"{where} is writable")
 
 
-def _check_jobs(ctx: _Context, jobs: int | None, table: PreflightTable) -> int:
+def check_jobs(ctx: Context, jobs: int | None, table: PreflightTable) -> int:
     cuda = bool(ctx.cuda_versions)
     aarch64 = "linux-aarch64" in ctx.platforms
     cores, mem = ctx.machine.cores, ctx.machine.mem_available_gib
@@ -634,7 +576,7 @@ def _missing_submodules(root: Path, depth: int = 0) -> tuple[list[str], int]:
     return missing, declared
 
 
-def _check_source(ctx: _Context, source: str | None) -> None:
+def check_source(ctx: Context, source: str | None) -> None:
     if source is None:
         ctx.add("source", Level.OK, "no --source: the recipe fetches the release source")
         return
@@ -686,11 +628,11 @@ def _cuda_home() -> str:
     return os.environ.get("CUDA_HOME") or (default.group(1) if default else "")
 
 
-def _check_bundled(ctx: _Context) -> None:
+def check_bundled(ctx: Context) -> None:
     """The libraries the recipes bundle (bundle.toml) must be where build.sh looks, or the build fails after
     the whole compile, at the copy step."""
     seen: set[tuple[str, str]] = set()
-    for file in ctx._needs.host_libraries:
+    for file in ctx.needs.host_libraries:
         folder = os.environ.get(file.dir_var) or file.dir_default.replace("$CUDA_HOME", _cuda_home())
         if (folder, file.name) in seen:
             continue
@@ -710,7 +652,7 @@ def _compat_dirs() -> list[str]:
     return [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p.rstrip("/").endswith("/compat")]
 
 
-def _check_driver(ctx: _Context) -> None:
+def check_driver(ctx: Context) -> None:
     if not ctx.cuda_versions:
         return
     try:
@@ -763,14 +705,7 @@ def _check_driver(ctx: _Context) -> None:
                     "or with a kernel driver branch it does not support (error 803). Building itself does not need the driver")
 
 
-def _check_container(ctx: _Context, container: ContainerSettings, magma_only: bool) -> None:
-    # The cuDNN each variant bundles must be the image's (or one its derivation adds): its build string names it.
-    targets = [(v.request.accel, "" if magma_only or v.status is VariantStatus.REFUSED else bundled_cudnn(v))
-               for v in ctx.variants]
-    _check_images(ctx, container, targets)
-
-
-def _check_images(ctx: _Context, container: ContainerSettings, targets: Sequence[tuple[str, str]]) -> None:
+def check_images(ctx: Context, container: ContainerSettings, targets: Sequence[tuple[str, str]]) -> None:
     """The container tool answers, and each build's image, given as (accel, bundled cuDNN or ""), can build it."""
     if not container.tool:
         missing = no_tool()  # none on PATH, or TORCHFORGE_CONTAINER_TOOL names no docker or podman
@@ -811,12 +746,12 @@ def _check_images(ctx: _Context, container: ContainerSettings, targets: Sequence
 def container_report(container: ContainerSettings, targets: Sequence[tuple[str, str]], runner: Runner) -> PreflightReport:
     """The container checks alone, for builds planned without the official flavour's variants (the conda-forge
     flavour's recipes): `targets` are their (accel, bundled cuDNN or "") pairs."""
-    ctx = _Context((), runner, probe_machine())
-    _check_images(ctx, container, targets)
+    ctx = Context(runner, probe_machine(), MachineNeeds())
+    check_images(ctx, container, targets)
     return PreflightReport(tuple(ctx.checks), 0, "conda-build")
 
 
-def _container_engine_answers(ctx: _Context, tool: str) -> bool:
+def _container_engine_answers(ctx: Context, tool: str) -> bool:
     """`docker info` / `podman info`: the client alone is not enough (a docker client without a daemon)."""
     name = Path(tool).name
     answered = ctx.run(tool, "info")
@@ -830,12 +765,12 @@ def _container_engine_answers(ctx: _Context, tool: str) -> bool:
     return False
 
 
-def _has_image(ctx: _Context, tool: str, reference: str) -> bool:
+def _has_image(ctx: Context, tool: str, reference: str) -> bool:
     found = ctx.run(tool, "image", "inspect", "--format", "{{.Id}}", reference)
     return found is not None and found[0] == 0
 
 
-def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
+def suggest_images(ctx: Context, site: SiteConfig | None) -> None:
     """Where this machine lacks a variant's nvcc or host compiler, name the image that has them."""
     images = site.images if site else {}
     for cuda in ctx.cuda_versions:
@@ -855,102 +790,17 @@ def _suggest_images(ctx: _Context, site: SiteConfig | None) -> None:
                         f"; this image has no conda-build: name it as base in torchforge.toml [images.\"{cuda}\"]"))
 
 
-def _variants(selection_or_variants: Selection | RenderPlan | Sequence[Variant]) -> tuple[Variant, ...]:
-    if isinstance(selection_or_variants, Selection):
-        return plan(selection_or_variants).variants
-    if isinstance(selection_or_variants, RenderPlan):
-        return selection_or_variants.variants
-    return tuple(selection_or_variants)
-
-
-def run_plan_checks(
-    selection_or_variants: Selection | RenderPlan | Sequence[Variant],
-    *,
-    source: str | None,
-    out: Path,
-    machine: Machine | None = None,
-    magma_only: bool = False,
-) -> PreflightReport:
-    """The checks that need no tool of this machine, only its platform and the paths given: what a dry run can
-    already refuse (a platform this host cannot build, an --out that cannot be written, an unusable --source)."""
-    ctx = _Context(_variants(selection_or_variants), Runner(dry_run=True), machine or probe_machine())
-    _check_platform(ctx)
-    _check_out(ctx, out)
-    if not magma_only:
-        _check_source(ctx, source)
-    return PreflightReport(tuple(ctx.checks), 0, "")
-
-
-def run_preflight(
-    selection_or_variants: Selection | RenderPlan | Sequence[Variant],
-    *,
-    engine: str,
-    source: str | None,
-    jobs: int | None,
-    runner: Runner,
-    out: Path | None = None,
-    machine: Machine | None = None,
-    site: SiteConfig | None = None,
-    extra_channels: tuple[str, ...] = (),
-    container: ContainerSettings | None = None,
-    check_channels: bool = False,
-    magma_only: bool = False,
-    arch_checked: bool = False,
-) -> PreflightReport:
-    """Run every check and return them all; `report.raise_if_failed()` turns failures into a PreflightError.
-
-    `out` is the output channel folder (its file system gets the disk check; default: the current folder).
-    `machine` overrides the probed cores/memory/platform (tests, or planning for another machine).
-    `check_channels`: also check that each channel answers and the requirements solve (network; doctor and build).
-    `container`: the builds run in images, so their toolkit and compiler are checked there, not here.
-    `magma_only`: only the magma-cudaXYZ packages will be built (no cuDNN, no bundled libraries, no channels).
-    `arch_checked`: CUDA packages whose libraries the arch check lists after the build (their device code is read after the build).
-    """
-    table = load_table()
-    variants = _variants(selection_or_variants)
-    ctx = _Context(variants, runner, machine or probe_machine(), needs=official_needs(variants, magma_only=magma_only))
-    _check_variants(ctx)
-    _check_platform(ctx)
-    if container is not None:
-        # The toolkit, cuDNN, NCCL and host compiler are the image's, not this machine's.
-        resolved = "conda-build"
-        _check_container(ctx, container, magma_only)
-    else:
-        resolved = _check_engine(ctx, engine)
-        _check_nvcc(ctx)
-        _check_host_compiler(ctx)
-        _check_cuda_libraries(ctx, table)
-        _suggest_images(ctx, site)
-    _check_tools(ctx, table, host_tools(table, clones=not magma_only and resolve_source(source, "", "").kind == "git"))
-    _check_out(ctx, out or Path.cwd())
-    _check_disk(ctx, out or Path.cwd(), table)
-    max_jobs = _check_jobs(ctx, jobs, table)
-    if not magma_only:  # the pytorch source, the libraries its recipe bundles and its requirements' channels
-        _check_source(ctx, source)
-        if container is None:  # in a container the bundled libraries are the image's (its cuDNN: _check_container)
-            _check_bundled(ctx)
-    _check_driver(ctx)
-    if arch_checked:
-        _check_arch_check(ctx)
-    if check_channels and not magma_only:  # a magma recipe has no requirements (official-builds.md §2)
-        site = site or SiteConfig()
-        for finding in channelcheck.check(ctx._needs.solves, out=out or Path.cwd(), extra=extra_channels,
-                                          site=site.channels):
-            ctx.add(finding.name, Level(finding.status), finding.detail, finding.fix)
-    return PreflightReport(tuple(ctx.checks), max_jobs, resolved)
-
-
 def run_needs_checks(needs: MachineNeeds, *, out: Path, machine: Machine | None = None) -> PreflightReport:
     """`run_plan_checks` for any flavour's plan: the platform, --out and each --source, no tool looked at."""
-    ctx = _Context((), Runner(dry_run=True), machine or probe_machine(), needs=needs)
-    _check_platform(ctx)
-    _check_out(ctx, out)
+    ctx = Context(Runner(dry_run=True), machine or probe_machine(), needs)
+    check_platform(ctx)
+    check_out(ctx, out)
     for source in needs.sources or (None,):
-        _check_source(ctx, source)
+        check_source(ctx, source)
     return PreflightReport(tuple(ctx.checks), 0, "")
 
 
-def _check_arch_check(ctx: _Context) -> None:
+def check_arch_check(ctx: Context) -> None:
     """Says the arch check will run after each CUDA build; it reads device code in-process, so no tool is needed."""
     ctx.add("arch check", Level.OK, "each CUDA package's device code is read after its build (torchforge.fatbin, "
             "every section's fatbins; no cuobjdump needed)")
@@ -975,31 +825,31 @@ def run_machine_checks(
     every channel of the plan answers (`check_channels`: network). `container` (doctor --container): the build
     images of `image_targets` ((accel, cuDNN) of each recipe) instead of this machine's engine and toolkit."""
     table = load_table()
-    ctx = _Context((), runner, machine or probe_machine(), needs=needs)
-    _check_platform(ctx)
+    ctx = Context(runner, machine or probe_machine(), needs)
+    check_platform(ctx)
     # with --container (engine None) the engine is the image's: container_report checks it, not this machine
-    resolved = _check_engine(ctx, engine) if engine is not None and container is None else "conda-build"
+    resolved = check_engine(ctx, engine) if engine is not None and container is None else "conda-build"
     if container is not None:
-        _check_images(ctx, container, image_targets)
+        check_images(ctx, container, image_targets)
     on_host = needs.toolkit_on_host and engine is not None and container is None  # else the image's toolkit
     if needs.toolkit_on_host and container is None:
-        _check_nvcc(ctx)
+        check_nvcc(ctx)
     if on_host:
-        _check_host_compiler(ctx)
-        _check_cuda_libraries(ctx, table)
-        _suggest_images(ctx, site)
+        check_host_compiler(ctx)
+        check_cuda_libraries(ctx, table)
+        suggest_images(ctx, site)
     if needs.host_tools:
-        _check_tools(ctx, table, needs.host_tools)
-    _check_out(ctx, out)
-    _check_disk(ctx, out, table, extensions_only=needs.extensions_only)
-    max_jobs = _check_jobs(ctx, jobs, table)
+        check_tools(ctx, table, needs.host_tools)
+    check_out(ctx, out)
+    check_disk(ctx, out, table, extensions_only=needs.extensions_only)
+    max_jobs = check_jobs(ctx, jobs, table)
     for source in (needs.sources or (None,)) if needs.builds_a_source else ():
-        _check_source(ctx, source)
+        check_source(ctx, source)
     if on_host:
-        _check_bundled(ctx)
-    _check_driver(ctx)
+        check_bundled(ctx)
+    check_driver(ctx)
     if needs.arch_checked:
-        _check_arch_check(ctx)
+        check_arch_check(ctx)
     if check_channels:
         site = site or SiteConfig()
         findings = channelcheck.check(needs.solves, out=out, extra=extra_channels, site=site.channels) if needs.solves \

@@ -31,8 +31,8 @@ from torchforge.flavours.base import Plan, PlannedRecipe, PytorchBuild, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.preflight import (checked_jobs, host_tools, load_table, official_needs, report_table,
-                                  run_plan_checks, run_preflight)
+from torchforge.officialpreflight import official_needs, run_plan_checks, run_preflight
+from torchforge.preflight import checked_jobs, host_tools, load_table, report_table
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.sourcestate import resolve_source
