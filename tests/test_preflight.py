@@ -14,11 +14,10 @@ import pytest
 
 from torchforge.commands.options import selection_from_flags
 from torchforge.errors import DataError, PreflightError, UsageError
-from torchforge.preflight import (
-    MIN_FREE_VARIABLE,
-    Level, Machine, PreflightReport, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table, read_mem_available_gib,
-    report_table,
-)
+from torchforge.buildmemory import read_mem_available_gib
+from torchforge.preflightreport import Level, Machine, PreflightReport, report_table
+from torchforge.preflighttable import (
+    MIN_FREE_VARIABLE, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table)
 from torchforge.officialpreflight import run_preflight
 from torchforge.proc import Runner
 from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit, path_without

@@ -17,10 +17,12 @@ from torchforge import data as tables
 from torchforge.config import SiteConfig
 from torchforge.containers import ContainerSettings
 from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, RequirementSolve
-from torchforge.preflight import (Context, Level, Machine, PreflightReport, check_arch_check, check_bundled,
-                                  check_cuda_libraries, check_disk, check_driver, check_engine, check_host_compiler,
-                                  check_images, check_jobs, check_nvcc, check_out, check_platform, check_source,
-                                  check_tools, host_tools, load_table, probe_machine, suggest_images)
+from torchforge.preflight import (
+    check_arch_check, check_bundled, check_cuda_libraries, check_disk, check_driver, check_engine,
+    check_host_compiler, check_jobs, check_nvcc, check_out, check_platform, check_source, check_tools, host_tools)
+from torchforge.preflightimages import check_images, suggest_images
+from torchforge.preflightreport import Context, Level, Machine, PreflightReport, probe_machine
+from torchforge.preflighttable import load_table
 from torchforge.proc import Runner
 from torchforge.recipe import pytorch_context
 from torchforge.render import RenderPlan, plan

@@ -8,40 +8,34 @@ Checks: the selection itself (refused variants), platform, build engine and vers
 host compiler within that CUDA's limit, cuBLAS/cuSPARSE (and cuDNN for pytorch) in that CUDA's toolkit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
 source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).
 
-Thresholds live in torchforge/data/preflight.toml and version facts in cuda.toml; this module holds no numbers.
+Thresholds live in torchforge/data/preflight.toml (read by preflighttable.py) and version facts in cuda.toml; this
+module holds no numbers. What a check reports is preflightreport.py's; the container checks are preflightimages.py's.
 Every subprocess goes through `torchforge.proc.Runner`.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import platform as host_platform
 import re
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from functools import cache
 from pathlib import Path
-from typing import Literal
 
-from rich.table import Table
 
 from torchforge import channelcheck
-from torchforge.buildmemory import available_memory, read_mem_available_gib  # noqa: F401 (re-exported)
 from torchforge import data as tables
 from torchforge.config import SiteConfig
-from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name, check_cudnn, describe, image_for,
-                                   no_tool, reference, require_image)
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.containers import (ContainerSettings)
 from torchforge.engines.conda_build import probe as conda_build_probe
 from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
 from torchforge.engines.pip_wheel import PipWheelEngine
-from torchforge.errors import DataError, ForgeError, PreflightError, UsageError
-from torchforge.proc import Command, Runner
+from torchforge.errors import ForgeError
+from torchforge.proc import Runner
 from torchforge.flavours.base import MachineNeeds
+from torchforge.preflighttable import PreflightTable, choose_max_jobs, disk_need_gib, load_table, memory_jobs
+from torchforge.preflightreport import Check, Context, Level, Machine, PreflightReport, probe_machine
+from torchforge.preflightimages import check_images, suggest_images
 
 ENGINES = ("auto", "conda-build", "rattler-build")
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
@@ -49,258 +43,17 @@ _GITMODULES_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
 _SUBMODULE_DEPTH = 3  # PyTorch nests submodules two levels deep (third_party/*/third_party/*)
 
 
-# ---- data ------------------------------------------------------------------------------------------------
-
-
-class PackageJob(FrozenModel):
-    """One package's peak memory per compile job, and where the figure comes from (measured or reported)."""
-
-    gib: float
-    source: str
-
-
-class Jobs(FrozenModel):
-    gib_per_job_cuda: float
-    gib_per_job_cpu: float
-    reserve_gib: float
-    reserve_cores: int
-    max_jobs: int
-    max_jobs_aarch64_cuda: int
-    max_jobs_per_core: int
-    packages: dict[str, PackageJob] = {}  # by conda/PyPI name: that package's budget instead of gib_per_job_*
-
-
-class Disk(FrozenModel):
-    min_free_gib_cuda: float
-    min_free_gib_cpu: float
-    reason: str
-    min_free_gib_extensions: float  # a plan that compiles no pytorch source: extensions (and repacks) alone
-    extensions_reason: str
-
-
-class Tool(FrozenModel):
-    why: str
-    fix: str
-    clone_only: bool = False  # needed only when a source is cloned (not for a local --source or MAGMA's tarball)
-
-
-class CudaLibrary(FrozenModel):
-    headers: tuple[str, ...]
-    libraries: tuple[str, ...]  # file name prefixes: libcublas.so matches libcublas.so.13 too
-    needed_by: tuple[Literal["magma", "pytorch"], ...]
-    include_env: tuple[str, ...] = ()
-    library_env: tuple[str, ...] = ()
-    system_include: tuple[str, ...] = ()
-    system_library: tuple[str, ...] = ()
-    fix: str
-
-
-class PreflightTable(FrozenModel):
-    schema_: int = 1
-    meta: Meta
-    jobs: Jobs
-    disk: Disk
-    tools: dict[str, Tool]
-    cuda_libraries: dict[str, CudaLibrary] = {}
-
-
-def parse_table(text: str, where: str = "torchforge/data/preflight.toml") -> PreflightTable:
-    table = parse_table_as(PreflightTable, text, where)
-    for key in ("gib_per_job_cuda", "gib_per_job_cpu"):
-        if getattr(table.jobs, key) <= 0:
-            raise DataError(f"{where} jobs.{key} must be positive")
-    for name, package in table.jobs.packages.items():
-        if package.gib <= 0 or not package.source.strip():
-            raise DataError(f"{where} jobs.packages.{name}: gib must be positive and source must say where it comes from")
-    if min(table.jobs.max_jobs, table.jobs.max_jobs_aarch64_cuda, table.jobs.max_jobs_per_core) < 1:
-        raise DataError(f"{where} jobs.max_jobs, jobs.max_jobs_aarch64_cuda and jobs.max_jobs_per_core must be at least 1")
-    return table
-
-
-@cache
-def load_table() -> PreflightTable:
-    text = data_text("preflight")
-    return parse_table(text)
-
-
 # ---- report ----------------------------------------------------------------------------------------------
-
-
-class Level(str, Enum):
-    OK = "ok"
-    WARN = "warn"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Level
-    detail: str
-    fix: str | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "status": self.status.value, "detail": self.detail, "fix": self.fix}
-
-
-@dataclass(frozen=True)
-class PreflightReport:
-    checks: tuple[Check, ...]
-    max_jobs: int
-    engine: str  # the engine the checks were made for ("auto" resolved)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    @property
-    def failures(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if c.status is Level.FAIL)
-
-    def check(self, name: str) -> Check:
-        for c in self.checks:
-            if c.name == name:
-                return c
-        raise KeyError(name)
-
-    def raise_if_failed(self) -> None:
-        if self.failures:
-            names = ", ".join(c.name for c in self.failures)
-            raise PreflightError(
-                f"preflight: {len(self.failures)} of {len(self.checks)} checks failed ({names})",
-                "fix each failed check as its row says (`torchforge doctor` re-checks); `torchforge build --skip-preflight` builds anyway",
-            )
-
-    def as_dict(self) -> dict[str, object]:
-        return {"ok": self.ok, "engine": self.engine, "max_jobs": self.max_jobs,
-                "checks": [c.as_dict() for c in self.checks]}
-
-
-_STYLE = {Level.OK: "green", Level.WARN: "yellow", Level.FAIL: "bold red"}
-
-
-def report_table(report: PreflightReport) -> Table:
-    """The report as a rich table (the caller prints it)."""
-    table = Table(title=f"torchforge preflight (engine {report.engine}, MAX_JOBS {report.max_jobs})")
-    for column in ("check", "status", "detail", "what would work"):
-        table.add_column(column, overflow="fold")
-    for c in report.checks:
-        table.add_row(c.name, f"[{_STYLE[c.status]}]{c.status.value}[/]", c.detail, c.fix or "")
-    return table
-
-
-# ---- machine facts (pure functions take them as arguments) -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class Machine:
-    cores: int
-    mem_available_gib: float | None  # None where /proc/meminfo is unavailable
-    platform: str | None  # conda subdir of this machine, None if not one torchforge builds for
-    memory_basis: str = ""  # what mem_available_gib was read from (MemAvailable, or a cgroup's limit)
-
-
-def _host_subdir() -> str | None:
-    machine = host_platform.machine().lower()
-    if sys.platform.startswith("linux"):
-        return {"x86_64": "linux-64", "amd64": "linux-64", "aarch64": "linux-aarch64", "arm64": "linux-aarch64"}.get(machine)
-    if sys.platform == "win32" and machine in ("amd64", "x86_64"):
-        return "win-64"
-    if sys.platform == "darwin":
-        return {"x86_64": "osx-64", "arm64": "osx-arm64"}.get(machine)
-    return None
-
-
-def probe_machine() -> Machine:
-    try:
-        cores = len(os.sched_getaffinity(0))  # respects taskset/cgroup CPU pinning, unlike os.cpu_count
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    memory = available_memory()
-    return Machine(cores, memory.gib, _host_subdir(), memory.basis)
-
-
-def per_job_gib(package: str | None, *, cuda: bool, table: PreflightTable | None = None) -> tuple[float, str]:
-    """The memory one compile job of `package` is budgeted (its own figure, else the default) and its source."""
-    jobs = (table or load_table()).jobs
-    if package in jobs.packages:
-        return jobs.packages[package].gib, jobs.packages[package].source
-    return (jobs.gib_per_job_cuda, "the default per nvcc job") if cuda else (jobs.gib_per_job_cpu, "the default per compile job")
-
-
-def memory_jobs(mem_available_gib: float, *, cuda: bool, table: PreflightTable | None = None,
-                per_job: float | None = None) -> int:
-    """How many compile jobs fit in memory (may be 0: not even one job's budget is free)."""
-    jobs = (table or load_table()).jobs
-    per_job = per_job or (jobs.gib_per_job_cuda if cuda else jobs.gib_per_job_cpu)
-    return max(0, math.floor((mem_available_gib - jobs.reserve_gib) / per_job))
-
-
-def choose_max_jobs(cores: int, mem_available_gib: float | None, *, cuda: bool, aarch64: bool = False,
-                    table: PreflightTable | None = None, per_job: float | None = None) -> int:
-    """MAX_JOBS = min(cores - reserve, CI cap, jobs that fit in memory), at least 1."""
-    jobs = (table or load_table()).jobs
-    cap = jobs.max_jobs_aarch64_cuda if (aarch64 and cuda) else jobs.max_jobs
-    candidates = [cores - jobs.reserve_cores, cap]
-    if mem_available_gib is not None:
-        candidates.append(memory_jobs(mem_available_gib, cuda=cuda, table=table, per_job=per_job))
-    return max(1, min(candidates))
-
-
-def checked_jobs(jobs: int | None, extra_env: tuple[tuple[str, str], ...], cores: int | None = None,
-                 table: PreflightTable | None = None) -> int | None:
-    """The MAX_JOBS asked for (--jobs or --env MAX_JOBS; None: torchforge chooses), refused before anything runs
-    when this machine cannot run that many compile jobs (a huge value hangs GNU make's jobserver)."""
-    cores = cores or os.cpu_count() or 1
-    limit = cores * (table or load_table()).jobs.max_jobs_per_core
-    from_env = dict(extra_env).get("MAX_JOBS")
-    asked = [(f"--jobs {jobs}", jobs)] if jobs is not None else []
-    if from_env is not None:  # parse_env checked that it is a whole number from 1
-        asked.append((f"--env MAX_JOBS={from_env}", int(from_env)))
-    for flag, value in asked:
-        if value > limit:
-            raise UsageError(f"{flag} is more than this machine can run: {cores} cores x "
-                             f"{(table or load_table()).jobs.max_jobs_per_core} jobs per core = {limit} at most",
-                             f"use {limit} or less, or leave --jobs out (torchforge chooses from memory and cores)")
-    if len(asked) == 2 and asked[0][1] != asked[1][1]:
-        raise UsageError(f"{asked[0][0]} and {asked[1][0]} disagree", "give one of them")
-    return asked[0][1] if asked else None
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text))
 
 
+# ---- machine facts (pure functions take them as arguments) -----------------------------------------------
+
+
 # ---- the checks ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Context:
-    """One preflight's checks so far, and what they read: the plan's neutral needs of this machine."""
-
-    runner: Runner
-    machine: Machine
-    needs: MachineNeeds
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def cuda_versions(self) -> list[str]:
-        return list(self.needs.cuda_versions)
-
-    @property
-    def platforms(self) -> list[str]:
-        return list(self.needs.platforms)
-
-    def add(self, name: str, status: Level, detail: str, fix: str | None = None) -> None:
-        self.checks.append(Check(name, status, detail, fix))
-
-    def run(self, *argv: str) -> tuple[int, str] | None:
-        """(returncode, output), or None when the program cannot be started."""
-        try:
-            result = self.runner.run(Command(argv=argv), check=False, timeout=120)
-        except ForgeError:
-            return None
-        return result.returncode, result.output
 
 
 def check_platform(ctx: Context) -> None:
@@ -480,30 +233,6 @@ def check_tools(ctx: Context, table: PreflightTable, used: Sequence[str]) -> Non
             ctx.add(tool, Level.FAIL, f"{exc.message} (needed: {info.why})", exc.hint or info.fix)
             continue
         ctx.add(tool, Level.OK, found)
-
-
-# The table's free-space figure is an estimate for a whole PyTorch build; a team that measured its own (one arch,
-# an extension only) or a test suite building kilobyte stand-ins sets the figure it needs here.
-MIN_FREE_VARIABLE = "TORCHFORGE_MIN_FREE_GIB"
-
-
-def disk_need_gib(cuda: bool, table: PreflightTable, *, extensions_only: bool = False) -> tuple[float, str]:
-    """The free space a build needs under its output folder, and where that figure comes from (`extensions_only`:
-    the plan compiles no pytorch source, so the measured extension figure applies)."""
-    given = os.environ.get(MIN_FREE_VARIABLE, "").strip()
-    if not given and extensions_only:
-        return table.disk.min_free_gib_extensions, table.disk.extensions_reason
-    if not given:
-        return (table.disk.min_free_gib_cuda if cuda else table.disk.min_free_gib_cpu), table.disk.reason
-    try:
-        need = float(given)
-    except ValueError:
-        need = math.nan
-    if not math.isfinite(need) or need < 0:
-        raise UsageError(f"{MIN_FREE_VARIABLE}={given!r} is not a number of GiB",
-                         f"set it to the free space your builds need, e.g. {MIN_FREE_VARIABLE}=12, or unset it for "
-                         "the data's estimate")
-    return need, f"{MIN_FREE_VARIABLE} in the environment"
 
 
 def check_disk(ctx: Context, out: Path, table: PreflightTable, *, extensions_only: bool = False) -> None:
@@ -703,91 +432,6 @@ def check_driver(ctx: Context) -> None:
                     f"on this GPU (error 35, CUDA driver version is insufficient for CUDA runtime version){compat_note}",
                     f"install driver >= {toolkit.driver_linux}; do not use cuda-compat on GeForce/workstation GPUs (error 804) "
                     "or with a kernel driver branch it does not support (error 803). Building itself does not need the driver")
-
-
-def check_images(ctx: Context, container: ContainerSettings, targets: Sequence[tuple[str, str]]) -> None:
-    """The container tool answers, and each build's image, given as (accel, bundled cuDNN or ""), can build it."""
-    if not container.tool:
-        missing = no_tool()  # none on PATH, or TORCHFORGE_CONTAINER_TOOL names no docker or podman
-        ctx.add("container tool", Level.FAIL, missing.message, missing.hint)
-        answers = False
-    else:
-        answers = _container_engine_answers(ctx, container.tool)
-    for accel in dict.fromkeys(accel for accel, _ in targets):
-        name = f"image ({accel_name(accel)})"
-        try:
-            image = require_image(accel, container.images)
-        except ForgeError as exc:
-            ctx.add(name, Level.FAIL, exc.message, exc.hint)
-            continue
-        cudnns = [c for c in dict.fromkeys(c for a, c in targets if a == accel) if c] or [""]
-        try:
-            warnings = [w for w in (check_cudnn(accel, image, c) for c in cudnns) if w]
-        except ForgeError as exc:
-            ctx.add(name, Level.FAIL, exc.message, exc.hint)
-            continue
-        detail = f"{'; '.join(describe(accel, image, c) for c in cudnns)} via {container.tool}: {image.contents}"
-        fixes = [f"give the image's cuDNN in torchforge.toml [images.\"{accel}\"] cudnn = \"X.Y.Z.B\" (checked before "
-                 "any build), or name a base there so torchforge adds the variant's cuDNN"] if warnings else []
-        # Only where the engine answers: is each image (or derived tag) already here, or fetched at the first build?
-        missing = [r for r in dict.fromkeys(reference(accel, image, c) for c in cudnns)
-                   if answers and not _has_image(ctx, container.tool, r)]
-        if missing:
-            pulled = image.base or image.image
-            what = f"the first build derives it from {pulled}" if image.derived else "the first build pulls it"
-            warnings.append(f"{', '.join(missing)} is not on this machine: {what}")
-            fixes.append(f"make sure its registry is reachable, or `{Path(container.tool).name} pull {pulled}` first")
-        if warnings:
-            ctx.add(name, Level.WARN, f"{detail}; {'; '.join(warnings)}", "; ".join(fixes))
-        else:
-            ctx.add(name, Level.OK, detail)
-
-
-def container_report(container: ContainerSettings, targets: Sequence[tuple[str, str]], runner: Runner) -> PreflightReport:
-    """The container checks alone, for builds planned without the official flavour's variants (the conda-forge
-    flavour's recipes): `targets` are their (accel, bundled cuDNN or "") pairs."""
-    ctx = Context(runner, probe_machine(), MachineNeeds())
-    check_images(ctx, container, targets)
-    return PreflightReport(tuple(ctx.checks), 0, "conda-build")
-
-
-def _container_engine_answers(ctx: Context, tool: str) -> bool:
-    """`docker info` / `podman info`: the client alone is not enough (a docker client without a daemon)."""
-    name = Path(tool).name
-    answered = ctx.run(tool, "info")
-    if answered is not None and answered[0] == 0:
-        ctx.add("container tool", Level.OK, f"{tool} (`{name} info` answers)")
-        return True
-    why = (answered[1].strip().splitlines() or ["no output"])[-1] if answered else "it does not start"
-    other = "podman" if name == "docker" else "docker"
-    ctx.add("container tool", Level.FAIL, f"{tool} is on PATH but `{name} info` fails: {why}",
-            f"start {name}'s service, or set {TOOL_VARIABLE}={other} to use {other} instead")
-    return False
-
-
-def _has_image(ctx: Context, tool: str, reference: str) -> bool:
-    found = ctx.run(tool, "image", "inspect", "--format", "{{.Id}}", reference)
-    return found is not None and found[0] == 0
-
-
-def suggest_images(ctx: Context, site: SiteConfig | None) -> None:
-    """Where this machine lacks a variant's nvcc or host compiler, name the image that has them."""
-    images = site.images if site else {}
-    for cuda in ctx.cuda_versions:
-        failed = [c.name for c in ctx.checks if c.status is Level.FAIL
-                  and c.name in (f"nvcc (CUDA {cuda})", f"host compiler (CUDA {cuda})")]
-        if not failed:
-            continue
-        image = image_for(cuda, images)
-        if image is None:
-            ctx.add(f"image (CUDA {cuda})", Level.WARN, f"no build image with a source is known for CUDA {cuda}",
-                    f"install the toolkit here, or name an image in torchforge.toml [images.\"{cuda}\"]")
-        else:
-            ctx.add(f"image (CUDA {cuda})", Level.OK,
-                    f"{describe(cuda, image)} provides what {' and '.join(failed)} lack: {image.contents}",
-                    "torchforge build --container (docker or podman)" + (
-                        "" if image.derived or image.conda_build else
-                        f"; this image has no conda-build: name it as base in torchforge.toml [images.\"{cuda}\"]"))
 
 
 def run_needs_checks(needs: MachineNeeds, *, out: Path, machine: Machine | None = None) -> PreflightReport:

@@ -28,8 +28,10 @@ from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
 from torchforge.pipeline import plan_steps
-from torchforge.preflight import (Check, Level, PreflightReport, checked_jobs, container_report, report_table,
-                                  run_machine_checks, run_needs_checks)
+from torchforge.preflight import run_machine_checks, run_needs_checks
+from torchforge.preflightimages import container_report
+from torchforge.preflightreport import Check, Level, PreflightReport, report_table
+from torchforge.preflighttable import checked_jobs
 from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
