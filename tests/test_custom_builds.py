@@ -19,7 +19,8 @@ from torchforge.magmasource import MagmaSource
 from torchforge.pipeline import Action, BuildSettings
 from torchforge.sequence import official_steps
 from torchforge.render import plan
-from torchforge.resolve import Status, classify
+from torchforge.resolve import classify
+from torchforge.resolved import Status
 from torchforge.variant import Options, Request, Selection, parse_env
 
 OFFICIAL = "py3.12_cuda12.4_cudnn9.1.0_0"

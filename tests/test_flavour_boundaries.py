@@ -34,7 +34,8 @@ COMMANDS = "torchforge.commands"
 # torchforge/flavours/official/, and then this tuple gives way to that package (the lists below are renamed,
 # not grown).
 OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "torchforge.companions",
-            "torchforge.render", "torchforge.magmasource", "torchforge.officialstack", "torchforge.officialpreflight")
+            "torchforge.render", "torchforge.magmasource", "torchforge.officialstack", "torchforge.officialpreflight",
+            "torchforge.resolved", "torchforge.magmaplan", "torchforge.bundled")
 
 # ---- ratchets (issue 30): may only shrink ---------------------------------------------------------------------
 
@@ -46,9 +47,9 @@ FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {}
 # internals (issue 30, moves 4 to 7: consumers take the plan).
 INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
-    "torchforge.pipeline": frozenset({"torchforge.resolve"}),
+    "torchforge.pipeline": frozenset({"torchforge.resolved"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
-    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolve"}),
+    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolved"}),
 }
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the

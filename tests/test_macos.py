@@ -12,7 +12,8 @@ from ruamel.yaml import YAML
 from torchforge.render import plan, recipe_folders
 
 from torchforge.templates import RecipeFormat
-from torchforge.resolve import Status, classify
+from torchforge.resolve import classify
+from torchforge.resolved import Status
 from torchforge.variant import Options, Request, Selection
 
 CASES = [  # (version, python, platform): one per era and platform where upstream published conda packages

@@ -26,7 +26,7 @@ from torchforge.magmasource import MagmaSource, inspect
 from torchforge.recipe import magma_context
 from torchforge.render import render_files
 from torchforge.templates import RecipeFormat
-from torchforge.resolve import plan_magma
+from torchforge.magmaplan import plan_magma
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = REPO.parent / "shared" / "sources"
@@ -353,7 +353,8 @@ def compile_gpu_check(tree: Path, toolkit: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("pytorch", "version"), [("2.9.0", "2.6.1"), ("2.13.0", "2.6.1"), ("2.13.0", "2.10.0")])
 def test_a_real_tree_gives_the_package_its_own_version(pytorch: str, version: str, magma_trees: dict[str, Path]) -> None:
     """The version comes from the tree, whatever the release would choose (2.13 prefers 2.10.0)."""
-    from torchforge.resolve import Status, classify
+    from torchforge.resolve import classify
+    from torchforge.resolved import Status
     from torchforge.variant import Options, Request
 
     options = Options(magma_source=inspect(str(magma_trees[version])))

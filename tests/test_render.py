@@ -20,7 +20,7 @@ from torchforge.errors import RefusedError, UsageError
 from torchforge.recipe import BUILD_TOOL_VARIABLES
 from torchforge.render import RenderPlan, plan, recipe_folders, render_selection, write_folders
 from torchforge.templates import RecipeFormat
-from torchforge.resolve import Status
+from torchforge.resolved import Status
 from torchforge.variant import Options, Request, Selection
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from torchforge import data as tables
-from torchforge.resolve import Status, build_string, classify, plan_magma
+from torchforge.resolve import classify
+from torchforge.magmaplan import plan_magma
+from torchforge.resolved import Status, build_string
 from torchforge.render import plan
 from torchforge.variant import Options, Request, Selection
 

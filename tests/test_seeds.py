@@ -14,7 +14,9 @@ import pytest
 
 from torchforge import data as tables
 from torchforge.cli import main
-from torchforge.resolve import Status, classify, default_release, plan_magma
+from torchforge.resolve import classify, default_release
+from torchforge.magmaplan import plan_magma
+from torchforge.resolved import Status
 from torchforge.variant import Options, Request, Selection
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torchforge import data as tables
 from torchforge.data import Data
-from torchforge.resolve import Status, Variant
+from torchforge.resolved import Status, Variant
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from torchforge.preflighttable import load_table
 from torchforge.proc import Runner
 from torchforge.recipe import pytorch_context
 from torchforge.render import RenderPlan, plan
-from torchforge.resolve import Status as VariantStatus
-from torchforge.resolve import Variant, bundled_cudnn, bundled_files
+from torchforge.resolved import Status as VariantStatus
+from torchforge.bundled import bundled_cudnn, bundled_files
+from torchforge.resolved import Variant
 from torchforge.sourcestate import resolve_source
 from torchforge.variant import Selection
 

@@ -20,7 +20,7 @@ from torchforge.errors import RefusedError, UsageError
 from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_material
 from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe
 from torchforge.templates import RecipeFormat, environment
-from torchforge.resolve import Variant
+from torchforge.resolved import Variant
 from torchforge.versions import nodot
 
 WHERE = "torchforge/data/official_stack.toml"

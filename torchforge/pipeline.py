@@ -29,7 +29,7 @@ from torchforge.proc import Runner
 from torchforge.remotecache import RemoteCache
 from torchforge.stepjobs import log_peak, record_outcome, step_jobs
 from torchforge.fileops import write_folders
-from torchforge.resolve import describe_settings
+from torchforge.resolved import describe_settings
 from torchforge.safeextract import extract_conda
 
 

@@ -16,16 +16,8 @@ from torchforge import data as tables
 from torchforge import versions
 from torchforge.data import Data, PlatformFacts, Release, Requirement, Runtime, SourceEdit
 from torchforge.sourcestate import Source, resolve_source
-from torchforge.resolve import (
-    AppliedFix,
-    BundledFile,
-    MagmaPlan,
-    Variant,
-    bundle_rule,
-    bundled_files,
-    windows_magma,
-    windows_mkl,
-)
+from torchforge.bundled import BundledFile, bundle_rule, bundled_files, windows_magma, windows_mkl
+from torchforge.resolved import AppliedFix, MagmaPlan, Variant
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
 BUILD_TOOL_VARIABLES = frozenset(

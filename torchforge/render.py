@@ -15,7 +15,8 @@ from torchforge.fileops import write_folders  # noqa: F401 (moved to fileops: ev
 from torchforge.companions import CompanionPlan, companions_for
 from torchforge.errors import RefusedError
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.resolve import MagmaPlan, Status, Variant, classify
+from torchforge.resolve import classify
+from torchforge.resolved import MagmaPlan, Status, Variant
 from torchforge.templates import RecipeFormat, environment, patch_files, templates_dir
 from torchforge.variant import Selection
 

@@ -30,7 +30,7 @@ from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_materia
 from torchforge.errors import UsageError
 from torchforge.pipeline import WHEEL, Action, BuildSettings, Step
 from torchforge.render import RenderPlan
-from torchforge.resolve import Variant
+from torchforge.resolved import Variant
 
 # Only a conda build has a meaning for these (see the module docstring).
 CONDA_ONLY = frozenset({"PACKAGE_TYPE", "CMAKE_LIBRARY_PATH"})

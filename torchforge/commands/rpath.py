@@ -8,7 +8,6 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from torchforge.commands.options import nonempty_path
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner

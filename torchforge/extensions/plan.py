@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 from torchforge.errors import UsageError
 from torchforge.extensions.names import check_name, check_one_source_each
 from torchforge.extensions.metadata import read_metadata, sdist_identity, static_metadata
-from torchforge.extensions.recipe import (KIND, PYTORCH, ExtensionInputs, PytorchBuild, extension_recipe,
+from torchforge.extensions.recipe import (KIND, ExtensionInputs, PytorchBuild, extension_recipe,
                                           planned_recipe, settings_of, stem_of)
 from torchforge.extensions.sdist import SPEC_HINT, SdistSpec, fetch, parse_spec
 from torchforge.extensions.variables import as_flags, check_all_used, for_extension

@@ -41,7 +41,9 @@ from torchforge.sourcestate import resolve_source
 from torchforge.render import RenderPlan, companion_files, plan, recipe_folders, render_files
 from torchforge.templates import RecipeFormat, patch_files
 from torchforge import data as tables
-from torchforge.resolve import MagmaPlan, Status, Variant, bundled_cudnn, bundled_files, default_release
+from torchforge.resolve import default_release
+from torchforge.bundled import bundled_cudnn, bundled_files
+from torchforge.resolved import MagmaPlan, Status, Variant
 from torchforge.variant import Options, Selection, parse_env
 from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 

@@ -20,7 +20,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 from torchforge import fileops
 from torchforge.errors import ToolMissingError, UploadFailedError, UsageError
