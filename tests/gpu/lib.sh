@@ -4,6 +4,15 @@
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 tool_wheels="${TOOL_WHEELS:-.cache/wheels312}"
 case "$tool_wheels" in /*) ;; *) tool_wheels="$src/$tool_wheels" ;; esac
+# py-rattler-build apart (tests/gpu/tool_wheels.sh): a call that builds carries both folders (63.6 MiB with the tree)
+rattler_build_wheels="${TOOL_WHEELS_RB:-$src/.cache/wheels312-rb}"
+
+# torchforge's dependencies into $1 (a --target folder), py-rattler-build too where its folder was carried
+install_tools() {
+  local wheels=("$tool_wheels"/*.whl)
+  [ -d "$rattler_build_wheels" ] && wheels+=("$rattler_build_wheels"/*.whl)
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$1" "${wheels[@]}"
+}
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY="$(command -v python3)"
 site="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 42 on the lent H200 (16 cores), in two warm device calls (the second within 30 s of the first):
-#   1. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh builds     (carry [".cache/wheels312"]; ~8 min)
+#   1. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh builds     (carry [".cache/wheels312", ".cache/wheels312-rb"]; ~8 min)
 #      mamba-ssm 2.3.2.post1 from its sdist for sm_90 (tests/kernel_stack.py, the machine's torch 2.11.0+cu130
 #      stack repacked as kernel_stack.sh does) into two clean work folders (each its own output folder and empty
 #      local compile cache), both through one HTTP cache server on the loopback (tests/test_remote_cache.py's
 #      store: GET/HEAD/PUT); MAX_JOBS chosen per build from memory and mamba-ssm's per-job peak. Reported: each
 #      build's time, the second's hit rate from the server, the first's planned jobs and peak memory.
-#   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (same carry; ~3 min)
+#   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (carry [".cache/wheels312"]; ~3 min)
 #      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after.
 # Everything also lands in $OUT/speed-<phase>.txt and the builds' logs in $OUT.
 set -uo pipefail
@@ -20,7 +20,7 @@ cd "$src" || exit 2
 stamp() { echo "[$(date +%T)] $* (load $(cut -d' ' -f1-3 /proc/loadavg))"; }  # lib.sh's, with the load
 {
   stamp "tools"
-  [ -d "$work/tools" ] || $PY -m pip install -q --no-index --no-deps --no-compile --target "$work/tools" "$tool_wheels"/*.whl || exit 3
+  [ -d "$work/tools/rattler_build" ] || install_tools "$work/tools" || exit 3
   export PYTHONPATH="$src:$work/tools" PATH="$work/tools/bin:$PATH"
   nvcc_path="$(readlink -f "$(command -v nvcc)")"
   CUDA_HOME="$(dirname "$(dirname "$nvcc_path")")"; export CUDA_HOME
@@ -57,8 +57,11 @@ with serve() as (url, store):
     done
     kill "$server"
   else
+    # the machine's whole stack (torch, torchvision, torchaudio and what they require) as wheels, for the bench
+    stamp "rebuild the stack's wheels"
+    [ -d "$work/stack-wheels" ] || $PY "$src/tests/gpu/rebuild_wheels.py" "$work/stack-wheels" torch torchvision torchaudio | tail -3
     stamp "bench repack (before)"
-    $PY -m bench repack
+    BENCH_STACK_WHEELS="$work/stack-wheels" $PY -m bench repack
     stamp "bench repack (after)"
   fi
   stamp "done"
