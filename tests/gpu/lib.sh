@@ -4,14 +4,20 @@
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 tool_wheels="${TOOL_WHEELS:-.cache/wheels312}"
 case "$tool_wheels" in /*) ;; *) tool_wheels="$src/$tool_wheels" ;; esac
-# py-rattler-build apart (tests/gpu/tool_wheels.sh): a call that builds carries both folders (63.6 MiB with the tree)
+# py-rattler-build apart (tests/gpu/tool_wheels.sh): the two folders with the tree are over one call's 64 MiB, so
+# a call that builds first installs py-rattler-build alone (`bash tests/gpu/tools.sh`, carry [".cache/wheels312-rb"])
+# into $gpu_tools, which stays while the machine is warm; the next call adds the rest there.
 rattler_build_wheels="${TOOL_WHEELS_RB:-$src/.cache/wheels312-rb}"
+gpu_tools=/tmp/gpu-tools
 
-# torchforge's dependencies into $1 (a --target folder), py-rattler-build too where its folder was carried
+# torchforge's dependencies into $1 (a --target folder): the folders of them that this call carried
 install_tools() {
-  local wheels=("$tool_wheels"/*.whl)
-  [ -d "$rattler_build_wheels" ] && wheels+=("$rattler_build_wheels"/*.whl)
-  $PY -m pip install -q --no-index --no-deps --no-compile --target "$1" "${wheels[@]}"
+  local wheels=() folder
+  for folder in "$tool_wheels" "$rattler_build_wheels"; do
+    [ -d "$folder" ] && wheels+=("$folder"/*.whl)
+  done
+  [ ${#wheels[@]} -gt 0 ] || { echo "no tool wheels carried ($tool_wheels, $rattler_build_wheels)" >&2; return 3; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$1" "${wheels[@]}"
 }
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY="$(command -v python3)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 42 on the lent H200 (16 cores), in two warm device calls (the second within 30 s of the first):
-#   1. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh builds     (carry [".cache/wheels312", ".cache/wheels312-rb"]; ~8 min)
+#   0. bash tests/gpu/tools.sh                                       (carry [".cache/wheels312-rb"]: py-rattler-build)
+#   1. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh builds     (carry [".cache/wheels312"]; ~8 min)
 #      mamba-ssm 2.3.2.post1 from its sdist for sm_90 (tests/kernel_stack.py, the machine's torch 2.11.0+cu130
 #      stack repacked as kernel_stack.sh does) into two clean work folders (each its own output folder and empty
 #      local compile cache), both through one HTTP cache server on the loopback (tests/test_remote_cache.py's
@@ -20,8 +21,8 @@ cd "$src" || exit 2
 stamp() { echo "[$(date +%T)] $* (load $(cut -d' ' -f1-3 /proc/loadavg))"; }  # lib.sh's, with the load
 {
   stamp "tools"
-  [ -d "$work/tools/rattler_build" ] || install_tools "$work/tools" || exit 3
-  export PYTHONPATH="$src:$work/tools" PATH="$work/tools/bin:$PATH"
+  [ -d "$gpu_tools/pydantic" ] || install_tools "$gpu_tools" || exit 3
+  export PYTHONPATH="$src:$gpu_tools" PATH="$gpu_tools/bin:$PATH"
   nvcc_path="$(readlink -f "$(command -v nvcc)")"
   CUDA_HOME="$(dirname "$(dirname "$nvcc_path")")"; export CUDA_HOME
   echo "$(nproc) cores, $(free -g | awk '/Mem:/ {print $7}') GiB available; ccache $(ccache --version | head -1)"

