@@ -318,7 +318,8 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import hashlib
     import json
 
-    from torchforge.rpath import Layout, audit, fix_and_audit
+    from torchforge.rpath import Layout, audit
+    from torchforge.rpathfix import fix_and_audit
 
     if audit(artifact, Layout.CONDA).ok:
         return artifact

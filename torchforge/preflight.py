@@ -224,7 +224,7 @@ def check_tools(ctx: Context, table: PreflightTable, used: Sequence[str]) -> Non
             continue
         try:
             if tool == "patchelf":
-                from torchforge.rpath import find_patchelf  # also checks the version (0.18.x is broken)
+                from torchforge.rpathfix import find_patchelf
 
                 found = find_patchelf(ctx.runner)
             else:

@@ -11,7 +11,8 @@ from rich.table import Table
 from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner
-from torchforge.rpath import AuditReport, Layout, apply_plan, audit, audit_tree, plan_fix, summarize
+from torchforge.rpath import AuditReport, Layout, audit, audit_tree, summarize
+from torchforge.rpathfix import apply_plan, plan_fix
 
 
 def _table(report: AuditReport, show_all: bool) -> Table:
