@@ -19,7 +19,7 @@ from torchforge.binaries.plan import CudaLibs
 from torchforge.binaries.stack import plan_wheels
 from torchforge.repack import DEFAULT_ZSTD_LEVEL, build_archive
 from torchforge.rpath import Layout, audit_tree
-from torchforge.rpathfix import find_patchelf, fix_and_audit, plan_fix
+from torchforge.rpath.fix import find_patchelf, fix_and_audit, plan_fix
 
 WORK = Path(__file__).resolve().parents[1] / ".bench" / "rpath"
 SUBSET_MB = 32

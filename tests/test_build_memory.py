@@ -19,7 +19,7 @@ from torchforge.diagnose import explain_log
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.errors import ToolFailedError, ToolMissingError
 from torchforge.pipeline import Pipeline, StepResult
-from torchforge.preflighttable import choose_max_jobs, load_table, per_job_gib
+from torchforge.preflight.table import choose_max_jobs, load_table, per_job_gib
 from torchforge.proc import Command, Runner
 from torchforge.render import plan
 from torchforge.sequence import official_steps

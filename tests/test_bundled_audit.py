@@ -15,7 +15,7 @@ import pytest
 
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit
-from torchforge.rpathfix import find_patchelf, hashed_name
+from torchforge.rpath.fix import find_patchelf, hashed_name
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SITE = f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"

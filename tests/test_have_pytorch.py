@@ -289,7 +289,7 @@ def test_the_disk_row_of_a_plan_that_builds_no_pytorch_source_uses_the_measured_
     """An extension for a channel's pytorch compiles no pytorch: the disk row asks for the measured extension
     figure of preflight.toml, with its source; a plan that builds pytorch from source still asks for the estimate
     of a whole build (the known-bad case: the same row must not relax there)."""
-    from torchforge.preflighttable import load_table
+    from torchforge.preflight.table import load_table
     disk = load_table().disk
     env = {"TORCHFORGE_MIN_FREE_GIB": ""}  # unset: the suite's conftest sets 1 GiB for its stand-in builds
     extension = cli("doctor", "--for", FOR, "--channel", str(channel), "--extension", str(SCATTER), "--json",

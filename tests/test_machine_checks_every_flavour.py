@@ -15,8 +15,8 @@ from torchforge.config import load as load_site
 from torchforge.flavours import Request, official_selection
 from torchforge.officialpreflight import run_preflight
 from torchforge.preflight import run_machine_checks
-from torchforge.preflightreport import Machine, PreflightReport
-from torchforge.preflighttable import load_table
+from torchforge.preflight.report import Machine, PreflightReport
+from torchforge.preflight.table import load_table
 from torchforge.proc import Runner
 
 CONDA_FORGE = ("--pytorch", "2.13.0", "--cuda", "13.0", "--arch-list", "9.0", "--py", "3.12")

@@ -15,8 +15,8 @@ import pytest
 from torchforge.commands.options import selection_from_flags
 from torchforge.errors import DataError, PreflightError, UsageError
 from torchforge.buildmemory import read_mem_available_gib
-from torchforge.preflightreport import Level, Machine, PreflightReport, report_table
-from torchforge.preflighttable import (
+from torchforge.preflight.report import Level, Machine, PreflightReport, report_table
+from torchforge.preflight.table import (
     MIN_FREE_VARIABLE, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table)
 from torchforge.officialpreflight import run_preflight
 from torchforge.proc import Runner

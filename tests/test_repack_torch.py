@@ -24,7 +24,7 @@ from tests.rattler_in_child import install_without_dependencies
 from torchforge.elf import read_elf
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit
-from torchforge.rpathfix import find_patchelf
+from torchforge.rpath.fix import find_patchelf
 from torchforge.binaries.stack import repack_stack
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -19,7 +19,7 @@ from torchforge.elf import read_elf
 from torchforge.errors import AuditFailedError, ExitCode
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit, audit_tree
-from torchforge.rpathfix import apply_plan, find_patchelf, fix_and_audit, hashed_name, plan_fix
+from torchforge.rpath.fix import apply_plan, find_patchelf, fix_and_audit, hashed_name, plan_fix
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "elf"))
 import elf_fixtures as fx  # noqa: E402

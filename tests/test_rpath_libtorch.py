@@ -20,7 +20,7 @@ from torchforge.elf import read_elf
 from torchforge.errors import ExitCode
 from torchforge.proc import Runner
 from torchforge.rpath import Kind, Layout, audit
-from torchforge.rpathfix import find_patchelf
+from torchforge.rpath.fix import find_patchelf
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "elf"))
 import elf_fixtures as fx  # noqa: E402

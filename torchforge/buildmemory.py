@@ -4,7 +4,7 @@
   (cgroup v2 `memory.max - memory.current`, v1 `memory.limit_in_bytes - memory.usage_in_bytes`, for its own group
   and every group above it): a CI container sees the host's MemAvailable but is killed at its own limit.
 - Per-job peak: data (preflight.toml [jobs] and [jobs.packages.NAME], each package's figure with its source); the
-  sequencer and the pipeline pick the jobs from it (preflighttable.choose_max_jobs).
+  sequencer and the pipeline pick the jobs from it (preflight.table.choose_max_jobs).
 - Peak memory of a build: the runner's `peak_rss_kib` (the largest process of the engine's tree, from wait4).
 - Out of memory: a build whose log carries a signature of failures.toml that means memory (a compiler killed, or
   one that could not allocate), or that exited with 137 (SIGKILL) or 143 (SIGTERM, what CI runners send), is

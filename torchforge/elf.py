@@ -1,7 +1,7 @@
 """Reading ELF files in-process with pyelftools: DT_NEEDED, DT_RPATH/DT_RUNPATH, SONAME, GLIBC versions.
 
 Nothing here executes a binary or starts a subprocess: reading is pure Python (pyelftools reads the 12
-torch shared objects in 0.18 s, tooling.md §3), writing lives in torchforge/rpath.py and goes through
+torch shared objects in 0.18 s, tooling.md §3), writing lives in torchforge/rpath/__init__.py and goes through
 patchelf via the Runner.
 """
 

@@ -20,9 +20,9 @@ from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, Require
 from torchforge.preflight import (
     check_arch_check, check_bundled, check_cuda_libraries, check_disk, check_driver, check_engine,
     check_host_compiler, check_jobs, check_nvcc, check_out, check_platform, check_source, check_tools, host_tools)
-from torchforge.preflightimages import check_images, suggest_images
-from torchforge.preflightreport import Context, Level, Machine, PreflightReport, probe_machine
-from torchforge.preflighttable import load_table
+from torchforge.preflight.images import check_images, suggest_images
+from torchforge.preflight.report import Context, Level, Machine, PreflightReport, probe_machine
+from torchforge.preflight.table import load_table
 from torchforge.proc import Runner
 from torchforge.recipe import pytorch_context
 from torchforge.render import RenderPlan, plan

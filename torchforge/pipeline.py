@@ -319,7 +319,7 @@ def _fix_and_audit(artifact: Path, runner: Runner) -> Path:
     import json
 
     from torchforge.rpath import Layout, audit
-    from torchforge.rpathfix import fix_and_audit
+    from torchforge.rpath.fix import fix_and_audit
 
     if audit(artifact, Layout.CONDA).ok:
         return artifact

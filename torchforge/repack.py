@@ -38,7 +38,7 @@ from torchforge.errors import ArchiveError, UsageError
 from torchforge.pausepoint import pause_at
 from torchforge.proc import Runner
 from torchforge.rpath import AuditReport, Layout
-from torchforge.rpathfix import fix_and_audit
+from torchforge.rpath.fix import fix_and_audit
 from torchforge.wheel import write_record
 from torchforge.wheelzip import extract_wheel
 

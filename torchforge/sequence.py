@@ -29,16 +29,16 @@ from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
 from torchforge.pipeline import plan_steps
 from torchforge.preflight import run_machine_checks, run_needs_checks
-from torchforge.preflightimages import container_report
-from torchforge.preflightreport import Check, Level, PreflightReport, report_table
-from torchforge.preflighttable import checked_jobs
+from torchforge.preflight.images import container_report
+from torchforge.preflight.report import Check, Level, PreflightReport, report_table
+from torchforge.preflight.table import checked_jobs
 from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
 
 
 if TYPE_CHECKING:
     from torchforge.ci import CiPlan
-    from torchforge.ci_recipes import JobSettings
+    from torchforge.ci.recipes import JobSettings
 
 __all__ = ["BuildOptions", "PreparedBuild", "channel_plan", "ci", "prepare_plan_build", "doctor", "dry_run_report", "prepare_build", "machine_report", "matrix", "official_matrix_rows", "official_plan", "official_steps", "plan", "plan_doctor", "render_plan", "refuse_build", "render", "standins"]
 
@@ -288,7 +288,7 @@ def ci(flavour: str, request: Request, settings: JobSettings, *, flavour_given: 
     """`ci`: the jobs that build the flavour's plan of `request`, refused where build refuses it. The folders are
     rendered for conda-build (the jobs read only the packages' names and build flags, the same for every engine).
     The jobs pin the flavour where it was given or `torchforge build` would choose another for the release."""
-    from torchforge import ci_recipes as ci_jobs  # the CI file's modules load only for `ci`
+    from torchforge.ci import recipes as ci_jobs  # the CI file's modules load only for `ci`
 
     refuse_build(flavour, request)
     the_plan = plan(flavour, request, "conda-build")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchforge.buildmemory import Kill, after_kill, available_memory, package_name, record_kill, recorded_kills
-from torchforge.preflighttable import choose_max_jobs, per_job_gib
+from torchforge.preflight.table import choose_max_jobs, per_job_gib
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torchforge.elf import iter_tree, maybe_elf, read_elf
 from torchforge.errors import UsageError
 from torchforge.proc import Runner
 from torchforge.rpath import Layout
-from torchforge.rpathfix import fix_and_audit
+from torchforge.rpath.fix import fix_and_audit
 from torchforge.wheelzip import extract_wheel
 
 _WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-(?P<build>\d[^-]*))?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")

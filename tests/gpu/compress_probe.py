@@ -24,7 +24,7 @@ from torchforge.proc import Runner
 from torchforge.repack import DEFAULT_ZSTD_LEVEL, _stage, hash_files, payload_of, zstd_workers
 from torchforge.repodata import archive_digests
 from torchforge.rpath import Layout
-from torchforge.rpathfix import fix_and_audit
+from torchforge.rpath.fix import fix_and_audit
 
 
 def _cpu() -> float:

@@ -10,7 +10,7 @@ import typer
 from torchforge import config as site_config
 from torchforge import fileops, selfwheel
 from torchforge.ci import CiPlan, CiRemoteCache, Provider, check_writable, load_data, repository_path, site_args, write_file
-from torchforge.ci_render import render
+from torchforge.ci.render import render
 from torchforge.extensions.sdist import names_a_path
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
@@ -19,7 +19,7 @@ from torchforge.commands.options import (
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
-from torchforge.ci_recipes import JobSettings
+from torchforge.ci.recipes import JobSettings
 from torchforge.console import err, note, out
 from torchforge.errors import UsageError
 from torchforge.fileops import check_dir
@@ -197,7 +197,7 @@ def _stack_ci(path: Path, out_dir: Path, settings: JobSettings, upload_to: str |
     tested per package and Python (CUDA ones on the GPU runners), the upload after every test."""
     import dataclasses
 
-    from torchforge.ci_recipes import ci_plan, regenerate_line
+    from torchforge.ci.recipes import ci_plan, regenerate_line
     from torchforge.commands import stack as stack_command
 
     inputs = stack_command.read(path)

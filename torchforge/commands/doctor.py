@@ -18,7 +18,7 @@ from torchforge.commands.stack import StackOpt, refuse_flags
 from torchforge.console import out
 from torchforge.fileops import check_dir
 from torchforge.flavours import MAGMA_ONLY, Request
-from torchforge.preflightreport import PreflightReport, report_table
+from torchforge.preflight.report import PreflightReport, report_table
 
 
 def register(app: typer.Typer) -> None:

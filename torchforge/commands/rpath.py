@@ -12,7 +12,7 @@ from torchforge.console import err, note, out
 from torchforge.errors import AuditFailedError
 from torchforge.proc import Runner
 from torchforge.rpath import AuditReport, Layout, audit, audit_tree, summarize
-from torchforge.rpathfix import apply_plan, plan_fix
+from torchforge.rpath.fix import apply_plan, plan_fix
 
 
 def _table(report: AuditReport, show_all: bool) -> Table:

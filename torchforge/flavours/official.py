@@ -33,8 +33,8 @@ from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
 from torchforge.officialpreflight import official_needs, run_plan_checks, run_preflight
 from torchforge.preflight import host_tools
-from torchforge.preflightreport import report_table
-from torchforge.preflighttable import checked_jobs, load_table
+from torchforge.preflight.report import report_table
+from torchforge.preflight.table import checked_jobs, load_table
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.sourcestate import resolve_source

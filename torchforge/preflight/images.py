@@ -14,7 +14,7 @@ from torchforge.containers import (TOOL_VARIABLE, ContainerSettings, accel_name,
 from torchforge.errors import ForgeError
 from torchforge.proc import Runner
 from torchforge.flavours.base import MachineNeeds
-from torchforge.preflightreport import Context, Level, PreflightReport, probe_machine
+from torchforge.preflight.report import Context, Level, PreflightReport, probe_machine
 
 
 def check_images(ctx: Context, container: ContainerSettings, targets: Sequence[tuple[str, str]]) -> None:

@@ -10,8 +10,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from torchforge.ci import CiPlan, Provider
-from torchforge.ci_github import github_workflow
-from torchforge.ci_gitlab import gitlab_pipeline
+from torchforge.ci.github import github_workflow
+from torchforge.ci.gitlab import gitlab_pipeline
 
 
 def _yaml() -> YAML:

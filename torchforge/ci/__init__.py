@@ -8,8 +8,8 @@ check, then an upload after every test passed (into a staging label, and a promo
 labels). Every build job runs `torchforge build` with the recipe's exact flags, so a CI job and a local build
 are the same command. `make ci-local` runs the GitLab file for real.
 
-Pure up to `write_file`: a plan becomes a `CiPlan` (jobs, commands, the graph: ci_recipes.py), which each
-provider's writer (ci_github.py, ci_gitlab.py) makes plain dicts and lists of, which ci_render.py dumps with one
+Pure up to `write_file`: a plan becomes a `CiPlan` (jobs, commands, the graph: ci/recipes.py), which each
+provider's writer (ci/github.py, ci/gitlab.py) makes plain dicts and lists of, which ci/render.py dumps with one
 ruamel.yaml configuration. This module holds the job plan and the commands both writers run. The graph lives in `CiPlan` only; both
 providers' files are made from it, so they cannot disagree about who needs whom.
 """

@@ -8,8 +8,8 @@ Checks: the selection itself (refused variants), platform, build engine and vers
 host compiler within that CUDA's limit, cuBLAS/cuSPARSE (and cuDNN for pytorch) in that CUDA's toolkit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
 source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).
 
-Thresholds live in torchforge/data/preflight.toml (read by preflighttable.py) and version facts in cuda.toml; this
-module holds no numbers. What a check reports is preflightreport.py's; the container checks are preflightimages.py's.
+Thresholds live in torchforge/data/preflight.toml (read by preflight/table.py) and version facts in cuda.toml; this
+module holds no numbers. What a check reports is preflight/report.py's; the container checks are preflight/images.py's.
 Every subprocess goes through `torchforge.proc.Runner`.
 """
 
@@ -33,9 +33,9 @@ from torchforge.engines.pip_wheel import PipWheelEngine
 from torchforge.errors import ForgeError
 from torchforge.proc import Runner
 from torchforge.flavours.base import MachineNeeds
-from torchforge.preflighttable import PreflightTable, choose_max_jobs, disk_need_gib, load_table, memory_jobs
-from torchforge.preflightreport import Check, Context, Level, Machine, PreflightReport, probe_machine
-from torchforge.preflightimages import check_images, suggest_images
+from torchforge.preflight.table import PreflightTable, choose_max_jobs, disk_need_gib, load_table, memory_jobs
+from torchforge.preflight.report import Check, Context, Level, Machine, PreflightReport, probe_machine
+from torchforge.preflight.images import check_images, suggest_images
 
 ENGINES = ("auto", "conda-build", "rattler-build")
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
@@ -224,7 +224,7 @@ def check_tools(ctx: Context, table: PreflightTable, used: Sequence[str]) -> Non
             continue
         try:
             if tool == "patchelf":
-                from torchforge.rpathfix import find_patchelf
+                from torchforge.rpath.fix import find_patchelf
 
                 found = find_patchelf(ctx.runner)
             else:
