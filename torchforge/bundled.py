@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from torchforge import data as tables
 from torchforge import platforms, versions
-from torchforge.data import (BuildEnvEntry, BundleRule, Data, JetPack, JetsonDevice, Release,
-                             WindowsArchive)
+from torchforge.datamodels import BuildEnvEntry, BundleRule, Data, JetPack, JetsonDevice, Release, WindowsArchive
 from torchforge.variant import Request
 from torchforge.versions import minor
 from torchforge.resolved import (

@@ -16,7 +16,8 @@ from typing import Literal
 from pydantic import field_validator
 
 from torchforge import versions
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import DataError
 
 

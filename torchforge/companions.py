@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torchforge import data as tables
-from torchforge.data import Data
+from torchforge.datamodels import Data
 from torchforge.resolved import Status, Variant
 
 

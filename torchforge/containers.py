@@ -30,7 +30,8 @@ from pathlib import Path
 
 from torchforge import data as tables
 from torchforge import fileops, localchannel
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import DataError, PreflightError, ToolMissingError, UsageError
 from torchforge.proc import Command, Runner
 from torchforge.templates import render_template

@@ -23,7 +23,8 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import DataError, UsageError
 
 DATA_FILE = "torchforge/data/failures.toml"

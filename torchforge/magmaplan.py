@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from torchforge import versions
-from torchforge.data import Data, Fix, Release
+from torchforge.datamodels import Data, Fix, Release
 from torchforge.magmasource import MagmaSource
 from torchforge.variant import magma_id
 from torchforge.versions import nodot

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from torchforge import __version__, platforms, versions
-from torchforge.data import FrozenModel, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel
 from torchforge.errors import RefusedError, UsageError
 from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_material
 from torchforge.flavours.base import JOBS_VARIABLE, PlannedRecipe

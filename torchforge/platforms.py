@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchforge import data as tables
-from torchforge.data import BuildEnvEntry, CudaBuild, PlatformFacts, Release, Toolkit
+from torchforge.datamodels import BuildEnvEntry, CudaBuild, PlatformFacts, Release, Toolkit
 from torchforge.versions import nodot
 
 

@@ -17,7 +17,8 @@ from functools import cache
 from pathlib import Path
 
 from torchforge import localchannel
-from torchforge.data import FrozenModel, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel
 from torchforge.errors import RefusedError
 
 WHERE = "torchforge/data/conda_forge_names.toml"

@@ -14,7 +14,7 @@ from typing import Any
 from torchforge import __version__
 from torchforge import data as tables
 from torchforge import versions
-from torchforge.data import Data, PlatformFacts, Release, Requirement, Runtime, SourceEdit
+from torchforge.datamodels import Data, PlatformFacts, Release, Requirement, Runtime, SourceEdit
 from torchforge.sourcestate import Source, resolve_source
 from torchforge.bundled import BundledFile, bundle_rule, bundled_files, windows_magma, windows_mkl
 from torchforge.resolved import AppliedFix, MagmaPlan, Variant

@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 
 from torchforge import data as tables
 from torchforge import platforms, versions
-from torchforge.data import (CudaBuild, Data, JetPack, JetsonDevice, PlatformFacts, Release,
-                             Toolkit)
+from torchforge.datamodels import CudaBuild, Data, JetPack, JetsonDevice, PlatformFacts, Release, Toolkit
 from torchforge.sharedflags import nvcc_refusal, unknown_release
 from torchforge.variant import Options, Request, Selection
 from torchforge.versions import arch_key, minor

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from torchforge import platforms, sourcestate
-from torchforge.data import Data, Fix, JetPack, JetsonDevice
+from torchforge.datamodels import Data, Fix, JetPack, JetsonDevice
 from torchforge.magmasource import MagmaSource
 from torchforge.sharedflags import normal_arch_list
 from torchforge.variant import Request

@@ -13,7 +13,8 @@ from typing import Literal
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from torchforge.data import FrozenModel, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel
 from torchforge.errors import RefusedError
 
 WHERE = "torchforge/data/stack_pairing.toml"

@@ -35,7 +35,8 @@ from typing import Literal
 from conda_package_handling import api
 
 from torchforge import fileops, localchannel
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import ToolMissingError
 from torchforge.flavours import Plan
 from torchforge.localchannel import index

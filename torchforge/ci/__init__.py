@@ -33,7 +33,8 @@ from ruamel.yaml.comments import CommentedMap
 from torchforge import __version__, fileops, platforms, selfwheel, versions
 from torchforge.config import SiteConfig
 from torchforge.containers import Image, check_cudnn, derivation
-from torchforge.data import FrozenModel, data_text
+from torchforge.data import data_text
+from torchforge.datamodels import FrozenModel
 from torchforge.errors import DataError, UsageError
 from torchforge.labels import check_label
 from torchforge.targets import Target, TargetKind

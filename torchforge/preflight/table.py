@@ -10,7 +10,8 @@ import os
 from functools import cache
 from typing import Literal
 
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import DataError, UsageError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from torchforge.data import FrozenModel
+from torchforge.datamodels import FrozenModel
 from torchforge.errors import UsageError
 from torchforge.fileops import atomic_write, path_of_file_url, sha256_file
 

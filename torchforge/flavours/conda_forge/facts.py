@@ -9,7 +9,8 @@ from typing import Literal
 
 from torchforge import versions
 from torchforge import data as tables
-from torchforge.data import FrozenModel, Meta, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import DataError
 
 Accel = Literal["cuda", "cpu"]

@@ -23,7 +23,8 @@ from packaging.version import Version
 from ruamel.yaml import YAML
 
 from torchforge import __version__, stackpairing
-from torchforge.data import FrozenModel, data_text, parse_table_as
+from torchforge.data import data_text, parse_table_as
+from torchforge.datamodels import FrozenModel
 from torchforge.errors import RefusedError
 from torchforge.flavours.base import PlannedRecipe, PytorchBuild
 
