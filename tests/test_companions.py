@@ -18,7 +18,7 @@ from torchforge import localchannel
 from torchforge.cli import main
 from torchforge.companions import companions_for, pytorch_cuda
 from torchforge.localchannel import index
-from torchforge.pipeline import ensure_index_fields
+from torchforge.postbuild import ensure_index_fields
 from torchforge.proc import Runner
 from torchforge.render import plan
 from torchforge.resolve import classify

@@ -561,7 +561,8 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
     from torchforge import standin
     from torchforge.engines import BuildJob
     from torchforge.engines.conda_build import CondaBuildEngine
-    from torchforge.pipeline import _fix_and_audit, source_copy_skipped
+    from torchforge.pipeline import source_copy_skipped
+    from torchforge.postbuild import fix_and_audit_package
     from torchforge.proc import Runner
 
     tool = find_conda_tool()
@@ -587,7 +588,7 @@ def test_conda_build_builds_the_same_shape_from_meta_yaml_installed_imported_and
         result = runner.run(CondaBuildEngine().command(job), check=False, log_file=tmp_path / "build.log",
                             timeout=1800)
     assert result.returncode == 0, result.output[-6000:]
-    packages = [_fix_and_audit(p, runner) for p in sorted((tmp_path / "out" / "linux-64").glob("*.conda"))
+    packages = [fix_and_audit_package(p, runner) for p in sorted((tmp_path / "out" / "linux-64").glob("*.conda"))
                 + sorted((tmp_path / "out" / "linux-64").glob("*.tar.bz2"))]
     assert_planned_and_audited(recipe, packages)
 

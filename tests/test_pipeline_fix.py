@@ -13,7 +13,7 @@ from conda_package_handling import api as cph
 
 from torchforge.elf import read_elf
 from torchforge.errors import AuditFailedError
-from torchforge.pipeline import _fix_and_audit
+from torchforge.postbuild import fix_and_audit_package
 from torchforge.proc import Runner
 from torchforge.rpath import Layout, audit
 
@@ -62,14 +62,14 @@ def _package(tmp_path: Path, rpath: str | None, link: list[str] | None = None, s
 def test_a_clean_package_is_left_untouched(tmp_path: Path) -> None:
     package = _package(tmp_path, "$ORIGIN:$ORIGIN/../../../..")
     before = package.read_bytes()
-    assert _fix_and_audit(package, Runner()) == package
+    assert fix_and_audit_package(package, Runner()) == package
     assert package.read_bytes() == before
 
 
 def test_a_build_machine_rpath_is_fixed_and_paths_json_follows(tmp_path: Path) -> None:
     package = _package(tmp_path, "/usr/local/cuda/lib64")
     assert not audit(package, Layout.CONDA).ok
-    _fix_and_audit(package, Runner())
+    fix_and_audit_package(package, Runner())
     assert audit(package, Layout.CONDA).ok
     tree = tmp_path / "check"
     cph.extract(str(package), dest_dir=str(tree))
@@ -84,7 +84,7 @@ def test_a_fix_keeps_a_symlink_that_resolves_only_in_the_environment(tmp_path: P
     """The conda-forge flavour's pytorch links torch/lib/libc10.so to libtorch's lib/libc10.so: a fix of another
     library rewrites the archive with the link as it was (its paths.json entry untouched), not a failure."""
     package = _package(tmp_path, "/usr/local/cuda/lib64", shared_link=True)
-    _fix_and_audit(package, Runner())
+    fix_and_audit_package(package, Runner())
     assert audit(package, Layout.CONDA).ok
     tree = tmp_path / "check"
     cph.extract(str(package), dest_dir=str(tree))
@@ -101,7 +101,7 @@ def test_dry_run_prints_the_patchelf_commands_and_never_rewrites(tmp_path: Path)
     package = _package(tmp_path, "/usr/local/cuda/lib64")
     before = package.read_bytes()
     runner = Runner(dry_run=True)
-    _fix_and_audit(package, runner)
+    fix_and_audit_package(package, runner)
     assert package.read_bytes() == before
     assert any("--set-rpath" in command.argv for command in runner.history)
 
@@ -114,7 +114,7 @@ def test_a_library_that_cannot_be_resolved_fails_the_step(tmp_path: Path) -> Non
     broken = _package_with_needed(tmp_path / "b", missing)
     before = broken.read_bytes()
     with pytest.raises(AuditFailedError):
-        _fix_and_audit(broken, Runner())
+        fix_and_audit_package(broken, Runner())
     assert broken.read_bytes() == before
 
 
@@ -132,7 +132,7 @@ def test_a_link_into_another_package_survives_the_fix(tmp_path: Path) -> None:
     members = [e["_path"] for e in paths["paths"]] + ["info/index.json", "info/paths.json", "info/files"]
     package.unlink()
     cph.create(str(tree), members, package.name, out_folder=str(package.parent))
-    _fix_and_audit(package, Runner())
+    fix_and_audit_package(package, Runner())
     assert audit(package, Layout.CONDA).ok
     fixed = tmp_path / "fixed"
     cph.extract(str(package), dest_dir=str(fixed))

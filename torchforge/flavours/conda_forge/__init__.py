@@ -46,28 +46,10 @@ from torchforge.flavours.conda_forge.facts import (
     check_invariants,
 )
 from torchforge.flavours.conda_forge.recipe import (
-    Output,
-    PlannedOutput,
-    CondaForgeRecipe,
-    plan,
-    with_inputs,
-    with_build_strings,
-    windows_build_note,
-    platform_jobs,
-    reference_cuda,
-    settings_digest,
-    header,
-    PATCH_FOLDER,
-    CONSUMER_PROJECT,
-    conda_build_spec,
-    rattler_build_spec,
-    _explicit_version,
-    rattler_build_string,
-    libtorch_checks,
-    windows_libtorch_checks,
-    recipe_files,
-    plan_selection,
-)
+    Output, PlannedOutput, CondaForgeRecipe, plan, with_inputs, with_build_strings, windows_build_note,
+    platform_jobs, reference_cuda, settings_digest, header, PATCH_FOLDER, CONSUMER_PROJECT, rattler_build_string,
+    libtorch_checks, windows_libtorch_checks, recipe_files, plan_selection)
+from torchforge.flavours.conda_forge.specs import conda_build_spec, rattler_build_spec, _explicit_version
 
 __all__ = [
     "Accel",

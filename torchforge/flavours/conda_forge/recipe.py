@@ -16,7 +16,7 @@ from torchforge.compilecache import BUILD_VARIABLES
 from torchforge.errors import RefusedError, UsageError
 from torchforge.flavours.base import JOBS_VARIABLE
 from torchforge.sourcestate import Source
-from torchforge.templates import RecipeFormat, render_template, yaml_scalar
+from torchforge.templates import RecipeFormat, render_template
 from torchforge.sharedflags import nvcc_refusal, split_list
 from torchforge.flavours.conda_forge.facts import (
     Accel,
@@ -33,6 +33,7 @@ from torchforge.flavours.conda_forge.facts import (
     MKL_OFFSET,
     load,
 )
+from torchforge.flavours.conda_forge.specs import conda_build_spec, rattler_build_spec
 
 @dataclass(frozen=True)
 class Output:
@@ -457,39 +458,6 @@ def header(recipe: CondaForgeRecipe) -> str:
 PATCH_FOLDER = "conda-forge-patches"
 # torchforge's own CMake project that libtorch's test configures against the installed package (the test's folder)
 CONSUMER_PROJECT = "cmake_test/CMakeLists.txt"
-_JINJA_SPEC = re.compile(r"^(pin_subpackage|pin_compatible|compiler|stdlib) ([\w-]+)(?: (exact|x[.x]*))?$")
-
-
-def conda_build_spec(spec: str) -> str:
-    """One requirement in meta.yaml syntax: the data's `pin_subpackage libtorch exact` becomes conda-build's
-    Jinja call; any other spec is a YAML scalar."""
-    found = _JINJA_SPEC.match(spec)
-    if found is None:
-        return yaml_scalar(spec)
-    function, name, pin = found.groups()
-    argument = ", exact=True" if pin == "exact" else f", max_pin='{pin}'" if pin else ""
-    return "{{ " + f"{function}('{name}'{argument})" + " }}"
-
-
-def rattler_build_spec(spec: str) -> str:
-    """One requirement in recipe.yaml syntax: the data's `pin_subpackage libtorch x.x` becomes rattler-build's
-    `${{ pin_subpackage('libtorch', upper_bound='x.x') }}`; any other spec is a YAML scalar."""
-    found = _JINJA_SPEC.match(spec)
-    if found is None:
-        return yaml_scalar(_explicit_version(spec))
-    function, name, pin = found.groups()
-    argument = ", exact=True" if pin == "exact" else f", upper_bound='{pin}'" if pin else ""
-    return "${{ " + f"{function}('{name}'{argument})" + " }}"
-
-
-def _explicit_version(spec: str) -> str:
-    """rattler-build refuses a bare version (`cuda-version 13.0`); conda-build reads `name X.Y` as `X.Y.*` and a
-    bare version followed by a build string as exact (conda_build/utils.py, ensure_valid_spec): say so explicitly."""
-    fields = spec.split()
-    if len(fields) < 2 or not re.fullmatch(r"[0-9a-zA-Z.]+", fields[1]):
-        return spec
-    fields[1] = f"{fields[1]}.*" if len(fields) == 2 else f"=={fields[1]}"
-    return " ".join(fields)
 
 
 def rattler_build_string(output: Output) -> str:
