@@ -21,13 +21,15 @@ def test_without_a_gpu_each_probe_says_it_was_not_run_and_why(tmp_path: Path) ->
     prefix = environment(tmp_path, CUDA_TORCH_NO_GPU)
     version = next(prefix.glob("lib/python3*/site-packages/torch/version.py"))
     version.write_text("__version__ = '2.11.0+cu130'\ncuda = '13.0'\n")  # a CUDA build, on a machine without a GPU
+    (version.parent.parent / "causal_conv1d").mkdir()  # an extension of the stack: its probe is asked for
+    (version.parent.parent / "causal_conv1d" / "__init__.py").write_text("")
     result = forge("verify", str(prefix), "--python", sys.executable, "--want", "cpu", cwd=tmp_path,
                    env={"COLUMNS": "400"})
     text = " ".join(result.stdout.split())
     assert result.returncode == 0, text + result.stderr
+    absent = {"torchvision", "torchaudio", *gpu_probe.EXTENSIONS} - {"causal_conv1d"}
     for key, label in gpu_probe.LABELS.items():
-        why = f"{key} is not installed" if key in ("torchvision", "torchaudio") else \
-            "no GPU: torch.cuda.is_available() is False"
+        why = f"{key} is not installed" if key in absent else "no GPU: torch.cuda.is_available() is False"
         assert f"GPU probe: {label} │ not run │ {why} │" in text, (label, text)
     assert "FAILED" not in text
 

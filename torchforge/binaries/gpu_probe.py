@@ -9,6 +9,7 @@ alone proves nothing: an sm_80-only build imports fine on sm_90 and fails at its
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import tempfile
@@ -20,8 +21,10 @@ def _maps() -> list[str]:
 
 
 def _answered(stem: str) -> str:
-    """The mapped file of the library `stem` (libcublasLt), or "" where none is mapped."""
-    return next((p for p in _maps() if p.rsplit("/", 1)[-1].startswith(stem + ".so")), "")
+    """The mapped file of the library `stem` (libcublasLt; an extension module's causal_conv1d_cuda, whose file is
+    causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so), or "" where none is mapped."""
+    return next((p for p in _maps() if p.rsplit("/", 1)[-1].startswith((stem + ".so", stem + ".cpython-",
+                                                                        stem + ".abi3.so"))), "")
 
 
 def _max_error(gpu, cpu) -> float:  # type: ignore[no-untyped-def]
@@ -152,22 +155,68 @@ def _probe_audio(torch):  # type: ignore[no-untyped-def]
                                                                                  lfilter(x, a, b)), 1e-4)]
 
 
+def _relative(gpu, ref) -> float:  # type: ignore[no-untyped-def]
+    return float(((gpu.detach().double() - ref.detach().double()).abs().max() /
+                  ref.detach().double().abs().max().clamp(min=1e-12)).item())
+
+
+def _probe_scatter(torch):  # type: ignore[no-untyped-def]
+    import torch_scatter
+
+    src, index = torch.rand(4096), torch.randint(0, 64, (4096,))
+    gpu = torch_scatter.scatter_add(src.cuda(), index.cuda(), dim=0, dim_size=64)
+    return [("torch-scatter scatter_add (its CUDA kernel)", "_scatter_cuda",
+             _max_error(gpu, torch.zeros(64).index_add_(0, index, src)), 1e-4)]
+
+
+def _probe_causal_conv1d(torch):  # type: ignore[no-untyped-def]
+    """causal_conv1d_fn against a depthwise conv1d padded on the left only (plain torch, on the GPU: cuDNN)."""
+    import torch.nn.functional as F
+    from causal_conv1d import causal_conv1d_fn
+
+    batch, dim, length, width = 2, 64, 512, 4
+    x, weight, bias = torch.randn(batch, dim, length), torch.randn(dim, width), torch.randn(dim)
+    ours = causal_conv1d_fn(x.cuda(), weight.cuda(), bias.cuda(), activation="silu")
+    ref = F.silu(F.conv1d(F.pad(x.double(), (width - 1, 0)), weight.double().unsqueeze(1), bias.double(), groups=dim))
+    return [("causal-conv1d causal_conv1d_fn (its CUDA kernel)", "causal_conv1d_cuda", _max_error(ours, ref), 1e-3)]
+
+
+def _probe_mamba(torch):  # type: ignore[no-untyped-def]
+    """selective_scan_fn against the package's own pure-torch selective_scan_ref (relative error)."""
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, selective_scan_ref
+
+    batch, dim, state, length = 2, 32, 16, 256
+    u, delta, z = (torch.randn(batch, dim, length, device="cuda") for _ in range(3))
+    A, D = -torch.rand(dim, state, device="cuda"), torch.randn(dim, device="cuda")
+    B, C = (torch.randn(batch, state, length, device="cuda") for _ in range(2))
+    ours = selective_scan_fn(u, delta, A, B, C, D, z, None, True)
+    ref = selective_scan_ref(u, delta, A, B, C, D, z, None, True)
+    return [("mamba-ssm selective_scan_fn (its CUDA kernel)", "selective_scan_cuda", _relative(ours, ref), 1e-3)]
+
+
+# Extensions of a stack: probed where their module imports (a stack without them skips the row).
+EXTENSIONS = {"torch_scatter": "torch_scatter", "causal_conv1d": "causal_conv1d", "mamba_ssm": "mamba_ssm"}
 LABELS = {"cublas": "cuBLAS/cuBLASLt matmul (float32, bfloat16)", "cufft": "cuFFT fft/ifft round trip",
           "curand": "cuRAND uniform sample", "cusolver": "cuSOLVER Cholesky (torch.linalg)",
           "cusparse": "cuSPARSE sparse x dense product", "cudnn": "cuDNN convolution",
           "nccl": "NCCL one-process all-reduce", "nvrtc": "NVRTC runtime-compiled kernel (jiterator)",
           "cusparselt": "cuSPARSELt 2:4 sparse matmul", "torchvision": "torchvision nms (its CUDA kernel)",
-          "torchaudio": "torchaudio lfilter (its CUDA kernel)"}
+          "torchaudio": "torchaudio lfilter (its CUDA kernel)",
+          "torch_scatter": "torch-scatter scatter_add (its CUDA kernel)",
+          "causal_conv1d": "causal-conv1d causal_conv1d_fn (its CUDA kernel)",
+          "mamba_ssm": "mamba-ssm selective_scan_fn (its CUDA kernel)"}
 PROBES = {"cublas": _probe_blas, "cufft": _probe_fft, "curand": _probe_rand, "cusolver": _probe_solver,
           "cusparse": _probe_sparse, "cudnn": _probe_dnn, "nccl": _probe_nccl, "nvrtc": _probe_rtc,
-          "cusparselt": _probe_sparselt, "torchvision": _probe_vision, "torchaudio": _probe_audio}
+          "cusparselt": _probe_sparselt, "torchvision": _probe_vision, "torchaudio": _probe_audio,
+          "torch_scatter": _probe_scatter, "causal_conv1d": _probe_causal_conv1d, "mamba_ssm": _probe_mamba}
 
 
 def gpu_probes(torch, why_not: str | None) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
     """One row per probe: what was compared, the library file that answered, the error and its tolerance."""
     rows: list[dict[str, object]] = []
     for key, run in PROBES.items():
-        if key in ("torchvision", "torchaudio") and key not in sys.modules:
+        if key in ("torchvision", "torchaudio") and key not in sys.modules or \
+                key in EXTENSIONS and importlib.util.find_spec(EXTENSIONS[key]) is None:
             rows.append({"probe": key, "name": LABELS[key], "skipped": f"{key} is not installed"})
         elif why_not:
             rows.append({"probe": key, "name": LABELS[key], "skipped": why_not})
