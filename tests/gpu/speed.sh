@@ -7,6 +7,9 @@
 #      local compile cache), both through one HTTP cache server on the loopback (tests/test_remote_cache.py's
 #      store: GET/HEAD/PUT); MAX_JOBS chosen per build from memory and mamba-ssm's per-job peak. Reported: each
 #      build's time, the second's hit rate from the server, the first's planned jobs and peak memory.
+#      Then `torchforge verify` of runner 1's prefix (issue 41: the mamba-ssm probe on the GPU).
+#   1b. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh probes    (carry [".cache/wheels312"]; ~8 min)
+#      causal-conv1d 1.7.0 from its sdist for sm_90 against the channel phase 1 made, its check, then verify.
 #   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (carry [".cache/wheels312"]; ~3 min)
 #      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after.
 # Everything also lands in $OUT/speed-<phase>.txt and the builds' logs in $OUT.
@@ -19,6 +22,13 @@ work=/tmp/speed
 mkdir -p "$out" "$work"
 cd "$src" || exit 2
 stamp() { echo "[$(date +%T)] $* (load $(cut -d' ' -f1-3 /proc/loadavg))"; }  # lib.sh's, with the load
+verify_prefix() {  # `torchforge verify` of a kernel_stack prefix from a clean venv, LD_LIBRARY_PATH empty
+  [ -x "$work/venv/bin/python" ] || clean_venv "$work"
+  stamp "verify $1"
+  env LD_LIBRARY_PATH= COLUMNS=250 $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
+    verify "$1" --python "$work/venv/bin/python" --want cuda --timeout 300
+  echo "verify exit $? ($1)"
+}
 {
   stamp "tools"
   [ -d "$gpu_tools/pydantic" ] || install_tools "$gpu_tools" || exit 3
@@ -55,8 +65,20 @@ with serve() as (url, store):
         grep -h "^torchforge: \(MAX_JOBS\|peak memory\|compile cache\|warning\|out of memory\)" "$log" | cut -c1-600
         cp "$log" "$out/runner$runner-$(basename "$log")"
       done
+      # issue 41: verify's extension probes on the GPU, mamba-ssm's selective_scan_fn among them
+      [ "$runner" = 1 ] && verify_prefix "$work/k1/prefix"
     done
     kill "$server"
+  elif [ "$phase" = probes ]; then
+    # causal-conv1d 1.7.0 for sm_90 against the stack the builds phase repacked (same warm machine), then verify
+    [ -d "$work/chan" ] || { echo "no $work/chan: run the builds phase first, on this warm machine"; exit 4; }
+    rm -rf "$work/kc"
+    stamp "causal-conv1d build"
+    KERNEL_STACK_GPU=1 $PY -m tests.kernel_stack "$work/chan" "$work/kc" --site "$site" --torch-python "$PY" \
+      --arch-list 9.0 --source "$src/tests/fixtures/sdists/causal_conv1d-1.7.0.tar.gz" \
+      --check "$src/tests/gpu/extension_checks/causal_conv1d_check.py" | tail -30
+    echo "kernel_stack exit ${PIPESTATUS[0]}"
+    verify_prefix "$work/kc/prefix"
   else
     # the machine's whole stack (torch, torchvision, torchaudio and what they require) as wheels, for the bench
     stamp "rebuild the stack's wheels"
