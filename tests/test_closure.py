@@ -191,3 +191,36 @@ def test_without_wheels_the_wheels_come_from_pips_own_index(channel: Path, tmp_p
     done = cli("build", "--dry-run", "--for", FOR, "--channel", str(channel), "--out", str(tmp_path / "out"), env=env)
     assert done.returncode == 4 and "wheels: pip's index (PyPI, or as pip's own configuration says)" in \
         " ".join(done.stderr.split()), done.stderr
+
+
+def pure_sdist(folder: Path, name: str, dependencies: list[str]) -> Path:
+    """A sdist of a one-module project `name` 1.0 that states its requirements (pyproject.toml [project]), so
+    reading them runs none of its code."""
+    import tarfile
+    tree = folder / f"{name}-1.0"
+    (tree / name.replace("-", "_")).mkdir(parents=True)
+    (tree / name.replace("-", "_") / "__init__.py").write_text("")
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "wheel"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "{name}"\nversion = "1.0"\ndependencies = {json.dumps(dependencies)}\n')
+    sdist = folder / f"{name.replace('-', '_')}-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(tree, arcname=tree.name)
+    return sdist
+
+
+def test_an_extensions_requirement_no_wheel_is_had_for_is_refused_before_anything_builds(
+        channel: Path, tmp_path: Path) -> None:
+    """An extension whose sdist requires a project no channel has and no wheel folder holds: the build (not a dry
+    run, which reads no sdist) is refused (exit 4) before anything builds, naming it and the extension's package;
+    what pytorch itself requires and the wheels have is not refused, and nothing is written into --out."""
+    sdist = pure_sdist(tmp_path, "needs-absent", ["tf-absent-project>=1", "sortedcontainers"])
+    out = tmp_path / "out"
+    done = _build(channel, out, tmp_path, "--extension", str(sdist), "--wheels", str(WHEELS), "--engine",
+                  "rattler-build", "--skip-preflight")
+    assert done.returncode == 4, done.stderr
+    refused = " ".join(done.stderr.split()).split("provides:")[1].split("what would work")[0]
+    assert "tf-absent-project >=1 (required by needs-absent-1.0-pt2.13.0_cpu_" in refused, refused
+    assert f"wheels: {WHEELS} (pip --find-links, no index)" in refused, refused
+    assert "sortedcontainers" not in refused and "sortedcollections" not in refused, refused
+    assert "Traceback" not in done.stderr and not out.exists()

@@ -16,6 +16,7 @@ from filelock import FileLock
 
 from tests.conftest import session_shared
 from tests.test_extension_build import CHECK, PY, SCATTER, SCATTER_BUILDS, scatter_compile_cache, stand_ins
+from tests.test_closure import WHEELS
 from tests.test_upload_helpers import cli
 from tests.tool_venvs import ensure
 
@@ -87,13 +88,18 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "recorded-env"
 version = "1.0"
+dependencies = ["sortedcollections>=2"]
 '''
 
 
-def test_an_extensions_own_build_variable_reaches_its_build_and_names_its_package(
+def test_an_extensions_own_build_variable_reaches_its_build_and_its_requirement_is_brought_along(
         repacked: tuple[Path, Path], tmp_path: Path) -> None:
     """`--extension-env recorded-env:TEAM_SWITCH=on` with the real rattler-build: the setup.py saw the value (and
-    torchforge's own PIP_NO_INDEX beside it), and the package is the one `matrix` names with that variable."""
+    torchforge's own PIP_NO_INDEX beside it), and the package is the one `matrix` names with that variable. The
+    sdist requires sortedcollections, which no channel has: with `--wheels` (real PyPI wheels) the build repacks it
+    and sortedcontainers, which it requires in turn, into --out before the extension builds, and `torchforge
+    install recorded-env` solves all three into a fresh prefix (before: the extension's package required a name no
+    channel had, and only an install found out)."""
     import tarfile
     torch_channel, stubs = repacked
     tree = tmp_path / "recorded-env-1.0"
@@ -110,11 +116,21 @@ def test_an_extensions_own_build_variable_reaches_its_build_and_names_its_packag
     assert matrix.returncode == 0, matrix.stderr
     stem = json.loads(matrix.stdout)[-1]["id"]
     out = tmp_path / "out"
-    done = cli("build", *flags, "--engine", "rattler-build", "--skip-preflight", "--no-cache", "--out", str(out),
-               env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=1200)
+    done = cli("build", *flags, "--wheels", str(WHEELS), "--engine", "rattler-build", "--skip-preflight",
+               "--no-cache", "--out", str(out), env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=1200)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     (built,) = out.glob("linux-64/recorded-env-1.0-*.conda")
     assert built.name == f"{stem}.conda"
+    said = " ".join(done.stderr.split())
+    assert f"brought along: {out / 'linux-64' / 'sortedcollections-2.1.0-whl_py'}" in said, said[-3000:]
+    brought = sorted(p.name for p in out.glob("linux-64/sorted*.conda"))
+    assert brought == [f"sortedcollections-2.1.0-whl_py{PY}_0.conda", f"sortedcontainers-2.4.0-whl_py{PY}_0.conda"]
+    prefix = tmp_path / "prefix"
+    installed = cli("install", "recorded-env", "--channel", str(out), "--channel", str(torch_channel), "--channel",
+                    str(stubs), "--prefix", str(prefix))
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    assert {p.name.rsplit("-", 2)[0] for p in (prefix / "conda-meta").glob("*.json")} >= \
+        {"recorded-env", "sortedcollections", "sortedcontainers", "pytorch"}
     from conda_package_streaming.package_streaming import stream_conda_component
     recorded = about = ""
     with built.open("rb") as handle:

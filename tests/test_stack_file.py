@@ -193,6 +193,26 @@ def test_an_extensions_variables_by_file_and_by_flags_plan_the_same_package(
         row["build_string"] for row in plain if row.get("package") == "torch-scatter")
 
 
+def test_an_extension_with_variables_is_planned_once_from_its_source(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local sdist with an env: the loader reads its name (to check the env) and the plan reuses what it read,
+    rather than packing and hashing the archive a second time (a git SPEC would be cloned twice)."""
+    from torchforge.extensions import plan as extension_plan
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    shutil.copy(SCATTER, sdists)
+    path = write(tmp_path, GOOD.replace('spec = "torch-scatter==2.1.2"',
+                                        f'spec = "sdists/{SCATTER.name}"\nenv = {{ WITH_SYMBOLS = "1" }}'))
+    planned = []
+    real = extension_plan.planned_source
+    monkeypatch.setattr(extension_plan, "planned_source", lambda spec, runner: planned.append(spec.text) or
+                        real(spec, runner))
+    assert main(["matrix", "--stack", str(path), "--json"]) == 0
+    scatter = [row for row in json.loads(capsys.readouterr().out) if row.get("package") == "torch-scatter"]
+    assert planned == [str(sdists / SCATTER.name)], planned
+    assert scatter and all(row["variables"] == {"WITH_SYMBOLS": "1"} for row in scatter), scatter
+
+
 REPACKED = """\
 python = ["3.11"]
 build_number = 2

@@ -1,5 +1,5 @@
 """Requirements brought along (issue 38's dependency closure, its bring-along half): a run requirement of a
-channel's pytorch that no channel of the build provides is planned as a conda package repacked from a wheel that
+channel's pytorch, or of an extension the build makes, that no channel of the build provides is planned as a conda package repacked from a wheel that
 satisfies it, into the output channel, before anything builds; the wheel's own requirements likewise, to closure.
 Only what no channel provides and no wheel can be had for is left, for torchforge.provided to refuse.
 
@@ -108,12 +108,14 @@ class Closure:
     missing: tuple[provided.Unprovided, ...]  # what no channel provides and no wheel was had for
 
 
-def bring_along(depends: tuple[str, ...], needed_by: str, channels: tuple[str, ...], python: str, subdir: str,
-                source: WheelSource, runner: Runner) -> Closure:
-    """Every requirement of `depends` no channel provides, brought along from a wheel, and theirs, to closure."""
+def bring_along(wants: Sequence[tuple[tuple[str, ...], str]], channels: tuple[str, ...], python: str, subdir: str,
+                source: WheelSource, runner: Runner, planned: frozenset[str] = frozenset()) -> Closure:
+    """Every requirement no channel provides of each (depends, the package that needs them) of `wants`, brought
+    along from a wheel, and theirs, to closure; a name of `planned` (a package the plan makes) is not looked for."""
     brought: dict[str, PackagePlan] = {}
     missing: list[provided.Unprovided] = []
-    todo = list(provided.unprovided(depends, needed_by, channels))
+    todo = [u for depends, needed_by in wants for u in provided.unprovided(depends, needed_by, channels)
+            if u.spec.split()[0] not in planned]
     while todo:
         want = todo.pop(0)
         name = want.spec.split()[0]
@@ -137,7 +139,8 @@ def bring_along(depends: tuple[str, ...], needed_by: str, channels: tuple[str, .
             continue
         brought[name] = package
         stem = package.filename.removesuffix(".conda")
-        todo += [u for u in provided.unprovided(package.depends, stem, channels) if u.spec.split()[0] not in brought]
+        todo += [u for u in provided.unprovided(package.depends, stem, channels)
+                 if u.spec.split()[0] not in brought and u.spec.split()[0] not in planned]
     return Closure(tuple(brought.values()), tuple(missing))
 
 

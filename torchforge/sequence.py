@@ -7,7 +7,7 @@ The commands call these and print; the flavour's own model never reaches them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,18 +16,19 @@ from torchforge import config as site_config
 from torchforge import closure, containers, havepytorch
 from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders,
                                      StandsInForItsRecipes)
+from torchforge.channels import build_channels
 from torchforge.config import SiteConfig
 from torchforge.console import err, note, warn
 from torchforge.engines.choice import container_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
 from torchforge.flavours import JOBS_VARIABLE, choose, plugin
-from torchforge.extensions.plan import with_extension_rows, with_extensions
+from torchforge.extensions.plan import run_requirements, with_extension_rows, with_extensions
 from torchforge.flavours.base import MatrixView, Plan, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
-from torchforge.pipeline import plan_steps
+from torchforge.pipeline import Action, BuildSettings, Step, plan_steps
 from torchforge.preflight import run_machine_checks, run_needs_checks
 from torchforge.preflight.images import container_report
 from torchforge.preflight.report import Check, Level, PreflightReport, report_table
@@ -56,7 +57,7 @@ def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
     # what the builds install it with must be there: its run requirements from the channels the builds read, or
     # brought along from their wheels (and theirs), before anything builds; only what cannot be had is refused
     channels = (*request.for_channels, *(url for r in the_plan.recipes for url in r.channels))
-    found = closure.bring_along(pytorch.depends, pytorch.stem, channels, pytorch.python, pytorch.subdir,
+    found = closure.bring_along(((pytorch.depends, pytorch.stem),), channels, pytorch.python, pytorch.subdir,
                                 closure.default_source(request.wheel_folders),
                                 Runner(echo=note))  # planning reads the wheels: shown, even in a dry run
     closure.refuse_missing(found)
@@ -69,10 +70,13 @@ def plan(flavour: str, request: Request, recipe_format: str) -> Plan:
 
 
 def refuse_stray_wheels(request: Request) -> None:
-    """--wheels for a plan that builds its own pytorch: a usage error, not a flag silently ignored."""
-    if request.wheel_folders:
-        raise UsageError("--wheels brings along the requirements of a pytorch a channel has, and none is named",
-                         "give --for SPEC (or --out holding one pytorch, with --extension or --with), or leave --wheels out")
+    """--wheels for a plan that builds its own pytorch and no extension: a usage error, not a flag silently
+    ignored."""
+    if request.wheel_folders and not request.extensions:
+        raise UsageError("--wheels brings along the requirements of a pytorch a channel has or of an extension, and "
+                         "the request names neither",
+                         "give --for SPEC (or --out holding one pytorch, with --extension or --with), or --extension "
+                         "SPEC, or leave --wheels out")
 
 
 def builds_a_given_pytorch(request: Request) -> bool:
@@ -186,7 +190,36 @@ def _plan_build(flavour: str, request: Request, options: BuildOptions, site: Sit
         _container_rows(the_plan, in_images)
     err.print(why)
     settings = options.settings(request, site.channels, extra_env=extra_env, container=in_images)
+    if not options.dry_run:
+        the_plan = with_extension_requirements(the_plan, plan_steps(the_plan, settings), settings, request)
     return PreparedBuild(tuple(plan_steps(the_plan, settings)), chosen, settings, the_plan.brought_along)
+
+
+def with_extension_requirements(the_plan: Plan, steps: Sequence[Step], settings: BuildSettings,
+                                request: Request) -> Plan:
+    """The plan with the run requirements of each extension it builds that no channel of that build provides,
+    brought along (their wheels' requirements too), or refused, before anything builds. The sdist is fetched and
+    its metadata read for that here, once, as its build reads them (a dry run does neither: its rows say so)."""
+    building = {step.id for step in steps if step.action is Action.BUILD}
+    planned = frozenset({stem.rsplit("-", 2)[0] for r in the_plan.recipes for stem in r.stems}
+                        | {p.name for p in the_plan.brought_along})
+    groups: dict[tuple[str, str, tuple[str, ...]], list[tuple[tuple[str, ...], str]]] = {}
+    for recipe in the_plan.recipes:
+        run = run_requirements(recipe) if recipe.id in building else None
+        if run:
+            channels = build_channels(settings.out, settings.channels, settings.site_channels.apply(recipe.channels))
+            groups.setdefault((recipe.python or "", recipe.subdir, channels), []).append((run, recipe.stems[0]))
+    found: list[closure.Closure] = []
+    for (python, subdir, channels), wants in groups.items():
+        earlier = frozenset(p.name for c in found for p in c.brought)
+        found.append(closure.bring_along(wants, channels, python, subdir, closure.default_source(request.wheel_folders),
+                                         Runner(echo=note), planned | earlier))
+    closure.refuse_missing(closure.Closure((), tuple(m for c in found for m in c.missing)))
+    brought = tuple(p for c in found for p in c.brought)
+    if not brought:
+        return the_plan
+    return dataclasses.replace(the_plan, recipes=(*closure.brought_recipes(closure.Closure(brought, ())),
+                                                  *the_plan.recipes), brought_along=(*the_plan.brought_along, *brought))
 
 
 def _image_settings(the_plan: Plan, images: Mapping[str, containers.Image], *,

@@ -243,7 +243,7 @@ def _build_stack(path: Path, options: sequence.BuildOptions, out_dir: Path | Non
                                                lambda recipe_format: stack_command.channel_plan(inputs, recipe_format)[0])
     # the repack made those packages already (a dry run said it would): no engine builds them
     steps = [s for s in prepared.steps if s.id != REPACKED_ID]
-    _run_plan(steps, prepared.engine, prepared.settings, options.dry_run)
+    _run_plan(steps, prepared.engine, prepared.settings, options.dry_run, prepared.brought_along)
     if not options.dry_run:
         stack_command.write_lock(inputs, [stem for step in prepared.steps for stem in step.stems])
 

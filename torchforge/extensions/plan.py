@@ -73,6 +73,14 @@ class PlannedSource:
     sdist: str  # its identity in the settings: NAME==VERSION (an index) or sha256:HEX of the archive
 
 
+def _planned(text: str, request: Request) -> PlannedSource:
+    """A SPEC's planned source: the one the request carries (a stack file's loader planned it), else planned now."""
+    for spec, name, version, sdist in request.planned_extensions:
+        if spec == text:
+            return PlannedSource(parse_spec(text), name, version, sdist)
+    return planned_source(parse_spec(text), Runner())
+
+
 def _normalised(spec: SdistSpec, name: str, version: str) -> tuple[str, str]:
     try:
         return check_name(spec.text, name), str(Version(version))
@@ -115,6 +123,19 @@ class DeferredRecipe(Mapping[str, "str | bytes"]):
 
 @cache
 def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
+    return dict(extension_recipe(_inputs(recipe), recipe.recipe_format).files)
+
+
+def run_requirements(recipe: PlannedRecipe) -> tuple[str, ...] | None:
+    """The run requirements an extension's package will record (its sdist fetched and its metadata read, once, as
+    its build reads them); None for a recipe that is not an extension's."""
+    if not isinstance(recipe.files, DeferredRecipe):
+        return None
+    return _inputs(recipe.files).requirements(recipe.files.recipe_format)["run"]
+
+
+@cache
+def _inputs(recipe: DeferredRecipe) -> ExtensionInputs:
     source, runner, root = recipe.source, Runner(), cache_root()
     index = source.spec.kind == "index"
     # one folder per SPEC and planned source: a git tag that moved since gets a fresh clone, not the old one
@@ -129,9 +150,8 @@ def _resolved(recipe: DeferredRecipe) -> dict[str, str | bytes]:
     if _normalised(source.spec, meta.name, meta.version) != (source.name, source.version):
         raise UsageError(f"--extension {source.spec.text!r}: the sdist says it is {meta.name} {meta.version}",
                          f"give {meta.name}=={meta.version}")
-    inputs = ExtensionInputs(archive, dataclasses.replace(meta, version=source.version), recipe.pytorch,
-                             recipe.arch_list, recipe.channels, sdist=source.sdist, variables=recipe.variables)
-    return dict(extension_recipe(inputs, recipe.recipe_format).files)
+    return ExtensionInputs(archive, dataclasses.replace(meta, version=source.version), recipe.pytorch,
+                           recipe.arch_list, recipe.channels, sdist=source.sdist, variables=recipe.variables)
 
 
 def _targets(the_plan: Plan, channel: Path | None,
@@ -166,7 +186,7 @@ def with_extensions(the_plan: Plan, request: Request, recipe_format: str, channe
     if not request.extensions:
         check_all_used(request.extension_env, ())
         return the_plan
-    sources = [(text, planned_source(parse_spec(text), Runner())) for text in request.extensions]
+    sources = [(text, _planned(text, request)) for text in request.extensions]
     check_one_source_each((text, source.name, source.version) for text, source in sources)
     check_all_used(request.extension_env, (source.name for _, source in sources))
     extensions = []

@@ -89,6 +89,9 @@ class Request:
     # --extension-env NAME:KEY=VALUE: (name in conda's form, KEY, VALUE), one extension's own build variables
     # (torchforge/extensions/variables.py)
     extension_env: tuple[tuple[str, str, str], ...] = ()
+    # (SPEC, name, version, sdist identity) of `extensions` planned already (a stack file's loader reads a SPEC's
+    # name to check its env): the plan reuses them rather than packing or cloning that source again
+    planned_extensions: tuple[tuple[str, str, str, str], ...] = ()
     # --for SPEC: a conda match spec of a pytorch package a channel already has (`pytorch ==2.13.0 whl_*`), looked
     # for in `for_channels` (the --channel values, then --out): companions and extensions are built for it, and no
     # pytorch source build is planned (torchforge/havepytorch.py)

@@ -40,6 +40,8 @@ class Stack:
     source: str | None
     # each [[extensions]] env's variables as --extension-env gives them: (name in conda's form, KEY, VALUE)
     extension_env: tuple[tuple[str, str, str], ...] = ()
+    # (SPEC, name, version, sdist identity) of each extension with an env, planned to read its name
+    planned_extensions: tuple[tuple[str, str, str, str], ...] = ()
 
     @property
     def lock_path(self) -> Path:
@@ -123,10 +125,12 @@ def _checked(path: Path, model: StackFile) -> Stack:
     source = model.pytorch.source
     if source is not None and "://" not in source and not source.startswith("git@"):
         source = str((folder / source).resolve())
-    variables = tuple(variable for number, ext in enumerate(model.extensions) if ext.env
-                      for variable in _variables(number, extensions[number], ext.env))
+    with_env = [(number, ext.env, _planned(number, extensions[number]))
+                for number, ext in enumerate(model.extensions) if ext.env]
+    variables = tuple(variable for number, env, (_, name, _, _) in with_env
+                      for variable in _variables(number, name, env))
     return Stack(path, model, wheels, (folder / model.channels.out).resolve(), channels, extensions, source,
-                 variables)
+                 variables, tuple(planned for _, _, planned in with_env))
 
 
 # (key of [pytorch], the routes it goes with, what it is for)
@@ -214,16 +218,22 @@ def _extension(folder: Path, number: int, spec: str) -> str:
     return local
 
 
-def _variables(number: int, spec: str, env: dict[str, str]) -> tuple[tuple[str, str, str], ...]:
-    """An extension's env as (name, KEY, VALUE): its name is the sdist's (a local archive is read, not run)."""
+def _planned(number: int, spec: str) -> tuple[str, str, str, str]:
+    """(SPEC, name, version, sdist identity) of an extension: its name is the sdist's (a local archive is read,
+    not run)."""
     from torchforge.extensions.plan import planned_source
     from torchforge.proc import Runner
 
     try:
-        name = planned_source(parse_spec(spec), Runner()).name
+        source = planned_source(parse_spec(spec), Runner())
     except UsageError as exc:
         raise _Refusal(("extensions", number, "spec"), exc.message.removeprefix("--extension "),
                        exc.hint or "") from None
+    return spec, source.name, source.version, source.sdist
+
+
+def _variables(number: int, name: str, env: dict[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """An extension's env as (name, KEY, VALUE), each checked."""
     found = []
     for key, value in env.items():
         try:

@@ -51,11 +51,12 @@ def request(stack: Stack) -> Request:
     if torch.match:  # the release, CUDA and Python are the channel's package's (the flags take none with --for)
         return Request(platform=model.platform, arch_list=model.arch_list, build_number=model.build_number,
                        with_packages=companions, extensions=stack.extensions,
-                       extension_env=stack.extension_env, for_pytorch=torch.match,
+                       extension_env=stack.extension_env, planned_extensions=stack.planned_extensions,
+                       for_pytorch=torch.match,
                        for_channels=(*stack.channels, str(stack.out)))
     return Request(torch.version, torch.cuda, ",".join(model.python), model.platform, model.arch_list,
                    model.build_number, stack.source, with_packages=companions, extensions=stack.extensions,
-                   extension_env=stack.extension_env)
+                   extension_env=stack.extension_env, planned_extensions=stack.planned_extensions)
 
 
 def build_channels(stack: Stack) -> tuple[str, ...]:
