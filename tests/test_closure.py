@@ -224,3 +224,24 @@ def test_an_extensions_requirement_no_wheel_is_had_for_is_refused_before_anythin
     assert f"wheels: {WHEELS} (pip --find-links, no index)" in refused, refused
     assert "sortedcontainers" not in refused and "sortedcollections" not in refused, refused
     assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize(("requirement", "refused"), [("filelock >=2,<4", False), ("filelock >=3.20", True),
+                                                      ("filelock 3.0.*", False), ("filelock ==3.0 py_0", True)])
+def test_a_channel_provides_a_requirement_only_with_a_version_that_matches_it(
+        requirement: str, refused: bool, tmp_path: Path) -> None:
+    """The channel has filelock 3.0 (build pyhd8ed1ab_0): a requirement it matches by conda's rules is provided;
+    one it does not (a newer version, another build) is refused before anything builds, naming the version the
+    channel has, not planned as if the name were enough (before: any filelock was taken as provided)."""
+    folder = tmp_path / "chan"
+    make_package(folder / "linux-64", name="pytorch", version="2.13.0", build="whl_py3.12_cpu_0",
+                 depends=("python >=3.12,<3.13.0a0", requirement))
+    make_package(folder / "noarch", name="filelock", version="3.0", build="pyhd8ed1ab_0", subdir="noarch")
+    index(folder)
+    done = _build(folder, tmp_path / "out", tmp_path, "--dry-run", "--wheels", str(WHEELS))
+    said = " ".join(done.stderr.split())
+    if not refused:
+        assert done.returncode == 0 and _steps(done.stdout + done.stderr) == [], done.stderr
+        return
+    assert done.returncode == 4, done.stderr
+    assert f"{requirement} (required by {PYTORCH}; {folder}: filelock 3.0, none matching {requirement}" in said, said

@@ -3,7 +3,8 @@ stack package that none of the stack's channels provides, and that torchforge.cl
 wheel, is refused before the first build, naming the requirement, who needs it and the ways out, instead of a
 solver's "Failed to resolve dependencies" hours later.
 
-A local channel provides the names its repodata.json holds. conda-forge provides the names of
+A local channel provides the packages its repodata.json holds: a requirement with a version (or build) part is
+provided only where a record matches it by conda's rules (rattler's MatchSpec, in a child process). conda-forge provides the names of
 torchforge/data/conda_forge_names.toml (read from feedstock snapshots, each cited; no machine here reaches
 conda-forge); a name not there is "not on conda-forge as far as the record knows". Any other remote channel
 is not read offline: where one is among the channels, nothing is refused (it may well have the name).
@@ -42,12 +43,44 @@ def load() -> NamesTable:
                           "rebuild it with `make conda-forge-names`")
 
 
-def _local_names(channel: Path) -> set[str]:
-    names: set[str] = set()
+def _local_versions(channel: Path) -> dict[str, set[str]]:
+    """Each name of a local channel's index (every subdir's), with the versions it holds."""
+    versions: dict[str, set[str]] = {}
     for index in channel.glob("*/repodata.json"):
         data = json.loads(index.read_text())
-        names |= {str(r.get("name")) for key in ("packages", "packages.conda") for r in data.get(key, {}).values()}
-    return names
+        for key in ("packages", "packages.conda"):
+            for record in data.get(key, {}).values():
+                versions.setdefault(str(record.get("name")), set()).add(str(record.get("version")))
+    return versions
+
+
+def _matching(wants: list[tuple[str, list[Path]]]) -> list[bool]:
+    """Whether a record of the repodata.json files matches each spec, by conda's match-spec rules as rattler reads
+    them (in a child process: torchforge.rattlerchild)."""
+    from torchforge.rattlerchild import call
+
+    return call("torchforge.provided:_matching_here", wants) if wants else []  # type: ignore[no-any-return]
+
+
+def _matching_here(wants: list[tuple[str, list[Path]]]) -> list[bool]:
+    from rattler import Channel, ChannelConfig, MatchSpec, PackageName, SparseRepoData
+
+    loaded: dict[Path, SparseRepoData] = {}
+    answers = []
+    for spec, indexes in wants:
+        try:
+            match = MatchSpec(spec)
+        except Exception:  # rattler's parse error: not refused for a spec torchforge cannot read  # noqa: BLE001
+            answers.append(True)
+            continue
+        found = False
+        for index in indexes:
+            if index not in loaded:
+                loaded[index] = SparseRepoData(Channel("local", ChannelConfig()), index.parent.name, str(index))
+            records = loaded[index].load_records(PackageName(spec.split()[0]))
+            found = found or any(match.matches(record) for record in records)
+        answers.append(found)
+    return answers
 
 
 @dataclass(frozen=True)
@@ -59,26 +92,35 @@ class Unprovided:
 
 def unprovided(depends: tuple[str, ...], needed_by: str, channels: tuple[str, ...]) -> list[Unprovided]:
     """The requirements of `depends` that no channel of `channels` provides ([] where a channel cannot be read)."""
-    local: list[tuple[str, set[str]]] = []
+    local: list[tuple[Path, dict[str, set[str]]]] = []
     conda_forge = False
     for url in dict.fromkeys(channels):
         folder = localchannel.folder_of(url)
         if folder is not None:
-            local.append((str(folder), _local_names(folder) if folder.is_dir() else set()))
+            local.append((folder, _local_versions(folder) if folder.is_dir() else {}))
         elif url.rstrip("/") in CONDA_FORGE:
             conda_forge = True
         else:
             return []
-    found = []
+    found, versioned = [], []
     for spec in depends:
         name = spec.split()[0]
-        if name in ("python", "__glibc", "__cuda") or name.startswith("__"):
-            continue
-        if any(name in names for _, names in local) or (conda_forge and name in load().names):
-            continue
-        looked = tuple(f"{where}: no {name}" for where, _ in local) + \
-            ((f"conda-forge: {NOT_RECORDED} ({WHERE})",) if conda_forge else ())
-        found.append(Unprovided(spec, needed_by, looked))
+        if name in ("python", "__glibc", "__cuda") or name.startswith("__") or (conda_forge and name in load().names):
+            continue  # conda-forge's record holds names, not versions: a name it has is taken as provided
+        having = [(folder, versions[name]) for folder, versions in local if name in versions]
+        if having and len(spec.split()) > 1:
+            versioned.append((spec, having))
+        elif not having:
+            looked = tuple(f"{folder}: no {name}" for folder, _ in local) + \
+                ((f"conda-forge: {NOT_RECORDED} ({WHERE})",) if conda_forge else ())
+            found.append(Unprovided(spec, needed_by, looked))
+    matched = _matching([(spec, sorted(i for folder, _ in having for i in folder.glob("*/repodata.json")))
+                         for spec, having in versioned])
+    for (spec, having), ok in zip(versioned, matched):
+        if not ok:
+            found.append(Unprovided(spec, needed_by, tuple(
+                f"{folder}: {spec.split()[0]} {', '.join(sorted(versions))}, none matching {spec}"
+                for folder, versions in having) + ((f"conda-forge: {NOT_RECORDED} ({WHERE})",) if conda_forge else ())))
     return found
 
 
