@@ -121,6 +121,8 @@ def test_a_requirement_no_wheel_is_had_for_is_refused_before_anything_builds(cha
 @pytest.mark.parametrize(("args", "says"), [
     (("--for", FOR, "--wheels", "{tmp}/none"), "--wheels {tmp}/none is not a folder"),
     (("--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--wheels", "{tmp}"), "--wheels brings along"),
+    (("--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--wheels", "{tmp}", "--extension", "torch-scatter==2.1.2"),
+     "--wheels: the official flavour's own build brings no extension's requirements along"),
 ])
 def test_wheels_without_a_folder_or_a_channel_pytorch_is_a_usage_error(args: tuple[str, ...], says: str,
                                                                        channel: Path, tmp_path: Path) -> None:

@@ -247,6 +247,32 @@ def test_a_setuptools_compile_goes_through_ccache_once_even_under_cmakes_launche
     assert Path(cc).read_text().startswith(f"#!/bin/bash\n# compiler sha256 {hashlib.sha256(Path(real).read_bytes()).hexdigest()}")
 
 
+def test_a_compile_under_another_engines_prefix_and_locale_is_a_hit(tmp_path: Path) -> None:
+    """One object compiled as conda-build compiles it (its host prefix _h_env_placehold..., no LC_ALL) and as
+    rattler-build does (host_env_placehold..., LC_ALL=C.UTF-8), each in its own build root: through the CC wrapper,
+    with the real ccache and gcc, the second is a hit (before: a miss, its -I path and locale differing)."""
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    stats = []
+    for engine, prefix_name, locale in (("conda-build", "_h_env_placehold_placehold_placehold", {}),
+                                        ("rattler-build", "host_env_placehold_pla", {"LC_ALL": "C.UTF-8"})):
+        root = tmp_path / engine  # the job's build root: base_dir
+        prefix, work = root / "bld" / prefix_name, root / "bld" / "work"
+        (prefix / "include").mkdir(parents=True)
+        (prefix / "include" / "one.h").write_text("#define ONE 1\n")
+        work.mkdir()
+        (work / "a.c").write_text('#include "one.h"\nint a(void) { return ONE; }\n')
+        env = {**{k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "LC_ALL")},
+               **cache.build_env(root, root / "stats.log"), "PYTHON": sys.executable, "PREFIX": str(prefix), **locale}
+        cc = subprocess.run(["bash", "-euc", f'. "{env[COMPILERS_VARIABLE]}/route.sh"; printf "%s" "$CC"'],
+                            env=env, capture_output=True, text=True, check=True).stdout.split()[0]
+        subprocess.run([cc, f"-I{prefix}/include", "-c", "a.c", "-o", "a.o"], cwd=work, env=env, check=True)
+        stats.append(read_stats(root / "stats.log"))
+    assert [(s.host.misses, s.host.hits) for s in stats] == [(1, 0), (0, 1)], stats
+
+
 @needs_nvcc
 def test_findcuda_dependency_scans_are_reused_until_a_file_they_listed_changes(tmp_path: Path) -> None:
     """FindCUDA's `nvcc -M` per .cu file, through the wrapper with the real nvcc: the same scan in another build's

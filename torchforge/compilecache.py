@@ -431,8 +431,13 @@ fi"""
 # prefix's torch headers by a path with the Python in it (lib/python3.11/site-packages/torch/include), and the
 # preprocessed source names every header by that path: the second Python's objects would all miss. Such paths go
 # through a link beside the wrappers (SITE_LINK, the same path for every Python of a group, under base_dir) to
-# that site-packages; a build whose calls name two site-packages folders keeps the second as it is.
-SITE_MAP = r"""args=()
+# that site-packages; a build whose calls name two site-packages folders keeps the second as it is. The engines
+# name their prefixes differently (conda-build's _h_env_placehold..., rattler-build's host_env_placehold...): any
+# other path under $PREFIX or $BUILD_PREFIX goes through a link beside it too (host-prefix, build-prefix), so one
+# engine's objects are the other's hits. The locale variables ccache hashes (rattler-build sets LC_ALL, conda-build
+# does not) are unset: they change only the language of the compiler's messages.
+SITE_MAP = r"""links=${SITE_LINK%/*}
+args=()
 for arg in "$@"; do
     case "$arg" in
         */lib/python3*/site-packages*)
@@ -442,9 +447,19 @@ for arg in "$@"; do
                 [ "$(readlink "$SITE_LINK")" != "$path" ] || arg=${head%"$path"}$SITE_LINK$rest
             fi ;;
     esac
+    for pair in "host-prefix ${PREFIX:-}" "build-prefix ${BUILD_PREFIX:-}"; do
+        link=$links/${pair%% *} path=${pair#* }
+        case "$path" in /?*) ;; *) continue ;; esac
+        case "$arg" in
+            *"$path"/*|*"$path")
+                [ -L "$link" ] || { ln -s "$path" "$link.$$" 2>/dev/null && mv -Tf "$link.$$" "$link"; }
+                [ "$(readlink "$link")" != "$path" ] || arg=${arg//"$path"/"$link"} ;;
+        esac
+    done
     args+=("$arg")
 done
 [ ${#args[@]} -eq 0 ] || set -- "${args[@]}"
+unset LANG LC_ALL LC_CTYPE LC_MESSAGES
 """
 
 

@@ -152,6 +152,10 @@ def prepare_build(flavour: str, request: Request, options: BuildOptions) -> Prep
     chosen = plugin(flavour)
     if isinstance(chosen, PreparesItsBuild) and not builds_a_given_pytorch(request):
         refuse_stray_wheels(request)
+        if request.wheel_folders:
+            raise UsageError(f"--wheels: the {getattr(flavour, 'value', flavour)} flavour's own build brings no extension's requirements along",
+                             "put them into a channel of the build (--channel), or build the extensions for the "
+                             "pytorch it made with --for SPEC --wheels DIR")
         return chosen.own_build(request, options, site)
     return _plan_build(flavour, request, options, site)
 
