@@ -247,3 +247,27 @@ def test_a_channel_provides_a_requirement_only_with_a_version_that_matches_it(
         return
     assert done.returncode == 4, done.stderr
     assert f"{requirement} (required by {PYTORCH}; {folder}: filelock 3.0, none matching {requirement}" in said, said
+
+
+def test_render_and_ci_take_the_wheel_folders_too(channel: Path, tmp_path: Path) -> None:
+    """`render --wheels` plans what it brings along from those wheels alone (no recipe folder: the repack makes
+    them); `ci --wheels DIR` (a folder of the repository) plans from it and gives every build job `--wheels DIR`, so
+    the job brings them along from its checkout. Before: no such option (exit 2)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "400"}
+    done = cli("render", "--for", FOR, "--channel", str(channel), "--wheels", str(WHEELS), "--out",
+               str(tmp_path / "recipes"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "--find-links" in done.stderr and str(WHEELS) in done.stderr, done.stderr
+    repo = tmp_path / "repo"
+    (repo / "wheels").mkdir(parents=True)
+    for wheel in WHEELS.glob("sorted*.whl"):
+        (repo / "wheels" / wheel.name).symlink_to(wheel)
+    done = cli("ci", "github", "--out", str(repo), "--for", FOR, "--channel", str(channel), "--wheels", "wheels",
+               "--extension", "torch-scatter==2.1.2", env=env)
+    assert done.returncode == 0, done.stderr
+    workflow = (repo / ".github" / "workflows" / "torchforge.yml").read_text()
+    assert "--wheels wheels" in workflow and "--extension torch-scatter==2.1.2" in workflow, workflow
+    assert "--find-links " + str(repo / "wheels") in " ".join(done.stderr.split()), done.stderr
+    done = cli("ci", "github", "--out", str(repo), "--for", FOR, "--channel", str(channel), "--wheels",
+               str(tmp_path / "elsewhere"), "--extension", "torch-scatter==2.1.2", "--force", env=env)
+    assert done.returncode == 2 and "--wheels" in done.stderr, done.stderr

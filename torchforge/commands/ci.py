@@ -15,7 +15,7 @@ from torchforge.extensions.sdist import names_a_path
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
     PlatformOpt,
-    PythonOpt, PytorchOpt, SourceOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
+    PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
         wheel: WheelOpt = None, skip_preflight: SkipPreflightOpt = False, force: ForceOpt = False,
         channel: ChannelOpt = None, config: ConfigOpt = None, flavour: FlavourOpt = None, with_: WithOpt = None,
         extension: ExtensionOpt = None, for_: ForOpt = None, stack: StackOpt = None,
-        extension_env: ExtensionEnvOpt = None,
+        extension_env: ExtensionEnvOpt = None, wheels: WheelsOpt = None,
         cache_url: Annotated[str | None, typer.Option("--cache-url", help="A compile cache server every build job uses beside its CI cache (credentials as ${VAR}: CI secrets); read-only on untrusted pipelines.")] = None,
         no_remote_cache_for_releases: Annotated[bool, typer.Option("--no-remote-cache-for-releases", help="Tag pipelines (releases) build without the --cache-url server.")] = False,
     ) -> None:
@@ -155,12 +155,15 @@ def register(app: typer.Typer) -> None:
         _check_inputs(requirement, wheel, out_dir, channel, (("--test-script", test_script, True), ("--source", source, False),
                       ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True),
                       # a local sdist or source folder is read by the jobs from their checkout, as --source is
-                      *(("--extension", spec, False) for spec in extension or () if names_a_path(spec))))
+                      *(("--extension", spec, False) for spec in extension or () if names_a_path(spec)),
+                      # the wheel folders too: each build job brings its requirements along from its checkout
+                      *(("--wheels", str(folder), False) for folder in wheels or ())))
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source,
                           with_packages=with_names(with_), extensions=tuple(extension or ()),
                           extension_env=extension_variables(extension_env), for_pytorch=for_,
-                          for_channels=tuple(channel or ()), flavour_flags=(
+                          for_channels=tuple(channel or ()),
+                          wheel_folders=tuple(str(out_dir / folder) for folder in wheels or ()), flavour_flags=(
                               ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())),
                               ("--magma-source", magma_source)))
         _check_env(provider, env)
@@ -181,6 +184,7 @@ def register(app: typer.Typer) -> None:
         given_after = (*(("--env", pair) for pair in env or []), *(("--channel", url) for url in channel or []),
                        *((("--config", str(config)),) if config is not None else ()), ("--out", "."))
         site_flags = site_args(channel or (), str(config) if config else None) + \
+            tuple(arg for folder in wheels or () for arg in ("--wheels", str(folder))) + \
             (("--skip-preflight",) if skip_preflight else ())
         ci = sequence.ci(chosen.value, request, JobSettings(
             provider, (), site_flags, runner, runner_map, gpu_runner, target, requirement,

@@ -71,7 +71,8 @@ ForOpt = Annotated[str | None, typer.Option(
 
 WheelsOpt = Annotated[list[Path] | None, typer.Option(
     "--wheels", metavar="DIR",
-    help="With --for: a folder of wheels (repeatable) that the requirements no channel provides are repacked from "
+    help="A folder of wheels (repeatable) that the requirements no channel provides (of a pytorch given with --for, "
+         "or of an extension) are repacked from "
          "into --out before anything builds, alone (pip --find-links, no index); without it, pip's own index "
          "(docs/extensions.md).")]
 

@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
         flavour: FlavourOpt = None, with_: WithOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False, for_: ForOpt = None, channel: ForChannelOpt = None,
-        stack: StackOpt = None,
+        stack: StackOpt = None, wheels: WheelsOpt = None,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants (with --stack:
         the recipes of the stack file's plan)."""
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         else:
             rendered = _render_flags(out_dir, fmt, force, pytorch, cuda, python, platform, arch_list, build_number,
                                      debug, jetson, env, gcc, source, magma_source, patch, magma_patch, companions,
-                                     flavour, with_, feedstock_patches, for_, channel)
+                                     flavour, with_, feedstock_patches, for_, channel, wheels)
         for message in rendered.warnings:
             warn(message)
         for path in rendered.written:
@@ -108,11 +108,12 @@ def _render_flags(out_dir: Path, fmt: RecipeFormat, force: bool, pytorch: str | 
                   jetson: str | None, env: list[str] | None, gcc: str | None, source: str | None,
                   magma_source: str | None, patch: list[Path] | None, magma_patch: list[Path] | None,
                   companions: bool, flavour: Flavour | None, with_: str | None, feedstock_patches: bool,
-                  for_: str | None, channel: list[str] | None) -> Rendered:
+                  for_: str | None, channel: list[str] | None, wheels: list[Path] | None) -> Rendered:
     chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
     request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
                       feedstock_patches, with_packages=with_names(with_), for_pytorch=for_,
-                      for_channels=tuple(channel or ()), flavour_flags=(
+                      for_channels=tuple(channel or ()), wheel_folders=tuple(str(w) for w in wheels or ()),
+                      flavour_flags=(
                           ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
                           ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patch or ())),
                           ("--companions", companions)))
