@@ -271,3 +271,35 @@ def test_render_and_ci_take_the_wheel_folders_too(channel: Path, tmp_path: Path)
     done = cli("ci", "github", "--out", str(repo), "--for", FOR, "--channel", str(channel), "--wheels",
                str(tmp_path / "elsewhere"), "--extension", "torch-scatter==2.1.2", "--force", env=env)
     assert done.returncode == 2 and "--wheels" in done.stderr, done.stderr
+
+
+CHANNEL_STACK = """\
+python = ["3.12"]
+
+[pytorch]
+from = "channel"
+version = "2.13.0"
+cuda = "cpu"
+match = "pytorch ==2.13.0 whl_*"
+
+[channels]
+next_to = ["chan"]
+out = "out"
+wheels = ["{wheels}"]
+"""
+
+
+def test_a_stack_files_wheel_folders_bring_along_what_the_flags_do(channel: Path, tmp_path: Path) -> None:
+    """[channels] wheels is --wheels: `build --stack --dry-run` plans the same packages to bring along; a folder
+    that is not there is refused with its line (exit 2)."""
+    (tmp_path / "wheels").symlink_to(WHEELS)
+    stack = tmp_path / "stack.toml"
+    stack.write_text(CHANNEL_STACK.format(wheels="wheels"))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "400"}
+    done = cli("build", "--stack", str(stack), "--dry-run", env=env)
+    assert done.returncode == 0, done.stderr
+    assert _steps(done.stdout + done.stderr) == BROUGHT, done.stderr
+    stack.write_text(CHANNEL_STACK.format(wheels="no-such-folder"))
+    done = cli("build", "--stack", str(stack), "--dry-run", env=env)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2 and f"{stack}:12: channels.wheels: entry 1" in said and "no folder at" in said, said

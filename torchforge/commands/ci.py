@@ -209,6 +209,8 @@ def _stack_ci(path: Path, out_dir: Path, settings: JobSettings, upload_to: str |
     in_repository = repository_path(_relative(stack.path, out_dir), "--stack", out_dir, file=True)
     for wheel in stack.wheels:  # the build job repacks them from its checkout
         repository_path(_relative(wheel, out_dir), f"{stack.path}: [pytorch] wheels", out_dir, file=True)
+    for folder in stack.requirement_wheels:  # and brings requirements along from these
+        repository_path(_relative(folder, out_dir), f"{stack.path}: [channels] wheels", out_dir, file=False)
     upload = upload_to or stack.model.channels.upload
     config_flags = (("--config", str(config)),) if config is not None else ()
     settings = dataclasses.replace(

@@ -42,6 +42,7 @@ class Stack:
     extension_env: tuple[tuple[str, str, str], ...] = ()
     # (SPEC, name, version, sdist identity) of each extension with an env, planned to read its name
     planned_extensions: tuple[tuple[str, str, str, str], ...] = ()
+    requirement_wheels: tuple[Path, ...] = ()  # [channels] wheels: the folders, absolute
 
     @property
     def lock_path(self) -> Path:
@@ -130,7 +131,8 @@ def _checked(path: Path, model: StackFile) -> Stack:
     variables = tuple(variable for number, env, (_, name, _, _) in with_env
                       for variable in _variables(number, name, env))
     return Stack(path, model, wheels, (folder / model.channels.out).resolve(), channels, extensions, source,
-                 variables, tuple(planned for _, _, planned in with_env))
+                 variables, tuple(planned for _, _, planned in with_env),
+                 tuple(_wheel_folder(folder, number, entry) for number, entry in enumerate(model.channels.wheels)))
 
 
 # (key of [pytorch], the routes it goes with, what it is for)
@@ -193,6 +195,14 @@ def _wheel_files(folder: Path, given: tuple[str, ...]) -> tuple[Path, ...]:
             raise _Refusal(("pytorch", "wheels"), f"entry {number + 1}, {entry!r}: no wheel file or folder at {path}",
                            "paths are relative to the stack file's folder")
     return tuple(dict.fromkeys(found))
+
+
+def _wheel_folder(folder: Path, number: int, entry: str) -> Path:
+    path = (folder / entry).resolve()
+    if not path.is_dir():
+        raise _Refusal(("channels", "wheels"), f"entry {number + 1}, {entry!r}: no folder at {path}",
+                       "name a folder of wheels, relative to the stack file's folder")
+    return path
 
 
 def _channel(folder: Path, number: int, url: str) -> str:

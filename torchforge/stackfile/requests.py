@@ -52,11 +52,12 @@ def request(stack: Stack) -> Request:
         return Request(platform=model.platform, arch_list=model.arch_list, build_number=model.build_number,
                        with_packages=companions, extensions=stack.extensions,
                        extension_env=stack.extension_env, planned_extensions=stack.planned_extensions,
-                       for_pytorch=torch.match,
+                       for_pytorch=torch.match, wheel_folders=tuple(map(str, stack.requirement_wheels)),
                        for_channels=(*stack.channels, str(stack.out)))
     return Request(torch.version, torch.cuda, ",".join(model.python), model.platform, model.arch_list,
                    model.build_number, stack.source, with_packages=companions, extensions=stack.extensions,
-                   extension_env=stack.extension_env, planned_extensions=stack.planned_extensions)
+                   extension_env=stack.extension_env, planned_extensions=stack.planned_extensions,
+                   wheel_folders=tuple(map(str, stack.requirement_wheels)))
 
 
 def build_channels(stack: Stack) -> tuple[str, ...]:

@@ -76,6 +76,9 @@ class ChannelsSection(_Strict):
                                                                    "to, in priority order (--channel).")
     out: str = Field("forge-channel", description="The output channel folder, relative to the stack file (--out).")
     upload: str | None = Field(None, description="Upload target of `ci` (--upload-to): a URL or a channels/ name.")
+    wheels: tuple[str, ...] = Field((), description="Folders of wheels, relative to the stack file, that the "
+                                    "requirements no channel provides are repacked from (--wheels; default: "
+                                    "pip's own index).")
 
 
 class StackFile(_Strict):
