@@ -193,3 +193,21 @@ def test_a_private_attribute_of_a_flavour_module_is_an_internal() -> None:
         "torchforge.standin": frozenset({"torchforge.flavours.conda_forge:_explicit_version"})}
     # and the import collector binds the names the finder looks for
     assert any(e.alias == "conda_forge" and e.target == "torchforge.flavours.conda_forge" for e in import_edges())
+
+
+# The hooks through which a flavour plug-in still runs its own sequence beside the plan (issue 43, move 3): a
+# ratchet, as above. `render` left them on 2026-12-03: the official plan marks the companions it renders only with
+# --companions (PlannedRecipe.rendered) and carries its variants' warnings.
+OWN_HOOKS = {"own_build", "own_standin_recipes"}
+
+
+def test_the_flavours_own_sequence_hooks_only_shrink() -> None:
+    from torchforge import buildoptions
+    from torchforge.flavours import official
+    from torchforge.flavours.conda_forge.planning import CondaForgeFlavour
+
+    hooks = {name for cls in (official.OfficialFlavour, CondaForgeFlavour) for name in dir(cls)
+             if name.startswith("own_")}
+    protocols = {name for value in vars(buildoptions).values() if isinstance(value, type)
+                 for name in vars(value) if name.startswith("own_")}
+    assert hooks == protocols == OWN_HOOKS, (hooks, protocols)

@@ -82,15 +82,6 @@ class Rendered:
 
 
 @runtime_checkable
-class RendersItsFolders(Protocol):
-    """A flavour plug-in that renders more than its build plan (the official flavour: --companions apart) writes
-    its recipe folders itself; the others' plans are written by the sequencer."""
-
-    def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
-        ...
-
-
-@runtime_checkable
 class StandsInForItsRecipes(Protocol):
     """A flavour plug-in whose stand-in channel follows its own recipes rather than its build plan's folders (the
     official flavour: the pytorch recipes' requirements, with its own package shapes)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torchforge import config as site_config
 from torchforge import closure, containers, havepytorch
-from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered, RendersItsFolders,
+from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered,
                                      StandsInForItsRecipes)
 from torchforge.channels import build_channels
 from torchforge.config import SiteConfig
@@ -279,20 +279,17 @@ def plan_doctor(the_plan: Plan, options: BuildOptions) -> PreflightReport:
 
 def render(flavour: str, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
     """`render`: the flavour's recipe folders under `out_dir`, written all or none."""
-    chosen = plugin(flavour)
-    if isinstance(chosen, RendersItsFolders) and not builds_a_given_pytorch(request):
-        return chosen.own_render(request, recipe_format, out_dir, force=force)
     return render_plan(plan(flavour, request, recipe_format), out_dir, force=force)
 
 
 def render_plan(the_plan: Plan, out_dir: Path, *, force: bool) -> Rendered:
     """The recipe folders of a plan made already, written all or none (a recipe no engine builds, such as a
     stack's repacked packages, has none)."""
-    written = write_folders({recipe.id: dict(recipe.files) for recipe in the_plan.recipes if recipe.files}, out_dir,
-                            force=force)
-    channels = ", ".join(dict.fromkeys(url for recipe in the_plan.recipes for url in recipe.channels))
+    rendered = [recipe for recipe in the_plan.recipes if recipe.files and recipe.rendered]
+    written = write_folders({recipe.id: dict(recipe.files) for recipe in rendered}, out_dir, force=force)
+    channels = ", ".join(dict.fromkeys(url for recipe in rendered for url in recipe.channels))
     return Rendered(tuple(written), the_plan.warnings, f"rendered {len(written)} {the_plan.flavour}-flavour recipe "
-                    f"folder(s) into {out_dir} (channel: {channels})")
+                    f"folder(s) into {out_dir}" + (f" (channel: {channels})" if channels else ""))
 
 
 @dataclass(frozen=True)

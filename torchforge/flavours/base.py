@@ -149,6 +149,9 @@ class PlannedRecipe:
     # The `torchforge build` flags that build exactly this recipe (a CI job runs them; recipes with the same flags
     # are one job). () where the jobs of the recipes beside it build it too (the official companions).
     build_flags: tuple[str, ...] = ()
+    # `render` writes its folder; False: built, but rendered only where the request asks (the official companions
+    # the channels lack, without --companions)
+    rendered: bool = True
 
 
 @dataclass(frozen=True)

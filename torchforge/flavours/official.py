@@ -77,7 +77,7 @@ def _from_context(kind: str, ident: str, stem: str, context: RecipeContext, chan
         cache_group=group_key(*context_material(context, patch_digests(patches))), cudnn=cudnn)
 
 
-def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecipe]:
+def _companions(render_plan: RenderPlan, fmt: RecipeFormat, rendered: bool = False) -> list[PlannedRecipe]:
     """pytorch-mutex, cpuonly, pytorch-cuda where the channels lack them. They get the pytorch packages' channels
     all the same: conda-build installs every package it built into a test environment, and pytorch-cuda's run
     requirements (cuda-cudart, libcublas ...) come from those channels."""
@@ -87,7 +87,7 @@ def _companions(render_plan: RenderPlan, fmt: RecipeFormat) -> list[PlannedRecip
         fields = (("track_features", " ".join(companion.track_features)),) if companion.track_features else ()
         planned.append(PlannedRecipe(
             companion.id, companion.subdir, (companion.filename_stem,), "", companion_files(companion, fmt), channels,
-            index_fields=((companion.filename_stem, fields),) if fields else (), kind="companion"))
+            index_fields=((companion.filename_stem, fields),) if fields else (), kind="companion", rendered=rendered))
     return planned
 
 
@@ -149,11 +149,12 @@ def _pytorch_flags(variant: Variant, magma_source: str | None) -> tuple[str, ...
 
 def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, ...] = (),
             magma_patches: tuple[Path, ...] = (), magma_only: bool = False, magma_source: str | None = None,
-            with_packages: tuple[str, ...] = ()) -> Plan:
+            with_packages: tuple[str, ...] = (), render_companions: bool = False) -> Plan:
     """The official flavour's recipes of a (buildable) RenderPlan, in build order, --with's after pytorch's
-    (`magma_source`: the --magma-source as given, which the recipes' build flags repeat)."""
+    (`magma_source`: the --magma-source as given, which the recipes' build flags repeat; `render_companions`:
+    --companions, `render` writes the companion recipes too), with each variant's and magma's warnings."""
     render_plan.require_buildable()
-    recipes = [] if magma_only else _companions(render_plan, fmt)
+    recipes = [] if magma_only else _companions(render_plan, fmt, render_companions)
     pytorch_version = render_plan.variants[0].request.pytorch if render_plan.variants else ""
     for magma in render_plan.magma:
         context = magma_context(magma, tuple(p.name for p in magma_patches))
@@ -182,7 +183,11 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
     with_row = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
         if stack else ()
     needs = official_needs(render_plan.variants, magma_only=magma_only)
-    return Plan(NAME, (*recipes, *stack), needs=dataclasses.replace(needs, arch_checked=any(r.arch_list for r in (*recipes, *stack))),
+    variants = () if magma_only else render_plan.variants  # --magma-only builds no pytorch
+    warnings = (*(f"{v.id}: {message}" for v in variants for message in v.warnings),
+                *(f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings))
+    return Plan(NAME, (*recipes, *stack), warnings,
+                needs=dataclasses.replace(needs, arch_checked=any(r.arch_list for r in (*recipes, *stack))),
                 facts=(("selection", selection), *with_row))
 
 
@@ -245,12 +250,13 @@ class OfficialFlavour:
                           bool(render_plan.refused))
 
     def plan(self, request: Request, recipe_format: str) -> Plan:
+        _refuse_feedstock_patches(request)
         flags = dict(request.flavour_flags)
         magma_source, magma_only = flags.get("--magma-source"), bool(flags.get("--magma-only"))
         planned = plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
                           magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
                           magma_only=magma_only, magma_source=str(magma_source) if magma_source else None,
-                          with_packages=request.with_packages)
+                          with_packages=request.with_packages, render_companions=bool(flags.get("--companions")))
         # build.sh takes this machine's tools; the pytorch source is cloned unless --source names a local one
         clones = not magma_only and resolve_source(request.source, "", "").kind == "git"
         return dataclasses.replace(planned, needs=dataclasses.replace(
@@ -271,9 +277,6 @@ class OfficialFlavour:
 
     def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
         return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
-
-    def own_render(self, request: Request, recipe_format: str, out_dir: Path, *, force: bool) -> Rendered:
-        return render_folders(request, RecipeFormat(recipe_format), out_dir, force=force)
 
     def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
         """Every pytorch recipe.yaml of the request (magma recipes need nothing); a plan upstream could not build
@@ -441,20 +444,3 @@ def _refuse_feedstock_patches(request: Request) -> None:
     if request.feedstock_patches:
         raise UsageError("--feedstock-patches applies to --flavour conda-forge only",
                          "add --flavour conda-forge, or leave --feedstock-patches out")
-
-
-def render_folders(request: Request, fmt: RecipeFormat, out_dir: Path, *, force: bool) -> Rendered:
-    """`render` of the official flavour: magma and pytorch folders (and, with --companions, the companion
-    metapackages), with every variant's warnings."""
-    _refuse_feedstock_patches(request)
-    flags = dict(request.flavour_flags)
-    render_plan = plan(selection_of(request))
-    folders = recipe_folders(render_plan, fmt, tuple(request.patches),
-                             tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
-                             companions=bool(flags.get("--companions")))
-    folders.update({r.id: dict(officialstack.recipe_files(r, fmt))
-                    for r in _stack_recipes(render_plan, request.with_packages)})
-    written = write_folders(folders, out_dir, force=force)
-    warnings = [f"{v.id}: {message}" for v in render_plan.variants for message in v.warnings]
-    warnings += [f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings]
-    return Rendered(tuple(written), tuple(warnings), f"rendered {len(written)} {fmt.value} recipe folder(s) into {out_dir}")
