@@ -9,7 +9,8 @@
 #      build's time, the second's hit rate from the server, the first's planned jobs and peak memory.
 #      Then `torchforge verify` of runner 1's prefix (issue 41: the mamba-ssm probe on the GPU).
 #   1b. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh probes    (carry [".cache/wheels312"]; ~8 min)
-#      causal-conv1d 1.7.0 from its sdist for sm_90 against the channel phase 1 made, its check, then verify.
+#      causal-conv1d 1.7.0 from its sdist for sm_90 against the channel phase 1 made (made here on a fresh machine,
+#      after call 0), its check, then verify.
 #   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (carry [".cache/wheels312"]; ~3 min)
 #      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after.
 # Everything also lands in $OUT/speed-<phase>.txt and the builds' logs in $OUT.
@@ -71,7 +72,10 @@ with serve() as (url, store):
     kill "$server"
   elif [ "$phase" = probes ]; then
     # causal-conv1d 1.7.0 for sm_90 against the stack the builds phase repacked (same warm machine), then verify
-    [ -d "$work/chan" ] || { echo "no $work/chan: run the builds phase first, on this warm machine"; exit 4; }
+    # the builds phase's channel where this warm machine has it, else made here (rebuild and repack: ~1 min)
+    [ -d "$work/wheels" ] || $PY "$src/tests/gpu/rebuild_wheels.py" "$work/wheels" torch | tail -3
+    [ -d "$work/chan" ] || $PY -c 'import sys; from torchforge.cli import main; sys.exit(main(sys.argv[1:]))' \
+      repack "$work"/wheels/*.whl --cuda-libs wheels --out "$work/chan" --zstd-level 1 | tail -4
     rm -rf "$work/kc"
     stamp "causal-conv1d build"
     KERNEL_STACK_GPU=1 $PY -m tests.kernel_stack "$work/chan" "$work/kc" --site "$site" --torch-python "$PY" \
