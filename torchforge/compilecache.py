@@ -48,7 +48,7 @@ from functools import cache
 from pathlib import Path, PureWindowsPath
 
 from torchforge import data as tables
-from torchforge.compilewrappers import OWN_LAUNCHERS, compiler_wrapper, compilers_route, nvcc_wrapper
+from torchforge.compilewrappers import compiler_wrapper, compilers_route, nvcc_wrapper
 from torchforge.recipe import RecipeContext
 from torchforge.remotecache import REMOTE_COUNTERS, RemoteCache, RemoteStats
 

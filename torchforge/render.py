@@ -86,6 +86,12 @@ def plan(selection: Selection) -> RenderPlan:
     return RenderPlan(variants, tuple(magma.values()), companions_for(variants))
 
 
+def folder_files(context: RecipeContext, fmt: RecipeFormat, patches: Sequence[Path]) -> dict[str, str | bytes]:
+    """One recipe folder: its rendered files and the patches it applies. Builds (flavours/official.py:plan_of)
+    and the goldens (recipe_folders) take their folders from here."""
+    return {**render_files(context, fmt), **patch_files(list(patches))}
+
+
 def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat, patches: Sequence[Path] = (),
                    magma_patches: Sequence[Path] = (), *, companions: bool = False) -> dict[str, dict[str, str | bytes]]:
     """{folder name: {file name: content}} for every buildable variant and MAGMA package, MAGMA first (with
@@ -99,10 +105,10 @@ def recipe_folders(render_plan: RenderPlan, fmt: RecipeFormat, patches: Sequence
             folders[companion.id] = dict(companion_files(companion, fmt))
     magma_names = tuple(p.name for p in magma_patches)
     for magma in render_plan.magma:
-        folders[magma.id] = {**render_files(magma_context(magma, magma_names), fmt), **patch_files(magma_patches)}
+        folders[magma.id] = folder_files(magma_context(magma, magma_names), fmt, magma_patches)
     names = tuple(p.name for p in patches)
     for variant in render_plan.variants:
-        folders[variant.id] = {**render_files(pytorch_context(variant, names), fmt), **patch_files(patches)}
+        folders[variant.id] = folder_files(pytorch_context(variant, names), fmt, patches)
     return folders
 
 

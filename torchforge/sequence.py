@@ -194,9 +194,12 @@ def _plan_build(flavour: str, request: Request, options: BuildOptions, site: Sit
         _container_rows(the_plan, in_images)
     err.print(why)
     settings = options.settings(request, site.channels, extra_env=extra_env, container=in_images)
+    steps = plan_steps(the_plan, settings)
     if not options.dry_run:
-        the_plan = with_extension_requirements(the_plan, plan_steps(the_plan, settings), settings, request)
-    return PreparedBuild(tuple(plan_steps(the_plan, settings)), chosen, settings, the_plan.brought_along)
+        widened = with_extension_requirements(the_plan, steps, settings, request)
+        if widened is not the_plan:  # what it brings along comes first: the steps again, with those
+            the_plan, steps = widened, plan_steps(widened, settings)
+    return PreparedBuild(tuple(steps), chosen, settings, the_plan.brought_along)
 
 
 def with_extension_requirements(the_plan: Plan, steps: Sequence[Step], settings: BuildSettings,

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from torchforge import channels as channel_data
 from torchforge import fileops, officialstack
-from torchforge.fileops import write_folders
 from torchforge import containers
-from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
+from torchforge.buildoptions import BuildOptions, PreparedBuild
 from torchforge.compilecache import context_material, group_key, patch_digests
 from torchforge.config import SiteConfig
 from torchforge.engines import Engine
@@ -38,8 +37,8 @@ from torchforge.preflight.table import checked_jobs, load_table
 from torchforge.proc import Runner
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.sourcestate import resolve_source
-from torchforge.render import RenderPlan, companion_files, plan, recipe_folders, render_files
-from torchforge.templates import RecipeFormat, patch_files
+from torchforge.render import RenderPlan, companion_files, folder_files, plan, render_files
+from torchforge.templates import RecipeFormat
 from torchforge import data as tables
 from torchforge.resolve import default_release
 from torchforge.bundled import bundled_cudnn, bundled_files
@@ -71,7 +70,7 @@ def _from_context(kind: str, ident: str, stem: str, context: RecipeContext, chan
                   cudnn: str = "") -> PlannedRecipe:
     index_fields = (("features", " ".join(context.features)),) if context.features else ()
     return PlannedRecipe(
-        ident, context.platform, (stem,), settings, {**render_files(context, fmt), **patch_files(list(patches))},
+        ident, context.platform, (stem,), settings, folder_files(context, fmt, patches),
         channels, context.cuda or "cpu", _local_source(context), ((stem, index_fields),) if index_fields else (),
         kind=kind, needs=needs, python=context.python, script_env=context.script_env,
         cache_group=group_key(*context_material(context, patch_digests(patches))), cudnn=cudnn)
