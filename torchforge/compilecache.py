@@ -60,7 +60,9 @@ NVCC_VARIABLE = "CUDA_NVCC_EXECUTABLE"
 # The folder of the compiler wrappers for setuptools / ninja builds; the pytorch build script sources its route.sh.
 COMPILERS_VARIABLE = "TORCHFORGE_COMPILERS"
 # Every variable build_env sets: a recipe's script environment forwards them into the build.
-BUILD_VARIABLES = (*LAUNCHER_VARIABLES, NVCC_VARIABLE, CONFIG_VARIABLE, COMPILERS_VARIABLE)
+# RELAY_VARIABLE: torchforge/cacherelay.py's route for an isolated build (its name kept in step with it)
+RELAY_VARIABLE = "TORCHFORGE_CACHE_RELAY"
+BUILD_VARIABLES = (*LAUNCHER_VARIABLES, NVCC_VARIABLE, CONFIG_VARIABLE, COMPILERS_VARIABLE, RELAY_VARIABLE)
 # Recipe settings (the conda-forge flavour's) that change no object: left out of the cache key.
 OBJECT_NEUTRAL_SETTINGS = ("build_number",)
 # A PyTorch CUDA build's objects are a few GB; ccache evicts the oldest entries beyond this.

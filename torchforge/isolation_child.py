@@ -9,15 +9,23 @@ own Python (the recipe carries a copy). In the new mount namespace, before the c
 - /dev becomes a tmpfs with only null, zero, full, random, urandom and tty bound from the host (no disk device);
 - every other mount is remounted read-only, except the writable folders (each bound onto itself first).
 
-The network namespace has only a loopback interface, down: no address, local or remote, can be reached.
+The network namespace has only a loopback interface, down: no address, local or remote, can be reached; with
+TORCHFORGE_CACHE_RELAY="HOST PORT SOCKET" (torchforge/cacherelay.py) the loopback comes up, HOST names it, and a
+child of this process forwards HOST:PORT to SOCKET, the compile cache server's relay outside: that alone.
 Usage: python isolation_child.py WRITABLE... -- ARGV...
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import ipaddress
 import os
+import signal
+import socket
+import struct
 import sys
+import threading
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 MS_NOATIME, MS_NODIRATIME, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 18, 1 << 21, 1 << 24
@@ -26,6 +34,8 @@ LOCKED = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime"
           "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
 PRIVATE_TMPFS = ("/run", "/dev/shm")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+RELAY_VARIABLE = "TORCHFORGE_CACHE_RELAY"  # torchforge/cacherelay.py's
+SIOCGIFFLAGS, SIOCSIFFLAGS, SIOCSIFADDR, IFF_UP, PR_SET_PDEATHSIG = 0x8913, 0x8914, 0x8916, 0x1, 1
 EXIT_SETUP = 125  # the isolation could not be set up; the command did not run
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -102,6 +112,83 @@ def _read_only(writable: list[str]) -> None:
         _mount(None, point, None, flags)
 
 
+def _loopback_up(address: str | None) -> None:
+    """The loopback up (as `ip link set lo up`), with `address` added to it where given (an IPv4 literal)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(handle, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(handle, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+        if address is not None:
+            fcntl.ioctl(handle, SIOCSIFADDR,
+                        struct.pack("16sHH4s16x", b"lo:1", socket.AF_INET, 0, socket.inet_aton(address)))
+
+
+def _pump(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(1 << 16):
+            target.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            target.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _forward(caller: socket.socket, path: str) -> None:
+    with caller, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as outside:
+        try:
+            outside.connect(path)
+        except OSError:
+            return
+        back = threading.Thread(target=_pump, args=(outside, caller), daemon=True)
+        back.start()
+        _pump(caller, outside)
+        back.join()
+
+
+def _serve(listener: socket.socket, path: str, parent: int) -> None:
+    """The forwarder's process: gone with the command (the parent-death signal), its output nowhere."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    while True:
+        caller, _ = listener.accept()
+        threading.Thread(target=_forward, args=(caller, path), daemon=True).start()
+
+
+def _relay(value: str, scratch: str) -> None:
+    """HOST:PORT inside forwarded to the relay's SOCKET outside (a forked child serves it)."""
+    host, port, path = value.split(" ", 2)
+    try:
+        literal: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None and literal.version == 6:
+        raise OSError(0, f"the cache server {host} is an IPv6 address, which the isolated build cannot relay: "
+                         "name it by a host name")
+    _loopback_up(host if literal is not None and not literal.is_loopback else None)
+    address = host if literal is not None else "127.0.0.1"
+    if literal is None:  # the name points at the loopback, where the forwarder listens
+        hosts = os.path.join(scratch, "hosts")
+        with open(hosts, "w") as handle:
+            handle.write(f"127.0.0.1 localhost {host}\n::1 localhost ip6-localhost\n")
+        _mount(hosts, "/etc/hosts", None, MS_BIND)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, int(port)))
+    listener.listen(64)
+    parent = os.getpid()
+    if os.fork() == 0:
+        _serve(listener, path, parent)
+        os._exit(0)
+    listener.close()
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         print("usage: isolation_child.py WRITABLE... -- ARGV...", file=sys.stderr)
@@ -120,6 +207,12 @@ def main(argv: list[str]) -> int:
     scratch = os.path.join(writable[0], ".tmp") if writable else "/tmp"
     os.makedirs(scratch, exist_ok=True)
     os.environ.update(TMPDIR=scratch, TMP=scratch, TEMP=scratch, PIP_NO_CACHE_DIR="1")
+    relay = os.environ.pop(RELAY_VARIABLE, "")
+    if relay:
+        try:
+            _relay(relay, scratch)
+        except OSError as exc:  # the build goes on without the remote cache (ccache counts the errors)
+            print(f"torchforge isolation: no route to the compile cache's server: {exc}", file=sys.stderr)
     try:
         os.execvp(command[0], command)
     except OSError as exc:

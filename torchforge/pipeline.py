@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import archcheck, containers, cudaarch, fileops, localchannel
+from torchforge import archcheck, cacherelay, containers, cudaarch, fileops, localchannel
 from torchforge.compilecache import (
     NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, own_launcher, read_stats,
 )
@@ -424,6 +424,8 @@ class Pipeline:
         stats_log = staging / "ccache-stats.log"
         if cache is not None:
             environ.update(self._cache_env(cache, staging, stats_log, environ))
+            if self.settings.container is None and not self.runner.dry_run:  # an isolated build's one route
+                environ.update(scratch.enter_context(cacherelay.relay(cache.remote)))
         job_env = {**dict(step.env), **script_env_values(step.script_env, environ)}
         jobs = self._jobs(step, job_env, log)
         job = BuildJob(recipe_dir, staging, channels, step.python, job_env, self.settings.test,
