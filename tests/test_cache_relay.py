@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_have_pytorch_stack import repacked  # noqa: F401 (the repacked torch 2.13.0 and its stand-ins)
 from torchforge import isolation
 from torchforge.cacherelay import RELAY_VARIABLE, endpoint, relay
 from torchforge.proc import Command, Runner
@@ -93,3 +94,63 @@ def test_what_needs_no_relay_gets_none() -> None:
     assert endpoint(RemoteCache("https://cache.example/ccache")) == ("cache.example", 443)
     with relay(None) as variables:
         assert variables == {}
+
+
+KERNEL_SETUP = '''\
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("relayed._units", [f"src/u{i}.c" for i in range(3)] + ["src/module.c"])],
+      packages=["relayed"])
+'''
+KERNEL_MODULE = '''\
+#include <Python.h>
+static struct PyModuleDef units = {PyModuleDef_HEAD_INIT, "_units", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit__units(void) { return PyModule_Create(&units); }
+'''
+
+
+def _small_c_sdist(tmp_path: Path) -> Path:
+    """An sdist whose setup.py compiles four C files (through the compile cache's CC wrapper)."""
+    import tarfile
+    tree = tmp_path / "relayed-1.0"
+    (tree / "src").mkdir(parents=True)
+    (tree / "relayed").mkdir()
+    (tree / "relayed" / "__init__.py").write_text("")
+    for i in range(3):
+        (tree / "src" / f"u{i}.c").write_text(f"int relayed_unit_{i}(int x) {{ return x * {i + 2}; }}\n")
+    (tree / "src" / "module.c").write_text(KERNEL_MODULE)
+    (tree / "setup.py").write_text(KERNEL_SETUP)
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools", "wheel"]\nbuild-backend = '
+                                         '"setuptools.build_meta"\n\n[project]\nname = "relayed"\nversion = "1.0"\n')
+    (tree / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: relayed\nVersion: 1.0\n")
+    sdist = tmp_path / "relayed-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        archive.add(tree, arcname=tree.name)
+    return sdist
+
+
+@pytest.mark.slow
+def test_a_second_runners_isolated_extension_build_takes_its_objects_from_the_server(
+        repacked: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 42: two runners (clean output and cache folders) build the same sdist for the repacked torch with the
+    real rattler-build, the sdist's pip isolated; the server is this machine's host name, as a team's would be. The
+    second takes every object from the server (before the relay: "could not reach the server" for every call)."""
+    from tests.test_remote_cache import serve
+    from tests.test_upload_helpers import cli
+    torch_channel, stubs = repacked
+    sdist = _small_c_sdist(tmp_path)
+    with serve() as (url, store):
+        url = url.replace("127.0.0.1", socket.gethostname())
+        said = []
+        for runner in ("runner1", "runner2"):
+            root = tmp_path / runner
+            done = cli("build", "--for", "pytorch ==2.13.0 whl_*", "--channel", str(torch_channel), "--channel",
+                       str(stubs), "--extension", str(sdist), "--engine", "rattler-build", "--skip-preflight",
+                       "--out", str(root / "out"), "--cache", str(root / "cache"), "--cache-url", url,
+                       env={"XDG_CACHE_HOME": str(root / "xdg")}, timeout=1200)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+            (log,) = (root / "out" / "logs").glob("relayed-1.0-*.log")
+            said.append(" ".join(log.read_text().split()))
+        assert store.puts, "the first runner wrote its objects to the server"
+        assert "remote 0/4 hits" in said[0] and "could not reach" not in said[0], said[0][-2000:]
+        assert "remote 4/4 hits (100 %)" in said[1], said[1][-2000:]
