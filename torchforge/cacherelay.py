@@ -76,11 +76,11 @@ class _Handler(socketserver.BaseRequestHandler):
 
 @contextmanager
 def relay(remote: RemoteCache | None) -> Iterator[dict[str, str]]:
-    """The variable an isolated build needs to reach `remote`'s server, while the relay runs ({} where none
-    is needed or possible)."""
+    """The variable an isolated build needs to reach `remote`'s server, while the relay runs (empty where none
+    is needed or possible: set all the same, as conda-build warns of a script_env variable that is not)."""
     target = endpoint(remote) if remote is not None else None
     if target is None:
-        yield {}
+        yield {RELAY_VARIABLE: ""}
         return
     with fileops.private_scratch("cache-relay") as folder:
         path = Path(folder) / "socket"  # short: a Unix socket's path has at most 107 bytes

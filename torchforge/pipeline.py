@@ -424,8 +424,9 @@ class Pipeline:
         stats_log = staging / "ccache-stats.log"
         if cache is not None:
             environ.update(self._cache_env(cache, staging, stats_log, environ))
-            if self.settings.container is None and not self.runner.dry_run:  # an isolated build's one route
-                environ.update(scratch.enter_context(cacherelay.relay(cache.remote)))
+            if not self.runner.dry_run:  # an isolated build's one route (none through a container engine)
+                remote = cache.remote if self.settings.container is None else None
+                environ.update(scratch.enter_context(cacherelay.relay(remote)))
         job_env = {**dict(step.env), **script_env_values(step.script_env, environ)}
         jobs = self._jobs(step, job_env, log)
         job = BuildJob(recipe_dir, staging, channels, step.python, job_env, self.settings.test,
