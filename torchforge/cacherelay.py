@@ -15,16 +15,16 @@ import socket
 import socketserver
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from torchforge import fileops
+from torchforge.isolation_child import join
 from torchforge.remotecache import CONNECT_TIMEOUT_MS, RemoteCache
 
 RELAY_VARIABLE = "TORCHFORGE_CACHE_RELAY"  # isolation_child.py reads it by this name
 DEFAULT_PORTS = {"http": 80, "https": 443, "redis": 6379}
-_CHUNK = 1 << 16
 
 
 def endpoint(remote: RemoteCache) -> tuple[str, int] | None:
@@ -34,26 +34,6 @@ def endpoint(remote: RemoteCache) -> tuple[str, int] | None:
     if parts.scheme not in DEFAULT_PORTS or not parts.hostname or "$" in parts.hostname:
         return None
     return parts.hostname, parts.port or DEFAULT_PORTS[parts.scheme]
-
-
-def pump(source: socket.socket, target: socket.socket) -> None:
-    """Copy one direction until its end, then pass the end on (the other direction goes on)."""
-    try:
-        while data := source.recv(_CHUNK):
-            target.sendall(data)
-    except OSError:
-        pass
-    finally:
-        with suppress(OSError):
-            target.shutdown(socket.SHUT_WR)
-
-
-def join(one: socket.socket, other: socket.socket) -> None:
-    """Both directions of two connected sockets, until both ends are done."""
-    back = threading.Thread(target=pump, args=(other, one), daemon=True)
-    back.start()
-    pump(one, other)
-    back.join()
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):

@@ -48,6 +48,7 @@ from functools import cache
 from pathlib import Path, PureWindowsPath
 
 from torchforge import data as tables
+from torchforge.cacherelay import RELAY_VARIABLE
 from torchforge.compilewrappers import compiler_wrapper, compilers_route, nvcc_wrapper
 from torchforge.recipe import RecipeContext
 from torchforge.remotecache import REMOTE_COUNTERS, RemoteCache, RemoteStats
@@ -60,8 +61,7 @@ NVCC_VARIABLE = "CUDA_NVCC_EXECUTABLE"
 # The folder of the compiler wrappers for setuptools / ninja builds; the pytorch build script sources its route.sh.
 COMPILERS_VARIABLE = "TORCHFORGE_COMPILERS"
 # Every variable build_env sets: a recipe's script environment forwards them into the build.
-# RELAY_VARIABLE: torchforge/cacherelay.py's route for an isolated build (its name kept in step with it)
-RELAY_VARIABLE = "TORCHFORGE_CACHE_RELAY"
+# RELAY_VARIABLE: torchforge/cacherelay.py's route for an isolated build to the remote cache
 BUILD_VARIABLES = (*LAUNCHER_VARIABLES, NVCC_VARIABLE, CONFIG_VARIABLE, COMPILERS_VARIABLE, RELAY_VARIABLE)
 # Recipe settings (the conda-forge flavour's) that change no object: left out of the cache key.
 OBJECT_NEUTRAL_SETTINGS = ("build_number",)

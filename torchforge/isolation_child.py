@@ -123,7 +123,8 @@ def _loopback_up(address: str | None) -> None:
                         struct.pack("16sHH4s16x", b"lo:1", socket.AF_INET, 0, socket.inet_aton(address)))
 
 
-def _pump(source: socket.socket, target: socket.socket) -> None:
+def pump(source: socket.socket, target: socket.socket) -> None:
+    """Copy one direction until its end, then pass the end on (the other direction goes on)."""
     try:
         while data := source.recv(1 << 16):
             target.sendall(data)
@@ -136,16 +137,21 @@ def _pump(source: socket.socket, target: socket.socket) -> None:
             pass
 
 
+def join(one: socket.socket, other: socket.socket) -> None:
+    """Both directions of two connected sockets, until both ends are done (torchforge/cacherelay.py's too)."""
+    back = threading.Thread(target=pump, args=(other, one), daemon=True)
+    back.start()
+    pump(one, other)
+    back.join()
+
+
 def _forward(caller: socket.socket, path: str) -> None:
     with caller, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as outside:
         try:
             outside.connect(path)
         except OSError:
             return
-        back = threading.Thread(target=_pump, args=(outside, caller), daemon=True)
-        back.start()
-        _pump(caller, outside)
-        back.join()
+        join(caller, outside)
 
 
 def _serve(listener: socket.socket, path: str, parent: int) -> None:
