@@ -15,6 +15,7 @@ from ruamel.yaml import YAML
 
 from tests.golden.ci_regenerate import self_wheel
 from tests.offline_site import offline_site
+from tests.official_report import official_report
 from torchforge import containers
 from torchforge.channels import data_channels, parse_table
 from torchforge.ci import Provider
@@ -361,11 +362,7 @@ def test_ci_jobs_use_the_cuda_image_and_the_same_channels(tmp_path: Path, era: s
 
 
 def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Path) -> None:
-    from torchforge.officialpreflight import run_preflight
-
-    selection_ = selection("2.12.0", "12.6,13.2", "3.12")
-    report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(), out=tmp_path,
-                           container=containers.ContainerSettings(""))
+    report = official_report("2.12.0", "12.6,13.2", "3.12", out=tmp_path, container=containers.ContainerSettings(""))
     statuses = {c.name: c.status.value for c in report.checks}
     details = {c.name: c.detail for c in report.checks}
     assert statuses["container tool"] == "fail"
@@ -379,15 +376,12 @@ def test_doctor_checks_the_images_instead_of_this_machines_toolkit(tmp_path: Pat
 
 
 def test_doctor_contacts_the_container_engine_a_client_without_its_daemon_fails(tmp_path: Path) -> None:
-    from torchforge.officialpreflight import run_preflight
-
     docker = tmp_path / "bin" / "docker"  # what a docker client prints, and its status, when no daemon answers
     docker.parent.mkdir()
     docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
                       "Is the docker daemon running?' >&2\nexit 1\n")
     docker.chmod(0o755)
-    report = run_preflight(selection("2.5.1", "cpu", "3.10"), engine="auto", source=None, jobs=None, runner=Runner(),
-                           out=tmp_path, container=containers.ContainerSettings(str(docker)))
+    report = official_report("2.5.1", "cpu", "3.10", out=tmp_path, container=containers.ContainerSettings(str(docker)))
     row = next(c for c in report.checks if c.name == "container tool")
     assert row.status.value == "fail" and "`docker info` fails: Cannot connect to the Docker daemon" in row.detail
     assert row.fix is not None and "TORCHFORGE_CONTAINER_TOOL=podman" in row.fix
@@ -419,7 +413,6 @@ def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_pat
     from tests.stubchannel import make_stub_channel
     from torchforge.channels import SiteChannels
     from torchforge.config import SiteConfig
-    from torchforge.officialpreflight import run_preflight
     from torchforge.recipe import pytorch_context
 
     selection_ = selection("2.9.0", "cpu", "3.11")
@@ -438,8 +431,7 @@ def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_pat
         served = f"http://127.0.0.1:{server.server_address[1]}"
         for urls, want in (((served,), "ok"), ((served, closed), "warn")):
             site = SiteConfig(SiteChannels(replace=urls))
-            report = run_preflight(selection_, engine="auto", source=None, jobs=None, runner=Runner(),
-                                   out=tmp_path / "out", site=site, check_channels=True)
+            report = official_report("2.9.0", "cpu", "3.11", out=tmp_path / "out", site=site, check_channels=True)
             statuses = {c.name: (c.status.value, c.detail) for c in report.checks}
             assert statuses[f"channel {served}"][0] == "ok"
             assert statuses[f"requirements ({variant.id})"][0] == want, statuses
@@ -607,12 +599,9 @@ def test_ci_runs_a_2_28_base_as_the_job_container_and_derives_conda_build_in_it(
 
 def test_doctor_names_the_base_and_derived_image_a_machine_without_the_toolkit_needs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchforge.officialpreflight import run_preflight
-
     monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))  # no nvcc here
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
-    report = run_preflight(selection("2.9.0", "12.8,13.2", "3.12"), engine="auto", source=None, jobs=None,
-                           runner=Runner(), out=tmp_path)
+    report = official_report("2.9.0", "12.8,13.2", "3.12", out=tmp_path)
     checks = {c.name: c for c in report.checks}
     assert checks["nvcc (CUDA 12.8)"].status.value == "fail"
     found = checks["image (CUDA 12.8)"]

@@ -121,14 +121,24 @@ def test_a_requirement_no_wheel_is_had_for_is_refused_before_anything_builds(cha
 @pytest.mark.parametrize(("args", "says"), [
     (("--for", FOR, "--wheels", "{tmp}/none"), "--wheels {tmp}/none is not a folder"),
     (("--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--wheels", "{tmp}"), "--wheels brings along"),
-    (("--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--wheels", "{tmp}", "--extension", "torch-scatter==2.1.2"),
-     "--wheels: the official flavour's own build brings no extension's requirements along"),
 ])
 def test_wheels_without_a_folder_or_a_channel_pytorch_is_a_usage_error(args: tuple[str, ...], says: str,
                                                                        channel: Path, tmp_path: Path) -> None:
     done = cli("build", "--dry-run", *(a.format(tmp=tmp_path) for a in args), "--channel", str(channel),
                "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and says.format(tmp=tmp_path) in " ".join(done.stderr.split()), done.stderr
+
+
+def test_the_official_flavours_build_brings_its_extensions_requirements_along_too(channel: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The official flavour's build is the sequencer's, as every flavour's (issue 43): --wheels with --extension
+    is taken, and its extension is planned after the pytorch it is built for (what it brings along is read at
+    build time, after the sdist's metadata: a dry run reads neither)."""
+    done = cli("build", "--dry-run", "--pytorch", "2.5.1", "--cuda", "cpu", "--py", "3.12", "--wheels", str(tmp_path),
+               "--extension", "torch-scatter==2.1.2", "--channel", str(channel), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    said = done.stderr
+    assert said.index("build pytorch-2.5.1-py3.12_cpu_0") < said.index("build torch-scatter-2.1.2-pt2.5.1_cpu_"), said
 
 
 def test_a_binary_wheel_is_brought_along_with_its_library(tmp_path: Path) -> None:

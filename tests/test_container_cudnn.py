@@ -20,7 +20,7 @@ from torchforge import containers
 from torchforge.cli import main
 from torchforge.config import load as load_site
 from torchforge.errors import ExitCode
-from torchforge.officialpreflight import run_preflight
+from tests.official_report import official_report
 from torchforge.proc import Command, Runner
 from torchforge.render import plan
 
@@ -159,9 +159,10 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
         (tools / "docker").write_text("#!/bin/sh\nexit 1\n")
         (tools / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{os.environ['PATH']}:{tools}")
+    # (at plan time, before the machine checks: the cuDNN is the plan's and the image's, not this machine's)
     assert main(["build", *request, "--out", str(out)]) == ExitCode.PREFLIGHT_FAILED
     err = capsys.readouterr().err
-    assert "image (CUDA 12.8)" in err and "preflight: " in err
+    assert "carries cuDNN 9.19.0.56" in err and "bundle cuDNN 9.10.2.21" in " ".join(err.split())
     assert not out.exists()  # nothing built, nothing written
     # a dry run has no preflight, but stops at the same cuDNN check (it would print builds that cannot run)
     assert main(["build", "--dry-run", *request, "--out", str(out)]) == ExitCode.PREFLIGHT_FAILED
@@ -181,10 +182,10 @@ def test_a_site_image_with_another_cudnn_fails_preflight_before_anything_is_buil
 
 
 def test_cudnn_checks_per_kind_of_image(tmp_path: Path) -> None:
-    def row(text: str, pytorch: str, cuda: str) -> tuple[str, str, str]:
+    def row(text: str, pytorch: str, cuda: str, python: str = "3.10") -> tuple[str, str, str]:
         site = load_site(_site(tmp_path, text))
-        report = run_preflight(selection(pytorch, cuda, "3.10"), engine="auto", source=None, jobs=None, runner=Runner(),
-                               out=tmp_path, site=site, container=containers.ContainerSettings("docker", site.images))
+        report = official_report(pytorch, cuda, python, out=tmp_path, site=site,
+                                 container=containers.ContainerSettings("docker", site.images))
         check = report.check(f"image ({'cpu' if cuda == 'cpu' else 'CUDA ' + cuda})")
         return check.status.value, check.detail, check.fix or ""
 
@@ -204,7 +205,7 @@ def test_cudnn_checks_per_kind_of_image(tmp_path: Path) -> None:
     assert status == "fail" and "no pip wheel of it for CUDA 11.6" in detail and 'cudnn = "8.3.2.44"' in fix
     # no bundled cuDNN (cpu; 1.10 links cuDNN statically): no cuDNN check at all
     assert row("", "2.9.0", "cpu")[0] == "ok"
-    assert row("", "1.10.2", "11.3")[0] == "ok"
+    assert row("", "1.10.2", "11.3", "3.9")[0] == "ok"
 
 
 def test_an_image_with_the_variants_cudnn_needs_no_extra_step(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -35,7 +35,7 @@ COMMANDS = "torchforge.commands"
 # not grown).
 OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "torchforge.companions",
             "torchforge.render", "torchforge.magmasource", "torchforge.officialstack", "torchforge.officialpreflight",
-            "torchforge.resolved", "torchforge.magmaplan", "torchforge.bundled")
+            "torchforge.resolved", "torchforge.magmaplan", "torchforge.bundled", "torchforge.officialwheel")
 
 # ---- ratchets (issue 30): may only shrink ---------------------------------------------------------------------
 
@@ -49,7 +49,6 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
     "torchforge.pipeline": frozenset({"torchforge.resolved"}),
     "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
-    "torchforge.wheelbuild": frozenset({"torchforge.render", "torchforge.resolved"}),
 }
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the
@@ -197,8 +196,10 @@ def test_a_private_attribute_of_a_flavour_module_is_an_internal() -> None:
 
 # The hooks through which a flavour plug-in still runs its own sequence beside the plan (issue 43, move 3): a
 # ratchet, as above. `render` left them on 2026-12-03: the official plan marks the companions it renders only with
-# --companions (PlannedRecipe.rendered) and carries its variants' warnings.
-OWN_HOOKS = {"own_build", "own_standin_recipes"}
+# --companions (PlannedRecipe.rendered) and carries its variants' warnings; `build` on 2026-12-03 (fourth session):
+# --format wheel is a plan of `wheel` recipes naming the pip engine (Plan.engine), the --container cuDNN check reads
+# the plan's recipes, the official preflight the plan's needs, as doctor's does.
+OWN_HOOKS = {"own_standin_recipes"}
 
 
 def test_the_flavours_own_sequence_hooks_only_shrink() -> None:

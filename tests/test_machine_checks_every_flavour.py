@@ -12,8 +12,7 @@ import pytest
 from tests.test_upload_helpers import cli
 from torchforge import localchannel, sequence
 from torchforge.config import load as load_site
-from torchforge.flavours import Request, official_selection
-from torchforge.officialpreflight import run_preflight
+from torchforge.flavours import Request
 from torchforge.preflight import run_machine_checks
 from torchforge.preflight.report import Machine, PreflightReport
 from torchforge.preflight.table import load_table
@@ -131,14 +130,11 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
         the_plan = sequence.plan("official", request, "conda-build")
         neutral = run_machine_checks(the_plan.needs, engine="auto", jobs=4, runner=Runner(), out=tmp_path / "o",
                                      machine=machine)
-        official = run_preflight(official_selection(request), engine="auto", source=given, jobs=4, runner=Runner(),
-                                 out=tmp_path / "o", machine=machine)
         rows = _toolkit_rows(neutral)
-        assert rows == _toolkit_rows(official)
         # doctor's first row: the plan's own fact, worded as the official preflight words it
         first = sequence.machine_report(the_plan, engine="auto", jobs=4, out=tmp_path / "o", site=site,
                                        runner=Runner()).checks[0]
-        assert first == official.checks[0] and (first.name, first.detail) == (
+        assert (first.name, first.detail) == (
             "selection", "1 variant(s), 1 magma package(s)")
         found = {name: (status, detail) for name, status, detail, _ in rows}
         assert ("git" in found) and found["git"][1].startswith("not needed") is (given is not None), found
@@ -160,7 +156,7 @@ def test_the_official_plan_carries_its_toolkit_checks_as_neutral_needs(
 def test_the_official_plan_carries_its_requirement_solves_as_neutral_needs(tmp_path: Path) -> None:
     """The official flavour's check that each pytorch recipe's build and host requirements solve from its channels
     reads the neutral plan (MachineNeeds.solves), not its variants (issue 30): the shared machine checks of the
-    official plan give the official preflight's channel and requirement rows. A site config replacing every channel
+    official plan give its channel and requirement rows. A site config replacing every channel
     with an empty local one: the channel answers, and each requirement that no package meets is named."""
     site = load_site(air_gapped(tmp_path))
     request = Request("2.5.1", "cpu", "3.11,3.12")
@@ -168,14 +164,11 @@ def test_the_official_plan_carries_its_requirement_solves_as_neutral_needs(tmp_p
     machine = Machine(cores=32, mem_available_gib=128.0, platform="linux-64")
     neutral = run_machine_checks(the_plan.needs, engine="auto", jobs=4, runner=Runner(), out=tmp_path / "o",
                                  machine=machine, site=site, check_channels=True)
-    official = run_preflight(official_selection(request), engine="auto", source=None, jobs=4, runner=Runner(),
-                             out=tmp_path / "o", machine=machine, site=site, check_channels=True)
 
     def rows(report: PreflightReport) -> list[tuple[str, str, str]]:
         return [(c.name, c.status.value, c.detail) for c in report.checks
                 if c.name.startswith(("channel ", "requirements ("))]
 
-    assert rows(neutral) == rows(official)
     found = dict((name, (status, detail)) for name, status, detail in rows(neutral))
     assert found[f"channel file://{tmp_path / 'mirror'}"] == ("ok", "answers")
     for python in ("311", "312"):

@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from torchforge.commands.options import selection_from_flags
-from torchforge.errors import DataError, PreflightError, UsageError
+from torchforge.errors import DataError, ExitCode, PreflightError, RefusedError, UsageError
 from torchforge.buildmemory import read_mem_available_gib
 from torchforge.preflight.report import Level, Machine, PreflightReport, report_table
 from torchforge.preflight.table import (
     MIN_FREE_VARIABLE, PreflightTable, choose_max_jobs, load_table, memory_jobs, parse_table)
-from torchforge.officialpreflight import run_preflight
-from torchforge.proc import Runner
+from tests.official_report import official_report
 from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit, path_without
 
 HAVE_NVCC = shutil.which("nvcc") is not None
@@ -42,9 +40,9 @@ pytestmark = pytest.mark.usefixtures("bundled_libraries")
 
 def _preflight(cuda: str, *, pytorch: str = "2.9.0", python: str = "3.12", platform: str | None = None,
                engine: str = "auto", source: str | None = None, jobs: int | None = None,
-               machine: Machine = BIG_MACHINE, out: Path | None = None) -> PreflightReport:
-    selection = selection_from_flags(pytorch, cuda, python, platform)
-    return run_preflight(selection, engine=engine, source=source, jobs=jobs, runner=Runner(), out=out, machine=machine)
+               machine: Machine = BIG_MACHINE, out: Path | None = None, magma_only: bool = False) -> PreflightReport:
+    return official_report(pytorch, cuda, python, platform=platform, source=source, out=out, engine=engine, jobs=jobs,
+                           machine=machine, magma_only=magma_only)
 
 
 def _executable(folder: Path, name: str, body: str) -> Path:
@@ -176,7 +174,7 @@ def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(tmp_path: Path, m
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
     for variable in ("CUDNN_INCLUDE_DIR", "CUDNN_LIB_DIR"):
         monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setattr("torchforge.officialpreflight.load_table", _without_system_cudnn(tmp_path / "system"))
+    monkeypatch.setattr("torchforge.preflight.load_table", _without_system_cudnn(tmp_path / "system"))
     report = _preflight(NVCC_RELEASE or "")
     cublas, cusparse = report.check(f"cuBLAS (CUDA {NVCC_RELEASE})"), report.check(f"cuSPARSE (CUDA {NVCC_RELEASE})")
     assert cublas.status is Level.FAIL and f"not found in the toolkit at {toolkit}" in cublas.detail
@@ -185,9 +183,7 @@ def test_a_toolkit_without_cublas_fails_with_what_would_fix_it(tmp_path: Path, m
     assert f"libcublas-dev-{dash}" in (cublas.fix or "") and f"libcusparse-dev-{dash}" in (cusparse.fix or "")
     cudnn = report.check(f"cuDNN (CUDA {NVCC_RELEASE})")
     assert cudnn.status is Level.FAIL and "CUDNN_INCLUDE_DIR" in (cudnn.fix or "")
-    selection = selection_from_flags("2.9.0", NVCC_RELEASE, "3.12", None)
-    magma_only = run_preflight(selection, engine="auto", source=None, jobs=None, runner=Runner(),
-                               machine=BIG_MACHINE, magma_only=True)
+    magma_only = _preflight(NVCC_RELEASE or "", magma_only=True)
     assert not any(c.name.startswith("cuDNN") for c in magma_only.checks)  # MAGMA does not link cuDNN
 
 
@@ -205,7 +201,7 @@ def test_a_complete_toolkit_and_cudnn_from_its_own_folders_pass(tmp_path: Path, 
     # machine (the table's real system folders are replaced by folders of this test).
     monkeypatch.delenv("CUDNN_LIB_DIR")
     system = tmp_path / "system"
-    monkeypatch.setattr("torchforge.officialpreflight.load_table", _without_system_cudnn(system))
+    monkeypatch.setattr("torchforge.preflight.load_table", _without_system_cudnn(system))
     assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.FAIL
     (system / "lib" / "libcudnn.so").symlink_to(cudnn / "lib" / "libcudnn.so")
     assert _preflight(NVCC_RELEASE or "").check(f"cuDNN (CUDA {NVCC_RELEASE})").status is Level.OK
@@ -277,7 +273,7 @@ def test_disk_check_uses_the_out_folders_file_system(tmp_path: Path, monkeypatch
     report = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path / "not" / "yet" / "there")
     assert str(tmp_path) in report.check("disk").detail
     strict = load_table().model_copy(update={"disk": load_table().disk.model_copy(update={"min_free_gib_cpu": 1e9})})
-    monkeypatch.setattr("torchforge.officialpreflight.load_table", lambda: strict)
+    monkeypatch.setattr("torchforge.preflight.load_table", lambda: strict)
     failed = _preflight("cpu", pytorch="2.5.1", python="3.10", out=tmp_path).check("disk")
     assert failed.status is Level.FAIL and "estimate" in (failed.fix or "")
 
@@ -326,11 +322,14 @@ def test_a_foreign_platform_fails_and_skips_the_gcc_check() -> None:
     assert not [c.name for c in report.checks if c.name.startswith("host compiler")]
 
 
-def test_refused_variants_are_one_failed_row_among_all_checks() -> None:
-    # CUDA 10.2 is not a build of PyTorch 2.9: the selection fails, and the machine is still checked.
-    report = _preflight("10.2")
-    assert report.check("selection").status is Level.FAIL
-    assert "cmake" in {c.name for c in report.checks}
+def test_a_refused_variant_is_refused_before_the_machine_is_checked() -> None:
+    # CUDA 10.2 is not a build of PyTorch 2.9: refused (exit 4) with its reason, as every command refuses it; a
+    # buildable selection's first row says what it plans.
+    with pytest.raises(RefusedError) as refused:
+        _preflight("10.2")
+    assert refused.value.exit_code == ExitCode.REFUSED and "10.2" in str(refused.value)
+    first = _preflight("13.0").checks[0]
+    assert (first.name, first.status, first.detail) == ("selection", Level.OK, "1 variant(s), 1 magma package(s)")
 
 
 # ---- source tree -----------------------------------------------------------------------------------------

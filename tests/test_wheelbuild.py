@@ -3,6 +3,7 @@ the current interpreter, repair into OUT/wheels, pip install into a fresh venv, 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -15,7 +16,8 @@ from torchforge.cli import main
 from torchforge.errors import ExitCode
 from torchforge.render import plan
 from torchforge.variant import Options, Selection
-from torchforge.wheelbuild import build_environment, expand
+from torchforge.officialwheel import build_environment
+from torchforge.wheelbuild import expand
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -144,3 +146,24 @@ def test_conda_only_flags_are_refused_rather_than_ignored(
     assert main([*REQUEST, flag, "--out", str(tmp_path / "out")]) == ExitCode.USAGE
     assert f"{flag} applies to conda packages, not to --format wheel" in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "out").exists()
+
+
+def test_a_wheel_build_is_a_plan_of_wheel_recipes_that_names_the_pip_engine(tmp_path: Path) -> None:
+    """--format wheel is a fact of the official plan (issue 43: one sequencer): one `wheel` recipe per variant,
+    with the source pip builds and its variables in the recipes' shell forms; the plan names the pip engine, and
+    solves nothing from a channel (pip installs no requirement). A conda build of the same request plans none."""
+    from torchforge import sequence
+    from torchforge.flavours.base import Request
+
+    asked = Request("2.9.0", "cpu", PY, source=str(FIXTURE))
+    wheels = sequence.plan("official", dataclasses.replace(asked, flavour_flags=(("--format wheel", True),)),
+                           "rattler-build")
+    (recipe,) = wheels.recipes
+    assert (wheels.engine, recipe.kind, recipe.source) == ("pip", "wheel", str(FIXTURE.resolve()))
+    assert recipe.stems == (f"torch-2.9.0+cpu-{CP}-{CP}",) and recipe.files == {} and recipe.channels == ()
+    variables = dict(recipe.build_env)
+    assert variables["PYTORCH_BUILD_VERSION"] == "2.9.0+cpu" and "PACKAGE_TYPE" not in variables
+    assert "$" in variables["CMAKE_PREFIX_PATH"]  # evaluated when the step is made, in this interpreter
+    assert wheels.needs.solves == () and wheels.needs.sources == (str(FIXTURE),)
+    conda = sequence.plan("official", asked, "rattler-build")
+    assert conda.engine is None and "wheel" not in {r.kind for r in conda.recipes} and conda.needs.solves

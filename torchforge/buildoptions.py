@@ -1,5 +1,4 @@
-"""What a build asks for beyond its Request (engine, format, output, checks, cache), and a build ready to run:
-shared by the sequencer and the flavours that prepare their own builds."""
+"""What a build asks for beyond its Request (engine, format, output, checks, cache), and a build ready to run."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torchforge.channels import SiteChannels
-from torchforge.config import SiteConfig
 from torchforge.engines import Engine
 from torchforge.flavours.base import JOBS_VARIABLE, Request
 from torchforge.pipeline import BuildSettings, Step
@@ -60,16 +58,6 @@ class PreparedBuild:
     engine: Engine
     settings: BuildSettings
     brought_along: tuple[PackagePlan, ...] = ()  # repacked into the output channel before the steps run
-
-
-@runtime_checkable
-class PreparesItsBuild(Protocol):
-    """A flavour plug-in that prepares its build itself (the official flavour: --format wheel, --container's cuDNN
-    check at plan time, its dry-run checks); the others are prepared by the sequencer. `doctor` reads every
-    flavour's plan (its MachineNeeds)."""
-
-    def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
-        ...
 
 
 @dataclass(frozen=True)

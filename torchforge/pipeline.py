@@ -29,6 +29,7 @@ from torchforge.remotecache import RemoteCache
 from torchforge.stepjobs import log_peak, record_outcome, step_jobs
 from torchforge.fileops import write_folders
 from torchforge.resolved import describe_settings
+from torchforge.wheelbuild import existing_wheel, step_environment
 from torchforge.postbuild import ensure_index_fields, fix_and_audit_package, stamp_cuda_arch
 
 
@@ -107,6 +108,11 @@ class BuildSettings:
     def compile_cache_root(self) -> Path:
         return self.cache_root if self.cache_root is not None else self.out / ".cache" / "compile"
 
+    def for_wheels(self) -> BuildSettings:
+        """A plan of pip wheels' settings: the wheels (and their logs) go to OUT/wheels, the compile cache stays
+        OUT's."""
+        return dataclasses.replace(self, out=self.out / "wheels", cache_root=self.compile_cache_root)
+
 
 WHEEL = "wheel"  # the kind of a --format wheel step: repaired into the output folder, not a channel
 KEPT_WORK = ".torchforge-kept"  # under --out: failed builds' work folders, kept by --keep-work
@@ -177,6 +183,9 @@ def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
     steps: list[Step] = []
     first_of_group: dict[str, str] = {}
     for recipe in plan.recipes:
+        if recipe.kind == WHEEL:
+            steps.append(_wheel_step(recipe, settings))
+            continue
         stems = tuple(recipe.stems)
         several = len(stems) > 1
         if settings.force:
@@ -198,6 +207,19 @@ def plan_steps(plan: Plan, settings: BuildSettings) -> list[Step]:
                           recipe.cudnn, stems if several else (), recipe.index_fields if several else (),
                           arch_list=recipe.arch_list, arch_exempt=recipe.arch_exempt))
     return steps
+
+
+def _wheel_step(recipe: PlannedRecipe, settings: BuildSettings) -> Step:
+    """A pip wheel's step: reused where a repaired wheel of it is in the output folder already (unless --force),
+    its variables evaluated in this interpreter and environment (torchforge.wheelbuild)."""
+    existing = None if settings.force else existing_wheel(settings.out, recipe.stems[0])
+    key = recipe.cache_group if settings.caching and existing is None else None
+    env = step_environment(recipe.build_env, {**os.environ, **settings.extra_env},
+                           jobs=settings.extra_env.get(JOBS_VARIABLE))
+    return Step(WHEEL, recipe.id, recipe.stems[0], recipe.subdir, recipe.python, {},
+                (*recipe.script_env, *(recipe.cache_script_env if key else ())),
+                Action.REUSE if existing else Action.BUILD, f"{existing.name} already in {settings.out}" if existing
+                else recipe.note, accel=recipe.accel, cache_key=key, source=recipe.source, env=tuple(env.items()))
 
 
 def _check_identity(artifact: Path, step: Step, stem: str) -> None:

@@ -14,24 +14,23 @@ from typing import TYPE_CHECKING
 
 from torchforge import config as site_config
 from torchforge import closure, containers, havepytorch
-from torchforge.buildoptions import (BuildOptions, PreparedBuild, PreparesItsBuild, Rendered,
-                                     StandsInForItsRecipes)
+from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered, StandsInForItsRecipes
 from torchforge.channels import build_channels
 from torchforge.config import SiteConfig
 from torchforge.console import err, note, warn
-from torchforge.engines.choice import container_engine, select_engine
+from torchforge.engines.choice import container_engine, plan_engine, select_engine
 from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
 from torchforge.flavours import JOBS_VARIABLE, choose, plugin
 from torchforge.extensions.plan import run_requirements, with_extension_rows, with_extensions
-from torchforge.flavours.base import MatrixView, Plan, Request
+from torchforge.flavours.base import MatrixView, Plan, PlannedRecipe, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
 from torchforge.pipeline import Action, BuildSettings, Step, plan_steps
 from torchforge.preflight import run_machine_checks, run_needs_checks
 from torchforge.preflight.images import container_report
-from torchforge.preflight.report import Check, Level, PreflightReport, report_table
+from torchforge.preflight.report import Check, Level, Machine, PreflightReport, report_table
 from torchforge.preflight.table import checked_jobs
 from torchforge.proc import Runner
 from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
@@ -123,21 +122,28 @@ def given_matrix(the_plan: Plan) -> MatrixView:
 
 def machine_report(the_plan: Plan, *, engine: str | None, jobs: int | None, out: Path, site: SiteConfig,
                    extra_channels: tuple[str, ...] = (), runner: Runner | None = None,
-                   container: containers.ContainerSettings | None = None) -> PreflightReport:
-    """The flavour's own rows, then every machine check of what the plan needs (channels included: network);
-    with `container`, the build images of its recipes instead of this machine's engine and toolkit."""
+                   container: containers.ContainerSettings | None = None, machine: Machine | None = None,
+                   check_channels: bool = True) -> PreflightReport:
+    """The flavour's own rows, then every machine check of what the plan needs (`check_channels`: that its channels
+    answer and its requirements solve: network); with `container`, the build images of its recipes instead of this
+    machine's engine and toolkit; `machine`: the cores, memory and platform planned for (default: this one's)."""
     report = run_machine_checks(the_plan.needs, engine=engine, jobs=jobs, runner=runner or Runner(), out=out,
-                                site=site, extra_channels=extra_channels, check_channels=True, container=container,
+                                machine=machine, site=site, extra_channels=extra_channels,
+                                check_channels=check_channels, container=container,
                                 image_targets=image_targets(the_plan))
     facts = tuple(Check(name, Level.OK, detail) for name, detail in the_plan.facts)
     return PreflightReport((*facts, *report.checks), report.max_jobs, report.engine)
 
 
+def _in_images(the_plan: Plan) -> list[PlannedRecipe]:
+    """The recipes a build image builds: those of Python packages first (their order is the request's), then the
+    others (magma); recipes built beside the others (the official companions, noarch) need none of their own."""
+    return sorted((r for r in the_plan.recipes if r.build_flags or r.pythons), key=lambda r: not r.pythons)
+
+
 def image_targets(the_plan: Plan) -> list[tuple[str, str]]:
-    """(accel, cuDNN) of each recipe a build image builds: those of Python packages first (their order is the
-    request's), then the others (magma); recipes built beside the others (the official companions) need none."""
-    built = [r for r in the_plan.recipes if r.build_flags or r.pythons]
-    return [(r.accel, r.cudnn) for r in sorted(built, key=lambda r: not r.pythons)]
+    """(accel, cuDNN) of each recipe a build image builds."""
+    return [(r.accel, r.cudnn) for r in _in_images(the_plan)]
 
 
 def dry_run_report(the_plan: Plan, *, out: Path) -> PreflightReport:
@@ -146,18 +152,9 @@ def dry_run_report(the_plan: Plan, *, out: Path) -> PreflightReport:
 
 
 def prepare_build(flavour: str, request: Request, options: BuildOptions) -> PreparedBuild:
-    """Choose the engine, plan, refuse or warn, check the machine, make the steps: all a build does before it runs.
-    A flavour whose checks read more than the plan (the official flavour's variants) prepares its own build."""
-    site = site_config.load(options.config)
-    chosen = plugin(flavour)
-    if isinstance(chosen, PreparesItsBuild) and not builds_a_given_pytorch(request):
-        refuse_stray_wheels(request)
-        if request.wheel_folders:
-            raise UsageError(f"--wheels: the {getattr(flavour, 'value', flavour)} flavour's own build brings no extension's requirements along",
-                             "put them into a channel of the build (--channel), or build the extensions for the "
-                             "pytorch it made with --for SPEC --wheels DIR")
-        return chosen.own_build(request, options, site)
-    return _plan_build(flavour, request, options, site)
+    """Choose the engine, plan, refuse or warn, check the machine, make the steps: all a build does before it runs,
+    one way for every flavour."""
+    return _plan_build(flavour, request, options, site_config.load(options.config))
 
 
 def channel_plan(request: Request, recipe_format: str, channel: Path) -> Plan:
@@ -175,25 +172,32 @@ def prepare_plan_build(request: Request, options: BuildOptions, planner: Callabl
 def _plan_build(flavour: str, request: Request, options: BuildOptions, site: SiteConfig,
                 planner: Callable[[str], Plan] | None = None) -> PreparedBuild:
     """A flavour's plan (or `planner`'s): refused or warned about, the machine checked, then its steps; with
-    --container each recipe runs the conda-build of its CUDA's image."""
-    jobs = checked_jobs(options.jobs, ())
+    --container each recipe runs the conda-build of its CUDA's image; a plan of pip wheels, pip in this Python."""
     if planner is None:
         refuse_build(flavour, request)
-    if options.container:  # the engine is the image's: this machine's is not looked at
-        chosen, why = container_engine(options.engine)
-    else:
-        # without preflight the engine itself is checked; preflight shows a missing conda-build with the rest
-        chosen, why = select_engine(options.engine,
-                                    require_available=options.skip_preflight and not options.dry_run)
-    the_plan = (planner or (lambda recipe_format: plan(flavour, request, recipe_format)))(chosen.recipe_format)
+    # the recipes are rendered for the conda engine (the image's with --container); an --engine this machine lacks
+    # is refused here without preflight, else by preflight with every other problem (a dry run prints commands)
+    conda = container_engine(options.engine) if options.container else \
+        select_engine(options.engine, require_available=False)
+    the_plan = (planner or (lambda recipe_format: plan(flavour, request, recipe_format)))(conda[0].recipe_format)
+    chosen, why = plan_engine(the_plan.engine, conda, container=options.container, dry_run=options.dry_run)
+    if the_plan.engine is None and not options.container and options.skip_preflight and not options.dry_run:
+        select_engine(options.engine)
+    env_jobs = the_plan.needs.env_max_jobs
+    jobs = checked_jobs(options.jobs, (("MAX_JOBS", env_jobs),) if env_jobs else ())
     for message in the_plan.warnings:
         warn(message)
+    err.print(why)
+    if site.path is not None:
+        err.print(f"channels and images from {site.path}")
     in_images = _image_settings(the_plan, site.images, dry_run=options.dry_run) if options.container else None
-    extra_env = _checked_machine(the_plan, None if options.container else options.engine, jobs, options, site)
+    extra_env = _checked_machine(the_plan, None if options.container else the_plan.engine or options.engine, jobs,
+                                 options, site)
     if in_images is not None and not options.dry_run and not options.skip_preflight:
         _container_rows(the_plan, in_images)
-    err.print(why)
     settings = options.settings(request, site.channels, extra_env=extra_env, container=in_images)
+    if the_plan.engine is not None:  # pip wheels: repaired into OUT/wheels
+        settings = settings.for_wheels()
     steps = plan_steps(the_plan, settings)
     if not options.dry_run:
         widened = with_extension_requirements(the_plan, steps, settings, request)
@@ -233,13 +237,13 @@ def _image_settings(the_plan: Plan, images: Mapping[str, containers.Image], *,
                     dry_run: bool) -> containers.ContainerSettings:
     """--container for a plan of any flavour: each recipe's accel and cuDNN pick its image, refused before the
     machine checks and any build, as the official flavour's are."""
-    return containers.for_build([(r.accel, r.cudnn) for r in the_plan.recipes], [r.subdir for r in the_plan.recipes],
-                                images, dry_run=dry_run, check_cudnn_now=True)
+    return containers.for_build(image_targets(the_plan), [r.subdir for r in _in_images(the_plan)], images,
+                                dry_run=dry_run, check_cudnn_now=True)
 
 
 def _container_rows(the_plan: Plan, settings: containers.ContainerSettings) -> None:
     """Preflight's container rows: the tool answers, each recipe's image is here and can build it."""
-    report = container_report(settings, [(r.accel, r.cudnn) for r in the_plan.recipes], Runner())
+    report = container_report(settings, image_targets(the_plan), Runner())
     err.print(report_table(report))
     report.raise_if_failed()
 

@@ -3,8 +3,11 @@ for BuildJob: the registry importing the engines and the engines importing the r
 
 from __future__ import annotations
 
+import sys
+
 from torchforge.engines import Engine
 from torchforge.engines.conda_build import CondaBuildEngine, probe
+from torchforge.engines.pip_wheel import NAME as PIP_ENGINE, PipWheelEngine
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.errors import ToolMissingError, UsageError
 
@@ -41,3 +44,19 @@ def container_engine(engine: str) -> tuple[Engine, str]:
                          "drop --engine rattler-build (auto and conda-build both work with --container)")
     chosen, _ = select_engine("conda-build", require_available=False)
     return chosen, "using conda-build inside the build image (--container)"
+
+
+def plan_engine(planned: str | None, chosen: tuple[Engine, str], *, container: bool, dry_run: bool) -> tuple[Engine, str]:
+    """The engine a plan's recipes are built with: the one its plan names (pip, for a plan of pip wheels), else the
+    conda engine `chosen` for --engine (with --container, the image's)."""
+    if planned is None:
+        return chosen
+    if planned != PIP_ENGINE:
+        raise UsageError(f"a plan names the engine {planned!r}, which torchforge does not have", "report this plan")
+    if container:
+        raise UsageError("--container applies to conda packages, not to --format wheel (pip builds the wheel in "
+                         "this interpreter)", "leave it out, or build conda packages (--format conda)")
+    pip = PipWheelEngine()
+    if not dry_run and not pip.available():
+        raise ToolMissingError(f"{sys.executable} has no pip to build wheels with", f"{sys.executable} -m ensurepip")
+    return pip, f"using pip wheel with {sys.executable} (--format wheel)"

@@ -152,6 +152,10 @@ class PlannedRecipe:
     # `render` writes its folder; False: built, but rendered only where the request asks (the official companions
     # the channels lack, without --companions)
     rendered: bool = True
+    # A recipe of kind "wheel" (a pip wheel, --format wheel) has no folder: what pip builds (a folder or a URL)
+    # and the variables its build sets, in the shell forms of the recipes (torchforge.wheelbuild evaluates them)
+    source: str | None = None
+    build_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,8 @@ class Plan:
     # the requirements no channel provides, as the packages repacked from their wheels into the output channel
     # before anything builds (torchforge.closure; the recipe closure.BROUGHT_ID names them)
     brought_along: tuple[PackagePlan, ...] = ()
+    # The engine its recipes need whatever --engine says ("pip": a plan of pip wheels); None: the chosen conda engine
+    engine: str | None = None
 
     def pytorch_builds(self) -> tuple[tuple[PlannedRecipe | None, PytorchBuild], ...]:
         """Every pytorch package the plan's companions and extensions are built for, with the recipe that makes it

@@ -10,31 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from torchforge import channels as channel_data
 from torchforge import fileops, officialstack
-from torchforge import containers
-from torchforge.buildoptions import BuildOptions, PreparedBuild
 from torchforge.compilecache import context_material, group_key, patch_digests
-from torchforge.config import SiteConfig
 from torchforge.engines import Engine
-from torchforge.engines.choice import container_engine, select_engine
-from torchforge.engines.pip_wheel import PipWheelEngine
-from torchforge.console import err, note, warn
-from torchforge.errors import RefusedError, ToolMissingError, UsageError
+from torchforge.console import note
+from torchforge.errors import RefusedError, UsageError
 from torchforge.extensions.plan import with_extensions
-from torchforge.flavours.base import JOBS_VARIABLE, MachineNeeds, MatrixView
+from torchforge.flavours.base import MachineNeeds, MatrixView
 from torchforge.flavours.base import Plan, PlannedRecipe, PytorchBuild, Request
 from torchforge.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.officialpreflight import official_needs, run_plan_checks, run_preflight
+from torchforge.officialpreflight import official_needs
+from torchforge.officialwheel import wheel_plan
 from torchforge.preflight import host_tools
-from torchforge.preflight.report import report_table
-from torchforge.preflight.table import checked_jobs, load_table
-from torchforge.proc import Runner
+from torchforge.preflight.table import load_table
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.sourcestate import resolve_source
 from torchforge.render import RenderPlan, companion_files, folder_files, plan, render_files
@@ -44,7 +37,6 @@ from torchforge.resolve import default_release
 from torchforge.bundled import bundled_cudnn, bundled_files
 from torchforge.resolved import MagmaPlan, Status, Variant
 from torchforge.variant import Options, Selection, parse_env
-from torchforge.wheelbuild import check_wheel_request, plan_wheel_steps, wheel_settings
 
 NAME = "official"
 
@@ -252,15 +244,19 @@ class OfficialFlavour:
         _refuse_feedstock_patches(request)
         flags = dict(request.flavour_flags)
         magma_source, magma_only = flags.get("--magma-source"), bool(flags.get("--magma-only"))
-        planned = plan_of(plan(selection_of(request)), RecipeFormat(recipe_format), patches=request.patches,
+        render_plan = plan(selection_of(request))
+        # build.sh (and pip) take this machine's tools; the pytorch source is cloned unless --source names a local one
+        clones = not magma_only and resolve_source(request.source, "", "").kind == "git"
+        machine = {"sources": (request.source,) if request.source and not magma_only else (),
+                   "host_tools": host_tools(load_table(), clones=clones)}
+        if flags.get("--format wheel"):  # pip installs no requirement: nothing is solved from a channel
+            needs = dataclasses.replace(official_needs(render_plan.variants), solves=(), **machine)
+            return wheel_plan(NAME, render_plan, request, needs, magma_only)
+        planned = plan_of(render_plan, RecipeFormat(recipe_format), patches=request.patches,
                           magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
                           magma_only=magma_only, magma_source=str(magma_source) if magma_source else None,
                           with_packages=request.with_packages, render_companions=bool(flags.get("--companions")))
-        # build.sh takes this machine's tools; the pytorch source is cloned unless --source names a local one
-        clones = not magma_only and resolve_source(request.source, "", "").kind == "git"
-        return dataclasses.replace(planned, needs=dataclasses.replace(
-            planned.needs, sources=(request.source,) if request.source and not magma_only else (),
-            host_tools=host_tools(load_table(), clones=clones)))
+        return dataclasses.replace(planned, needs=dataclasses.replace(planned.needs, **machine))
 
     def plan_for(self, pytorch: PytorchBuild, request: Request, recipe_format: str) -> Plan:
         """A pytorch a channel has: no recipe of this flavour's own (its extensions come after, from the plan);
@@ -273,9 +269,6 @@ class OfficialFlavour:
                                f"not {pytorch.stem}",
                                "add --flavour conda-forge, whose torchvision and torchaudio recipes build against it")
         return Plan(NAME, (), needs=MachineNeeds(platforms=(pytorch.subdir,), host_tools=()), given_pytorch=pytorch)
-
-    def own_build(self, request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
-        return prepare_build(request, options, site)  # its preflight reads the variants (cuDNN, bundles, solves)
 
     def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
         """Every pytorch recipe.yaml of the request (magma recipes need nothing); a plan upstream could not build
@@ -338,105 +331,6 @@ def _stack_cells(recipe: officialstack.StackRecipe) -> tuple[str, ...]:
 
 
 FLAVOUR = OfficialFlavour()
-
-
-def _wheel_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan,
-                  source: str | None) -> tuple[Engine, str]:
-    """--format wheel's engine: pip in this interpreter (no build image has it, and a wheel holds no magma); a
-    request it cannot build is refused before the machine is looked at."""
-    if options.container or magma_only:
-        raise UsageError(f"{'--container' if options.container else '--magma-only'} applies to conda packages, not to "
-                         "--format wheel (pip builds the wheel in this interpreter)",
-                         "leave it out, or build conda packages (--format conda)")
-    check_wheel_request(render_plan, source)
-    chosen = PipWheelEngine()
-    if not options.dry_run and not chosen.available():
-        raise ToolMissingError(f"{sys.executable} has no pip to build wheels with", f"{sys.executable} -m ensurepip")
-    return chosen, f"using pip wheel with {sys.executable} (--format wheel)"
-
-
-def prepare_build(request: Request, options: BuildOptions, site: SiteConfig) -> PreparedBuild:
-    """The official flavour's build from its RenderPlan: its preflight checks the variants (cuDNN, bundled
-    libraries, requirement solves) besides the machine."""
-    _refuse_feedstock_patches(request)
-    if options.fmt == "wheel" and request.with_packages:
-        raise UsageError("--with builds conda packages, not --format wheel", "leave --with out, or use --format conda")
-    if request.extensions and options.fmt == "wheel":
-        raise UsageError("--extension builds conda packages, not --format wheel",
-                         "leave --extension out, or build conda packages (--format conda)")
-    flags = dict(request.flavour_flags)
-    magma_only = bool(flags.get("--magma-only"))
-    selection = selection_of(request)
-    jobs = checked_jobs(options.jobs, selection.options.extra_env)
-    render_plan = plan(selection)
-    # Refused before the engine or the machine is looked at: the same exit (4) as every other command,
-    # with or without --dry-run.
-    render_plan.require_buildable()
-    for variant in () if magma_only else render_plan.variants:  # --magma-only builds no pytorch
-        for message in variant.warnings:
-            warn(f"{variant.id}: {message}")
-    for magma in render_plan.magma:
-        for message in magma.warnings:
-            warn(f"{magma.id}: {message}")
-    chosen, why, in_images = _official_engine(options, magma_only, render_plan, request.source, site, selection.platform)
-    err.print(why)
-    if site.path is not None:
-        err.print(f"channels and images from {site.path}")
-    extra_env = _official_checks(render_plan, options, site, chosen, jobs, in_images, request.source, magma_only,
-                                 _arch_checked(render_plan, request))
-    settings = options.settings(request, site.channels, magma_only=magma_only, extra_env=extra_env, container=in_images,
-                         magma_patches=tuple(flags.get("--magma-patch") or ()))  # type: ignore[call-overload]
-    if options.fmt == "wheel":
-        settings = wheel_settings(settings)
-        return PreparedBuild(tuple(plan_wheel_steps(render_plan, settings, request.source, jobs=jobs)), chosen, settings)
-    return PreparedBuild(tuple(official_steps(render_plan, chosen, settings, request)), chosen, settings)
-
-
-def _official_engine(options: BuildOptions, magma_only: bool, render_plan: RenderPlan, source: str | None,
-                     site: SiteConfig, platform: str) -> tuple[Engine, str, containers.ContainerSettings | None]:
-    if options.fmt == "wheel":
-        return (*_wheel_engine(options, magma_only, render_plan, source), None)
-    if options.container:
-        chosen, why = container_engine(options.engine)
-        # Without preflight its cuDNN check still runs: an image with another cuDNN cannot build the plan
-        # (build.sh stops after the whole compile), which is about the plan, not about this machine.
-        in_images = containers.for_build(
-            [(v.request.accel, "" if magma_only else bundled_cudnn(v)) for v in render_plan.variants],
-            [platform], site.images, dry_run=options.dry_run,
-            check_cudnn_now=options.dry_run or options.skip_preflight)
-        return chosen, why, in_images
-    return (*select_engine(options.engine, require_available=not options.dry_run), None)
-
-
-def _arch_checked(render_plan: RenderPlan, request: Request) -> bool:
-    """A CUDA variant: its packages' libraries (pytorch's, --with's) are listed with cuobjdump after the build."""
-    return any(v.request.is_cuda for v in render_plan.variants)
-
-
-def _official_checks(render_plan: RenderPlan, options: BuildOptions, site: SiteConfig, chosen: Engine,
-                     jobs: int | None, in_images: containers.ContainerSettings | None, source: str | None,
-                     magma_only: bool, arch_checked: bool = False) -> dict[str, str]:
-    """The official preflight (a dry run: what it can know without a tool); the build's MAX_JOBS."""
-    extra_env: dict[str, str] = {}
-    if options.dry_run and not options.skip_preflight:
-        # No tool is looked at, but what a dry run can know already fails it as the real build would.
-        plan_report = run_plan_checks(render_plan, source=source, out=options.out, magma_only=magma_only)
-        if not plan_report.ok:
-            err.print(report_table(plan_report))
-        plan_report.raise_if_failed()
-    if not options.skip_preflight and not options.dry_run:
-        # Check the machine before a multi-hour build: every problem at once, each with its fix.
-        report = run_preflight(render_plan, engine=chosen.name, source=source, jobs=jobs, runner=Runner(),
-                               out=options.out, site=site, extra_channels=options.channels, container=in_images,
-                               check_channels=options.fmt == "conda", magma_only=magma_only,
-                               arch_checked=arch_checked and not magma_only)
-        err.print(report_table(report))
-        report.raise_if_failed()
-        if report.max_jobs:
-            extra_env[JOBS_VARIABLE] = str(report.max_jobs)
-    if jobs:
-        extra_env[JOBS_VARIABLE] = str(jobs)
-    return extra_env
 
 
 def _refuse_feedstock_patches(request: Request) -> None:

@@ -2,9 +2,10 @@
 
 `run_machine_checks(needs, engine=..., jobs=..., runner=..., out=...)` returns a `PreflightReport` of the checks
 every flavour's plan gets, read from its neutral `MachineNeeds`; it never raises for a failed check (the caller prints
-the whole table first, then `report.raise_if_failed()`). The official flavour runs the same checks from its
-variants (torchforge/officialpreflight.py).
-Checks: the selection itself (refused variants), platform, build engine and version, nvcc == requested CUDA,
+the whole table first, then `report.raise_if_failed()`); `build` and `doctor` run them for every flavour
+(torchforge.sequence.machine_report), the official flavour's needs read from its variants
+(torchforge/officialpreflight.py).
+Checks: platform, build engine and version, nvcc == requested CUDA,
 host compiler within that CUDA's limit, cuBLAS/cuSPARSE (and cuDNN for pytorch) in that CUDA's toolkit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
 source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).
 
