@@ -48,7 +48,6 @@ FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {}
 INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
     "torchforge.compilecache": frozenset({"torchforge.recipe"}),
     "torchforge.pipeline": frozenset({"torchforge.resolved"}),
-    "torchforge.standin": frozenset({"torchforge.recipe", "torchforge.render", "torchforge.variant"}),
 }
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the
@@ -194,15 +193,15 @@ def test_a_private_attribute_of_a_flavour_module_is_an_internal() -> None:
     assert any(e.alias == "conda_forge" and e.target == "torchforge.flavours.conda_forge" for e in import_edges())
 
 
-# The hooks through which a flavour plug-in still runs its own sequence beside the plan (issue 43, move 3): a
-# ratchet, as above. `render` left them on 2026-12-03: the official plan marks the companions it renders only with
-# --companions (PlannedRecipe.rendered) and carries its variants' warnings; `build` on 2026-12-03 (fourth session):
-# --format wheel is a plan of `wheel` recipes naming the pip engine (Plan.engine), the --container cuDNN check reads
-# the plan's recipes, the official preflight the plan's needs, as doctor's does.
-OWN_HOOKS = {"own_standin_recipes"}
+# A flavour plug-in only plans (issue 43, move 3): no hook through which it runs its own sequence beside the plan.
+# `render` lost its hook on 2026-12-03 (the official plan marks the companions it renders only with --companions,
+# PlannedRecipe.rendered), `build` and `standin-channel` theirs the same day (fourth session): --format wheel is a
+# plan of `wheel` recipes naming the pip engine (Plan.engine), the --container cuDNN check reads the plan's
+# recipes, the official build's machine checks are its plan's needs (doctor's), and every plan's stand-ins are the
+# requirements rattler-build renders of its folders.
 
 
-def test_the_flavours_own_sequence_hooks_only_shrink() -> None:
+def test_no_flavour_runs_its_own_sequence() -> None:
     from torchforge import buildoptions
     from torchforge.flavours import official
     from torchforge.flavours.conda_forge.planning import CondaForgeFlavour
@@ -211,4 +210,4 @@ def test_the_flavours_own_sequence_hooks_only_shrink() -> None:
              if name.startswith("own_")}
     protocols = {name for value in vars(buildoptions).values() if isinstance(value, type)
                  for name in vars(value) if name.startswith("own_")}
-    assert hooks == protocols == OWN_HOOKS, (hooks, protocols)
+    assert hooks == protocols == set(), (hooks, protocols)

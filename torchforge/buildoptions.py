@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from torchforge.channels import SiteChannels
 from torchforge.engines import Engine
@@ -67,13 +67,3 @@ class Rendered:
     written: tuple[Path, ...]
     warnings: tuple[str, ...]
     summary: str
-
-
-@runtime_checkable
-class StandsInForItsRecipes(Protocol):
-    """A flavour plug-in whose stand-in channel follows its own recipes rather than its build plan's folders (the
-    official flavour: the pytorch recipes' requirements, with its own package shapes)."""
-
-    def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
-        """The recipe.yaml texts whose build, host and run requirements need stand-ins, and what they are."""
-        ...

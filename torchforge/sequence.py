@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from torchforge import config as site_config
 from torchforge import closure, containers, havepytorch
-from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered, StandsInForItsRecipes
+from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
 from torchforge.channels import build_channels
 from torchforge.config import SiteConfig
 from torchforge.console import err, note, warn
@@ -33,7 +33,7 @@ from torchforge.preflight.images import container_report
 from torchforge.preflight.report import Check, Level, Machine, PreflightReport, report_table
 from torchforge.preflight.table import checked_jobs
 from torchforge.proc import Runner
-from torchforge.standin import TEST_EXTRAS, plan_requirements, recipe_requirements
+from torchforge.standin import plan_requirements
 
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ def render_plan(the_plan: Plan, out_dir: Path, *, force: bool) -> Rendered:
 @dataclass(frozen=True)
 class StandIns:
     """What `standin-channel` writes stand-ins for: the specs, what they come from, and whether the stand-ins take
-    conda-forge's package shapes (cuDNN, NCCL and MAGMA libraries with the real SONAMEs and run_exports)."""
+    conda-forge's package shapes (a plan whose recipes read conda-forge's packages: Plan.conda_forge_packages)."""
 
     specs: tuple[str, ...]
     shape: str
@@ -310,19 +310,14 @@ class StandIns:
 
 
 def standins(flavour: str, request: Request) -> StandIns:
-    """The requirements of every recipe `build` would build for `request`, refused where build refuses it."""
-    chosen = plugin(flavour)
-    if isinstance(chosen, StandsInForItsRecipes) and not builds_a_given_pytorch(request):
-        recipes, shape = chosen.own_standin_recipes(request)
-        specs = dict.fromkeys(spec for recipe in recipes for spec in recipe_requirements(recipe))
-        return StandIns((*specs, *TEST_EXTRAS), shape, conda_forge=False)
-    refusal = chosen.build_refusal(request)
+    """The requirements of every recipe `build` would build for `request` (as rattler-build renders its folders),
+    refused where build refuses it."""
+    refusal = plugin(flavour).build_refusal(request)
     if refusal is not None:
         raise UsageError(f"{refusal[0]}: there is no build to stand in for", refusal[1])
     the_plan = plan(flavour, request, "rattler-build")
-    # a plan's own recipes read conda-forge's packages: their stand-ins take those shapes
     return StandIns(tuple(plan_requirements(the_plan)), f"the {the_plan.flavour} flavour's recipes (recipe.yaml)",
-                    conda_forge=True)
+                    the_plan.conda_forge_packages)
 
 
 def ci(flavour: str, request: Request, settings: JobSettings, *, flavour_given: bool) -> CiPlan:

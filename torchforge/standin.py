@@ -40,10 +40,6 @@ from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import ToolMissingError
 from torchforge.flavours import Plan
 from torchforge.localchannel import index
-from torchforge.render import plan, render_files
-from torchforge.templates import RecipeFormat
-from torchforge.recipe import pytorch_context
-from torchforge.variant import Selection
 
 SUBDIR = "linux-64"
 PIP_COMMAND = b'#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n'
@@ -355,18 +351,6 @@ TEST_EXTRAS = ("pip",)
 SITE_CONFIG = "torchforge.toml"
 
 
-def selection_requirements(selection: Selection) -> list[str]:
-    """Every build, host and run spec of the selection's pytorch recipes (magma recipes have none); a selection
-    upstream could not build is refused first."""
-    render_plan = plan(selection)
-    render_plan.require_buildable()
-    specs: list[str] = []
-    for variant in render_plan.variants:
-        recipe = render_files(pytorch_context(variant), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]
-        specs += [spec for spec in recipe_requirements(recipe) if spec not in specs]
-    return [*specs, *TEST_EXTRAS]
-
-
 def rendered_recipe_requirements(recipe_dir: Path, own: set[str]) -> list[str]:
     """What a stand-in channel must hold for rattler-build to solve every environment of the recipe folder
     (recipe.yaml + variants.yaml): the specs rattler-build itself renders (compilers resolved from the variant
@@ -375,8 +359,9 @@ def rendered_recipe_requirements(recipe_dir: Path, own: set[str]) -> list[str]:
     from rattler_build import Stage0Recipe, VariantConfig
 
     specs: set[str] = set(TEST_EXTRAS)
+    variants = recipe_dir / "variants.yaml"  # a recipe without one (a metapackage) renders once, as the engine does
     for variant in Stage0Recipe.from_file(recipe_dir / "recipe.yaml").render(
-            VariantConfig.from_file(recipe_dir / "variants.yaml")):
+            VariantConfig.from_file(variants) if variants.is_file() else VariantConfig()):
         sections = [variant.recipe.to_dict()["requirements"],
                     *(cache.requirements.to_dict() for cache in variant.recipe.staging_caches)]
         for spec in (s for section in sections for key in ("build", "host", "run") for s in section.get(key, [])):
@@ -388,8 +373,8 @@ def rendered_recipe_requirements(recipe_dir: Path, own: set[str]) -> list[str]:
                 continue
             if len(fields) == 1 and key in variant.variant:
                 spec = f"{name} {variant.variant[key]}"
-            elif len(fields) == 3 and fields[1] == "*":
-                spec = f"{name} 1.0 0{fields[2].strip('*')}"
+            elif len(fields) == 3 and fields[1] == "*":  # an exact build string (blas * mkl) is kept as it is
+                spec = f"{name} 1.0 {'0' + fields[2].strip('*') if '*' in fields[2] else fields[2]}"
             specs.add(spec)
     return sorted(specs)
 
@@ -428,7 +413,7 @@ def stand_ins(specs: list[str], *, runnable: bool = True, python_alias: bool = F
 
 def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = False,
                           subdir: str = SUBDIR) -> tuple[list[Path], Path]:
-    """Stand-ins for `specs` (selection_requirements or plan_requirements) in the channel `out`, indexed, and
+    """Stand-ins for `specs` (plan_requirements) in the channel `out`, indexed, and
     `out/torchforge.toml` whose `[channels] replace` makes a build use this channel instead of every data channel.
     `conda_forge`: conda-forge's packages get their shape (see stub_for); `subdir`: the platform of the build.
     Returns the packages and the config file.

@@ -238,6 +238,9 @@ class Plan:
     brought_along: tuple[PackagePlan, ...] = ()
     # The engine its recipes need whatever --engine says ("pip": a plan of pip wheels); None: the chosen conda engine
     engine: str | None = None
+    # Its recipes' requirements are conda-forge's packages, so their stand-ins (standin-channel) take conda-forge's
+    # shapes (python_abi, cuDNN/NCCL/MAGMA libraries and run_exports); False: the pytorch and defaults channels'
+    conda_forge_packages: bool = True
 
     def pytorch_builds(self) -> tuple[tuple[PlannedRecipe | None, PytorchBuild], ...]:
         """Every pytorch package the plan's companions and extensions are built for, with the recipe that makes it

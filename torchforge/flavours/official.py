@@ -30,7 +30,7 @@ from torchforge.preflight import host_tools
 from torchforge.preflight.table import load_table
 from torchforge.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.sourcestate import resolve_source
-from torchforge.render import RenderPlan, companion_files, folder_files, plan, render_files
+from torchforge.render import RenderPlan, companion_files, folder_files, plan
 from torchforge.templates import RecipeFormat
 from torchforge import data as tables
 from torchforge.resolve import default_release
@@ -179,7 +179,7 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
                 *(f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings))
     return Plan(NAME, (*recipes, *stack), warnings,
                 needs=dataclasses.replace(needs, arch_checked=any(r.arch_list for r in (*recipes, *stack))),
-                facts=(("selection", selection), *with_row))
+                facts=(("selection", selection), *with_row), conda_forge_packages=False)
 
 
 def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSettings,
@@ -269,14 +269,6 @@ class OfficialFlavour:
                                f"not {pytorch.stem}",
                                "add --flavour conda-forge, whose torchvision and torchaudio recipes build against it")
         return Plan(NAME, (), needs=MachineNeeds(platforms=(pytorch.subdir,), host_tools=()), given_pytorch=pytorch)
-
-    def own_standin_recipes(self, request: Request) -> tuple[tuple[str, ...], str]:
-        """Every pytorch recipe.yaml of the request (magma recipes need nothing); a plan upstream could not build
-        is refused first."""
-        render_plan = plan(selection_of(request))
-        render_plan.require_buildable()
-        return (tuple(render_files(pytorch_context(v), RecipeFormat.RATTLER_BUILD)["recipe.yaml"]  # type: ignore[misc]
-                      for v in render_plan.variants), "the official flavour's recipes")
 
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
