@@ -548,7 +548,7 @@ def test_staging_label_then_promote_for_a_directory_channel(tmp_path: Path) -> N
 def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`torchforge ci` runs at the user's repository root, the job in a CI checkout elsewhere: a relative
     --source / --magma-source must give the same build strings and compile-cache keys in both places."""
-    from torchforge.commands.options import selection_from_flags
+    from tests.official_report import selection_from_flags
     from torchforge.compilecache import context_material, group_key
     from torchforge.recipe import magma_context, pytorch_context
     from torchforge.render import plan

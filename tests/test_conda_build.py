@@ -22,7 +22,7 @@ from tests.test_build import cuobjdump, nvcc_release
 from tests.test_torch_like import offline_site
 from tests.test_upload_helpers import cli
 from torchforge.cli import main
-from torchforge.commands.options import selection_from_flags
+from tests.official_report import selection_from_flags
 from torchforge.diagnose import explain_log
 from torchforge.render import RenderPlan, plan, recipe_folders, write_folders
 from torchforge.templates import RecipeFormat

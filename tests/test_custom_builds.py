@@ -13,7 +13,7 @@ import pytest
 
 from tests.pkgfactory import make_package
 from torchforge.cli import main
-from torchforge.commands.options import selection_from_flags
+from tests.official_report import selection_from_flags
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.magmasource import MagmaSource
 from torchforge.pipeline import Action, BuildSettings

@@ -52,9 +52,7 @@ INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the
 # sequencer moves into the library).
-COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {
-    "torchforge.commands.options": frozenset({"torchforge.variant"}),
-}
+COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {}
 
 
 def flavour_of(module: str) -> str | None:

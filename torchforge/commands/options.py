@@ -1,4 +1,4 @@
-"""Selection flags shared by matrix, render, build, doctor and ci, and the Selection they describe."""
+"""Selection flags shared by matrix, render, build, doctor and ci, and the checks of their values."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from torchforge.console import note
 from torchforge.errors import UsageError
 from torchforge.extensions.sdist import parse_spec
 from torchforge.extensions.variables import FLAG_FORM, parse_flag
-from torchforge.flavours import Flavour, Request, choose, official_selection
+from torchforge.flavours import Flavour, choose
 from torchforge.fileops import path_of_file_url
 from torchforge.patchfile import check_patches
 from torchforge.safeextract import check_archive, is_archive
 from torchforge.sharedflags import check_shared_flags
-from torchforge.variant import Selection
 
 PytorchOpt = Annotated[str | None, typer.Option("--pytorch", help="PyTorch release X.Y.Z (default: the newest release with official packages of the requested CUDA and Python, else the newest that can build them).")]
 _DEFAULTS = tables.load().pytorch.defaults  # shown in --help: the data says what an omitted flag means
@@ -165,25 +164,3 @@ def chosen_flavour(flavour: Flavour | None, pytorch: str | None, cuda: str | Non
     chosen, why = choose(flavour, pytorch, official_because)
     note(why)
     return chosen
-
-
-def selection_from_flags(
-    pytorch: str | None,
-    cuda: str | None,
-    python: str | None,
-    platform: str | None,
-    arch_list: str | None = None,
-    build_number: int = 0,
-    debug: bool = False,
-    jetson: str | None = None,
-    env: list[str] | None = None,
-    gcc: str | None = None,
-    source: str | None = None,
-    magma_source: str | None = None,
-    patches: list[Path] | None = None,
-    magma_patches: list[Path] | None = None,
-) -> Selection:
-    return official_selection(Request(
-        pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patches or ()), flavour_flags=(
-            ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),
-            ("--magma-source", magma_source), ("--magma-patch", tuple(magma_patches or ())))))
