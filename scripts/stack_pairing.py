@@ -6,7 +6,9 @@ torchforge/data/stack_pairing.toml.
 
 The releases come from PyPI's project JSON (https://pypi.org/pypi/NAME/json), limited to the ranges in RANGES.
 For each release the smallest wheel is downloaded and its .dist-info/METADATA read: the `Requires-Dist: torch`
-line (without extra) is the fact, cited with the wheel's file name and sha256. The pytorch release a row pairs
+line (without extra) is the fact, cited with the wheel's file name and sha256; the other Requires-Dist lines
+without a marker are the release's run requirements (`run_requires`, in conda's `name spec` form: their conda
+names are the PyPI ones, numpy and pillow), which the official flavour's recipes of a 2.6+ release read. The pytorch release a row pairs
 with is the X.Y of that requirement's lower bound (`==2.6.0` -> 2.6; `>=2.11.0` -> every pytorch from 2.11 on,
 written `loose = true`). A release whose wheel names no torch takes the requirement from CITED (the project's
 own pull requests or release notes), keeps `wheel_requires = "none"` and the script warns; one with neither is
@@ -55,16 +57,15 @@ def _in_range(version: str, low: str, high: str) -> bool:
     return not parsed.is_prerelease and Version(low) <= Version(parsed.base_version.rsplit(".", 1)[0]) <= Version(high)
 
 
-def _torch_requirement(wheel: bytes) -> str | None:
+def _requirements(wheel: bytes) -> tuple[str | None, list[str]]:
+    """(the torch requirement, the other requirements without a marker as `name spec`) of a wheel's METADATA."""
     with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = archive.read(name).decode("utf-8")
-    for line in metadata.splitlines():
-        if line.startswith("Requires-Dist:"):
-            requirement = Requirement(line.split(":", 1)[1].strip())
-            if requirement.name == "torch" and requirement.marker is None:
-                return f"torch{requirement.specifier}"
-    return None
+    plain = [requirement for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+             for requirement in [Requirement(line.split(":", 1)[1].strip())] if requirement.marker is None]
+    torch = next((f"torch{r.specifier}" for r in plain if r.name == "torch"), None)
+    return torch, [f"{r.name} {r.specifier}".strip() for r in plain if r.name != "torch"]
 
 
 def _row(name: str, version: str, files: list[dict[str, object]]) -> dict[str, object]:
@@ -74,7 +75,7 @@ def _row(name: str, version: str, files: list[dict[str, object]]) -> dict[str, o
     wheel = wheels[0]
     data = _get(urllib.parse.urljoin(PYPI.format(name=name), str(wheel["url"])))
     source = f"PyPI {wheel['filename']} (sha256 {hashlib.sha256(data).hexdigest()}) METADATA Requires-Dist"
-    requirement = _torch_requirement(data)
+    requirement, others = _requirements(data)
     wheel_requires = requirement or "none"
     if requirement is None and (name, version) in CITED:
         requirement, cited = CITED[name, version]
@@ -87,7 +88,8 @@ def _row(name: str, version: str, files: list[dict[str, object]]) -> dict[str, o
         return {"version": version, "found": False, "reason": f"{source}: {requirement} has no lower bound"}
     pytorch = ".".join(lower.version.split(".")[:2])
     return {"version": version, "found": True, "requires": requirement, "pytorch": pytorch,
-            "loose": lower.operator != "==", "wheel_requires": wheel_requires, "source": source}
+            "loose": lower.operator != "==", "wheel_requires": wheel_requires, "run_requires": others,
+            "source": source}
 
 
 def _rows(name: str) -> list[dict[str, object]]:

@@ -64,15 +64,18 @@ def _why(stdout_and_err: str) -> list[str]:
 @pytest.mark.parametrize("flavour", ["official", "conda-forge"])
 def test_no_pytorch_source_build_is_planned_for_a_channels_pytorch(flavour: str, channel: Path, tmp_path: Path) -> None:
     """Before --for, the only route planned a pytorch source build (`--pytorch 2.13.0 --cuda cpu --py 3.12`:
-    conda-forge's libtorch + pytorch recipe, or the official pytorch recipe). Now the plan is the extension (and,
-    with conda-forge, its torchvision), pinned to the channel's file, which the output names."""
-    companions = ("--with", "torchvision") if flavour == "conda-forge" else ()
-    done = cli("build", "--dry-run", "--flavour", flavour, "--for", FOR, "--channel", str(channel), *companions,
-               "--extension", str(SCATTER), "--out", str(tmp_path / "out"), env={**os.environ, "COLUMNS": "400"})
+    conda-forge's libtorch + pytorch recipe, or the official pytorch recipe; the official flavour refused --with).
+    Now the plan is its torchvision (of the flavour's shape) and the extension, pinned to the channel's file, which
+    the output names."""
+    done = cli("build", "--dry-run", "--flavour", flavour, "--for", FOR, "--channel", str(channel), "--with",
+               "torchvision", "--extension", str(SCATTER), "--out", str(tmp_path / "out"),
+               env={**os.environ, "COLUMNS": "400"})
     assert done.returncode == 0, done.stderr
     printed = done.stdout + done.stderr
     steps = _steps(printed)
-    assert [s.split("-")[0] for s in steps] == (["torchvision", "torch"] if companions else ["torch"]), printed
+    assert [s.split("-")[0] for s in steps] == ["torchvision", "torch"], printed
+    # the official shape's build string (py312_cpu), conda-forge's with its digest (cpu_py312_h...)
+    assert steps[0].startswith("torchvision-0.28.0-" + ("py312_cpu" if flavour == "official" else "cpu_py312_h"))
     assert not [s for s in steps if s.startswith(("pytorch-", "libtorch-"))], steps
     assert f"building for {REPACKED}: linux-64/{REPACKED}.conda of {channel}" in " ".join(printed.split())
     assert "no pytorch source build is planned" in printed
@@ -152,6 +155,71 @@ def test_the_conda_forge_companion_of_a_repacked_wheel_renders_with_the_real_too
     assert done.returncode == 0, done.stderr[-2000:]
     host = json.loads(done.stdout)["torchvision"]["fields"]["requirements.host"]
     assert "pytorch 2.13.0 whl_py3.12_cpu_0" in host and not [s for s in host if s.startswith("libtorch")], host
+
+
+def test_the_official_companion_of_a_repacked_wheel_pins_that_file_and_no_pytorch_channel_package(
+        channel: Path, tmp_path: Path) -> None:
+    """The official flavour's torchvision for a channel's pytorch, rendered with the real rattler-build: host pins
+    the exact repacked file; a repacked wheel requires no pytorch-mutex, so neither does its torchvision (nor
+    pytorch-cuda or cpuonly, the pytorch channel's switches), and its run requirements beside pytorch are those of
+    torchvision 0.28.0's PyPI wheel (the pytorch channel published none for 2.13.0: a warning says so)."""
+    done = cli("render", "--for", FOR, "--channel", str(channel), "--flavour", "official", "--with", "torchvision",
+               "--format", "rattler-build", "--out", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stderr
+    assert "the pytorch channel published no torchvision for PyTorch 2.13.0" in " ".join(done.stderr.split())
+    (folder,) = (tmp_path / "r").iterdir()
+    (folder / "variants.yaml").write_text("{}\n")  # the official layout has none: the render helper reads one
+    from tests.feedstock_rattler_render import render
+
+    fields = render(folder)["torchvision"]["fields"]
+    host, run = fields["requirements.host"], fields["requirements.run"]
+    assert "pytorch ==2.13.0 whl_py3.12_cpu_0" in host, host
+    assert not [s for s in (*host, *run) if s.split()[0] in ("pytorch-mutex", "pytorch-cuda", "cpuonly")], (host, run)
+    assert {"numpy", "pillow !=8.3.*,>=5.3.0", "pytorch ==2.13.0"} <= set(run), run
+    assert not fields.get("requirements.run_constraints"), fields
+
+
+def test_a_companion_source_is_built_from_and_changes_the_package(channel: Path, tmp_path: Path) -> None:
+    """--with-source torchvision=TREE: the recipe's source is that tree (as given, a CI job repeats it), and what the
+    tree holds is part of the package's settings: an edit gives conda-forge's companion another build string."""
+    tree = tmp_path / "vision"
+    tree.mkdir()
+    (tree / "setup.py").write_text("from setuptools import setup\nsetup(name='torchvision')\n")
+
+    def planned() -> dict[str, object]:
+        done = cli("matrix", "--for", FOR, "--channel", str(channel), "--flavour", "conda-forge", "--with",
+                   "torchvision", "--with-source", f"torchvision={tree}", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)[1]
+
+    first = planned()
+    assert planned() == first  # the same tree: the same package
+    (tree / "extra.py").write_text("# an edit\n")
+    assert planned()["build_string"] != first["build_string"]
+    done = cli("render", "--for", FOR, "--channel", str(channel), "--flavour", "official", "--with", "torchvision",
+               "--with-source", f"torchvision={tree}", "--format", "rattler-build", "--out", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stderr
+    (folder,) = (tmp_path / "r").iterdir()
+    assert f"path: {tree}" in (folder / "recipe.yaml").read_text()
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("torchvision", "--with-source 'torchvision' is not NAME=PATH"),
+    ("torchvision={missing}", "no such file or folder"),
+    ("torchvision={empty}", "the folder holds no setup.py or pyproject.toml"),
+    ("torchaudio={tree}", "--with-source torchaudio=... names a package --with does not build"),
+])
+def test_a_wrong_companion_source_is_a_usage_error_before_anything_is_planned(value: str, says: str, channel: Path,
+                                                                              tmp_path: Path) -> None:
+    tree, empty = tmp_path / "vision", tmp_path / "empty"
+    tree.mkdir()
+    empty.mkdir()
+    (tree / "setup.py").write_text("")
+    value = value.format(missing=tmp_path / "nowhere", empty=empty, tree=tree)
+    done = cli("build", "--dry-run", "--for", FOR, "--channel", str(channel), "--with", "torchvision",
+               "--with-source", value, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and says in " ".join(done.stderr.split()), done.stderr
+    assert "what would work" in done.stderr and "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 
 
 def test_a_requirement_no_channel_provides_is_refused_before_any_build(tmp_path: Path) -> None:

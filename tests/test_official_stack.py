@@ -102,9 +102,6 @@ def test_build_plans_them_after_their_pytorch(tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.parametrize(("argv", "code", "message"), [
     (["--pytorch", "2.0.1", "--py", "3.11", "--with", "torchvision"], ExitCode.REFUSED,
      "--with has no facts for PyTorch 2.0.1's torchvision and torchaudio in the official flavour"),
-    (["--pytorch", "2.7.0", "--flavour", "official", "--py", "3.12", "--with", "torchvision"], ExitCode.REFUSED,
-     "holds 2.1.0, 2.1.1, 2.1.2, 2.2.0, 2.2.1, 2.2.2, 2.3.0, 2.3.1, 2.4.0, 2.4.1, 2.5.0, 2.5.1) what would work: use "
-     "--flavour conda-forge, whose --with builds them for 2.6 and newer"),
     (["--pytorch", "2.5.1", "--py", "3.12", "--with", "torchtext"], ExitCode.USAGE, "--with names 'torchtext'"),
     (["--pytorch", "2.5.1", "--py", "3.12", "--platform", "osx-arm64", "--with", "torchvision"], ExitCode.REFUSED,
      "--with renders torchvision for linux-64, linux-aarch64, win-64, not osx-arm64"),
@@ -118,6 +115,28 @@ def test_what_the_official_flavour_cannot_plan_is_refused_with_what_would_work(
     text = " ".join(capsys.readouterr().err.split())
     assert message in text and "what would work" in text and "Traceback" not in text
     assert not (tmp_path / "r").exists()  # nothing half-written
+
+
+def test_a_release_the_pytorch_channel_never_published_takes_pypis_pairing_and_says_so(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """PyTorch 2.7.0 in the official shape (torchforge's hybrid): torchvision 0.22.0, the release PyPI's wheel pins
+    to torch 2.7.0, with that wheel's run requirements, built against the planned pytorch file; a warning cites the
+    table (before: refused)."""
+    assert main(["matrix", "--pytorch", "2.7.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.12", "--with",
+                 "torchvision", "--json"]) == 0
+    captured = capsys.readouterr()
+    (row,) = [r for r in json.loads(captured.out) if r.get("package") == "torchvision"]
+    assert (row["version"], row["file"], row["pytorch"]) == (
+        "0.22.0", "torchvision-0.22.0-py312_cpu", "pytorch-2.7.0-py3.12_cpu_0")
+    from torchforge import officialstack
+    from torchforge.flavours.official import pytorch_build
+    from torchforge.render import plan
+    from torchforge.variant import Options, Selection
+
+    (variant,) = plan(Selection.from_flags("2.7.0", "cpu", "3.12", "linux-64", Options())).variants
+    recipe = officialstack.plan("torchvision", pytorch_build(variant), (variant.id,))
+    assert recipe.requires == ("numpy", "pillow !=8.3.*,>=5.3.0") and recipe.mutex
+    assert "torchforge/data/stack_pairing.toml" in recipe.warnings[0]
 
 
 def test_with_and_format_wheel_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +162,7 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
     from torchforge.proc import Runner
     from torchforge.render import plan
+    from torchforge.flavours.official import pytorch_build
     from torchforge.templates import RecipeFormat
     from torchforge.variant import Options, Selection
 
@@ -153,7 +173,7 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     (source / "setup.py").write_text("import os\nfrom setuptools import setup\n"
                                      "setup(name='torchvision', version=os.environ['BUILD_VERSION'], packages=['torchvision'])\n")
     (variant,) = plan(Selection.from_flags("2.5.1", "cpu", python, "linux-64", Options())).variants
-    recipe = officialstack.plan("torchvision", variant)
+    recipe = officialstack.plan("torchvision", pytorch_build(variant), (variant.id,))
     stubs = tmp_path / "stubs"
     planned = officialstack.planned_recipe(recipe, RecipeFormat.RATTLER_BUILD, (stubs.as_uri(),), str(source))
     folder = tmp_path / "recipe"
@@ -177,8 +197,8 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
 
     (again,) = plan_steps(Plan("official", (planned,)), settings)
     assert again.action is Action.REUSE  # the same settings (the same pytorch file): not built twice
-    other = officialstack.planned_recipe(officialstack.plan("torchvision", dataclasses.replace(
-        variant, build_string=variant.build_string.replace("_0", "_1"))), RecipeFormat.RATTLER_BUILD,
+    other = officialstack.planned_recipe(officialstack.plan("torchvision", pytorch_build(dataclasses.replace(
+        variant, build_string=variant.build_string.replace("_0", "_1"))), (variant.id,)), RecipeFormat.RATTLER_BUILD,
         (stubs.as_uri(),), str(source))
     (rebuilt,) = plan_steps(Plan("official", (other,)), settings)
     assert rebuilt.action is Action.BUILD  # against another pytorch file: built again

@@ -28,6 +28,7 @@ class PairingRow(FrozenModel):
     pytorch: str | None = None  # X.Y of its lower bound
     loose: bool = False
     wheel_requires: str | None = None
+    run_requires: tuple[str, ...] = ()  # its other Requires-Dist without a marker, as conda specs (numpy, pillow)
     source: str | None = None
     reason: str | None = None  # why a row is not found
 

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, ForOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
+    ConfigOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names, WithSourceOpt, with_sources,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -127,7 +127,8 @@ def register(app: typer.Typer) -> None:
         no_cache: Annotated[bool, typer.Option("--no-cache", help="No compile cache: every variant compiles from scratch.")] = False,
         cache_url: Annotated[str | None, typer.Option("--cache-url", envvar="TORCHFORGE_CACHE_URL", show_envvar=False, help="A compile cache server shared by runners (http://HOST/PATH or redis://HOST:PORT; credentials as ${VAR}), beside the local cache.")] = None,
         cache_read_only: Annotated[bool, typer.Option("--cache-read-only", envvar="TORCHFORGE_CACHE_READ_ONLY", show_envvar=False, help="Use the --cache-url server's objects, write none (untrusted pipelines).")] = False,
-        flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None, with_source: WithSourceOpt = None,
+        extension: ExtensionOpt = None, for_: ForOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False,
         keep_work: Annotated[bool, typer.Option("--keep-work", help="Keep a failed build's work folder (under OUT/.torchforge-kept).")] = False,
         stack: StackOpt = None,
@@ -162,7 +163,8 @@ def register(app: typer.Typer) -> None:
                                         "--format wheel builds pip wheels" if fmt == "wheel"
                                         else MAGMA_ONLY if magma_only else "", for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                          feedstock_patches, with_packages=with_names(with_), extensions=tuple(extension or ()),
+                          feedstock_patches, with_packages=with_names(with_), with_sources=with_sources(with_source),
+                          extensions=tuple(extension or ()),
                           extension_env=extension_variables(extension_env), for_pytorch=for_, for_channels=(*(channel or ()), str(out_dir)),
                           wheel_folders=tuple(str(w) for w in wheels or ()),
                           flavour_flags=(

@@ -15,7 +15,7 @@ from torchforge.extensions.sdist import names_a_path
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, JetsonOpt, MagmaSourceOpt,
     PlatformOpt,
-    PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
+    PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names, WithSourceOpt, with_sources,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -133,7 +133,7 @@ def register(app: typer.Typer) -> None:
         test_script: TestScriptOpt = None, upload_to: UploadToOpt = None, requirement: RequirementOpt = None,
         wheel: WheelOpt = None, skip_preflight: SkipPreflightOpt = False, force: ForceOpt = False,
         channel: ChannelOpt = None, config: ConfigOpt = None, flavour: FlavourOpt = None, with_: WithOpt = None,
-        extension: ExtensionOpt = None, for_: ForOpt = None, stack: StackOpt = None,
+        with_source: WithSourceOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None, stack: StackOpt = None,
         extension_env: ExtensionEnvOpt = None, wheels: WheelsOpt = None,
         cache_url: Annotated[str | None, typer.Option("--cache-url", help="A compile cache server every build job uses beside its CI cache (credentials as ${VAR}: CI secrets); read-only on untrusted pipelines.")] = None,
         no_remote_cache_for_releases: Annotated[bool, typer.Option("--no-remote-cache-for-releases", help="Tag pipelines (releases) build without the --cache-url server.")] = False,
@@ -156,11 +156,13 @@ def register(app: typer.Typer) -> None:
                       ("--magma-source", magma_source, False), ("--config", None if config is None else str(config), True),
                       # a local sdist or source folder is read by the jobs from their checkout, as --source is
                       *(("--extension", spec, False) for spec in extension or () if names_a_path(spec)),
+                      *(("--with-source", given, False) for _, given in with_sources(with_source)),
                       # the wheel folders too: each build job brings its requirements along from its checkout
                       *(("--wheels", str(folder), False) for folder in wheels or ())))
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source,
-                          with_packages=with_names(with_), extensions=tuple(extension or ()),
+                          with_packages=with_names(with_), with_sources=with_sources(with_source),
+                          extensions=tuple(extension or ()),
                           extension_env=extension_variables(extension_env), for_pytorch=for_,
                           for_channels=tuple(channel or ()),
                           wheel_folders=tuple(str(out_dir / folder) for folder in wheels or ()), flavour_flags=(
@@ -177,6 +179,7 @@ def register(app: typer.Typer) -> None:
             ("--runner", runner, runner is not None), ("--runner-map", runner_map, runner_map is not None),
             ("--upload-to", upload_to, upload_to is not None), ("--requirement", requirement, requirement is not None),
             ("--with", ",".join(request.with_packages), bool(request.with_packages)),
+            *(("--with-source", text, True) for text in with_source or ()),
             *(("--extension", spec, True) for spec in request.extensions),
             *(("--extension-env", text, True) for text in extension_env or ()),
             ("--cache-url", cache_url, cache_url is not None),

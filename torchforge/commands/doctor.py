@@ -11,7 +11,7 @@ import typer
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ConfigOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FlavourOpt, ForOpt, GccOpt, JetsonOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names,
+    SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, extension_variables, nonempty_path, with_names, WithSourceOpt, with_sources,
 )
 from torchforge import sequence
 from torchforge.commands.stack import StackOpt, refuse_flags
@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         container: Annotated[bool, typer.Option("--container", help="Check for builds inside the CUDA images instead of this machine's toolkit.")] = False,
         config: ConfigOpt = None,
         magma_only: Annotated[bool, typer.Option("--magma-only", help="Check only what the magma-cudaXYZ packages need (no cuDNN).")] = False,
-        flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None,
+        flavour: FlavourOpt = None, with_: WithOpt = None, with_source: WithSourceOpt = None,
+        extension: ExtensionOpt = None, for_: ForOpt = None,
         stack: StackOpt = None, wheels: WheelsOpt = None, extension_env: ExtensionEnvOpt = None,
     ) -> None:
         """Check this machine for a build of the selection: engine, nvcc, host compiler, cuBLAS/cuSPARSE/cuDNN, tools, disk,
@@ -56,6 +57,7 @@ def register(app: typer.Typer) -> None:
         check_dir(out_dir, "--out")
         channels = check_channel_args(channel)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, with_packages=with_names(with_),
+                          with_sources=with_sources(with_source),
                           extensions=tuple(extension or ()), extension_env=extension_variables(extension_env), for_pytorch=for_,
                           for_channels=(*channels, str(out_dir)), wheel_folders=tuple(str(w) for w in wheels or ()),
                           flavour_flags=(

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from torchforge import companionsource
 from torchforge import data as tables
 from torchforge.console import note
 from torchforge.errors import UsageError
@@ -108,6 +109,24 @@ ExtensionEnvOpt = Annotated[list[str] | None, typer.Option(
 def extension_variables(values: list[str] | None) -> tuple[tuple[str, str, str], ...]:
     """--extension-env's (name, KEY, VALUE) triples, in the order given."""
     return tuple(parse_flag(text) for text in values or ())
+
+
+def _checked_with_sources(values: list[str] | None) -> list[str] | None:
+    """Each --with-source read (and its path checked) before anything is planned."""
+    for text in values or ():
+        companionsource.parse_flag(text)
+    return values
+
+
+WithSourceOpt = Annotated[list[str] | None, typer.Option(
+    "--with-source", metavar="NAME=PATH", callback=_checked_with_sources,
+    help=f"Build this --with companion from a local source tree or archive instead of its release's (repeatable): "
+         f"{companionsource.FLAG_FORM}. Its content is part of the package's settings.")]
+
+
+def with_sources(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """--with-source's (NAME, PATH) pairs, in the order given."""
+    return tuple(companionsource.parse_flag(text) for text in values or ())
 
 
 def with_names(companions: str | None) -> tuple[str, ...]:

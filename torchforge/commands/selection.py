@@ -11,7 +11,7 @@ from rich.table import Table
 
 from torchforge.commands.options import (
     ArchListOpt, BuildNumberOpt, ForChannelOpt, ForOpt, CudaOpt, DebugOpt, EnvOpt, ExtensionEnvOpt, ExtensionOpt, FeedstockPatchesOpt, FlavourOpt, GccOpt, JetsonOpt, MagmaPatchOpt, MagmaSourceOpt, PatchOpt, WithOpt,
-    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, chosen_flavour, extension_variables, nonempty_path, with_names,
+    PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, WheelsOpt, chosen_flavour, extension_variables, nonempty_path, with_names, WithSourceOpt, with_sources,
 )
 from torchforge import sequence
 from torchforge.buildoptions import Rendered
@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the variants as JSON.")] = False,
         flavour: FlavourOpt = None, with_: WithOpt = None, extension: ExtensionOpt = None, for_: ForOpt = None,
         channel: ForChannelOpt = None, stack: StackOpt = None, wheels: WheelsOpt = None,
-        extension_env: ExtensionEnvOpt = None,
+        extension_env: ExtensionEnvOpt = None, with_source: WithSourceOpt = None,
     ) -> None:
         """Show every variant of a selection: status (official / buildable / refused), build string, magma package."""
         if stack is not None:
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
             return
         flavour = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, build_number, with_packages=with_names(with_),
-                          extensions=tuple(extension or ()), extension_env=extension_variables(extension_env),
+                          with_sources=with_sources(with_source), extensions=tuple(extension or ()), extension_env=extension_variables(extension_env),
                           for_pytorch=for_, for_channels=tuple(channel or ()),
                           wheel_folders=tuple(str(w) for w in wheels or ()), flavour_flags=(
             ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc)))
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
             "--companions", help="Also render the pytorch-mutex, cpuonly and pytorch-cuda packages the variants need.")] = False,
         flavour: FlavourOpt = None, with_: WithOpt = None,
         feedstock_patches: FeedstockPatchesOpt = False, for_: ForOpt = None, channel: ForChannelOpt = None,
-        stack: StackOpt = None, wheels: WheelsOpt = None,
+        stack: StackOpt = None, wheels: WheelsOpt = None, with_source: WithSourceOpt = None,
     ) -> None:
         """Render conda-build or rattler-build recipe folders for magma-cudaXYZ and pytorch variants (with --stack:
         the recipes of the stack file's plan)."""
@@ -95,7 +95,8 @@ def register(app: typer.Typer) -> None:
         else:
             rendered = _render_flags(out_dir, fmt, force, pytorch, cuda, python, platform, arch_list, build_number,
                                      debug, jetson, env, gcc, source, magma_source, patch, magma_patch, companions,
-                                     flavour, with_, feedstock_patches, for_, channel, wheels)
+                                     flavour, with_, feedstock_patches, for_, channel, wheels,
+                                     with_sources(with_source))
         for message in rendered.warnings:
             warn(message)
         for path in rendered.written:
@@ -108,10 +109,11 @@ def _render_flags(out_dir: Path, fmt: RecipeFormat, force: bool, pytorch: str | 
                   jetson: str | None, env: list[str] | None, gcc: str | None, source: str | None,
                   magma_source: str | None, patch: list[Path] | None, magma_patch: list[Path] | None,
                   companions: bool, flavour: Flavour | None, with_: str | None, feedstock_patches: bool,
-                  for_: str | None, channel: list[str] | None, wheels: list[Path] | None) -> Rendered:
+                  for_: str | None, channel: list[str] | None, wheels: list[Path] | None,
+                  companion_sources: tuple[tuple[str, str], ...] = ()) -> Rendered:
     chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, build_number, for_spec=for_)
     request = Request(pytorch, cuda, python, platform, arch_list, build_number, source, tuple(patch or ()),
-                      feedstock_patches, with_packages=with_names(with_), for_pytorch=for_,
+                      feedstock_patches, with_packages=with_names(with_), with_sources=companion_sources, for_pytorch=for_,
                       for_channels=tuple(channel or ()), wheel_folders=tuple(str(w) for w in wheels or ()),
                       flavour_flags=(
                           ("--debug", debug), ("--jetson", jetson), ("--env", tuple(env or ())), ("--gcc", gcc),

@@ -84,6 +84,8 @@ class Request:
     flavour_flags: tuple[tuple[str, object], ...] = ()
     # --with: packages built after each pytorch package, pinned to it (torchvision, torchaudio)
     with_packages: tuple[str, ...] = ()
+    # --with-source NAME=PATH: (companion, path as given) built from that local tree or archive (companionsource)
+    with_sources: tuple[tuple[str, str], ...] = ()
     # --extension: SPECs of extensions built from their sdist for each pytorch package (torchforge/extensions)
     extensions: tuple[str, ...] = ()
     # --extension-env NAME:KEY=VALUE: (name in conda's form, KEY, VALUE), one extension's own build variables

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import fileops, officialstack
+from torchforge import companionsource, fileops, officialstack
 from torchforge.compilecache import context_material, group_key, patch_digests
 from torchforge.engines import Engine
 from torchforge.console import note
-from torchforge.errors import RefusedError, UsageError
+from torchforge.errors import UsageError
 from torchforge.extensions.plan import with_extensions
 from torchforge.flavours.base import MachineNeeds, MatrixView
 from torchforge.flavours.base import Plan, PlannedRecipe, PytorchBuild, Request
@@ -82,20 +82,24 @@ def _companions(render_plan: RenderPlan, fmt: RecipeFormat, rendered: bool = Fal
     return planned
 
 
-def _stack_recipes(render_plan: RenderPlan, with_packages: tuple[str, ...]) -> list[officialstack.StackRecipe]:
-    """--with: one torchvision / torchaudio recipe per pytorch variant (a variant the plan refuses has none)."""
-    officialstack.check_names(with_packages)
-    return [officialstack.plan(name, variant) for variant in render_plan.variants
-            if variant.status is not Status.REFUSED for name in with_packages]
+def _stack_recipes(render_plan: RenderPlan, request: Request) -> list[tuple[Variant, officialstack.StackRecipe]]:
+    """--with: one torchvision / torchaudio recipe per pytorch variant (a variant the plan refuses has none), each
+    with the variant it is built against."""
+    officialstack.check_names(request.with_packages)
+    sources = companionsource.sources(request.with_sources, request.with_packages)
+    return [(variant, officialstack.plan(name, pytorch_build(variant), (variant.id,), sources.get(name)))
+            for variant in render_plan.variants if variant.status is not Status.REFUSED
+            for name in request.with_packages]
 
 
-def _stack(render_plan: RenderPlan, fmt: RecipeFormat, with_packages: tuple[str, ...],
+def _stack(pairs: list[tuple[Variant, officialstack.StackRecipe]], fmt: RecipeFormat,
            magma_source: str | None) -> list[PlannedRecipe]:
     """--with's recipes, each built after the recipe of its pytorch variant, in that variant's channels; a CI job
     builds one with its variant's command and `--with NAME` (which reuses that variant's packages)."""
-    return [dataclasses.replace(officialstack.planned_recipe(recipe, fmt, _channels(recipe.pytorch)),
-                                build_flags=(*_pytorch_flags(recipe.pytorch, magma_source), "--with", recipe.package))
-            for recipe in _stack_recipes(render_plan, with_packages)]
+    return [dataclasses.replace(officialstack.planned_recipe(recipe, fmt, _channels(variant)),
+                                build_flags=(*_pytorch_flags(variant, magma_source), "--with", recipe.package,
+                                             *companionsource.flags(recipe.source)))
+            for variant, recipe in pairs]
 
 
 def pytorch_build(variant: Variant) -> PytorchBuild:
@@ -140,7 +144,7 @@ def _pytorch_flags(variant: Variant, magma_source: str | None) -> tuple[str, ...
 
 def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, ...] = (),
             magma_patches: tuple[Path, ...] = (), magma_only: bool = False, magma_source: str | None = None,
-            with_packages: tuple[str, ...] = (), render_companions: bool = False) -> Plan:
+            request: Request | None = None, render_companions: bool = False) -> Plan:
     """The official flavour's recipes of a (buildable) RenderPlan, in build order, --with's after pytorch's
     (`magma_source`: the --magma-source as given, which the recipes' build flags repeat; `render_companions`:
     --companions, `render` writes the companion recipes too), with each variant's and magma's warnings."""
@@ -168,7 +172,8 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
                 pythons=((variant.filename_stem, variant.request.python),), pytorch=(built,),
                 arch_list=built.arch_list, arch_exempt=_copied_libraries(variant) if built.cuda else (),
                 build_flags=_pytorch_flags(variant, magma_source)))
-    stack = [] if magma_only else _stack(render_plan, fmt, with_packages, magma_source)
+    pairs = [] if magma_only or request is None else _stack_recipes(render_plan, request)
+    stack = _stack(pairs, fmt, magma_source)
     # doctor's first row, as the official preflight words it (a refused variant never gets here: it is refused above)
     selection = f"{len(render_plan.variants)} variant(s), {len(render_plan.magma)} magma package(s)"
     with_row = (("--with", ", ".join(f"{s.stems[0]} (pytorch {json.loads(s.settings)['pytorch']})" for s in stack)),) \
@@ -176,7 +181,8 @@ def plan_of(render_plan: RenderPlan, fmt: RecipeFormat, *, patches: tuple[Path, 
     needs = official_needs(render_plan.variants, magma_only=magma_only)
     variants = () if magma_only else render_plan.variants  # --magma-only builds no pytorch
     warnings = (*(f"{v.id}: {message}" for v in variants for message in v.warnings),
-                *(f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings))
+                *(f"{m.id}: {message}" for m in render_plan.magma for message in m.warnings),
+                *(f"{r.id}: {message}" for _, r in pairs for message in r.warnings))
     return Plan(NAME, (*recipes, *stack), warnings,
                 needs=dataclasses.replace(needs, arch_checked=any(r.arch_list for r in (*recipes, *stack))),
                 facts=(("selection", selection), *with_row), conda_forge_packages=False)
@@ -188,8 +194,7 @@ def official_steps(render_plan: RenderPlan, engine: Engine, settings: BuildSetti
     companions and extensions of `request`: --with, for the plan's pytorch packages; --extension, for those or,
     where it has none, the output channel's)."""
     the_plan = plan_of(render_plan, engine.recipe_format, patches=settings.patches,
-                       magma_patches=settings.magma_patches, magma_only=settings.magma_only,
-                       with_packages=request.with_packages if request is not None else ())
+                       magma_patches=settings.magma_patches, magma_only=settings.magma_only, request=request)
     if request is not None:
         the_plan = with_extensions(the_plan, request, engine.recipe_format.value, channel=settings.out)
     return plan_steps(the_plan, settings)
@@ -234,7 +239,7 @@ class OfficialFlavour:
 
     def matrix(self, request: Request) -> MatrixView:
         render_plan = plan(selection_of(request))
-        stack = _stack_recipes(render_plan, request.with_packages)
+        stack = [recipe for _, recipe in _stack_recipes(render_plan, request)]
         return MatrixView(tuple(matrix_rows(render_plan) + stack_rows(stack)), "torchforge variants (flavour official)",
                           ("variant", "status", "build string", "magma package", "notes"),
                           (*(_variant_cells(v) for v in render_plan.variants), *(_stack_cells(r) for r in stack)),
@@ -255,20 +260,28 @@ class OfficialFlavour:
         planned = plan_of(render_plan, RecipeFormat(recipe_format), patches=request.patches,
                           magma_patches=tuple(flags.get("--magma-patch") or ()),  # type: ignore[call-overload]
                           magma_only=magma_only, magma_source=str(magma_source) if magma_source else None,
-                          with_packages=request.with_packages, render_companions=bool(flags.get("--companions")))
+                          request=request, render_companions=bool(flags.get("--companions")))
         return dataclasses.replace(planned, needs=dataclasses.replace(planned.needs, **machine))
 
     def plan_for(self, pytorch: PytorchBuild, request: Request, recipe_format: str) -> Plan:
         """A pytorch a channel has: no recipe of this flavour's own (its extensions come after, from the plan);
-        its --with recipes are those of the pytorch channel's own 2.1-2.5 packages (pytorch-mutex, pytorch-cuda),
-        which a channel's other pytorch does not carry."""
-        if request.with_packages:
-            officialstack.check_names(request.with_packages)
-            raise RefusedError(f"--with {','.join(request.with_packages)} --for: the official flavour's companion "
-                               "recipes pin the pytorch channel's own packages (pytorch-mutex, pytorch-cuda), "
-                               f"not {pytorch.stem}",
-                               "add --flavour conda-forge, whose torchvision and torchaudio recipes build against it")
-        return Plan(NAME, (), needs=MachineNeeds(platforms=(pytorch.subdir,), host_tools=()), given_pytorch=pytorch)
+        --with's torchvision and torchaudio in the pytorch channel's shape, pinned to that file (with
+        pytorch-mutex only where that pytorch requires it: officialstack)."""
+        officialstack.check_names(request.with_packages)
+        sources = companionsource.sources(request.with_sources, request.with_packages)
+        fmt = RecipeFormat(recipe_format)
+        channels = channel_data.for_pytorch(pytorch.version, pytorch.python, pytorch.cuda or "cpu", pytorch.subdir)
+        stack = [officialstack.plan(name, pytorch, source=sources.get(name)) for name in request.with_packages]
+        recipes = tuple(dataclasses.replace(
+            officialstack.planned_recipe(recipe, fmt, channels), note=f"for {pytorch.stem}, of the channel",
+            build_flags=(*pytorch.for_flags, "--flavour", NAME, "--with", recipe.package,
+                         *companionsource.flags(recipe.source))) for recipe in stack)
+        needs = MachineNeeds(cuda_versions=(pytorch.cuda,) if pytorch.cuda else (), platforms=(pytorch.subdir,),
+                             arch_lists=(pytorch.arch_list,) if pytorch.arch_list else (), host_tools=(),
+                             channels=tuple((pytorch.subdir, url) for url in channels if stack),
+                             toolkit_on_host=bool(pytorch.cuda and stack), arch_checked=bool(pytorch.cuda and stack))
+        warnings = tuple(f"{recipe.id}: {message}" for recipe in stack for message in recipe.warnings)
+        return Plan(NAME, recipes, warnings, needs=needs, given_pytorch=pytorch)
 
 
 STATUS_STYLE = {Status.OFFICIAL: "green", Status.BUILDABLE: "yellow", Status.REFUSED: "red"}
@@ -312,14 +325,14 @@ def matrix_rows(render_plan: RenderPlan) -> list[dict[str, object]]:
 def stack_rows(stack: list[officialstack.StackRecipe]) -> list[dict[str, object]]:
     """`matrix --json` rows of --with: each package file and the pytorch file it is built against."""
     return [{"id": r.id, "package": r.package, "status": Status.BUILDABLE.value, "version": r.version,
-             "build_string": r.build_string, "file": r.stem, "pytorch": r.pytorch.filename_stem,
-             "cuda": r.pytorch.request.accel, "python": r.python, "platform": r.pytorch.request.platform,
+             "build_string": r.build_string, "file": r.stem, "pytorch": r.pytorch.stem,
+             "cuda": r.pytorch.accel, "python": r.python, "platform": r.platform,
              "arch_list": r.pytorch.arch_list if r.cuda else None} for r in stack]
 
 
 def _stack_cells(recipe: officialstack.StackRecipe) -> tuple[str, ...]:
     return (recipe.id, f"[{STATUS_STYLE[Status.BUILDABLE]}]{Status.BUILDABLE.value}[/]", recipe.build_string, "-",
-            f"built against {recipe.pytorch.filename_stem}")
+            f"built against {recipe.pytorch.stem}")
 
 
 FLAVOUR = OfficialFlavour()

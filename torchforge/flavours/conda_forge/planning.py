@@ -11,7 +11,7 @@ import dataclasses
 import json
 
 from torchforge import data as tables
-from torchforge import sourcestate
+from torchforge import companionsource, sourcestate
 from torchforge.errors import UsageError
 from torchforge.flavours import conda_forge
 from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_material
@@ -161,17 +161,19 @@ def companion_recipes(planned: tuple[conda_forge.CondaForgeRecipe, ...], request
     from torchforge.flavours.conda_forge import stack
 
     check_companions(request.with_packages)
+    sources = companionsource.sources(request.with_sources, request.with_packages)
     channel = conda_forge.load().flavour.channel
     found: list[PlannedRecipe] = []
     for recipe in planned:
         for build in pytorch_builds(recipe):
             for name in request.with_packages:
-                companion = stack.plan(name, build)
+                companion = stack.plan(name, build, source=sources.get(name))
                 # one CI job per package and folder: the folder's build with --with NAME builds it for every Python
                 found.append(dataclasses.replace(
                     stack.planned_recipe(companion, fmt, channel), kind=name, needs=(recipe.id,),
                     pythons=((companion.stem, build.python),),
-                    build_flags=(*build_flags(recipe, request), "--with", name)))
+                    build_flags=(*build_flags(recipe, request), "--with", name,
+                                 *companionsource.flags(companion.source))))
     return tuple(found)
 
 
@@ -239,14 +241,16 @@ class CondaForgeFlavour:
         from torchforge.flavours.conda_forge import stack
 
         check_companions(request.with_packages)
+        sources = companionsource.sources(request.with_sources, request.with_packages)
         channel = conda_forge.load().flavour.channel
         companions = []
         for name in request.with_packages:
-            companion = stack.plan(name, pytorch)
+            companion = stack.plan(name, pytorch, source=sources.get(name))
             companions.append(dataclasses.replace(
                 stack.planned_recipe(companion, RecipeFormat(recipe_format), channel), kind=name,
                 pythons=((companion.stem, pytorch.python),), note=f"for {pytorch.stem}, of the channel",
-                build_flags=(*BUILT_WITH, *pytorch.for_flags, "--flavour", NAME, "--with", name)))
+                build_flags=(*BUILT_WITH, *pytorch.for_flags, "--flavour", NAME, "--with", name,
+                             *companionsource.flags(companion.source))))
         needs = MachineNeeds(cuda_versions=(pytorch.cuda,) if pytorch.cuda else (), platforms=(pytorch.subdir,),
                              arch_lists=(pytorch.arch_list,) if pytorch.arch_list else (),
                              channels=((pytorch.subdir, channel),), toolkit_on_host=False,

@@ -23,6 +23,7 @@ from packaging.version import Version
 from ruamel.yaml import YAML
 
 from torchforge import __version__, stackpairing
+from torchforge.companionsource import CompanionSource
 from torchforge.data import data_text, parse_table_as
 from torchforge.datamodels import FrozenModel
 from torchforge.errors import RefusedError
@@ -90,6 +91,7 @@ class CompanionRecipe:
     feedstock_version: str  # the feedstock release whose recipe is used (== version unless it has none)
     build_number: int
     warnings: tuple[str, ...]
+    source: CompanionSource | None = None  # --with-source: a local tree or archive instead of the release's
 
     @property
     def tag(self) -> str:
@@ -107,9 +109,11 @@ class CompanionRecipe:
     @property
     def settings(self) -> str:
         """Everything that changed the binary: the exact pytorch included (another pytorch: another package)."""
+        source = {"source": self.source.identity} if self.source is not None else {}
         return json.dumps({"flavour": "conda-forge", "package": self.package, "feedstock": self.feedstock_commit,
                            "pytorch": f"{self.pytorch.version}-{self.pytorch.build}",
-                           "arch_list": self.pytorch.arch_list, "build_number": self.build_number}, sort_keys=True)
+                           "arch_list": self.pytorch.arch_list, "build_number": self.build_number, **source},
+                          sort_keys=True)
 
     @property
     def build_string(self) -> str:
@@ -133,8 +137,10 @@ class CompanionRecipe:
         return f"pytorch {exact}{self.pytorch.version} {self.pytorch.build}"
 
 
-def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = None) -> CompanionRecipe:
-    """The `package` recipe for one pytorch package of the channel (build number: the feedstock's unless given)."""
+def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = None,
+         source: CompanionSource | None = None) -> CompanionRecipe:
+    """The `package` recipe for one pytorch package of the channel (build number: the feedstock's unless given;
+    `source`: --with-source's tree instead of the release's archive)."""
     release = stackpairing.companion_release(package, pytorch.version)
     releases = getattr(load(), package)
     built = sorted((v for v in releases if Version(v) <= Version(release.version)), key=Version)
@@ -157,7 +163,7 @@ def plan(package: Companion, pytorch: PytorchBuild, build_number: int | None = N
     own_facts = built[-1] == release.version
     number = (facts.build_number if own_facts else 0) if build_number is None else build_number
     return CompanionRecipe(package, release.version, pytorch, facts, chosen.commit, built[-1], number,
-                           tuple(warnings))
+                           tuple(warnings), source)
 
 
 def _job(package: Companion, version: str, release: ReleaseFacts,
@@ -333,7 +339,9 @@ def recipe_files(recipe: CompanionRecipe, recipe_format: RecipeFormat,
 def planned_recipe(recipe: CompanionRecipe, recipe_format: RecipeFormat, channel: str,
                    local_source: str | None = None) -> PlannedRecipe:
     """What the pipeline builds: the recipe folder for the engine, the one package it yields, its channel (the
-    output channel, where the pytorch it pins is, comes first through the pipeline)."""
+    output channel, where the pytorch it pins is, comes first through the pipeline); from `local_source` or
+    --with-source's tree where one is given."""
+    local = local_source or (recipe.source.path if recipe.source is not None else None)
     return PlannedRecipe(recipe.id, recipe.pytorch.subdir, (recipe.stem,), recipe.settings,
-                         recipe_files(recipe, recipe_format, local_source), (channel,),
-                         recipe.pytorch.cuda or "cpu", local_source, arch_list=recipe.pytorch.arch_list)
+                         recipe_files(recipe, recipe_format, local), (channel,),
+                         recipe.pytorch.cuda or "cpu", local, arch_list=recipe.pytorch.arch_list)
