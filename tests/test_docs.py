@@ -133,17 +133,42 @@ def _quote(word: str) -> str:
 RUN = [b for b in BLOCKS if b.mode == "run"]
 
 
+def compiles_an_extension(block: Block) -> bool:
+    """A run block that builds an extension (README's torch-scatter block): it compiles for real."""
+    return any("--extension" in line and line.startswith("torchforge build") for line in block.lines)
+
+
+def _run_param(block: Block) -> object:
+    """The extension's block joins the suite's torch-scatter builds (one worker, one after another, one compile
+    shared through tests.test_extension_build.scatter_compile_cache); it needs the cp311 torch wheel here."""
+    from tests.test_extension_build import PY, SCATTER_BUILDS
+
+    marks = [pytest.mark.xdist_group(SCATTER_BUILDS),
+             pytest.mark.skipif(PY != "3.11", reason="the torch 2.13.0 CPU wheel here is cp311")]
+    return pytest.param(block, id=block.where, marks=marks if compiles_an_extension(block) else [])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("block", RUN, ids=_ids(RUN))
-def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
+@pytest.mark.parametrize("block", [_run_param(b) for b in RUN])
+def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path,
+                                          tmp_path_factory: pytest.TempPathFactory) -> None:
     folder = fresh_folder(tmp_path)
-    result = run_block(block, folder, env=_env(), timeout=600)
+    env, warm = (_extension_env(block, folder, tmp_path, tmp_path_factory) if compiles_an_extension(block)
+                 else (_env(), False))
+    result = run_block(block, folder, env=env, timeout=1200)
     assert result.returncode == 0, f"{block.where}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
     # Pasted in the checkout, the block leaves nothing git would list as untracked (except where the page says
     # the files are the user's own to commit).
     if block.page.name not in WRITES_FILES_TO_COMMIT:
         assert not untracked_in_checkout(folder), f"{block.where} leaves {untracked_in_checkout(folder)} in the checkout"
-    if block in example()[1:]:  # the stack file's block: built, locked, the lock installed and imported
+    if compiles_an_extension(block):  # built for the repacked pytorch, installed beside it, and it runs
+        assert re.search(r"^2\.1\.2 tensor\(\[5\., 1\.\]\)$", result.stdout, re.M), result.stdout[-3000:]
+        assert "building for pytorch-2.13.0-whl_py3.11_cpu_0" in result.stderr, result.stderr[-3000:]
+        # the session compiles torch-scatter once: a build after another of the suite's takes every object
+        (log,) = (folder / "try").glob("*/logs/torch-scatter-*.log")
+        line = next(line for line in log.read_text().splitlines() if line.startswith("torchforge: compile cache"))
+        assert not warm or re.search(r"(\d+)/\1 objects reused \(100 %\)", line), line
+    elif block == example()[1]:  # the stack file's block: built, locked, the lock installed and imported
         assert re.search(r"locked \d+ package file\(s\) of the stack in stack\.lock", result.stderr)
         assert re.search(r"^2\.13\.0 3\.0 \S+/env3/lib/python3\.11/site-packages/torch/__init__\.py$", result.stdout,
                          re.M), result.stdout
@@ -160,6 +185,27 @@ def test_run_blocks_run_in_a_fresh_folder(block: Block, tmp_path: Path) -> None:
         # the upload's install check names what the channel leaves to the others (the stand-ins), not a solver dump
         assert re.search(r"installed without dependencies: filelock, .* come from other channels", result.stdout)
         assert "Cannot solve" not in result.stdout
+
+
+def _extension_env(block: Block, folder: Path, tmp_path: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, str], bool]:
+    """The user cache of the extension's block (XDG_CACHE_HOME) with the suite's torch 2.13.0 venv as its metadata
+    venv (as tests/test_have_pytorch_stack.py gives it), and its build's default compile cache (OUT/.cache/compile)
+    the session's shared one; and whether that cache held the compile already (then every object is reused)."""
+    from tests.test_extension_build import scatter_compile_cache
+    from tests.tool_venvs import ensure
+
+    cache = tmp_path / "cache" / "torchforge" / "extensions"
+    cache.mkdir(parents=True)
+    (cache / "metadata-torch-2.13.0").symlink_to(ensure("torchcpu").parent)
+    shared = scatter_compile_cache(tmp_path_factory)
+    shared.mkdir(parents=True, exist_ok=True)
+    warm = any(shared.glob("torch-scatter-*/[0-9a-f]/*"))
+    (build,) = [words for line in block.lines for words in simple_commands(line) if words[:2] == ["torchforge", "build"]]
+    out = build[build.index("--out") + 1]
+    (folder / "try" / out / ".cache").mkdir(parents=True)
+    (folder / "try" / out / ".cache" / "compile").symlink_to(shared)
+    return {**_env(), "XDG_CACHE_HOME": str(tmp_path / "cache")}, warm
 
 
 # Pages whose run blocks write files for the user to commit in their own repository, and why.

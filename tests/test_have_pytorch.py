@@ -89,7 +89,7 @@ def test_the_one_pytorch_of_out_is_the_default_and_the_output_says_so(channel: P
     done = cli("build", "--dry-run", "--extension", str(SCATTER), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert [s.split("-")[0] for s in _steps(done.stdout + done.stderr)] == ["torch"]
-    assert f"the one pytorch of --out" in done.stderr and REPACKED in done.stderr
+    assert "the one pytorch of --out" in done.stderr and REPACKED in done.stderr
 
 
 def test_matrix_and_doctor_name_the_file_they_plan_for(channel: Path, tmp_path: Path) -> None:
@@ -408,3 +408,18 @@ def test_an_extension_variable_names_another_package_and_rides_on_its_ci_command
                env={"COLUMNS": "400"})
     assert done.returncode == 0, done.stderr
     assert f"torch-scatter-2.1.2-{with_symbols['build_string']}" in _steps(done.stdout + done.stderr)
+
+
+def test_a_channel_folder_named_without_a_path_reaches_the_engine_as_that_folder(channel: Path, tmp_path: Path) -> None:
+    """`--channel torch-channel` in the folder holding it, as the README's extension block types it: --for reads
+    that folder, and the engine gets it as a file:// URL (before: rattler-build got the bare word, read it as a
+    channel name of anaconda.org and the solve failed: "remote channels not read: torch-channel")."""
+    import shutil
+
+    shutil.copytree(channel, tmp_path / "torch-channel")
+    done = cli("build", "--dry-run", "--for", FOR, "--channel", "torch-channel", "--extension", str(SCATTER),
+               "--out", "out", cwd=tmp_path, env={**os.environ, "COLUMNS": "400"})
+    assert done.returncode == 0, done.stderr
+    engine_line = next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("[dry-run]"))
+    assert f"--channel {(tmp_path / 'torch-channel').resolve().as_uri()} " in engine_line + " ", engine_line
+    assert "--channel torch-channel " not in engine_line + " ", engine_line

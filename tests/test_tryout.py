@@ -248,3 +248,92 @@ def test_built_against_the_written_channel_installed_and_imported_with_cudnn_fro
     monkeypatch.setenv("CONDA_OVERRIDE_CUDA", "")
     assert main(["install", "pytorch-gpu", "--channel", str(out), "--channel", str(channel),
                  "--prefix", str(tmp_path / "none")]) == ExitCode.USAGE
+
+
+# ---- --for and --extension: the stand-ins of an extension's build for a pytorch a channel has (README's block) ----
+
+SCATTER = Path(__file__).parent / "fixtures" / "sdists" / "torch_scatter-2.1.2.tar.gz"
+FOR = "pytorch ==2.13.0 whl_*"
+
+
+@pytest.fixture(scope="module")
+def repacked_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A channel holding a pytorch named, indexed and pinned as `torchforge repack` writes the torch 2.13.0 CPU
+    wheel for this machine's Python (planning reads only its record)."""
+    from tests.pkgfactory import make_package
+    from torchforge.localchannel import index
+
+    channel = tmp_path_factory.mktemp("repacked") / "torch-channel"
+    nodot_next = f"{sys.version_info.major}.{sys.version_info.minor + 1}"
+    make_package(channel / "linux-64", name="pytorch", version="2.13.0", build=f"whl_py{HERE}_cpu_0",
+                 depends=(f"python >={HERE},<{nodot_next}.0a0", "filelock", "networkx >=2.5.1", "sympy >=1.13.3"))
+    index(channel)
+    return channel
+
+
+def test_standin_channel_for_a_channels_pytorch_stands_in_for_its_requirements_and_its_extension(
+        repacked_like: Path, tmp_path: Path) -> None:
+    """`standin-channel --for SPEC --channel CH --extension SDIST`: what that pytorch requires (at the versions it
+    asks: networkx >=2.5.1) and what the extension's recipe installs, for the pytorch's Python; a package built
+    against the stand-in python (it requires the python_abi that python exports) installs beside it. Before,
+    standin-channel had no --for: the stand-ins were the quick start's (networkx 1.0, which the repacked pytorch
+    refuses), and its python_abi refused its own python (`python 3.11.* *_cpython` against python-3.11-stub_0)."""
+    out = tmp_path / "standin-ext"
+    done = subprocess.run([sys.executable, "-m", "torchforge.cli", "standin-channel", "--for", FOR, "--channel",
+                           str(repacked_like), "--extension", str(SCATTER), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = channel_records(out)
+    names = {r.name: r for r in records}
+    assert {"python", "filelock", "networkx", "sympy", "setuptools", "wheel", "pip"} <= set(names), sorted(names)
+    assert "pytorch" not in names  # the channel's own
+    assert names["networkx"].version == "2.5.1"
+    said = " ".join(done.stderr.split())
+    assert f"for the requirements of pytorch-2.13.0-whl_py{HERE}_cpu_0" in said and "STAND-IN" in said
+    assert f"build with --channel {out}" in said
+    from torchforge.prefix import install
+    installed = install(["python", f"python_abi {HERE}.* *_cp{HERE.replace('.', '')}", "pytorch"],
+                        [str(out), str(repacked_like)], tmp_path / "prefix")
+    assert any("pytorch" in line for line in installed.packages), installed.packages
+
+
+def test_the_wheel_of_an_extensions_stand_ins_builds_wheels_with_this_machines_setuptools(
+        repacked_like: Path, tmp_path: Path) -> None:
+    """torch-scatter's recipe installs setuptools and wheel: the stand-in python imports this machine's setuptools,
+    which before 70.1 has no bdist_wheel without the `wheel` project. The channel's `wheel` then is the real one
+    (before: an empty stand-in, and the build failed with "invalid command 'bdist_wheel'"): in a prefix of the
+    channel, setuptools finds the command."""
+    from torchforge.extensions.standins import BUILDS_WHEELS
+    from torchforge.prefix import install
+
+    out = tmp_path / "standin-ext"
+    done = subprocess.run([sys.executable, "-m", "torchforge.cli", "standin-channel", "--for", FOR, "--channel",
+                           str(repacked_like), "--extension", str(SCATTER), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    install(["python", "setuptools", "wheel"], [str(out)], tmp_path / "prefix")
+    ran = subprocess.run([str(tmp_path / "prefix" / "bin" / "python"), "-c", BUILDS_WHEELS + "\nimport setuptools\n"
+                          "from setuptools.dist import Distribution\n"
+                          "assert Distribution().get_command_class('bdist_wheel')\n"], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, says, works", [
+    (["--extension", "torch==2.13.0"], "torch is one of the stack's own packages, not an extension", "--with"),
+    (["--extension", str(SCATTER), "--extension", "torch-scatter==2.1.2"], "are both torch-scatter 2.1.2",
+     "keep the one source"),
+    (["--channel", "CHANNEL", "--extension", str(SCATTER)], "--channel says where --for's pytorch is", "add --for SPEC"),
+    (["--for", "pytorch ==9.9.9", "--channel", "CHANNEL", "--extension", str(SCATTER)], "pytorch ==9.9.9", ""),
+])
+def test_standin_channel_refuses_an_extension_build_does_not_make_and_says_what_would_work(
+        args: list[str], says: str, works: str, repacked_like: Path, tmp_path: Path) -> None:
+    """Each refused before anything is written, exit 2, no traceback (before: `--extension torch==2.13.0` and two
+    SPECs of one package wrote a channel without a word, and build refused them only afterwards)."""
+    selection = [] if "--for" in args or "--channel" in args else ["--pytorch", "2.13.0", "--cuda", "cpu", "--py", HERE]
+    argv = [a.replace("CHANNEL", str(repacked_like)) for a in args]
+    done = subprocess.run([sys.executable, "-m", "torchforge.cli", "standin-channel", *selection, *argv, "--out",
+                           str(tmp_path / "s")], capture_output=True, text=True)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == ExitCode.USAGE and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert says in said and works in said and "what would work" in said, said
+    assert not (tmp_path / "s").exists()

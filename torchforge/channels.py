@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
-from torchforge import versions
+from torchforge import localchannel, versions
 from torchforge.data import data_text, parse_table_as
 from torchforge.datamodels import FrozenModel, Meta
 from torchforge.errors import DataError
@@ -132,5 +132,13 @@ def for_magma(cuda: str, pytorch: str, site: SiteChannels | None = None) -> tupl
 
 def build_channels(out: Path, extra: tuple[str, ...], data: tuple[str, ...]) -> tuple[str, ...]:
     """Every channel of one build, in priority order: the output channel, --channel ones, the package's own."""
-    ordered = [f"file://{out.resolve()}", *extra, *data]
+    ordered = [f"file://{out.resolve()}", *map(engine_channel, extra), *data]
     return tuple(dict.fromkeys(ordered))
+
+
+def engine_channel(channel: str) -> str:
+    """A --channel as the engines get it: a local folder (`torch-channel` where that folder is, ./x, /x, ~/x) as its
+    absolute file:// URL, as --for and `install` read it (an engine takes a bare word for a channel name of
+    anaconda.org); a URL, or a name that is no folder here (conda-forge), as given."""
+    folder = localchannel.folder_of(channel)
+    return channel if folder is None or channel.startswith("file://") else f"file://{folder.resolve()}"

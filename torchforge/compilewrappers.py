@@ -239,6 +239,10 @@ torchforge_route() {{
 torchforge_route CC cc
 torchforge_route CXX c++
 unset -f torchforge_route
+# torch's cpp_extension (2.13: torch/utils/cpp_extension.py _wrap_compiler) puts a ccache found on PATH before
+# the compiler, so ccache would run the wrappers and hash the paths they map (the host prefix's, whose padded
+# name differs with the output folder's length): every object a miss in another folder. The wrappers run ccache.
+export TORCH_NO_COMPILER_WRAPPER=1
 # torch's cpp_extension runs nvcc from $PYTORCH_NVCC under ninja: the cache's nvcc wrapper (and its arch filter)
 # then sees those calls too. A value of the user's own, or a path with blanks (ninja would split it), is kept out.
 torchforge_nvcc=$(cd "$(dirname "${{BASH_SOURCE[0]}}")/../ccache-nvcc" 2>/dev/null && pwd)/nvcc

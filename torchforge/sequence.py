@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchforge import config as site_config
-from torchforge import closure, containers, havepytorch
+from torchforge import closure, containers, havepytorch, provided
 from torchforge.buildoptions import BuildOptions, PreparedBuild, Rendered
 from torchforge.channels import build_channels
 from torchforge.config import SiteConfig
@@ -23,7 +23,7 @@ from torchforge.errors import UsageError
 from torchforge.fileops import write_folders
 from torchforge.flavours import JOBS_VARIABLE, choose, plugin
 from torchforge.extensions.plan import run_requirements, with_extension_rows, with_extensions
-from torchforge.flavours.base import MatrixView, Plan, PlannedRecipe, Request
+from torchforge.flavours.base import MatrixView, Plan, PlannedRecipe, PytorchBuild, Request
 from torchforge.flavours.official import matrix_rows as official_matrix_rows
 from torchforge.flavours.official import official_steps
 from torchforge.flavours.official import plan_of as official_plan
@@ -307,6 +307,8 @@ class StandIns:
     specs: tuple[str, ...]
     shape: str
     conda_forge: bool
+    python: str = ""  # the Python X.Y its extensions' stand-ins are for ("": --py's first, or this machine's)
+    cuda: bool = False  # a CUDA pytorch: its extensions' recipes install ninja
 
 
 def standins(flavour: str, request: Request) -> StandIns:
@@ -315,9 +317,25 @@ def standins(flavour: str, request: Request) -> StandIns:
     refusal = plugin(flavour).build_refusal(request)
     if refusal is not None:
         raise UsageError(f"{refusal[0]}: there is no build to stand in for", refusal[1])
+    have = havepytorch.given(request)
+    if have is not None:
+        return given_standins(flavour, request, *have)
     the_plan = plan(flavour, request, "rattler-build")
     return StandIns(tuple(plan_requirements(the_plan)), f"the {the_plan.flavour} flavour's recipes (recipe.yaml)",
-                    the_plan.conda_forge_packages)
+                    the_plan.conda_forge_packages, (request.python or "").split(",")[0],
+                    bool(request.cuda and request.cuda != "cpu"))
+
+
+def given_standins(flavour: str, request: Request, pytorch: PytorchBuild, where: str) -> StandIns:
+    """For a pytorch a channel has (--for): its run requirements that no --channel provides (what `build` would
+    bring along from wheels instead), and the requirements of its companions' recipes (--with); nothing is
+    fetched. The extensions' are the caller's (commands/tryout.extension_standins)."""
+    the_plan = plugin(flavour).plan_for(pytorch, request, "rattler-build")
+    missing = [u.spec for u in provided.unprovided(pytorch.depends, pytorch.stem, request.for_channels)]
+    python = next((s for s in pytorch.depends if s.split()[0] == "python"), f"python {pytorch.python}.*")
+    return StandIns(tuple(dict.fromkeys([python, *missing, *plan_requirements(the_plan)])),
+                    f"{pytorch.stem} ({where}) and its recipes", the_plan.conda_forge_packages, pytorch.python,
+                    pytorch.cuda is not None)
 
 
 def ci(flavour: str, request: Request, settings: JobSettings, *, flavour_given: bool) -> CiPlan:

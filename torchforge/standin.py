@@ -269,6 +269,15 @@ def conda_forge_stub(name: str, version: str, build: str) -> Stub:
                 constrains=tuple(e.expression(version) for e in package.constrains if e.applies(version)))
 
 
+def abi_build(version: str) -> str:
+    """The stand-in python's build string that its python_abi lets be installed beside it (`stub_0_cpython` for
+    3.11: python_abi 3.11 constrains `python 3.11.* *_cpython`), so that a package built against it, which
+    requires that python_abi, installs next to it."""
+    abi = conda_forge_packages()["python_abi"]
+    globs = [e.expression(version).split()[-1] for e in abi.constrains if e.name == "python" and e.applies(version)]
+    return "stub_0" + (globs[0].replace("*", "") if globs else "")
+
+
 def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_dir: Path | None = None,
              conda_forge: bool = False) -> Stub:
     """The stand-in for `spec`. `runnable=False` gives metadata only (enough for a solve, e.g. `conda render`
@@ -285,7 +294,8 @@ def stub_for(spec: str, runnable: bool = True, python_alias: bool = False, bin_d
         stub = python_stub(version, python_alias, bin_dir)
         if conda_forge:  # conda-forge's python exports its python_abi, as the real one does
             exports = conda_forge_packages()["python"].run_exports
-            stub = replace(stub, run_exports=tuple(e.expression(version) for e in exports if e.applies(version)))
+            stub = replace(stub, run_exports=tuple(e.expression(version) for e in exports if e.applies(version)),
+                           build=abi_build(version))
     elif name == "pip":  # the real package's `pip` command, run by the prefix's python (its pip module)
         stub = Stub(name, version, files={"bin/pip": PIP_COMMAND})
     elif name == "patchelf":
@@ -412,14 +422,16 @@ def stand_ins(specs: list[str], *, runnable: bool = True, python_alias: bool = F
 
 
 def write_standin_channel(specs: list[str], out: Path, *, conda_forge: bool = False,
-                          subdir: str = SUBDIR) -> tuple[list[Path], Path]:
+                          subdir: str = SUBDIR, real: tuple[Stub, ...] = ()) -> tuple[list[Path], Path]:
     """Stand-ins for `specs` (plan_requirements) in the channel `out`, indexed, and
     `out/torchforge.toml` whose `[channels] replace` makes a build use this channel instead of every data channel.
-    `conda_forge`: conda-forge's packages get their shape (see stub_for); `subdir`: the platform of the build.
+    `conda_forge`: conda-forge's packages get their shape (see stub_for); `subdir`: the platform of the build;
+    `real`: packages with their real files, written in place of the stand-ins of their names.
     Returns the packages and the config file.
     Written in a scratch folder first: a killed run leaves no half package and no config naming a half channel."""
     try:
-        stubs = stand_ins(specs, conda_forge=conda_forge)
+        replaced = {stub.name for stub in real}
+        stubs = [*(s for s in stand_ins(specs, conda_forge=conda_forge) if s.name not in replaced), *real]
     except FileNotFoundError as exc:
         raise ToolMissingError(f"cannot make the stand-in python: {exc}",
                                "ask for a Python this machine has (--py X.Y with pythonX.Y on PATH)") from None

@@ -10,17 +10,16 @@ import typer
 
 from torchforge import sequence
 from torchforge.commands.options import (
-    ArchListOpt, CudaOpt, ExtensionOpt, FlavourOpt, PlatformOpt, PythonOpt, PytorchOpt, SourceOpt, chosen_flavour, nonempty_path,
+    ArchListOpt, CudaOpt, ExtensionOpt, FlavourOpt, ForChannelOpt, ForOpt, PlatformOpt, PythonOpt, PytorchOpt,
+    SourceOpt, check_channel_args, chosen_flavour, nonempty_path,
 )
 from torchforge.commands.stack import StackOpt, refuse_flags
 from torchforge.console import err, out, warn
 from torchforge.errors import UsageError
-from torchforge.extensions.metadata import standin_requirements
-from torchforge.extensions.sdist import fetch, parse_spec
+from torchforge.extensions.standins import extension_standins
 from torchforge.flavours import Request
 from torchforge.prefix import resuming
 from torchforge.prefix import install as install_into
-from torchforge.proc import Runner
 from torchforge.standin import SUBDIR, write_standin_channel
 
 
@@ -30,7 +29,7 @@ def register(app: typer.Typer) -> None:
         out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Channel folder to write (created if missing).")] = Path("standin-channel"),
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, source: SourceOpt = None, flavour: FlavourOpt = None,
-        extension: ExtensionOpt = None,
+        extension: ExtensionOpt = None, for_: ForOpt = None, channel: ForChannelOpt = None,
     ) -> None:
         """Write a STAND-IN channel for an offline build: one tiny package per requirement of the recipes that
         `torchforge build` would build with the same flags (the same flavour: conda-forge's shape for 2.6+,
@@ -38,17 +37,27 @@ def register(app: typer.Typer) -> None:
         links to this machine's interpreter, patchelf to its patchelf; the others are empty), and
         OUT/torchforge.toml, which makes `torchforge build --config OUT/torchforge.toml` use it instead of every
         real channel. Packages built against it are for trying torchforge only. --extension SPEC adds what that
-        extension's recipe installs (setuptools, wheel, pip, its stated requirements), read without running it."""
-        chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list)
-        request = Request(pytorch, cuda, python, platform, arch_list, source=source)
+        extension's recipe installs (setuptools, wheel, pip, its stated requirements), read without running it;
+        `wheel` is the real one where this machine's setuptools needs it to build wheels. --for SPEC (a pytorch of
+        a --channel, e.g. one `repack` wrote): stand-ins for what that pytorch requires and no --channel has."""
+        if channel and for_ is None:
+            raise UsageError("--channel says where --for's pytorch is, and no --for is given",
+                             "add --for SPEC (e.g. --for 'pytorch ==2.13.0 whl_*'), or leave --channel out")
+        chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, for_spec=for_)
+        request = Request(pytorch, cuda, python, platform, arch_list, source=source, for_pytorch=for_,
+                          for_channels=check_channel_args(channel))
         needed = sequence.standins(chosen, request)
-        specs = [*needed.specs, *extension_standins(tuple(extension or ()), request)]
-        written, config = write_standin_channel(list(dict.fromkeys(specs)), out_dir, conda_forge=needed.conda_forge,
-                                                subdir=platform or SUBDIR)
+        extra = extension_standins(tuple(extension or ()), needed.python or this_python(), needed.cuda)
+        for line in extra.warnings:
+            warn(line)
+        written, config = write_standin_channel(list(dict.fromkeys([*needed.specs, *extra.specs])), out_dir,
+                                                conda_forge=needed.conda_forge, subdir=platform or SUBDIR,
+                                                real=extra.real)
         for path in written:
             out.print(str(path))
+        use = f"--channel {out_dir} after the pytorch's --channel" if for_ else f"--config {config}"
         err.print(f"stand-in channel: {len(written)} STAND-IN package(s) in {out_dir} for the requirements of {needed.shape}: "
-                  f"tiny packages for trying torchforge offline, NOT the real ones; build with --config {config}")
+                  f"tiny packages for trying torchforge offline, NOT the real ones; build with {use}")
 
     @app.command("install")
     def install(
@@ -88,25 +97,8 @@ def register(app: typer.Typer) -> None:
         err.print(f"installed into {prefix}; run {prefix}/bin/python where the packages include python")
 
 
-def extension_standins(specs: tuple[str, ...], request: Request) -> list[str]:
-    """The stand-ins each --extension SPEC's recipe needs, for the request's first Python; a warning where its run
-    requirements are left to its setup.py (not read: that runs it) or its build tools are empty stand-ins."""
-    import sys
-    import tempfile
 
-    python = (request.python or f"{sys.version_info.major}.{sys.version_info.minor}").split(",")[0]
-    found: list[str] = []
-    for text in specs:
-        spec = parse_spec(text)
-        with tempfile.TemporaryDirectory(prefix="torchforge-standin-") as tmp:
-            archive = None if spec.kind == "index" else fetch(spec, Path(tmp), sys.executable, Runner())
-            needs, stated = standin_requirements(archive, python, bool(request.cuda and request.cuda != "cpu"))
-        if not stated:
-            warn(f"--extension {text}: its run requirements are its setup.py's to say (not run here): add their "
-                 "stand-ins by hand if the build's solve names one")
-        found += needs
-    if found:
-        warn("the stand-ins of an extension's build tools (setuptools, wheel, pip) are empty: its build uses those of "
-             "this machine's Python, which the stand-in python sees (setuptools < 70.1 also needs `wheel` there for "
-             "bdist_wheel)")
-    return found
+def this_python() -> str:
+    import sys
+
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
