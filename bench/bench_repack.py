@@ -25,7 +25,7 @@ from pathlib import Path
 from bench import Row
 from torchforge.binaries import wheels as wheel_files
 from torchforge.binaries.plan import CudaLibs, StackPlan, component_plan
-from torchforge.binaries.stack import plan_wheels, repack_planned
+from torchforge.binaries.stack import SWITCH_INTERVAL, plan_wheels, repack_planned
 from torchforge.condawriter import CHUNK, zstd
 from torchforge.errors import ForgeError
 from torchforge.proc import Command, Runner
@@ -120,6 +120,24 @@ def _stack_plan(runner: Runner) -> StackPlan:
     return plan_wheels(_repackable(folder), CudaLibs.WHEELS)
 
 
+def _repack_once(stack: StackPlan, channel: Path, gil_switch: float | None, suffix: str) -> tuple[float, float]:
+    """One repack of `stack` into `channel` with the GIL's switch interval `gil_switch` (None: Python's); its wall
+    and CPU seconds. The timeline goes to BENCH_TIMELINE (or WORK/timeline.txt), `suffix` added to its stem."""
+    timeline = Timeline()
+    result = repack_planned(stack, channel, Runner(), on_step=timeline.step, gil_switch=gil_switch)
+    seconds, cpu = timeline.elapsed(), timeline.cpu()
+    path = Path(os.environ.get("BENCH_TIMELINE") or WORK / "timeline.txt")
+    timeline.write(path.with_name(f"{path.stem}{suffix}{path.suffix}"))
+    print(f"  GIL switch interval {_interval(gil_switch)}: {seconds:.1f} s")
+    for package in sorted(result.packages, key=lambda p: -p.seconds)[:5]:  # the longest builds (they overlap)
+        print(f"    {package.archive.name}: {package.size / 1e6:.1f} MB in {package.seconds:.1f} s")
+    return seconds, cpu
+
+
+def _interval(seconds: float | None) -> str:
+    return f"{(sys.getswitchinterval() if seconds is None else seconds) * 1e3:g} ms" + (" (Python's)" if seconds is None else "")
+
+
 def _measure(name: str, stack: StackPlan) -> list[Row]:
     shutil.rmtree(WORK / "out", ignore_errors=True)
     (WORK / "out").mkdir(parents=True)
@@ -127,23 +145,23 @@ def _measure(name: str, stack: StackPlan) -> list[Row]:
     size = sum(w.stat().st_size for w in wheels)
     load_before = os.getloadavg()
     floor, floor_cpu = floor_seconds(wheels, WORK / "out")
+    # The repack as it runs (SWITCH_INTERVAL), then the plain alternative in the same run: Python's interval.
     kept = os.environ.get("BENCH_REPACK_CHANNEL")  # the H100 run installs and verifies what was repacked
-    timeline = Timeline()
-    result = repack_planned(stack, Path(kept) if kept else WORK / "out" / "chan", Runner(), on_step=timeline.step)
-    repack, repack_cpu = timeline.elapsed(), timeline.cpu()
-    timeline.write(Path(os.environ.get("BENCH_TIMELINE") or WORK / "timeline.txt"))
-    for package in sorted(result.packages, key=lambda p: -p.seconds)[:5]:  # the longest builds (they overlap)
-        print(f"  {package.archive.name}: {package.size / 1e6:.1f} MB in {package.seconds:.1f} s")
+    repack, repack_cpu = _repack_once(stack, Path(kept) if kept else WORK / "out" / "chan", SWITCH_INTERVAL, "")
+    plain, plain_cpu = _repack_once(stack, WORK / "out" / "chan-plain", None, "-plain")
     load = "/".join(f"{a:.1f}" for a in os.getloadavg())
     shutil.rmtree(WORK / "out", ignore_errors=True)
     note = (f"{len(wheels)} wheels, {size / 1e9:.2f} GB; {os.cpu_count()} cores; load {load_before[0]:.1f} "
             f"before, {load} after (1/5/15 min); target <= 1.5x")
+    used = f"GIL switch interval {_interval(SWITCH_INTERVAL)}, tar fed to zstd in {CHUNK >> 20} MiB pieces"
     return [Row(f"repack {name}", "floor: unzip + one zstd-10 stream per wheel, every core", f"{floor:.1f} s",
                 f"{floor_cpu:.1f} CPU s; {note}"),
-            Row(f"repack {name}", "torchforge repack (--cuda-libs wheels), same wheels", f"{repack:.1f} s",
+            Row(f"repack {name}", f"torchforge repack (--cuda-libs wheels), same wheels; {used}", f"{repack:.1f} s",
                 f"{repack_cpu:.1f} CPU s (with its child processes)"),
             Row(f"repack {name}", "repack / floor", f"{repack / floor:.2f}x",
-                f"{os.cpu_count()} cores; CPU seconds {repack_cpu / max(floor_cpu, 1e-3):.2f}x (what a loaded machine shows)")]
+                f"{os.cpu_count()} cores; CPU seconds {repack_cpu / max(floor_cpu, 1e-3):.2f}x (what a loaded machine shows)"),
+            Row(f"repack {name}", f"plain: the same repack with {_interval(None)}", f"{plain:.1f} s",
+                f"{plain_cpu:.1f} CPU s; {plain / floor:.2f}x the floor; chosen / plain {repack / plain:.2f}x")]
 
 
 def run(quick: bool) -> list[Row]:

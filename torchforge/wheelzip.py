@@ -6,6 +6,7 @@ shared libraries must keep their bits. One worker per core: zlib releases the GI
 from __future__ import annotations
 
 import os
+import threading
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -39,13 +40,19 @@ def _extract(wheel: Path, dest: Path, check: Callable[[], None]) -> None:
         folder = dest / entry.filename if entry.is_dir() else (dest / entry.filename).parent
         folder.mkdir(parents=True, exist_ok=True)
     workers = os.cpu_count() or 1
-    # Deal members round-robin by size so each worker gets a share of the big libraries.
+    # Largest first, each worker taking the next member when it is done (longest-processing-time first): the
+    # worker that inflates libtorch_cpu.so gets nothing else, where a round-robin deal gave it a share as well.
     members.sort(key=lambda m: -m.file_size)
-    shares = [members[i::workers] for i in range(workers)]
+    todo = iter(members)
+    taking = threading.Lock()
 
-    def work(share: list[zipfile.ZipInfo]) -> None:
+    def take() -> zipfile.ZipInfo | None:
+        with taking:
+            return next(todo, None)
+
+    def work(_worker: int) -> None:
         with zipfile.ZipFile(wheel) as zf:
-            for member in share:
+            while (member := take()) is not None:
                 target = dest / member.filename
                 with zf.open(member) as src, target.open("wb") as dst:
                     while chunk := src.read(CHUNK):
@@ -56,4 +63,4 @@ def _extract(wheel: Path, dest: Path, check: Callable[[], None]) -> None:
                     target.chmod(mode)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(work, shares))
+        list(pool.map(work, range(workers)))

@@ -12,7 +12,8 @@
 #      causal-conv1d 1.7.0 from its sdist for sm_90 against the channel phase 1 made (made here on a fresh machine,
 #      after call 0), its check, then verify.
 #   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (carry [".cache/wheels312"]; ~3 min)
-#      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after.
+#      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after;
+#      the timelines of both repacks (chosen, plain) land in $OUT/repack-timeline*.txt.
 # Everything also lands in $OUT/speed-<phase>.txt and the builds' logs in $OUT.
 set -uo pipefail
 phase="${1:-builds}"
@@ -88,7 +89,7 @@ with serve() as (url, store):
     stamp "rebuild the stack's wheels"
     [ -d "$work/stack-wheels" ] || $PY "$src/tests/gpu/rebuild_wheels.py" "$work/stack-wheels" torch torchvision torchaudio | tail -3
     stamp "bench repack (before)"
-    BENCH_STACK_WHEELS="$work/stack-wheels" $PY -m bench repack
+    BENCH_STACK_WHEELS="$work/stack-wheels" BENCH_TIMELINE="$out/repack-timeline.txt" $PY -m bench repack
     stamp "bench repack (after)"
   fi
   stamp "done"
