@@ -278,7 +278,7 @@ class OfficialFlavour:
                          *companionsource.flags(recipe.source))) for recipe in stack)
         needs = MachineNeeds(cuda_versions=(pytorch.cuda,) if pytorch.cuda else (), platforms=(pytorch.subdir,),
                              arch_lists=(pytorch.arch_list,) if pytorch.arch_list else (), host_tools=(),
-                             channels=tuple((pytorch.subdir, url) for url in channels if stack),
+                             channels=tuple((pytorch.subdir, url) for url in channels) if stack else (),
                              toolkit_on_host=bool(pytorch.cuda and stack), arch_checked=bool(pytorch.cuda and stack))
         warnings = tuple(f"{recipe.id}: {message}" for recipe in stack for message in recipe.warnings)
         return Plan(NAME, recipes, warnings, needs=needs, given_pytorch=pytorch)
