@@ -1,8 +1,11 @@
 """A stack file end to end on the CPU (issue 39): the real torch 2.13.0 CPU wheel repacked and torch-scatter 2.1.2
-built from its sdist by `build --stack`, next to a stand-in conda-forge channel (tests/test_extension_build's, whose
-carried packages are the dependencies brought along); the lock beside the file names every package file;
+built from its sdist by `build --stack`, with the team's own small package (team-utils, a pure-Python sdist
+made here) whose requirement sortedcollections no channel has: the stack file's `[channels] wheels` folder holds
+the real PyPI wheels (tests/fixtures/wheels), and the build brings it and sortedcontainers, which it requires in
+turn, into the output channel; all next to a stand-in conda-forge channel (tests/test_extension_build's, whose
+carried packages are pytorch's own requirements). The lock beside the file names every package file;
 `install --stack` installs exactly those into a fresh prefix, where scatter_add / scatter_max agree with plain
-torch; `verify --stack` passes, and fails naming the file once one package of the prefix is another build; a lock
+torch and team-utils runs on the brought-along sortedcollections; `verify --stack` passes, and fails naming the file once one package of the prefix is another build; a lock
 whose file the channel no longer holds, or holds with another sha256, is refused before anything is installed."""
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 
 from tests.pkgfactory import make_package
 from tests.rattler_in_child import install_without_dependencies
+from tests.test_closure import WHEELS
 from tests.test_extension_build import CHECK, PY, SCATTER, SCATTER_BUILDS, channels, scatter_compile_cache  # noqa: F401  (the shared channels fixture)
 from tests.tool_venvs import ensure
 from torchforge.cli import main
@@ -42,10 +46,39 @@ wheels = ["wheels"]
 [[extensions]]
 spec = "{scatter}"
 
+[[extensions]]
+spec = "sdists/team_utils-1.0.tar.gz"
+
 [channels]
 next_to = ["{standins}"]
 out = "channel"
+wheels = ["{requirement_wheels}"]
 """
+
+# the team's own package: pure Python, with a requirement (sortedcollections) that no channel of the stack has
+TEAM_UTILS = {
+    "PKG-INFO": "Metadata-Version: 2.2\nName: team-utils\nVersion: 1.0\nRequires-Dist: sortedcollections>=2\n",
+    "pyproject.toml": ('[build-system]\nrequires = ["setuptools", "wheel"]\nbuild-backend = "setuptools.build_meta"\n\n'
+                       '[project]\nname = "team-utils"\nversion = "1.0"\ndependencies = ["sortedcollections>=2"]\n'),
+    "team_utils/__init__.py": ("from sortedcollections import ValueSortedDict\n\n\n"
+                               "def ranked(scores):\n    return list(ValueSortedDict(scores).keys())\n"),
+}
+TEAM_CHECK = "import team_utils; print(team_utils.ranked({'a': 3, 'b': 1, 'c': 2}))"
+
+
+def team_utils_sdist(folder: Path) -> Path:
+    """team_utils-1.0.tar.gz in folder, from TEAM_UTILS."""
+    import io
+    import tarfile
+    folder.mkdir(parents=True, exist_ok=True)
+    sdist = folder / "team_utils-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, text in TEAM_UTILS.items():
+            data = text.encode()
+            member = tarfile.TarInfo(f"team_utils-1.0/{name}")
+            member.size = len(data)
+            archive.addfile(member, io.BytesIO(data))
+    return sdist
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +92,8 @@ def built(channels: tuple[Path, Path], torch_wheel: Path,  # noqa: F811
     (root / "wheels").mkdir()
     os.symlink(torch_wheel, root / "wheels" / torch_wheel.name)
     stack = root / "stack.toml"
-    stack.write_text(STACK.format(scatter=SCATTER, standins=channels[1]))
+    team_utils_sdist(root / "sdists")
+    stack.write_text(STACK.format(scatter=SCATTER, standins=channels[1], requirement_wheels=WHEELS))
     with pytest.MonkeyPatch.context() as patch:
         cache = root / "cache" / "torchforge" / "extensions"
         cache.mkdir(parents=True)
@@ -81,7 +115,10 @@ def test_the_lock_names_every_package_file_of_the_stack(built: Path) -> None:
     lock = stack_lock.read(built.with_suffix(".lock"))
     (env,) = lock.environments
     by_name = {p.name: p for p in env.packages}
-    assert {"pytorch", "torch-scatter", "python", "filelock", "fsspec"} <= set(by_name), sorted(by_name)
+    assert {"pytorch", "torch-scatter", "team-utils", "python", "filelock", "fsspec"} <= set(by_name), sorted(by_name)
+    out = (built.parent / "channel").as_uri()
+    for brought in ("sortedcollections", "sortedcontainers"):  # brought along into the output channel
+        assert by_name[brought].channel == out and by_name[brought].build == "whl_py3.11_0", by_name[brought]
     scatter = by_name["torch-scatter"]
     archive = built.parent / "channel" / scatter.subdir / scatter.file
     assert scatter.file.startswith("torch-scatter-2.1.2-pt2.13.0_cpu_") and scatter.sha256 == sha256_file(archive)
@@ -98,6 +135,9 @@ def test_install_of_the_lock_runs_torch_scatter_against_torch(built: Path, insta
                           env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torch_scatter 2.1.2 ok against torch 2.13.0" in done.stdout
+    team = subprocess.run([str(installed / "bin" / "python"), "-c", TEAM_CHECK], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ""})
+    assert team.returncode == 0 and team.stdout.split() == ["['b',", "'c',", "'a']"], team.stderr[-3000:]
 
 
 def test_verify_of_the_stack_passes_and_names_a_swapped_package(

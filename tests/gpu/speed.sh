@@ -14,6 +14,10 @@
 #   2. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh repack     (carry [".cache/wheels312"]; ~3 min)
 #      `python -m bench repack` on the machine's stack (goal: at most 1.5x the floor), the load before and after;
 #      the timelines of both repacks (chosen, plain) land in $OUT/repack-timeline*.txt.
+#   3. TOOL_WHEELS=.cache/wheels312 bash tests/gpu/speed.sh compress   (carry [".cache/wheels312"]; ~2 min)
+#      where the pytorch package's own time goes (the repack's tail): tests/gpu/compress_probe.py times its parts
+#      alone with every core (unpack, RPATH, the bare zstd stream, the writer, the hashing), then one_package.py
+#      builds it alone with its steps' timeline.
 # Everything also lands in $OUT/speed-<phase>.txt and the builds' logs in $OUT.
 set -uo pipefail
 phase="${1:-builds}"
@@ -84,6 +88,13 @@ with serve() as (url, store):
       --check "$src/tests/gpu/extension_checks/causal_conv1d_check.py" | tail -30
     echo "kernel_stack exit ${PIPESTATUS[0]}"
     verify_prefix "$work/kc/prefix"
+  elif [ "$phase" = compress ]; then
+    stamp "rebuild the stack's wheels"
+    [ -d "$work/stack-wheels" ] || $PY "$src/tests/gpu/rebuild_wheels.py" "$work/stack-wheels" torch torchvision torchaudio | tail -3
+    stamp "compress probe (pytorch)"
+    $PY "$src/tests/gpu/compress_probe.py" "$work/stack-wheels" torch
+    stamp "one package alone (pytorch)"
+    $PY "$src/tests/gpu/one_package.py" "$work/stack-wheels" torch
   else
     # the machine's whole stack (torch, torchvision, torchaudio and what they require) as wheels, for the bench
     stamp "rebuild the stack's wheels"
