@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
 import threading
 import time
 import zipfile
@@ -237,3 +238,91 @@ def test_ctrl_c_while_building_stops_every_build_and_leaves_the_channel_as_it_wa
     rerun = subprocess.run(argv, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert len(list(chan.glob("linux-64/*.conda"))) == 1 and not list(chan.glob(".torchforge-tmp-*"))
+
+
+def _held_stack_repack(tmp_path: Path) -> tuple[object, Path, Path, int]:
+    """`torchforge repack` of the stand-in cu128 stack, held at its lead's unpack (torchforge.pausepoint):
+    the running process, the channel, the hold folder and the pid of the process that reached the pause."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_repack_torch import _terminal_sigint
+    from tests.test_upload_helpers import ROOT, cli_env
+    from torchforge.pausepoint import PAUSE_VARIABLE
+
+    wheels = Factory(tmp_path / "wheels").stack("cu128")
+    chan, hold = tmp_path / "chan", tmp_path / "hold"
+    hold.mkdir()
+    argv = [sys.executable, "-m", "torchforge.cli", "repack", *map(str, wheels), "--cuda-libs", "wheels",
+            "--out", str(chan)]
+    proc = subprocess.Popen(argv, env=cli_env({PAUSE_VARIABLE: f"repack-unpacking:{hold}"}), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_terminal_sigint)
+    reached = hold / "repack-unpacking.reached"
+    deadline = time.monotonic() + 120
+    while not (reached.exists() and reached.read_text().endswith("\n")) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if proc.poll() is not None or not reached.exists():
+        proc.kill()
+        pytest.fail(f"never reached the lead's unpack: {proc.communicate()[0].decode(errors='replace')[-2000:]}")
+    assert os.getpgid(proc.pid) == proc.pid
+    return proc, chan, hold, int(reached.read_text())
+
+
+def _gone(pid: int, within: float) -> bool:
+    import os
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_lead_builds_in_a_process_of_its_own_and_the_stack_is_published(tmp_path: Path) -> None:
+    """The largest package of a stack builds in a child process (a GIL of its own beside the other builds:
+    torchforge/binaries/ownprocess.py); its steps and result come back, and the stack is published whole."""
+    proc, chan, hold, pid = _held_stack_repack(tmp_path)
+    try:
+        assert pid != proc.pid  # before: the lead's unpack ran in the repack's own process
+        (hold / "repack-unpacking.release").touch()
+        output = proc.communicate(timeout=300)[0].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert "pytorch-" in output and len(list(chan.glob("linux-64/*.conda"))) >= 6
+    assert _gone(pid, 5)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+def test_the_lead_process_ends_with_the_repack(signum: int, tmp_path: Path) -> None:
+    """Ctrl-C while the lead's child is held mid-unpack: exit 130 within the bound, no traceback, the channel as
+    it was, the child gone. SIGKILL of the repack: the child dies with it (nothing keeps writing)."""
+    import os
+    proc, chan, hold, pid = _held_stack_repack(tmp_path)
+    try:
+        if signum == signal.SIGKILL:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=10)
+            assert _gone(pid, 10), "the lead's process outlived the killed repack"
+            return
+        (hold / "repack-unpacking.release").touch()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            output = proc.communicate(timeout=INTERRUPT_BOUND_S)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the repack was still running {INTERRUPT_BOUND_S} s after Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == ExitCode.INTERRUPTED, output
+    assert "Traceback" not in output and "rerun the same command to resume" in output
+    assert sorted(p.name for p in chan.iterdir()) == [".torchforge-repack-locks", ".torchforge.lock"]
+    assert _gone(pid, 5)

@@ -5,7 +5,8 @@ ones wait behind it and a machine's cores idle while one package unpacks or runs
 much memory it may need at its peak (`Job.memory`); jobs start in order of size while the sum of the running
 jobs' memory stays within the budget (a job larger than the whole budget runs alone) and at most `workers`
 run. Builds are threads: their work is zlib, zstd, hashlib and patchelf, which do not hold the GIL, and a
-SIGKILL ends them with the process (nothing outlives a killed repack).
+SIGKILL ends them with the process; a stack's lead package runs its build in a child process of its thread
+(torchforge.binaries.ownprocess), which dies with it (nothing outlives a killed repack).
 
 The first failure (or Ctrl-C) stops the rest: `cancelled()` turns true, each running build raises
 `Cancelled` at its next check, and `run_jobs` waits for them before it raises, so the caller's scratch folder

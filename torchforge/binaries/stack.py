@@ -27,6 +27,7 @@ from filelock import FileLock, Timeout
 
 from torchforge import __version__, fileops, localchannel, repodata
 from torchforge.binaries import wheels as wheel_files
+from torchforge.binaries.ownprocess import build_archive_in_process
 from torchforge.binaries.plan import CudaLibs, PackagePlan, StackPlan, plan
 from torchforge.errors import AuditFailedError, UsageError
 from torchforge.proc import Runner
@@ -136,8 +137,10 @@ def build_packages(packages: Sequence[PackagePlan], work: Path, runner: Runner, 
         while package is not lead and not lead_patched.wait(0.1):
             check()
         start = time.perf_counter()
+        # The lead in a process of its own while others build beside it (torchforge.binaries.ownprocess says why)
+        builder = build_archive_in_process if package is lead and len(jobs) > 1 else build_archive
         try:
-            archive, report, depends = build_archive(
+            archive, report, depends = builder(
                 package, work / "out", runner, specs=specs, work=work, zstd_level=level, zstd_threads=threads,
                 extra={"repack_plan": plan_digest(package)}, wheel_sha256=shas[package.filename], check=check,
                 on_step=lambda s: on_step(package, s))
