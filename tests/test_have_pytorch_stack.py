@@ -29,6 +29,10 @@ REPACKED = f"pytorch-2.13.0-whl_py{PY}_cpu_0"
 
 @pytest.fixture(scope="module")
 def repacked(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return repacked_once(torch_wheel, tmp_path_factory)
+
+
+def repacked_once(torch_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """`torchforge repack` of the wheel (once per session), and the stand-ins of what it and the build need."""
     shared = session_shared(tmp_path_factory) / "have-pytorch"
     with FileLock(str(shared) + ".lock"):

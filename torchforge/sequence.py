@@ -333,7 +333,10 @@ def given_standins(flavour: str, request: Request, pytorch: PytorchBuild, where:
     the_plan = plugin(flavour).plan_for(pytorch, request, "rattler-build")
     missing = [u.spec for u in provided.unprovided(pytorch.depends, pytorch.stem, request.for_channels)]
     python = next((s for s in pytorch.depends if s.split()[0] == "python"), f"python {pytorch.python}.*")
-    return StandIns(tuple(dict.fromkeys([python, *missing, *plan_requirements(the_plan)])),
+    # the recipes' pins of this very pytorch (host `pytorch ==V BUILD`, run `pytorch ==V`) are its channel's file:
+    # a stand-in of that name would be one more pytorch for the solver to choose
+    recipes = [spec for spec in plan_requirements(the_plan) if spec.split()[0] != "pytorch"]
+    return StandIns(tuple(dict.fromkeys([python, *missing, *recipes])),
                     f"{pytorch.stem} ({where}) and its recipes", the_plan.conda_forge_packages, pytorch.python,
                     pytorch.cuda is not None)
 

@@ -11,12 +11,13 @@ import typer
 from torchforge import sequence
 from torchforge.commands.options import (
     ArchListOpt, CudaOpt, ExtensionOpt, FlavourOpt, ForChannelOpt, ForOpt, PlatformOpt, PythonOpt, PytorchOpt,
-    SourceOpt, check_channel_args, chosen_flavour, nonempty_path,
+    SourceOpt, WheelsOpt, WithOpt, check_channel_args, chosen_flavour, nonempty_path, with_names,
 )
 from torchforge.commands.stack import StackOpt, refuse_flags
+from torchforge.closure import default_source
 from torchforge.console import err, out, warn
 from torchforge.errors import UsageError
-from torchforge.extensions.standins import extension_standins
+from torchforge.extensions.standins import extension_standins, real_setuptools
 from torchforge.flavours import Request
 from torchforge.prefix import resuming
 from torchforge.prefix import install as install_into
@@ -29,7 +30,8 @@ def register(app: typer.Typer) -> None:
         out_dir: Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Channel folder to write (created if missing).")] = Path("standin-channel"),
         pytorch: PytorchOpt = None, cuda: CudaOpt = None, python: PythonOpt = None, platform: PlatformOpt = None,
         arch_list: ArchListOpt = None, source: SourceOpt = None, flavour: FlavourOpt = None,
-        extension: ExtensionOpt = None, for_: ForOpt = None, channel: ForChannelOpt = None,
+        extension: ExtensionOpt = None, for_: ForOpt = None, channel: ForChannelOpt = None, with_: WithOpt = None,
+        wheels: WheelsOpt = None,
     ) -> None:
         """Write a STAND-IN channel for an offline build: one tiny package per requirement of the recipes that
         `torchforge build` would build with the same flags (the same flavour: conda-forge's shape for 2.6+,
@@ -39,20 +41,27 @@ def register(app: typer.Typer) -> None:
         real channel. Packages built against it are for trying torchforge only. --extension SPEC adds what that
         extension's recipe installs (setuptools, wheel, pip, its stated requirements), read without running it;
         `wheel` is the real one where this machine's setuptools needs it to build wheels. --for SPEC (a pytorch of
-        a --channel, e.g. one `repack` wrote): stand-ins for what that pytorch requires and no --channel has."""
+        a --channel, e.g. one `repack` wrote): stand-ins for what that pytorch requires and no --channel has;
+        --with torchvision,torchaudio adds what their recipes install (their setuptools is the real one, from
+        --wheels or pip's index, where this machine's cannot build a wheel)."""
         if channel and for_ is None:
             raise UsageError("--channel says where --for's pytorch is, and no --for is given",
                              "add --for SPEC (e.g. --for 'pytorch ==2.13.0 whl_*'), or leave --channel out")
         chosen = chosen_flavour(flavour, pytorch, cuda, python, platform, arch_list, for_spec=for_)
         request = Request(pytorch, cuda, python, platform, arch_list, source=source, for_pytorch=for_,
-                          for_channels=check_channel_args(channel))
+                          for_channels=check_channel_args(channel), with_packages=with_names(with_))
         needed = sequence.standins(chosen, request)
-        extra = extension_standins(tuple(extension or ()), needed.python or this_python(), needed.cuda)
+        python_of_stand_ins = needed.python or this_python()
+        extra = extension_standins(tuple(extension or ()), python_of_stand_ins, needed.cuda)
         for line in extra.warnings:
             warn(line)
-        written, config = write_standin_channel(list(dict.fromkeys([*needed.specs, *extra.specs])), out_dir,
-                                                conda_forge=needed.conda_forge, subdir=platform or SUBDIR,
-                                                real=extra.real)
+        specs = list(dict.fromkeys([*needed.specs, *extra.specs]))
+        # the companions' recipes build a wheel with the host's setuptools (an extension's brings `wheel` itself)
+        real = (*extra.real, *(real_setuptools(specs, python_of_stand_ins, extra.real,
+                                               default_source(tuple(str(w) for w in wheels or ())))
+                               if request.with_packages else ()))
+        written, config = write_standin_channel(specs, out_dir, conda_forge=needed.conda_forge,
+                                                subdir=platform or SUBDIR, real=real)
         for path in written:
             out.print(str(path))
         use = f"--channel {out_dir} after the pytorch's --channel" if for_ else f"--config {config}"

@@ -32,6 +32,7 @@ from torchforge.standin import Stub, base_python
 # The project that gives setuptools before 70.1 its bdist_wheel command, and how the stand-in python is asked
 # whether it has one (setuptools 70.1+ carries it as setuptools.command.bdist_wheel).
 WHEEL = "wheel"
+SETUPTOOLS = "setuptools"
 BUILDS_WHEELS = ("import importlib.util as u, sys; "
                  "sys.exit(0 if u.find_spec('wheel') or u.find_spec('setuptools.command.bdist_wheel') else 1)")
 
@@ -67,15 +68,37 @@ def extension_standins(texts: tuple[str, ...], python: str, cuda: bool) -> Exten
     return ExtensionStandIns(tuple(dict.fromkeys(found)), real, tuple(warnings))
 
 
+def real_setuptools(specs: list[str], python: str, real: tuple[Stub, ...],
+                    source: closure.WheelSource) -> tuple[Stub, ...]:
+    """A companion's recipe installs setuptools and pip and builds a wheel, as conda-forge's setuptools (70.1+)
+    does by itself; the stand-in python runs this machine's interpreter, whose setuptools may be older (no
+    bdist_wheel, and `pip check` then finds a torch that requires a newer one). There the `setuptools` of the
+    channel is the real project in a version of the recipe's spec, from the wheel pip gives for it (`source`: the
+    --wheels folders alone, else pip's index), so that the pair does what the package it stands in for does. ()
+    where no recipe needs it or this machine's builds wheels."""
+    setuptools = [spec for spec in specs if spec.split()[0] == SETUPTOOLS]
+    if not setuptools or SETUPTOOLS in {stub.name for stub in real} or builds_wheels(python):
+        return ()
+    requirement = closure.pip_spec(setuptools[0]) or SETUPTOOLS
+    got = closure.fetch_wheel(requirement, python, source, Runner())
+    if isinstance(got, str):
+        raise ToolMissingError(
+            f"the stand-in python's setuptools builds no wheel, and pip gave no {requirement} ({got})",
+            f"install setuptools 70.1+ into this machine's Python {python} (python{python} -m pip install -U "
+            "setuptools), or point pip at an index or folder that has it (pip config set global.find-links DIR)")
+    return (wheel_stub(got, python),)
+
+
 def builds_wheels(python: str) -> bool:
     """Whether the interpreter the stand-in python of `python` runs has a bdist_wheel (the `wheel` project, or
-    setuptools 70.1+), as the stand-in sees it (no user site-packages, as in a venv)."""
+    setuptools 70.1+), as the stand-in sees it (isolated: no user site-packages, as in a venv, and not the
+    folder it runs in)."""
     try:
         executable = base_python(python)
     except FileNotFoundError as exc:
         raise ToolMissingError(f"cannot make the stand-in python: {exc}",
                                "ask for a Python this machine has (--py X.Y with pythonX.Y on PATH)") from None
-    return subprocess.run([str(executable), "-s", "-c", BUILDS_WHEELS], capture_output=True).returncode == 0
+    return subprocess.run([str(executable), "-I", "-c", BUILDS_WHEELS], capture_output=True).returncode == 0
 
 
 def real_wheel(python: str) -> Stub:
