@@ -21,8 +21,8 @@ from bench import Row, timed
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.pipeline import BuildSettings
 from torchforge.sequence import official_steps
-from torchforge.render import plan
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.variant import Options, Selection
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "torch_like"
@@ -46,8 +46,8 @@ def _torchforge(args: list[str]) -> float:
 def _resume_rows(tmp: Path) -> list[Row]:
     sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
     from tests.stubchannel import make_stub_channel, recipe_requirements
-    from torchforge.recipe import pytorch_context
-    from torchforge.render import render_files
+    from torchforge.flavours.official.recipe import pytorch_context
+    from torchforge.flavours.official.render import render_files
     from torchforge.templates import RecipeFormat
 
     request = ["--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", PY, "--source", str(FIXTURE)]

@@ -56,8 +56,8 @@ def _engine_rows(engine_name: str, stubs: Path, tmp: Path, quick: bool) -> list[
     from torchforge.pipeline import BuildSettings, Pipeline
     from torchforge.sequence import official_steps
     from torchforge.proc import Runner
-    from torchforge.render import plan
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.render import plan
+    from torchforge.flavours.official.variant import Options, Selection
 
     engine, _ = select_engine(engine_name)
     out = tmp / engine_name / "channel"
@@ -99,12 +99,12 @@ def _findcuda_rows(tmp: Path, quick: bool) -> list[Row]:
     from tests.test_build import NVCC_RELEASE, nvcc_release
     from tests.test_compile_cache import findcuda_tree
     from torchforge.engines.rattler_build import RattlerBuildEngine
-    from torchforge.magmasource import inspect
+    from torchforge.flavours.official.magmasource import inspect
     from torchforge.pipeline import BuildSettings, Pipeline, StepResult
     from torchforge.sequence import official_steps
     from torchforge.proc import Runner
-    from torchforge.render import plan
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.render import plan
+    from torchforge.flavours.official.variant import Options, Selection
 
     if nvcc_release() != NVCC_RELEASE:
         return [Row("compile cache", f"{FINDCUDA}: warm rebuild / cold build", "-", f"needs nvcc {NVCC_RELEASE} on PATH")]
@@ -152,10 +152,10 @@ def run(quick: bool = False) -> list[Row]:
     sys.path.insert(0, str(ROOT))  # tests/stubchannel.py lives in the test package
     from tests.condabuild import HOW_TO_GET_ONE, find_conda_tool
     from tests.stubchannel import make_stub_channel, recipe_requirements
-    from torchforge.recipe import pytorch_context
-    from torchforge.render import plan, render_files
+    from torchforge.flavours.official.recipe import pytorch_context
+    from torchforge.flavours.official.render import plan, render_files
     from torchforge.templates import RecipeFormat
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.variant import Options, Selection
 
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp_name:
         tmp = Path(tmp_name)

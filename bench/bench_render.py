@@ -7,9 +7,9 @@ import time
 from bench import Row
 from torchforge import data as tables
 from torchforge import platforms
-from torchforge.render import plan, recipe_folders
+from torchforge.flavours.official.render import plan, recipe_folders
 from torchforge.templates import RecipeFormat
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 from torchforge.versions import parse
 
 

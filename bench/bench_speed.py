@@ -105,9 +105,9 @@ def _heavy_build(out: Path, stubs: Path, remote: RemoteCache | None, quick: bool
     from torchforge.engines.rattler_build import RattlerBuildEngine
     from torchforge.pipeline import BuildSettings, Pipeline
     from torchforge.proc import Runner
-    from torchforge.render import plan
+    from torchforge.flavours.official.render import plan
     from torchforge.sequence import official_steps
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.variant import Options, Selection
 
     engine = RattlerBuildEngine()
     selection = Selection.from_flags("2.9.0", "cpu", "3.11", None, Options(
@@ -122,12 +122,12 @@ def _heavy_build(out: Path, stubs: Path, remote: RemoteCache | None, quick: bool
 def _shared_cache(tmp: Path, quick: bool) -> list[Row]:
     from tests.stubchannel import make_stub_channel, recipe_requirements
     from tests.test_remote_cache import serve
-    from torchforge.recipe import pytorch_context
+    from torchforge.flavours.official.recipe import pytorch_context
     from torchforge.remotecache import remote_cache
-    from torchforge.render import plan
+    from torchforge.flavours.official.render import plan
     from torchforge.templates import RecipeFormat
-    from torchforge.render import render_files
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.render import render_files
+    from torchforge.flavours.official.variant import Options, Selection
 
     selection = Selection.from_flags("2.9.0", "cpu", "3.11", None, Options(source=str(HEAVY)))
     specs = [spec for variant in plan(selection).variants

@@ -13,7 +13,7 @@ from torchforge.flavours import official_selection
 from torchforge.flavours.base import Request
 from torchforge.preflight.report import Machine, PreflightReport
 from torchforge.proc import Runner
-from torchforge.variant import Selection
+from torchforge.flavours.official.variant import Selection
 
 
 def official_report(pytorch: str, cuda: str, python: str, *, platform: str | None = None, source: str | None = None,

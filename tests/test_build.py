@@ -16,10 +16,10 @@ from tests.rattler_in_child import solve_and_install
 from torchforge.cli import main
 from torchforge.engines import BuildJob
 from torchforge.engines.conda_build import CondaBuildEngine
-from torchforge.magmasource import inspect
-from torchforge.render import plan
+from torchforge.flavours.official.magmasource import inspect
+from torchforge.flavours.official.render import plan
 from torchforge.templates import RecipeFormat
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "magma_like"
 NVCC_RELEASE = "13.0"  # the toolkit on this project's machines (nvcc 13.0 on PATH)

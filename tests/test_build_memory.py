@@ -21,9 +21,9 @@ from torchforge.errors import ToolFailedError, ToolMissingError
 from torchforge.pipeline import Pipeline, StepResult
 from torchforge.preflight.table import choose_max_jobs, load_table, per_job_gib
 from torchforge.proc import Command, Runner
-from torchforge.render import plan
+from torchforge.flavours.official.render import plan
 from torchforge.sequence import official_steps
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 
 GIB = 1024**3
 # Address space g++ 12 needs to compile torch_like.cpp: it fails under 70 MB ("out of memory allocating") and

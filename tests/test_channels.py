@@ -25,8 +25,8 @@ from torchforge.pipeline import BuildSettings, Pipeline
 from torchforge.sequence import official_steps
 from torchforge.engines.conda_build import CondaBuildEngine
 from torchforge.proc import Command, Runner
-from torchforge.render import plan
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.variant import Options, Selection
 
 PYTORCH = "https://conda.anaconda.org/pytorch"
 NVIDIA = "https://conda.anaconda.org/nvidia"
@@ -413,7 +413,7 @@ def test_doctor_reads_an_http_channel_and_names_one_that_does_not_answer(tmp_pat
     from tests.stubchannel import make_stub_channel
     from torchforge.channels import SiteChannels
     from torchforge.config import SiteConfig
-    from torchforge.recipe import pytorch_context
+    from torchforge.flavours.official.recipe import pytorch_context
 
     selection_ = selection("2.9.0", "cpu", "3.11")
     (variant,) = plan(selection_).variants

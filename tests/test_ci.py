@@ -260,8 +260,8 @@ def test_compile_cache_is_the_one_torchforge_build_uses(tmp_path: Path) -> None:
     from torchforge.engines.rattler_build import RattlerBuildEngine
     from torchforge.pipeline import BuildSettings
     from torchforge.sequence import official_steps
-    from torchforge.render import plan
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.render import plan
+    from torchforge.flavours.official.variant import Options, Selection
 
     selection = Selection.from_flags("2.5.1", "11.8,12.4", "3.10,3.12", None, Options())
     steps = official_steps(plan(selection), RattlerBuildEngine(), BuildSettings(out=tmp_path / "forge-channel"))
@@ -549,9 +549,10 @@ def test_source_paths_name_the_same_packages_and_cache_anywhere(tmp_path: Path, 
     """`torchforge ci` runs at the user's repository root, the job in a CI checkout elsewhere: a relative
     --source / --magma-source must give the same build strings and compile-cache keys in both places."""
     from tests.official_report import selection_from_flags
-    from torchforge.compilecache import context_material, group_key
-    from torchforge.recipe import magma_context, pytorch_context
-    from torchforge.render import plan
+    from torchforge.compilecache import group_key
+    from torchforge.flavours.official.planning import context_material
+    from torchforge.flavours.official.recipe import magma_context, pytorch_context
+    from torchforge.flavours.official.render import plan
 
     fixtures = Path(__file__).parent / "fixtures"
     seen = set()

@@ -16,13 +16,13 @@ from tests.rattler_in_child import solve
 from torchforge import data as tables
 from torchforge import localchannel
 from torchforge.cli import main
-from torchforge.companions import companions_for, pytorch_cuda
+from torchforge.flavours.official.companions import companions_for, pytorch_cuda
 from torchforge.localchannel import index
 from torchforge.postbuild import ensure_index_fields
 from torchforge.proc import Runner
-from torchforge.render import plan
-from torchforge.resolve import classify
-from torchforge.variant import Request, Selection
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.variant import Request, Selection
 
 
 def _solve(channels: list[Path], specs: list[str], cache: Path) -> dict[str, str]:

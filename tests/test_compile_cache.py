@@ -24,18 +24,19 @@ from tests.stubchannel import make_stub_channel, recipe_requirements
 from tests.test_build import NVCC_RELEASE, needs_nvcc
 from torchforge.channels import SiteChannels
 from torchforge.compilecache import (
-    COMPILERS_VARIABLE, CacheStats, CompileCache, context_material, find_ccache, group_key, objects_built, read_stats,
+    COMPILERS_VARIABLE, CacheStats, CompileCache, find_ccache, group_key, objects_built, read_stats,
 )
-from torchforge.magmasource import inspect
+from torchforge.flavours.official.planning import context_material
+from torchforge.flavours.official.magmasource import inspect
 from torchforge.engines import Engine
 from torchforge.engines.rattler_build import RattlerBuildEngine
 from torchforge.pipeline import BuildSettings, Pipeline, Step, StepResult
 from torchforge.sequence import official_steps
 from torchforge.proc import Runner
-from torchforge.recipe import pytorch_context
-from torchforge.render import plan, render_files
+from torchforge.flavours.official.recipe import pytorch_context
+from torchforge.flavours.official.render import plan, render_files
 from torchforge.templates import RecipeFormat
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_heavy"
 TORCH_LIKE = Path(__file__).parent / "fixtures" / "torch_like"  # setuptools only: an Extension and a distutils library
@@ -527,7 +528,7 @@ def build_magma(tree: Path, out: Path, *, arch_list: str = "8.0", **more: object
 
 def test_an_arch_list_or_toolkit_change_is_another_magma_cache_group_and_another_pytorch_release_is_not() -> None:
     def key(cuda: str = "12.8", arch_list: str = "8.0", pytorch: str = "2.9.0") -> str:
-        from torchforge.recipe import magma_context
+        from torchforge.flavours.official.recipe import magma_context
 
         selection = Selection(pytorch, (cuda,), ("3.12",), "linux-64",
                               Options(arch_list=arch_list, magma_source=inspect(str(FINDCUDA))))

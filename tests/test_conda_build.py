@@ -24,10 +24,10 @@ from tests.test_upload_helpers import cli
 from torchforge.cli import main
 from tests.official_report import selection_from_flags
 from torchforge.diagnose import explain_log
-from torchforge.render import RenderPlan, plan, recipe_folders, write_folders
+from torchforge.flavours.official.render import RenderPlan, plan, recipe_folders, write_folders
 from torchforge.templates import RecipeFormat
 from torchforge.rpath import Layout, audit
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVCC_RELEASE = "13.0"

@@ -24,7 +24,7 @@ from tests.test_conda_build import (CPU_ARGS, CUDA_ARGS, PYTORCH, Forge, Planned
                                     _create, _imports_and_runs, _log, _plan, _planned, _published, conda_tool, needs_nvcc)
 from tests.test_upload_helpers import cli
 from torchforge.containers import TOOL_VARIABLE
-from torchforge.render import recipe_folders
+from torchforge.flavours.official.render import recipe_folders
 from torchforge.templates import RecipeFormat
 
 __all__ = ["conda_tool"]  # the fixture, imported to be used here

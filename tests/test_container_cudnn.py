@@ -22,7 +22,7 @@ from torchforge.config import load as load_site
 from torchforge.errors import ExitCode
 from tests.official_report import official_report
 from torchforge.proc import Command, Runner
-from torchforge.render import plan
+from torchforge.flavours.official.render import plan
 
 CUDNN_ENV = ("CUDNN_INCLUDE_DIR", "CUDNN_LIB_DIR")
 

@@ -15,13 +15,13 @@ from tests.pkgfactory import make_package
 from torchforge.cli import main
 from tests.official_report import selection_from_flags
 from torchforge.engines.rattler_build import RattlerBuildEngine
-from torchforge.magmasource import MagmaSource
+from torchforge.flavours.official.magmasource import MagmaSource
 from torchforge.pipeline import Action, BuildSettings
 from torchforge.sequence import official_steps
-from torchforge.render import plan
-from torchforge.resolve import classify
-from torchforge.resolved import Status
-from torchforge.variant import Options, Request, Selection, parse_env
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.resolved import Status
+from torchforge.flavours.official.variant import Options, Request, Selection, parse_env
 
 OFFICIAL = "py3.12_cuda12.4_cudnn9.1.0_0"
 

@@ -12,9 +12,9 @@ import pytest
 from tests.cuda_standin import make_stand_in_toolkit
 from tests.stubchannel import make_stub_channel
 from tests.test_upload_helpers import cli
-from torchforge.recipe import pytorch_context
-from torchforge.render import plan
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.recipe import pytorch_context
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.variant import Options, Selection
 
 # cuDNN and friends are not on this machine: the doctor sees stand-in files under their names (conftest.py).
 pytestmark = pytest.mark.usefixtures("bundled_libraries")

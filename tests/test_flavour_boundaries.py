@@ -4,8 +4,9 @@ A flavour turns a request into a plan; everything else consumes the plan, never 
 rules, read from the imports (tests/test_import_cycles.py collects them):
 
 (a) flavours never import each other;
-(b) nothing outside torchforge/flavours/ imports a flavour's internals: a submodule of a flavour package, a
-    private name of a flavour, or (today) any module of the official flavour, which has no public face yet;
+(b) nothing outside torchforge/flavours/ imports a flavour's internals: a submodule of a flavour package
+    (`torchforge.flavours.official.recipe`) or a private name of a flavour; a flavour's face, its package's
+    __init__.py, names what the rest may use;
 (c) torchforge/commands/ imports no flavour module at all (the registry `torchforge.flavours` alone), so that
     commands parse flags, call the library and print, and never fork on the flavour.
 
@@ -28,14 +29,11 @@ REGISTRY = "torchforge.flavours"
 NEUTRAL = (REGISTRY, f"{REGISTRY}.base")
 COMMANDS = "torchforge.commands"
 
-# The official flavour: the modules that turn a selection into the pytorch channel's shape of packages (the
-# request, the classification rules, the template context, the companion metapackages, the magma source and
-# the recipe files, the --with torchvision and torchaudio recipes). Flat at the top of the package today; move 3 of issue 30 moves them into
-# torchforge/flavours/official/, and then this tuple gives way to that package (the lists below are renamed,
-# not grown).
-OFFICIAL = ("torchforge.variant", "torchforge.resolve", "torchforge.recipe", "torchforge.companions",
-            "torchforge.render", "torchforge.magmasource", "torchforge.officialstack", "torchforge.officialpreflight",
-            "torchforge.resolved", "torchforge.magmaplan", "torchforge.bundled", "torchforge.officialwheel")
+# Each flavour is a package under torchforge/flavours/ (official/, conda_forge/): the official model (the request,
+# the classification rules, the template context, the companion metapackages, the magma source and the recipe
+# files, the --with torchvision and torchaudio recipes) was flat at the top of the package and listed here in a
+# tuple until issue 43's move 4 took it into torchforge/flavours/official/; a module belongs to a flavour by its
+# place alone (flavour_of).
 
 # ---- ratchets (issue 30): may only shrink ---------------------------------------------------------------------
 
@@ -45,10 +43,9 @@ FLAVOURS_IMPORTING_EACH_OTHER: dict[str, frozenset[str]] = {}
 
 # (b) modules outside torchforge/flavours/ (commands/ apart: rule (c) is stricter) that import a flavour"s
 # internals (issue 30, moves 4 to 7: consumers take the plan).
-INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {
-    "torchforge.compilecache": frozenset({"torchforge.recipe"}),
-    "torchforge.pipeline": frozenset({"torchforge.resolved"}),
-}
+# Move 4 emptied it: compilecache's official cache material (context_material, of a RecipeContext) went into the
+# official flavour, and pipeline's describe_settings (a package's recorded settings for a message) into pipeline.
+INTERNALS_IMPORTED_FROM_OUTSIDE: dict[str, frozenset[str]] = {}
 
 # (c) command modules that import a flavour module (issue 30, moves 5 and 6: commands/flavour.py goes, the
 # sequencer moves into the library).
@@ -56,11 +53,10 @@ COMMANDS_IMPORTING_FLAVOURS: dict[str, frozenset[str]] = {}
 
 
 def flavour_of(module: str) -> str | None:
-    """The flavour a module belongs to (its top module's name), or None for the registry and everything else."""
+    """The flavour a module belongs to (its package's name under the registry), or None for the registry and
+    everything else."""
     if module in NEUTRAL:
         return None
-    if module in OFFICIAL:
-        return "official"
     if module.startswith(REGISTRY + "."):
         return module.split(".")[2]
     return None
@@ -107,11 +103,11 @@ def flavours_importing_each_other(edges: list[ImportEdge]) -> dict[str, frozense
 
 
 def _internal(edge: ImportEdge) -> bool:
-    """A flavour's internals: any official module (no public face yet), a submodule of a flavour package
-    (`torchforge.flavours.X.Y`), or a private name of a flavour."""
+    """A flavour's internals: a submodule of a flavour package (`torchforge.flavours.X.Y`) or a private name of a
+    flavour."""
     if flavour_of(edge.target) is None:
         return False
-    return edge.target in OFFICIAL or edge.target.count(".") > 2 or (edge.name is not None and _private(edge.name))
+    return edge.target.count(".") > 2 or (edge.name is not None and _private(edge.name))
 
 
 def _outside(module: str) -> bool:
@@ -163,17 +159,22 @@ def test_the_rules_see_each_kind_of_offence() -> None:
     def edge(importer: str, target: str, name: str | None = None) -> ImportEdge:
         return ImportEdge(importer, target, name, None, 1)
 
-    cross = [edge("torchforge.flavours.conda_forge", "torchforge.render", None),
+    official = "torchforge.flavours.official"
+    assert flavour_of(f"{official}.recipe") == flavour_of(official) == "official"
+    assert flavour_of("torchforge.flavours.conda_forge.facts") == "conda_forge"
+    assert flavour_of("torchforge.flavours.base") is flavour_of("torchforge.pipeline") is None
+    cross = [edge("torchforge.flavours.conda_forge", f"{official}.render", None),
              edge("torchforge.flavours.conda_forge", "torchforge.flavours", None),  # the registry: allowed
-             edge("torchforge.resolve", "torchforge.variant", None)]  # within one flavour: allowed
-    assert flavours_importing_each_other(cross) == {"torchforge.flavours.conda_forge": frozenset({"torchforge.render"})}
+             edge(f"{official}.resolve", f"{official}.variant", None)]  # within one flavour: allowed
+    assert flavours_importing_each_other(cross) == {"torchforge.flavours.conda_forge": frozenset({f"{official}.render"})}
     outside = [edge("torchforge.pipeline", "torchforge.flavours.conda_forge", "plan_selection"),  # public: allowed
                edge("torchforge.pipeline", "torchforge.flavours.conda_forge", "_facts"),
                edge("torchforge.ci", "torchforge.flavours.conda_forge.facts", None),
-               edge("torchforge.ci", "torchforge.resolve", "classify"),
-               edge("torchforge.commands.build", "torchforge.resolve", "classify")]  # rule (c)'s
+               edge("torchforge.sequence", official, "plan_of"),  # the official face: allowed
+               edge("torchforge.ci", f"{official}.resolve", "classify"),
+               edge("torchforge.commands.build", f"{official}.resolve", "classify")]  # rule (c)'s
     assert internals_imported_from_outside(outside) == {
-        "torchforge.ci": frozenset({"torchforge.flavours.conda_forge.facts", "torchforge.resolve"}),
+        "torchforge.ci": frozenset({"torchforge.flavours.conda_forge.facts", f"{official}.resolve"}),
         "torchforge.pipeline": frozenset({"torchforge.flavours.conda_forge:_facts"})}
     commands = [edge("torchforge.commands.build", "torchforge.flavours", "Flavour"),  # the registry: allowed
                 edge("torchforge.commands.flavour", "torchforge.flavours.conda_forge", None)]

@@ -9,12 +9,12 @@ from packaging.version import Version
 from rattler_build import PlatformConfig, RenderConfig, Stage0Recipe
 from ruamel.yaml import YAML
 
-from torchforge.render import plan, recipe_folders
+from torchforge.flavours.official.render import plan, recipe_folders
 
 from torchforge.templates import RecipeFormat
-from torchforge.resolve import classify
-from torchforge.resolved import Status
-from torchforge.variant import Options, Request, Selection
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.resolved import Status
+from torchforge.flavours.official.variant import Options, Request, Selection
 
 CASES = [  # (version, python, platform): one per era and platform where upstream published conda packages
     ("1.4.0", "3.7", "osx-64"),

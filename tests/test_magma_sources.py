@@ -22,11 +22,11 @@ import pytest
 
 from tests.cuda_standin import REAL_CUDA, make_stand_in_toolkit
 from torchforge import data as tables
-from torchforge.magmasource import MagmaSource, inspect
-from torchforge.recipe import magma_context
-from torchforge.render import render_files
+from torchforge.flavours.official.magmasource import MagmaSource, inspect
+from torchforge.flavours.official.recipe import magma_context
+from torchforge.flavours.official.render import render_files
 from torchforge.templates import RecipeFormat
-from torchforge.magmaplan import plan_magma
+from torchforge.flavours.official.magmaplan import plan_magma
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = REPO.parent / "shared" / "sources"
@@ -353,9 +353,9 @@ def compile_gpu_check(tree: Path, toolkit: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("pytorch", "version"), [("2.9.0", "2.6.1"), ("2.13.0", "2.6.1"), ("2.13.0", "2.10.0")])
 def test_a_real_tree_gives_the_package_its_own_version(pytorch: str, version: str, magma_trees: dict[str, Path]) -> None:
     """The version comes from the tree, whatever the release would choose (2.13 prefers 2.10.0)."""
-    from torchforge.resolve import classify
-    from torchforge.resolved import Status
-    from torchforge.variant import Options, Request
+    from torchforge.flavours.official.resolve import classify
+    from torchforge.flavours.official.resolved import Status
+    from torchforge.flavours.official.variant import Options, Request
 
     options = Options(magma_source=inspect(str(magma_trees[version])))
     variant = classify(Request(pytorch, CUDA, "3.12", "linux-64", options))

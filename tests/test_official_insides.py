@@ -21,11 +21,11 @@ import pytest
 from ruamel.yaml import YAML
 
 from tests.rattler_in_child import Spec, parse_specs
-from torchforge.recipe import pytorch_context
-from torchforge.render import render_files
+from torchforge.flavours.official.recipe import pytorch_context
+from torchforge.flavours.official.render import render_files
 from torchforge.templates import RecipeFormat
-from torchforge.resolve import classify
-from torchforge.variant import Options, Request
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.variant import Options, Request
 
 M18 = "B main@8c82f759:conda/pytorch-nightly/meta.yaml"
 B = "B release/{}:conda/{}"

@@ -128,10 +128,10 @@ def test_a_release_the_pytorch_channel_never_published_takes_pypis_pairing_and_s
     (row,) = [r for r in json.loads(captured.out) if r.get("package") == "torchvision"]
     assert (row["version"], row["file"], row["pytorch"]) == (
         "0.22.0", "torchvision-0.22.0-py312_cpu", "pytorch-2.7.0-py3.12_cpu_0")
-    from torchforge import officialstack
+    from torchforge.flavours.official import stack as officialstack
     from torchforge.flavours.official import pytorch_build
-    from torchforge.render import plan
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.render import plan
+    from torchforge.flavours.official.variant import Options, Selection
 
     (variant,) = plan(Selection.from_flags("2.7.0", "cpu", "3.12", "linux-64", Options())).variants
     recipe = officialstack.plan("torchvision", pytorch_build(variant), (variant.id,))
@@ -155,16 +155,17 @@ def test_the_planned_recipe_builds_a_package_with_upstreams_name_and_pins(tmp_pa
     import sys
 
     from tests.test_conda_forge_split import package_index
-    from torchforge import officialstack, standin
+    from torchforge import standin
+    from torchforge.flavours.official import stack as officialstack
     from torchforge.channels import SiteChannels
     from torchforge.engines.choice import select_engine
     from torchforge.flavours.base import Plan
     from torchforge.pipeline import BuildSettings, Pipeline, plan_steps
     from torchforge.proc import Runner
-    from torchforge.render import plan
+    from torchforge.flavours.official.render import plan
     from torchforge.flavours.official import pytorch_build
     from torchforge.templates import RecipeFormat
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.variant import Options, Selection
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     source = tmp_path / "src"
@@ -236,7 +237,7 @@ def test_doctor_says_the_arch_check_runs_for_a_cuda_plan_with_companions(with_: 
 def test_every_row_is_the_pairing_its_wheels_pin() -> None:
     """Each release's companion wheels (cited with file and sha256) require exactly that pytorch: the pairing of
     test-infra's release matrix, confirmed by the packages themselves."""
-    from torchforge import officialstack
+    from torchforge.flavours.official import stack as officialstack
 
     rows = officialstack.load().release
     assert [r.pytorch for r in rows][0] == "2.1.0" and [r.pytorch for r in rows][-1] == "2.5.1"

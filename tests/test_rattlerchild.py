@@ -27,8 +27,8 @@ _USES = {
     ),
     "solve": (  # doctor's and build's channel check: the channel answers, the requirements are solved
         "from torchforge.channelcheck import check\nfrom torchforge.channels import SiteChannels\n"
-        "from torchforge.render import plan\nfrom torchforge.variant import Options, Selection\n"
-        "from torchforge.officialpreflight import official_needs\n"
+        "from torchforge.flavours.official.render import plan\nfrom torchforge.flavours.official.variant import Options, Selection\n"
+        "from torchforge.flavours.official.preflight import official_needs\n"
         "(variant,) = plan(Selection.from_flags('2.9.0', 'cpu', '3.11', 'linux-64', Options())).variants\n"
         "findings = check(official_needs([variant]).solves, out=work / 'out', extra=(),\n"
         "                 site=SiteChannels(replace=(channel.as_uri(),)))\n"

@@ -25,9 +25,9 @@ from torchforge.errors import UsageError
 from torchforge.pipeline import Pipeline, StepResult
 from torchforge.proc import Runner
 from torchforge.remotecache import RemoteCache, remote_cache
-from torchforge.render import plan
+from torchforge.flavours.official.render import plan
 from torchforge.sequence import official_steps
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 
 UNITS = 10  # small C files: the second runner's share of hits is measured over these
 

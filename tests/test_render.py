@@ -17,11 +17,11 @@ from ruamel.yaml import YAML
 from tests.golden.regenerate import EXPECTED, case_plan, cases, render_case
 from torchforge import data as tables
 from torchforge.errors import RefusedError, UsageError
-from torchforge.recipe import BUILD_TOOL_VARIABLES
-from torchforge.render import RenderPlan, plan, recipe_folders, render_selection, write_folders
+from torchforge.flavours.official.recipe import BUILD_TOOL_VARIABLES
+from torchforge.flavours.official.render import RenderPlan, plan, recipe_folders, render_selection, write_folders
 from torchforge.templates import RecipeFormat
-from torchforge.resolved import Status
-from torchforge.variant import Options, Request, Selection
+from torchforge.flavours.official.resolved import Status
+from torchforge.flavours.official.variant import Options, Request, Selection
 
 REPO = Path(__file__).resolve().parent.parent
 CASES = cases()

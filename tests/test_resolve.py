@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from torchforge import data as tables
-from torchforge.resolve import classify
-from torchforge.magmaplan import plan_magma
-from torchforge.resolved import Status, build_string
-from torchforge.render import plan
-from torchforge.variant import Options, Request, Selection
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.magmaplan import plan_magma
+from torchforge.flavours.official.resolved import Status, build_string
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.variant import Options, Request, Selection
 
 
 def refusals(request: Request) -> str:

@@ -14,10 +14,10 @@ import pytest
 
 from torchforge import data as tables
 from torchforge.cli import main
-from torchforge.resolve import classify, default_release
-from torchforge.magmaplan import plan_magma
-from torchforge.resolved import Status
-from torchforge.variant import Options, Request, Selection
+from torchforge.flavours.official.resolve import classify, default_release
+from torchforge.flavours.official.magmaplan import plan_magma
+from torchforge.flavours.official.resolved import Status
+from torchforge.flavours.official.variant import Options, Request, Selection
 
 
 def _matrix(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, dict[str, dict], str]:
@@ -141,8 +141,8 @@ def test_seed_004_pytorch_1_13_0_with_cuda_11_8_applies_the_fixes(capsys: pytest
     assert row["status"] == "buildable"
     assert any("pt113-setup-install-cmdclass" in w for w in row["warnings"])
     # The seed's BUILD_SPLIT_CUDA=1: every official CUDA 11.x build of 1.8-1.13 had it (eras.toml build_env).
-    from torchforge.resolve import classify
-    from torchforge.variant import Request
+    from torchforge.flavours.official.resolve import classify
+    from torchforge.flavours.official.variant import Request
 
     assert ("BUILD_SPLIT_CUDA", "ON") in classify(Request("1.13.0", "11.8", "3.10", "linux-64")).env
 

@@ -20,15 +20,15 @@ from tests.stubchannel import Stub, make_stub_channel, recipe_requirements, writ
 from torchforge import localchannel, sourcestate
 from torchforge.cli import main
 from torchforge.elf import read_elf
-from torchforge.recipe import pytorch_context
-from torchforge.render import plan, render_files
+from torchforge.flavours.official.recipe import pytorch_context
+from torchforge.flavours.official.render import plan, render_files
 from torchforge.templates import RecipeFormat
-from torchforge.resolve import classify
-from torchforge.variant import Options, Request, Selection
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.variant import Options, Request, Selection
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"
 REQUEST = ["--pytorch", "2.9.0", "--flavour", "official", "--cuda", "cpu", "--py", "3.11"]
-# --source makes a custom build: its build string carries the hash of the settings (torchforge.resolve).
+# --source makes a custom build: its build string carries the hash of the settings (torchforge.flavours.official.resolve).
 # A local source is identified by its content or git state (torchforge.sourcestate), as the CLI does.
 SOURCE = Options(source=str(FIXTURE), source_identity=sourcestate.identity(str(FIXTURE)))
 STEM = "pytorch-2.9.0-" + str(classify(Request("2.9.0", "cpu", "3.11", "linux-64", SOURCE)).build_string)

@@ -14,9 +14,9 @@ import pytest
 
 from torchforge.cli import main
 from torchforge.errors import ExitCode
-from torchforge.render import plan
-from torchforge.variant import Options, Selection
-from torchforge.officialwheel import build_environment
+from torchforge.flavours.official.render import plan
+from torchforge.flavours.official.variant import Options, Selection
+from torchforge.flavours.official.wheel import build_environment
 from torchforge.wheelbuild import expand
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_like"

@@ -50,7 +50,6 @@ from pathlib import Path, PureWindowsPath
 from torchforge import data as tables
 from torchforge.cacherelay import RELAY_VARIABLE
 from torchforge.compilewrappers import compiler_wrapper, compilers_route, nvcc_wrapper
-from torchforge.recipe import RecipeContext
 from torchforge.remotecache import REMOTE_COUNTERS, RemoteCache, RemoteStats
 
 # Compiler launchers CMake reads from the environment (CMake >= 3.17), for PyTorch and MAGMA alike.
@@ -95,31 +94,11 @@ def python_dependent_env() -> frozenset[str]:
 
 def group_key(label: str, material: Mapping[str, object]) -> str:
     """The one compile-cache key: a readable label and a digest of everything that changes the compiled objects,
-    and nothing that only a Python changes (the callers' material: context_material, settings_material), so that
-    the Pythons of a release, and of an extension or companion built for one pytorch, share one cache."""
+    and nothing that only a Python changes (the callers' material: the official flavour's context_material,
+    settings_material), so that the Pythons of a release, and of an extension or companion built for one
+    pytorch, share one cache."""
     digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
     return f"{label}-{digest}"
-
-
-def context_material(context: RecipeContext, patch_digests: tuple[str, ...]) -> tuple[str, dict[str, object]]:
-    """(label, material) of a pytorch or magma recipe for group_key.
-
-    The Python version, the build string and the requirements (which carry Python pins) are left out; the
-    source, the recipe's environment (arch list, CMake flags, Jetson and debug settings), the source edits,
-    the contents of --patch files and the install command are in. MAX_JOBS is not: it changes no object.
-    """
-    material: dict[str, object] = {
-        "kind": context.kind, "name": context.name, "version": context.version,
-        "build_number": context.build_number, "platform": context.platform, "cuda": context.cuda,
-        "source": [context.source.kind, _where(context.source.location), context.source.rev, context.source.sha256],
-        "env": [list(pair) for pair in context.env if pair[0] not in python_dependent_env()],
-        "source_edits": [repr(edit) for edit in context.source_edits],
-        "patches": list(patch_digests),
-        "install_command": context.install_command,
-        "cmake_options": list(context.cmake_options), "gencode": list(context.gencode),
-    }
-    accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"
-    return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}", material
 
 
 # A Python in a build string or file name (py3.11, py311, py3.11_cpu, cp311): what a settings value says of the
@@ -138,7 +117,7 @@ def settings_material(label: str, settings: str) -> tuple[str, dict[str, object]
     return _PYTHON_IN_TEXT.sub(r"\1", label), material
 
 
-def _where(location: str) -> str:
+def location_key(location: str) -> str:
     """A local source by its folder or file name: the key must not depend on where the checkout lies, or the key
     `torchforge ci` computes on the user's machine would never match the one a CI job computes in its own build
     folder (a CI checkout lies elsewhere than the user's). ccache checks each object's inputs itself; the key

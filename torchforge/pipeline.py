@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import archcheck, cacherelay, containers, cudaarch, fileops, localchannel
+from torchforge import archcheck, cacherelay, containers, cudaarch, fileops, localchannel, sourcestate
 from torchforge.compilecache import (
     NVCC_VARIABLE, CacheStats, CompileCache, find_ccache, own_launcher, read_stats,
 )
@@ -28,7 +28,6 @@ from torchforge.proc import Runner
 from torchforge.remotecache import RemoteCache
 from torchforge.stepjobs import log_peak, record_outcome, step_jobs
 from torchforge.fileops import write_folders
-from torchforge.resolved import describe_settings
 from torchforge.wheelbuild import existing_wheel, step_environment
 from torchforge.postbuild import ensure_index_fields, fix_and_audit_package, stamp_cuda_arch
 
@@ -132,6 +131,24 @@ class StepResult:
     artifacts: tuple[Path, ...] = ()  # every published package of the step (artifact is the first)
     peak_rss_kib: int = 0  # the largest process's peak memory (0: not measured)
     jobs: int | None = None  # the MAX_JOBS it ran with (None: the build got none)
+
+
+def describe_settings(settings: dict[str, object]) -> str:
+    """The recorded settings of a package for a message: 'arch list 8.0;9.0, env USE_NCCL=0, source git tree ...'."""
+    if not settings:
+        return "upstream's settings"
+    parts = []
+    for key, value in sorted(settings.items()):
+        if value == "":  # e.g. the arch list of a cpu build: nothing to say
+            continue
+        if key == "env" and isinstance(value, dict):
+            value = " ".join(f"{name}={text}" for name, text in value.items())
+        elif key == "source":
+            value = sourcestate.describe(str(value))
+        elif isinstance(value, list):
+            value = ";".join(str(v)[:12] for v in value)
+        parts.append(f"{key.replace('_', ' ')} {value}" if value is not True else key)
+    return ", ".join(parts)
 
 
 def _recorded_settings(archive: Path) -> dict[str, object]:

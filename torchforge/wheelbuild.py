@@ -7,7 +7,7 @@ manylinux tag, local version, RECORD) into `OUT/wheels/`.
 The variables are evaluated for a build outside conda: `$PREFIX` is the current interpreter's environment
 (`sys.prefix`, where a pip build finds its Python-side dependencies), `$CPU_COUNT` this machine's core count (as
 conda-build sets it), `${VAR:-default}` keeps the caller's value of VAR where it is set; a later variable may refer
-to an earlier one. What a flavour puts into them is the flavour's (torchforge/officialwheel.py).
+to an earlier one. What a flavour puts into them is the flavour's (torchforge/flavours/official/wheel.py).
 """
 
 from __future__ import annotations

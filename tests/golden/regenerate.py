@@ -7,10 +7,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from torchforge.render import RenderPlan, plan, recipe_folders
+from torchforge.flavours.official.render import RenderPlan, plan, recipe_folders
 
 from torchforge.templates import RecipeFormat
-from torchforge.variant import Options, Selection
+from torchforge.flavours.official.variant import Options, Selection
 
 HERE = Path(__file__).parent
 EXPECTED = HERE / "expected"

@@ -62,11 +62,11 @@ def main() -> int:
     from tests.stubchannel import Stub, make_stub_channel, recipe_requirements, write_stub
     from torchforge.cli import main as torchforge
     from torchforge.localchannel import index
-    from torchforge.recipe import pytorch_context
-    from torchforge.render import plan, render_files
+    from torchforge.flavours.official.recipe import pytorch_context
+    from torchforge.flavours.official.render import plan, render_files
     from torchforge.templates import RecipeFormat
     from torchforge.rpath import Layout, audit
-    from torchforge.variant import Options, Selection
+    from torchforge.flavours.official.variant import Options, Selection
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     fixture = REPO / "tests" / "fixtures" / "torch_like"

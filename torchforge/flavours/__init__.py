@@ -1,7 +1,8 @@
 """Recipe flavours: which package shape a PyTorch recipe has.
 
 `official` reproduces the pytorch channel's packages (up to 2.5 the only shape there is; torchforge's hybrid
-for 2.6+). `conda-forge` renders conda-forge's shape of a 2.6+ release (torchforge/flavours/conda_forge.py).
+for 2.6+; torchforge/flavours/official/). `conda-forge` renders conda-forge's shape of a 2.6+ release
+(torchforge/flavours/conda_forge/).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["FLAVOURS", "JOBS_VARIABLE", "MAGMA_ONLY", "Flavour", "MachineNeeds",
 
 if TYPE_CHECKING:
     from torchforge.flavours.base import Flavour as FlavourPlugin
-    from torchforge.variant import Selection
+    from torchforge.flavours.official.variant import Selection
 
 
 # Why a command with --magma-only is the official flavour's whatever the release (conda-forge's links libmagma).
@@ -76,7 +77,7 @@ def choose(flavour: Flavour | None, pytorch: str | None, official_because: str =
 # The registry: flavour name -> the module that holds its plug-in (imported when first asked for: a command line
 # of one flavour loads nothing of the other).
 FLAVOURS: dict[str, str] = {
-    Flavour.OFFICIAL.value: "torchforge.flavours.official",
+    Flavour.OFFICIAL.value: "torchforge.flavours.official.planning",
     Flavour.CONDA_FORGE.value: "torchforge.flavours.conda_forge.planning",
 }
 

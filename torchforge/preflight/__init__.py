@@ -4,7 +4,7 @@
 every flavour's plan gets, read from its neutral `MachineNeeds`; it never raises for a failed check (the caller prints
 the whole table first, then `report.raise_if_failed()`); `build` and `doctor` run them for every flavour
 (torchforge.sequence.machine_report), the official flavour's needs read from its variants
-(torchforge/officialpreflight.py).
+(torchforge/flavours/official/preflight.py).
 Checks: platform, build engine and version, nvcc == requested CUDA,
 host compiler within that CUDA's limit, cuBLAS/cuSPARSE (and cuDNN for pytorch) in that CUDA's toolkit, cmake/git/patchelf, free disk, MAX_JOBS from memory and cores, a local
 source tree's submodules, and, where nvidia-smi exists, the driver against each CUDA runtime (errors 35/803/804).

@@ -13,13 +13,13 @@ from torchforge import data as tables
 from torchforge import platforms, versions
 from torchforge.datamodels import CudaBuild, Data, JetPack, JetsonDevice, PlatformFacts, Release, Toolkit
 from torchforge.sharedflags import nvcc_refusal, unknown_release
-from torchforge.variant import Options, Request, Selection
+from torchforge.flavours.official.variant import Options, Request, Selection
 from torchforge.versions import arch_key, minor
-from torchforge.resolved import (
+from torchforge.flavours.official.resolved import (
     AppliedFix, Checker, Jetson, MagmaPlan, Status, UNCHANGED_BINARY, Variant, apply_env_options, build_string,
     settings_hash, variant_settings)
-from torchforge.magmaplan import applicable_fixes, choose_magma, linked_magma_build, nearest_release_value, plan_magma
-from torchforge.bundled import build_env, bundle_rule, cuda_unknown
+from torchforge.flavours.official.magmaplan import applicable_fixes, choose_magma, linked_magma_build, nearest_release_value, plan_magma
+from torchforge.flavours.official.bundled import build_env, bundle_rule, cuda_unknown
 
 
 def _no_build(release_key: str, release: Release, cuda: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torchforge import data as tables
 from torchforge.datamodels import Data
-from torchforge.resolved import Status, Variant
+from torchforge.flavours.official.resolved import Status, Variant
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from torchforge import data as tables
 from torchforge import platforms, versions
 from torchforge.datamodels import BuildEnvEntry, BundleRule, Data, JetPack, JetsonDevice, Release, WindowsArchive
-from torchforge.variant import Request
+from torchforge.flavours.official.variant import Request
 from torchforge.versions import minor
-from torchforge.resolved import (
+from torchforge.flavours.official.resolved import (
     AppliedFix, Variant)
 
 

@@ -9,10 +9,10 @@ import json
 
 from torchforge import versions
 from torchforge.datamodels import Data, Fix, Release
-from torchforge.magmasource import MagmaSource
-from torchforge.variant import magma_id
+from torchforge.flavours.official.magmasource import MagmaSource
+from torchforge.flavours.official.variant import magma_id
 from torchforge.versions import nodot
-from torchforge.resolved import (
+from torchforge.flavours.official.resolved import (
     AppliedFix, Checker, MagmaPlan)
 
 

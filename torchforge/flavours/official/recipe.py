@@ -16,8 +16,8 @@ from torchforge import data as tables
 from torchforge import versions
 from torchforge.datamodels import Data, PlatformFacts, Release, Requirement, Runtime, SourceEdit
 from torchforge.sourcestate import Source, resolve_source
-from torchforge.bundled import BundledFile, bundle_rule, bundled_files, windows_magma, windows_mkl
-from torchforge.resolved import AppliedFix, MagmaPlan, Variant
+from torchforge.flavours.official.bundled import BundledFile, bundle_rule, bundled_files, windows_magma, windows_mkl
+from torchforge.flavours.official.resolved import AppliedFix, MagmaPlan, Variant
 
 # conda-build and rattler-build set these for every build script; they are not read from the outside.
 BUILD_TOOL_VARIABLES = frozenset(

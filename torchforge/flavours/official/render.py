@@ -12,13 +12,13 @@ from pathlib import Path
 
 from torchforge import __version__, platforms
 from torchforge.fileops import write_folders  # noqa: F401 (moved to fileops: every flavour writes folders)
-from torchforge.companions import CompanionPlan, companions_for
+from torchforge.flavours.official.companions import CompanionPlan, companions_for
 from torchforge.errors import RefusedError
-from torchforge.recipe import RecipeContext, magma_context, pytorch_context
-from torchforge.resolve import classify
-from torchforge.resolved import MagmaPlan, Status, Variant
+from torchforge.flavours.official.recipe import RecipeContext, magma_context, pytorch_context
+from torchforge.flavours.official.resolve import classify
+from torchforge.flavours.official.resolved import MagmaPlan, Status, Variant
 from torchforge.templates import RecipeFormat, environment, patch_files, templates_dir
-from torchforge.variant import Selection
+from torchforge.flavours.official.variant import Selection
 
 
 def _render(template: str, context: RecipeContext, **extra: object) -> str:
@@ -87,7 +87,7 @@ def plan(selection: Selection) -> RenderPlan:
 
 
 def folder_files(context: RecipeContext, fmt: RecipeFormat, patches: Sequence[Path]) -> dict[str, str | bytes]:
-    """One recipe folder: its rendered files and the patches it applies. Builds (flavours/official.py:plan_of)
+    """One recipe folder: its rendered files and the patches it applies. Builds (flavours/official/planning.py:plan_of)
     and the goldens (recipe_folders) take their folders from here."""
     return {**render_files(context, fmt), **patch_files(list(patches))}
 

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 from torchforge import channels as channel_data
 from torchforge import data as tables
-from torchforge.bundled import bundled_files
+from torchforge.flavours.official.bundled import bundled_files
 from torchforge.flavours.base import CudaUse, HostLibrary, MachineNeeds, RequirementSolve
-from torchforge.recipe import pytorch_context
-from torchforge.resolved import Status as VariantStatus
-from torchforge.resolved import Variant
+from torchforge.flavours.official.recipe import pytorch_context
+from torchforge.flavours.official.resolved import Status as VariantStatus
+from torchforge.flavours.official.resolved import Variant
 
 
 def official_needs(variants: Sequence[Variant], *, magma_only: bool = False) -> MachineNeeds:

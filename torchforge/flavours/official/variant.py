@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from torchforge import data as tables
 from torchforge import sourcestate
 from torchforge.errors import UsageError
-from torchforge.magmasource import MagmaSource
+from torchforge.flavours.official.magmasource import MagmaSource
 from torchforge.sharedflags import CPU, check_shared_flags
 from torchforge.versions import nodot
 

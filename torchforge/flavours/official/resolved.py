@@ -11,11 +11,11 @@ import json
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from torchforge import platforms, sourcestate
+from torchforge import platforms
 from torchforge.datamodels import Data, Fix, JetPack, JetsonDevice
-from torchforge.magmasource import MagmaSource
+from torchforge.flavours.official.magmasource import MagmaSource
 from torchforge.sharedflags import normal_arch_list
-from torchforge.variant import Request
+from torchforge.flavours.official.variant import Request
 
 
 class Status(str, Enum):
@@ -202,24 +202,6 @@ def variant_settings(request: Request) -> dict[str, object]:
         # what a local source holds (its content or git state), not how its path was spelled
         settings["source"] = options.source_identity or options.source
     return settings
-
-
-def describe_settings(settings: dict[str, object]) -> str:
-    """The recorded settings of a package for a message: 'arch list 8.0;9.0, env USE_NCCL=0, source git tree ...'."""
-    if not settings:
-        return "upstream's settings"
-    parts = []
-    for key, value in sorted(settings.items()):
-        if value == "":  # e.g. the arch list of a cpu build: nothing to say
-            continue
-        if key == "env" and isinstance(value, dict):
-            value = " ".join(f"{name}={text}" for name, text in value.items())
-        elif key == "source":
-            value = sourcestate.describe(str(value))
-        elif isinstance(value, list):
-            value = ";".join(str(v)[:12] for v in value)
-        parts.append(f"{key.replace('_', ' ')} {value}" if value is not True else key)
-    return ", ".join(parts)
 
 
 def settings_hash(settings: dict[str, object]) -> str | None:

@@ -13,30 +13,31 @@ import json
 from pathlib import Path
 
 from torchforge import channels as channel_data
-from torchforge import companionsource, fileops, officialstack
-from torchforge.compilecache import context_material, group_key, patch_digests
+from torchforge import companionsource, fileops
+from torchforge.compilecache import group_key, location_key, patch_digests, python_dependent_env
 from torchforge.engines import Engine
 from torchforge.console import note
 from torchforge.errors import UsageError
 from torchforge.extensions.plan import with_extensions
 from torchforge.flavours.base import MachineNeeds, MatrixView
 from torchforge.flavours.base import Plan, PlannedRecipe, PytorchBuild, Request
-from torchforge.magmasource import inspect as inspect_magma_source
+from torchforge.flavours.official.magmasource import inspect as inspect_magma_source
 from torchforge.patchfile import digests
 from torchforge.pipeline import BuildSettings, Step, plan_steps
-from torchforge.officialpreflight import official_needs
-from torchforge.officialwheel import wheel_plan
+from torchforge.flavours.official.preflight import official_needs
+from torchforge.flavours.official import stack as officialstack
+from torchforge.flavours.official.wheel import wheel_plan
 from torchforge.preflight import host_tools
 from torchforge.preflight.table import load_table
-from torchforge.recipe import RecipeContext, magma_context, pytorch_context
+from torchforge.flavours.official.recipe import RecipeContext, magma_context, pytorch_context
 from torchforge.sourcestate import resolve_source
-from torchforge.render import RenderPlan, companion_files, folder_files, plan
+from torchforge.flavours.official.render import RenderPlan, companion_files, folder_files, plan
 from torchforge.templates import RecipeFormat
 from torchforge import data as tables
-from torchforge.resolve import default_release
-from torchforge.bundled import bundled_cudnn, bundled_files
-from torchforge.resolved import MagmaPlan, Status, Variant
-from torchforge.variant import Options, Selection, parse_env
+from torchforge.flavours.official.resolve import default_release
+from torchforge.flavours.official.bundled import bundled_cudnn, bundled_files
+from torchforge.flavours.official.resolved import MagmaPlan, Status, Variant
+from torchforge.flavours.official.variant import Options, Selection, parse_env
 
 NAME = "official"
 
@@ -55,6 +56,28 @@ def _local_source(context: RecipeContext) -> str | None:
     if location.startswith("file://"):
         return str(fileops.path_of_file_url(location) or location.removeprefix("file://"))
     return None
+
+
+def context_material(context: RecipeContext, patch_digests: tuple[str, ...]) -> tuple[str, dict[str, object]]:
+    """(label, material) of a pytorch or magma recipe for group_key.
+
+    The Python version, the build string and the requirements (which carry Python pins) are left out; the
+    source, the recipe's environment (arch list, CMake flags, Jetson and debug settings), the source edits,
+    the contents of --patch files and the install command are in. MAX_JOBS is not: it changes no object.
+    """
+    material: dict[str, object] = {
+        "kind": context.kind, "name": context.name, "version": context.version,
+        "build_number": context.build_number, "platform": context.platform, "cuda": context.cuda,
+        "source": [context.source.kind, location_key(context.source.location), context.source.rev,
+                   context.source.sha256],
+        "env": [list(pair) for pair in context.env if pair[0] not in python_dependent_env()],
+        "source_edits": [repr(edit) for edit in context.source_edits],
+        "patches": list(patch_digests),
+        "install_command": context.install_command,
+        "cmake_options": list(context.cmake_options), "gencode": list(context.gencode),
+    }
+    accel = f"cu{context.cuda.replace('.', '')}" if context.cuda else "cpu"
+    return f"{context.name}-{context.version}-{accel}-{context.platform.replace('-', '_')}", material
 
 
 def _from_context(kind: str, ident: str, stem: str, context: RecipeContext, channels: tuple[str, ...],

@@ -18,8 +18,8 @@ from torchforge.compilecache import BUILD_VARIABLES, group_key, settings_materia
 from torchforge.engines.pip_wheel import NAME as PIP_ENGINE
 from torchforge.errors import UsageError
 from torchforge.flavours.base import MachineNeeds, Plan, PlannedRecipe, Request
-from torchforge.render import RenderPlan
-from torchforge.resolved import Variant
+from torchforge.flavours.official.render import RenderPlan
+from torchforge.flavours.official.resolved import Variant
 from torchforge.wheelbuild import step_environment
 
 WHEEL = "wheel"  # the recipes' kind (torchforge.pipeline.WHEEL): repaired into the output folder, not a channel
