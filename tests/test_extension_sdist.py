@@ -45,8 +45,9 @@ def test_causal_conv1d_archive_requirements_in_conda_names(tmp_path: Path, torch
 def test_mamba_requirements_mapped_and_extras_left_out(tmp_path: Path, torch_python: str) -> None:
     meta = read_metadata(resolved(str(MAMBA), tmp_path, torch_python), torch_python, Runner(), tmp_path)
     run = to_conda(meta.requires, "3.11", drop=True)
+    # setuptools stays (its dist-info requires it: `pip check` fails without it); extras: not run deps
     assert run == ("tilelang ==0.1.8", "apache-tvm-ffi <=0.1.9", "quack-kernels >=0.3.4", "triton >=3.5.0", "ninja",
-                   "einops", "transformers", "packaging")  # setuptools: a build tool ([drop]); extras: not run deps
+                   "einops", "transformers", "packaging", "setuptools >=61.0.0")
     assert to_conda(meta.build_requires, "3.11", drop=False) == ("setuptools >=61.0.0", "wheel", "packaging", "ninja")
 
 
