@@ -192,7 +192,8 @@ def build_requirements(archive: Path) -> tuple[str, ...]:
 
 def to_conda(requires: Iterable[str], python: str, *, drop: bool) -> tuple[str, ...]:
     """conda specs of the requirements active on linux-64 with `python`, torch left out; `drop` also leaves out
-    pypi_to_conda.toml's [drop] names (run requirements; none today: a dist-info's requirement is kept, pip check reads it)."""
+    pypi_to_conda.toml's [drop] names (run requirements; none today: a dist-info's requirement is kept, since
+    `pip check` reads it)."""
     mapping = pypi_to_conda()
     specs = []
     for req in active(requires, python):
