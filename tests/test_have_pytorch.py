@@ -321,6 +321,31 @@ def test_a_cuda_pytorch_of_a_channel_gives_its_own_libraries_arch_list(tmp_path:
     assert [r["arch_list"] for r in rows] == ["8.0;9.0+PTX", "9.0"], rows
 
 
+@needs_nvcc
+@pytest.mark.parametrize("flavour", ["official", "conda-forge"])
+def test_the_companion_of_a_channels_cuda_pytorch_renders_with_its_file_and_arch_list(flavour: str,
+                                                                                    tmp_path: Path) -> None:
+    """torchvision for a channel's CUDA pytorch, rendered by the real rattler-build: host pins that exact file, and
+    the build script holds the arch list read from pytorch's own libraries (the official flavour exports it; the
+    conda-forge one checks that the host pytorch's activation sets the same, as conda-forge's libtorch does)."""
+    channel = tmp_path / "chan"
+    _cuda_pytorch(channel, tmp_path)
+    done = cli("render", "--for", "pytorch ==2.13.0 cuda130*", "--channel", str(channel), "--flavour", flavour,
+               "--with", "torchvision", "--format", "rattler-build", "--out", str(tmp_path / "r"))
+    assert done.returncode == 0, done.stderr
+    (folder,) = (tmp_path / "r").iterdir()
+    if not (folder / "variants.yaml").exists():
+        (folder / "variants.yaml").write_text("{}\n")  # the official layout has none: the render helper reads one
+    from tests.feedstock_rattler_render import render
+
+    host = render(folder)["torchvision"]["fields"]["requirements.host"]
+    assert "pytorch ==2.13.0 cuda130_generic_py312_h0123456_0" in host, host
+    script = (folder / "build.sh").read_text()
+    wanted = "export TORCH_CUDA_ARCH_LIST='8.0;9.0+PTX'" if flavour == "official" else \
+        '"${CF_TORCH_CUDA_ARCH_LIST}" != "8.0;9.0+PTX"'
+    assert wanted in script, script
+
+
 def test_a_cuda_pytorch_without_listable_device_code_needs_an_arch_list(tmp_path: Path) -> None:
     """A CUDA pytorch whose torch/lib holds no device code to list (a miniature, a stripped build): refused with
     the way out, and planned with --arch-list."""
