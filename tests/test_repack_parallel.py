@@ -197,13 +197,36 @@ def test_the_first_failure_stops_the_other_builds_and_is_what_is_raised() -> Non
 INTERRUPT_BOUND_S = 15
 
 
+def _interrupt(proc: subprocess.Popen[bytes], hold: Path) -> str:
+    """Release the held unpack, press Ctrl-C (the process group, as a terminal does) and wait within the bound."""
+    import os
+    (hold / "repack-unpacking.release").touch()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.communicate(timeout=INTERRUPT_BOUND_S)[0].decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the repack was still running {INTERRUPT_BOUND_S} s after Ctrl-C")
+
+
+def _killed(proc: subprocess.Popen[bytes]) -> None:
+    import os
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _ended_as_interrupted(proc: subprocess.Popen[bytes], output: str, chan: Path) -> None:
+    assert proc.returncode == ExitCode.INTERRUPTED, output
+    assert "Traceback" not in output and "rerun the same command to resume" in output
+    assert sorted(p.name for p in chan.iterdir()) == [".torchforge-repack-locks", ".torchforge.lock"]
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_building_stops_every_build_and_leaves_the_channel_as_it_was(torch_wheel: Path,
                                                                                   tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to the process group) with a MiB of torch unpacked (held at torchforge.pausepoint's
     repack-unpacking, so the signal never races the work): the unpack stops at once, exit 130 within the
     bound, nothing in the channel but its locks, and the same command then publishes the package."""
-    import os
     import subprocess
     import sys
 
@@ -222,19 +245,10 @@ def test_ctrl_c_while_building_stops_every_build_and_leaves_the_channel_as_it_wa
         while not (hold / "repack-unpacking.reached").exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert proc.poll() is None and (hold / "repack-unpacking.reached").exists(), "never reached the unpack"
-        (hold / "repack-unpacking.release").touch()  # the unpack goes on: the signal reaches a working repack
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            output = proc.communicate(timeout=INTERRUPT_BOUND_S)[0].decode(errors="replace")
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the repack was still running {INTERRUPT_BOUND_S} s after Ctrl-C")
+        output = _interrupt(proc, hold)  # the unpack goes on: the signal reaches a working repack
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == ExitCode.INTERRUPTED, output
-    assert "Traceback" not in output and "rerun the same command to resume" in output
-    assert sorted(p.name for p in chan.iterdir()) == [".torchforge-repack-locks", ".torchforge.lock"]
+        _killed(proc)
+    _ended_as_interrupted(proc, output, chan)
     rerun = subprocess.run(argv, env=cli_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert len(list(chan.glob("linux-64/*.conda"))) == 1 and not list(chan.glob(".torchforge-tmp-*"))
@@ -312,17 +326,8 @@ def test_the_lead_process_ends_with_the_repack(signum: int, tmp_path: Path) -> N
             proc.communicate(timeout=10)
             assert _gone(pid, 10), "the lead's process outlived the killed repack"
             return
-        (hold / "repack-unpacking.release").touch()
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            output = proc.communicate(timeout=INTERRUPT_BOUND_S)[0].decode(errors="replace")
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the repack was still running {INTERRUPT_BOUND_S} s after Ctrl-C")
+        output = _interrupt(proc, hold)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == ExitCode.INTERRUPTED, output
-    assert "Traceback" not in output and "rerun the same command to resume" in output
-    assert sorted(p.name for p in chan.iterdir()) == [".torchforge-repack-locks", ".torchforge.lock"]
+        _killed(proc)
+    _ended_as_interrupted(proc, output, chan)
     assert _gone(pid, 5)

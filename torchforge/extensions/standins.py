@@ -80,13 +80,8 @@ def real_setuptools(specs: list[str], python: str, real: tuple[Stub, ...],
     if not setuptools or SETUPTOOLS in {stub.name for stub in real} or builds_wheels(python):
         return ()
     requirement = closure.pip_spec(setuptools[0]) or SETUPTOOLS
-    got = closure.fetch_wheel(requirement, python, source, Runner())
-    if isinstance(got, str):
-        raise ToolMissingError(
-            f"the stand-in python's setuptools builds no wheel, and pip gave no {requirement} ({got})",
-            f"install setuptools 70.1+ into this machine's Python {python} (python{python} -m pip install -U "
-            "setuptools), or point pip at an index or folder that has it (pip config set global.find-links DIR)")
-    return (wheel_stub(got, python),)
+    return (_real_project(requirement, python, source, f"the stand-in python's setuptools builds no wheel, and "
+                          f"pip gave no {requirement}", "setuptools 70.1+", "-U setuptools"),)
 
 
 def builds_wheels(python: str) -> bool:
@@ -104,13 +99,19 @@ def builds_wheels(python: str) -> bool:
 def real_wheel(python: str) -> Stub:
     """The `wheel` project as a package of the stand-in channel: the files of the wheel pip gives for it, under
     lib/pythonX.Y/site-packages, where the stand-in python of X.Y imports from."""
-    source = closure.default_source(())
-    got = closure.fetch_wheel(WHEEL, python, source, Runner())
+    return _real_project(WHEEL, python, closure.default_source(()), "the stand-in python's setuptools builds no "
+                         "wheel without the `wheel` project, and pip gave none", "wheel", "wheel")
+
+
+def _real_project(requirement: str, python: str, source: closure.WheelSource, missing: str, what: str,
+                  pip_args: str) -> Stub:
+    """The wheel pip gives for `requirement` as a package of the stand-in channel, or what to do without one."""
+    got = closure.fetch_wheel(requirement, python, source, Runner())
     if isinstance(got, str):
-        raise ToolMissingError(
-            f"the stand-in python's setuptools builds no wheel without the `wheel` project, and pip gave none ({got})",
-            f"install wheel into this machine's Python {python} (python{python} -m pip install wheel), or point "
-            "pip at an index or folder that has it (pip config set global.find-links DIR)")
+        raise ToolMissingError(f"{missing} ({got})",
+                               f"install {what} into this machine's Python {python} (python{python} -m pip install "
+                               f"{pip_args}), or point pip at an index or folder that has it (pip config set "
+                               "global.find-links DIR)")
     return wheel_stub(got, python)
 
 
