@@ -84,6 +84,7 @@ def environment() -> jinja2.Environment:
     env.filters["shell"] = shell_word
     env.filters["batch"] = batch_value
     env.filters["rattler_env"] = rattler_env
+    env.filters["json"] = json.dumps  # a double-quoted YAML scalar, as given (Jinja's tojson escapes <, > and &)
     return env
 
 

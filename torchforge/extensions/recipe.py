@@ -28,6 +28,7 @@ from torchforge.extensions.metadata import SdistMetadata, switches, to_conda
 from torchforge.fileops import sha256_file
 from torchforge.flavours.base import PlannedRecipe, PytorchBuild
 from torchforge.isolation import UNSHARE, child_script, required
+from torchforge.templates import render_template
 
 PYTORCH = "pytorch"
 KIND = "extension"  # PlannedRecipe.kind of an extension's recipe
@@ -117,32 +118,11 @@ class ExtensionInputs:
                 **dict.fromkeys(PROXY_VARIABLES, NO_NETWORK_PROXY), "PIP_NO_INDEX": "1"}
 
 
-# The build's pip (which runs the sdist's setup.py) in the namespaces of torchforge/isolation.py, by the copy of
-# isolation_child.py the recipe carries; writable: the work and install folders, and the compile cache's (its
-# config's folder, where the stats log is, and its cache_dir).
-ISOLATED_PIP = ('writable=("$SRC_DIR" "$PREFIX")\n'
-                'if [ -n "${CCACHE_CONFIGPATH:-}" ]; then\n'
-                '  writable+=("$(dirname "$CCACHE_CONFIGPATH")" "$(sed -n "s/^cache_dir = //p" "$CCACHE_CONFIGPATH")")\n'
-                'fi\n'
-                f'{shlex.join(UNSHARE)} -- "$PYTHON" "$RECIPE_DIR/{ISOLATION_SCRIPT}" "${{writable[@]}}" -- \\\n  ')
-PIP_INSTALL = '"$PYTHON" -m pip install . --no-deps --no-build-isolation --no-index -vv\n'
-
-
 def build_script(inputs: ExtensionInputs, isolate: bool = True) -> str:
     """The build script; `isolate`: its pip runs with no network and no writes outside the build's folders."""
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(inputs.env().items()))
-    cuda = inputs.pytorch.cuda
-    toolkit = (f'release=$("$CUDA_HOME/bin/nvcc" --version | sed -n "s/.*release \\([0-9.]*\\),.*/\\1/p")\n'
-               f'[ "$release" = {cuda} ] || {{ echo "torchforge: pytorch {inputs.pytorch.build} needs CUDA {cuda}; '
-               f'\\$CUDA_HOME/bin/nvcc is ${{release:-missing}}: set CUDA_HOME to a CUDA {cuda} toolkit" >&2; exit 1; }}\n'
-               'export PATH="$CUDA_HOME/bin:$PATH"\n'
-               'command -v ninja >/dev/null || { echo "torchforge: no ninja in the build environment: torch\'s '
-               'cpp_extension would run $CUDA_HOME/bin/nvcc past the compile cache and its arch filter" >&2; exit 1; }\n'
-               ) if cuda else "export FORCE_ONLY_CPU=1 CUDA_HOME=\n"
-    return ("#!/bin/bash\n# Written by torchforge for an extension built from its sdist (torchforge/extensions).\n"
-            "set -euo pipefail\nunset no_proxy NO_PROXY\n" + exports + toolkit +
-            '[ -z "${TORCHFORGE_COMPILERS:-}" ] || source "$TORCHFORGE_COMPILERS/route.sh"\n'
-            + (ISOLATED_PIP if isolate else "") + PIP_INSTALL)
+    return render_template("extension/build.sh.j2", exports=sorted(inputs.env().items()), cuda=inputs.pytorch.cuda,
+                           pytorch_build=inputs.pytorch.build, isolate=isolate, unshare=shlex.join(UNSHARE),
+                           isolation_script=ISOLATION_SCRIPT)
 
 
 def _settings(inputs: ExtensionInputs) -> str:
@@ -151,31 +131,14 @@ def _settings(inputs: ExtensionInputs) -> str:
                        inputs.variables)
 
 
-def _yaml_list(items: tuple[str, ...], indent: int) -> str:
-    return "".join(f"{' ' * indent}- {json.dumps(item)}\n" for item in items)
-
-
-def meta_yaml(inputs: ExtensionInputs, script_env: tuple[str, ...]) -> str:
-    meta, reqs = inputs.metadata, inputs.requirements("conda-build")
-    return (f"package:\n  name: {meta.conda_name}\n  version: {json.dumps(meta.version)}\n\n"
-            f"source:\n  url: {inputs.archive.resolve().as_uri()}\n  sha256: {sha256_file(inputs.archive)}\n\n"
-            f"build:\n  number: {inputs.number}\n  string: {inputs.build}\n"
-            f"  script_env:\n{_yaml_list(script_env, 4)}\n"
-            f"requirements:\n  host:\n{_yaml_list(reqs['host'], 4)}  run:\n{_yaml_list(reqs['run'], 4)}\n"
-            f"about:\n  summary: {json.dumps(f'{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}')}\n"
-            f"extra:\n  torchforge_settings: {json.dumps(_settings(inputs))}\n")
-
-
-def recipe_yaml(inputs: ExtensionInputs, script_env: tuple[str, ...]) -> str:
-    meta, reqs = inputs.metadata, inputs.requirements("rattler-build")
-    env = "".join(f"      {name}: ${{{{ env.get({json.dumps(name)}, default='') }}}}\n" for name in script_env)
-    return (f"package:\n  name: {meta.conda_name}\n  version: {json.dumps(meta.version)}\n\n"
-            f"source:\n  url: {inputs.archive.resolve().as_uri()}\n  sha256: {sha256_file(inputs.archive)}\n\n"
-            f"build:\n  number: {inputs.number}\n  string: {inputs.build}\n"
-            f"  script:\n    file: build.sh\n    env:\n{env}\n"
-            f"requirements:\n  host:\n{_yaml_list(reqs['host'], 4)}  run:\n{_yaml_list(reqs['run'], 4)}\n"
-            f"about:\n  summary: {json.dumps(f'{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}')}\n"
-            f"extra:\n  torchforge_settings: {json.dumps(_settings(inputs))}\n")
+def recipe_text(inputs: ExtensionInputs, recipe_format: str, script_env: tuple[str, ...]) -> str:
+    """meta.yaml (conda-build) or recipe.yaml (rattler-build) of the extension, from its template."""
+    meta, reqs = inputs.metadata, inputs.requirements(recipe_format)
+    return render_template(f"extension/{FORMATS[recipe_format]}.j2", name=meta.conda_name, version=meta.version,
+                           url=inputs.archive.resolve().as_uri(), sha256=sha256_file(inputs.archive),
+                           number=inputs.number, build=inputs.build, script_env=script_env, host=reqs["host"],
+                           run=reqs["run"], settings=_settings(inputs),
+                           summary=f"{meta.name} {meta.version} from its sdist, for pytorch {inputs.pytorch.build}")
 
 
 def extension_recipe(inputs: ExtensionInputs, recipe_format: str) -> PlannedRecipe:
@@ -183,8 +146,7 @@ def extension_recipe(inputs: ExtensionInputs, recipe_format: str) -> PlannedReci
     "rattler-build")."""
     if recipe_format not in FORMATS:
         raise UsageError(f"no extension recipe for the engine format {recipe_format!r}", f"use one of {sorted(FORMATS)}")
-    text = (meta_yaml if recipe_format == "conda-build" else recipe_yaml)(inputs, (*_own_env(inputs.pytorch),
-                                                                               *BUILD_VARIABLES))
+    text = recipe_text(inputs, recipe_format, (*_own_env(inputs.pytorch), *BUILD_VARIABLES))
     isolate = required(f"{inputs.archive.name}'s setup.py (the engine's build)")
     files: Mapping[str, str | bytes] = {FORMATS[recipe_format]: text, "build.sh": build_script(inputs, isolate),
                                         **({ISOLATION_SCRIPT: child_script()} if isolate else {})}
