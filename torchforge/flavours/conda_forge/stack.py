@@ -28,6 +28,7 @@ from torchforge.data import data_text, parse_table_as
 from torchforge.datamodels import FrozenModel
 from torchforge.errors import RefusedError
 from torchforge.flavours.base import PlannedRecipe, PytorchBuild
+from torchforge.templates import render_template
 
 WHERE = "torchforge/data/conda_forge_stack.toml"
 Companion = Literal["torchvision", "torchaudio"]
@@ -282,30 +283,17 @@ def track_features(recipe: CompanionRecipe) -> list[str]:
 
 
 def build_script(recipe: CompanionRecipe) -> str:
-    """build.sh: the feedstock's exports for the job; the arch list is the installed pytorch's."""
-    lines = ["#!/bin/bash", f"# Rendered by torchforge {__version__} for {recipe.id}: the build environment of "
-             f"conda-forge/{recipe.package}-feedstock@{recipe.feedstock_commit[:12]}.", "set -euxo pipefail",
-             f"export BUILD_VERSION={recipe.version}  # the version setup.py stamps (the feedstock's script env)"]
-    if recipe.pytorch.cuda and not recipe.pytorch.split_libtorch:
-        # a pytorch with libtorch inside (a repacked wheel) has no activation script: its arch list is the plan's,
-        # read from its libraries' device code
-        lines += [f"export CF_TORCH_CUDA_ARCH_LIST={json.dumps(recipe.pytorch.arch_list or '')}",
-                  'export CUDA_TOOLKIT_ROOT_DIR="${PREFIX}"', 'export CUDA_HOME="${PREFIX}"']
-    elif recipe.pytorch.cuda:
-        lines += ['if [[ -z "${CF_TORCH_CUDA_ARCH_LIST:-}" ]]; then',
-                  '  echo "CF_TORCH_CUDA_ARCH_LIST is not set: the pytorch in host must be a conda-forge-shaped '
-                  'CUDA build whose activation script sets it" >&2', "  exit 1", "fi"]
-        if recipe.pytorch.arch_list:  # the pytorch in host must be the one planned, arch list included
-            lines += [f'if [[ "${{CF_TORCH_CUDA_ARCH_LIST}}" != {json.dumps(recipe.pytorch.arch_list)} ]]; then',
-                      f'  echo "the pytorch in host was built for ${{CF_TORCH_CUDA_ARCH_LIST}}, not '
-                      f'{recipe.pytorch.arch_list}" >&2', "  exit 1", "fi"]
-    for name, value in recipe.facts.env.items():
-        shown = '"${CF_TORCH_CUDA_ARCH_LIST}"' if value == ARCH_MARKER or name == "TORCH_CUDA_ARCH_LIST" \
-            else json.dumps(value)
-        lines.append(f"export {name}={shown}")  # ${PREFIX}, ${CC}, ${CXX} in a value expand as in the feedstock's
-    # --no-index: the feedstock's line asks PyPI for a newer pip (pip's self-check); a build reaches no index
-    lines.append('"${PYTHON}" -m pip install . -vv --no-deps --no-build-isolation --no-index')
-    return "\n".join(lines) + "\n"
+    """build.sh: the feedstock's exports for the job; the arch list is the installed pytorch's (a pytorch with
+    libtorch inside, a repacked wheel, has no activation script to set it: the plan's, read from its libraries'
+    device code, is exported; a split one's activation must set the planned list). `${PREFIX}`, `${CC}`,
+    `${CXX}` in a feedstock's value expand as in the feedstock's script; pip reaches no index (the feedstock's
+    line would ask PyPI for a newer pip)."""
+    shown = [(name, '"${CF_TORCH_CUDA_ARCH_LIST}"' if value == ARCH_MARKER or name == "TORCH_CUDA_ARCH_LIST"
+              else json.dumps(value)) for name, value in recipe.facts.env.items()]
+    return render_template("conda_forge/companion_build.sh.j2", torchforge_version=__version__, id=recipe.id,
+                           package=recipe.package, feedstock=recipe.feedstock_commit[:12], version=recipe.version,
+                           cuda=recipe.pytorch.cuda, split_libtorch=recipe.pytorch.split_libtorch,
+                           arch_list=recipe.pytorch.arch_list or "", exports=shown)
 
 
 def _yaml(document: object) -> str:
