@@ -5,6 +5,7 @@ whoever asks."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shlex
@@ -65,6 +66,25 @@ def batch_value(value: str, literal: bool = False) -> str:
     return value.replace("%", "%%") if literal else value
 
 
+def ruamel_scalar(value: object) -> str:
+    """A scalar as ruamel.yaml writes it in a block (the conda-forge flavour's recipes were YAML dumps: this keeps
+    their every quote, e.g. a plain `${{ compiler('c') }}`, a double-quoted `"{{ compiler('c') }}"`)."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    yaml.width = 4096
+    text = io.StringIO()
+    yaml.dump([value], text)
+    return text.getvalue().removeprefix("- ").removesuffix("\n")
+
+
+def block_list(pad: str, key: str, items: Sequence[object]) -> str:
+    """`key: []`, or `key:` and one `- item` line per item, at `pad` (ruamel.yaml's block style), no last newline."""
+    if not items:
+        return f"{pad}{key}: []"
+    return "\n".join([f"{pad}{key}:", *(f"{pad}- {ruamel_scalar(item)}" for item in items)])
+
+
 def rattler_env(name: str) -> str:
     """rattler-build passes no outside variable to the script unless the recipe forwards it like this."""
     return '${{ env.get("' + name + '", default="") }}'
@@ -84,6 +104,8 @@ def environment() -> jinja2.Environment:
     env.filters["shell"] = shell_word
     env.filters["batch"] = batch_value
     env.filters["rattler_env"] = rattler_env
+    env.filters["ruamel"] = ruamel_scalar
+    env.globals["block_list"] = block_list
     env.filters["json"] = json.dumps  # a double-quoted YAML scalar, as given (Jinja's tojson escapes <, > and &)
     return env
 

@@ -7,7 +7,8 @@ differs from the feedstock, on purpose: pytorch is pinned to the exact package t
 (`pytorch ==2.13.0 cuda130_..._0`) instead of `pytorch * cuda*` and pytorch's run_exports; the CUDA arch list is
 always that pytorch's CF_TORCH_CUDA_ARCH_LIST (torchaudio's feedstock hard-codes its own); the feedstock's
 source patches are not applied (each recipe says so); the feedstock's `-tests` output is not built.
-Pure: no files, no commands. The recipe is written as data (YAML), for rattler-build and conda-build alike.
+Pure: no files, no commands. The recipe and its build script are written from templates
+(recipe_templates/conda_forge/companion_*), for rattler-build and conda-build alike; the variants file is data.
 """
 
 from __future__ import annotations
@@ -247,33 +248,25 @@ def _extra(recipe: CompanionRecipe) -> dict[str, str]:
             "cuda": recipe.pytorch.cuda or "cpu"}
 
 
-def recipe_document(recipe: CompanionRecipe, recipe_format: RecipeFormat, source: dict[str, str]) -> dict:
-    """The recipe as data: recipe.yaml (rattler-build) or meta.yaml (conda-build)."""
-    specs = {key: [_spec(s, recipe_format) for s in values] for key, values in requirements(recipe, recipe_format).items()}
+def recipe_text(recipe: CompanionRecipe, recipe_format: RecipeFormat, source: dict[str, str]) -> str:
+    """recipe.yaml (rattler-build) or meta.yaml (conda-build), from its template: the feedstock's requirements,
+    tests and ignored run exports in the format's keys."""
     facts = recipe.facts
-    ignored = ignored_run_exports(recipe, recipe_format)
+    specs = {key: [_spec(s, recipe_format) for s in values]
+             for key, values in requirements(recipe, recipe_format).items()}
+    fields = {"warnings": recipe.warnings, "version": recipe.version, "package": recipe.package, "source": source,
+              "build_number": recipe.build_number, "build_string": recipe.build_string,
+              "ignored": ignored_run_exports(recipe, recipe_format), "test_imports": list(facts.test_imports),
+              "test_requires": list(facts.test_requires), "extra": _extra(recipe)}
     if recipe_format == "rattler-build":
-        tests: list[dict] = [{"python": {"imports": list(facts.test_imports), "pip_check": facts.test_pip_check}}]
-        if facts.test_script:
-            tests.append({"requirements": {"run": list(facts.test_requires)}, "script": list(facts.test_script)})
-        return {"schema_version": 1, "context": {"version": recipe.version},
-                "package": {"name": recipe.package, "version": recipe.version}, "source": source,
-                "build": {"number": recipe.build_number, "string": recipe.build_string,
-                          **({"variant": {"down_prioritize_variant": facts.down_prioritize_variant}}
-                             if facts.down_prioritize_variant else {}),
-                          "script": {"file": "build"}},
-                "requirements": {**specs, **({"ignore_run_exports": ignored} if ignored else {})}, "tests": tests,
-                "extra": _extra(recipe)}
-    commands = [line.replace("${{ version }}", recipe.version) for line in facts.test_script]
+        return render_template("conda_forge/companion_recipe.yaml.j2", **fields, requirements=specs,
+                               down_prioritize_variant=facts.down_prioritize_variant,
+                               test_pip_check=facts.test_pip_check, test_script=list(facts.test_script))
     if "run_constraints" in specs:
         specs["run_constrained"] = specs.pop("run_constraints")
-    return {"package": {"name": recipe.package, "version": recipe.version}, "source": source,
-            "build": {"number": recipe.build_number, "string": recipe.build_string, **ignored,
-                      **({"track_features": track_features(recipe)} if facts.down_prioritize_variant else {})},
-            "requirements": specs,
-            "test": {"imports": list(facts.test_imports), "requires": list(facts.test_requires),
-                     "commands": commands},
-            "extra": _extra(recipe)}
+    return render_template("conda_forge/companion_meta.yaml.j2", **fields, requirements=specs,
+                           track_features=track_features(recipe) if facts.down_prioritize_variant else [],
+                           test_commands=[line.replace("${{ version }}", recipe.version) for line in facts.test_script])
 
 
 def track_features(recipe: CompanionRecipe) -> list[str]:
@@ -317,10 +310,9 @@ def recipe_files(recipe: CompanionRecipe, recipe_format: RecipeFormat,
                  local_source: str | None = None) -> dict[str, str]:
     """{file name: text} of the recipe folder for the engine."""
     source = {"path": local_source} if local_source else source_archive(recipe)
-    header = "".join(f"# warning: {message}\n" for message in recipe.warnings)
     recipe_file, variant_file = ("recipe.yaml", "variants.yaml") if recipe_format == "rattler-build" \
         else ("meta.yaml", "conda_build_config.yaml")
-    return {recipe_file: header + _yaml(recipe_document(recipe, recipe_format, source)),
+    return {recipe_file: recipe_text(recipe, recipe_format, source),
             variant_file: _yaml(variant_config(recipe)), "build.sh": build_script(recipe)}
 
 
