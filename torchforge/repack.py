@@ -39,6 +39,7 @@ from torchforge.pausepoint import pause_at
 from torchforge.proc import Runner
 from torchforge.rpath import AuditReport, Layout
 from torchforge.rpath.fix import fix_and_audit
+from torchforge.templates import render_template
 from torchforge.wheel import write_record
 from torchforge.wheelzip import extract_wheel
 
@@ -211,19 +212,12 @@ def write_info(stage: Path, plan: PackagePlan, about: About, prefix_files: Itera
 
 def _write_recipe(info: Path, plan: PackagePlan, about: About, wheel_sha256: str) -> None:
     """The recipe this package is equivalent to: what conda-build would have been given to produce it."""
-    run = "".join(f"    - {d}\n" for d in plan.depends)
-    constrains = "".join(f"    - {c}\n" for c in plan.constrains)
     top = catalog().project(plan.wheel.project)
-    test = f"test:\n  imports:\n    - {top.top}\n" if top is not None else ""
-    (info / "recipe" / "meta.yaml").write_text(
-        f"package:\n  name: {plan.name}\n  version: \"{plan.version}\"\n"
-        f"source:\n  url: {plan.wheel.name.filename}\n  sha256: {wheel_sha256}\n"
-        f"build:\n  number: {plan.build_number}\n  string: {plan.build}\n  detect_binary_files_with_prefix: false\n"
-        f"  script: torchforge repack {plan.wheel.name.filename}  # RPATHs: conda layout, DT_RPATH\n"
-        f"requirements:\n  run:\n{run}" + (f"  run_constrained:\n{constrains}" if constrains else "")
-        + f"{test}about:\n  home: {about.home or 'none'}\n  license: {about.license or 'see info/licenses'}\n"
-        f"  summary: {json.dumps(about.summary)}\n"
-    )
+    (info / "recipe" / "meta.yaml").write_text(render_template(
+        "repack/meta.yaml.j2", name=plan.name, version=plan.version, wheel=plan.wheel.name.filename,
+        wheel_sha256=wheel_sha256, build_number=plan.build_number, build=plan.build, depends=plan.depends,
+        constrains=plan.constrains, import_name=top.top if top is not None else None, home=about.home,
+        license=about.license, summary=about.summary))
 
 
 @dataclass(frozen=True)
