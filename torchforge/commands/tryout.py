@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             warn(line)
         specs = list(dict.fromkeys([*needed.specs, *extra.specs]))
         # the companions' recipes build a wheel with the host's setuptools (an extension's brings `wheel` itself)
-        real = (*extra.real, *(real_setuptools(specs, python_of_stand_ins, extra.real,
+        real = (*extra.real, *(real_setuptools(specs, python_of_stand_ins,
                                                default_source(tuple(str(w) for w in wheels or ())))
                                if request.with_packages else ()))
         written, config = write_standin_channel(specs, out_dir, conda_forge=needed.conda_forge,

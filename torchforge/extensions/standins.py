@@ -68,8 +68,7 @@ def extension_standins(texts: tuple[str, ...], python: str, cuda: bool) -> Exten
     return ExtensionStandIns(tuple(dict.fromkeys(found)), real, tuple(warnings))
 
 
-def real_setuptools(specs: list[str], python: str, real: tuple[Stub, ...],
-                    source: closure.WheelSource) -> tuple[Stub, ...]:
+def real_setuptools(specs: list[str], python: str, source: closure.WheelSource) -> tuple[Stub, ...]:
     """A companion's recipe installs setuptools and pip and builds a wheel, as conda-forge's setuptools (70.1+)
     does by itself; the stand-in python runs this machine's interpreter, whose setuptools may be older (no
     bdist_wheel, and `pip check` then finds a torch that requires a newer one). There the `setuptools` of the
@@ -77,7 +76,7 @@ def real_setuptools(specs: list[str], python: str, real: tuple[Stub, ...],
     --wheels folders alone, else pip's index), so that the pair does what the package it stands in for does. ()
     where no recipe needs it or this machine's builds wheels."""
     setuptools = [spec for spec in specs if spec.split()[0] == SETUPTOOLS]
-    if not setuptools or SETUPTOOLS in {stub.name for stub in real} or builds_wheels(python):
+    if not setuptools or builds_wheels(python):
         return ()
     requirement = closure.pip_spec(setuptools[0]) or SETUPTOOLS
     return (_real_project(requirement, python, source, f"the stand-in python's setuptools builds no wheel, and "
